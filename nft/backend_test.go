@@ -1,0 +1,276 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// world builds States the way the change tracker does, for backend tests.
+type world struct {
+	gen       uint64
+	services  map[proxy.ServicePortName]*proxy.ServicePort
+	endpoints map[proxy.ServicePortName][]proxy.Endpoint
+	changed   map[proxy.ServicePortName]struct{}
+	node      proxy.Node
+}
+
+func newWorld() *world {
+	return &world{services: map[proxy.ServicePortName]*proxy.ServicePort{}, endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
+		changed: map[proxy.ServicePortName]struct{}{}, node: proxy.Node{Name: "node", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.2")}}}
+}
+
+func spName(ns, name, port string) proxy.ServicePortName {
+	return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: v1.ProtocolTCP}
+}
+
+func (w *world) addService(n proxy.ServicePortName, ip string, port, nodePort int32, eps ...string) {
+	w.services[n] = &proxy.ServicePort{Name: n, Type: v1.ServiceTypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)},
+		Port: port, Protocol: n.Protocol, NodePort: nodePort}
+	w.setEndpoints(n, eps...)
+}
+
+func (w *world) setEndpoints(n proxy.ServicePortName, eps ...string) {
+	var list []proxy.Endpoint
+	for _, e := range eps {
+		ap := netip.MustParseAddrPort(e)
+		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true})
+	}
+	w.endpoints[n] = list
+	w.changed[n] = struct{}{}
+}
+
+func (w *world) remove(n proxy.ServicePortName) {
+	delete(w.services, n)
+	delete(w.endpoints, n)
+	w.changed[n] = struct{}{}
+}
+
+func (w *world) state() *proxy.State {
+	w.gen++
+	s := &proxy.State{Generation: w.gen, Services: map[proxy.ServicePortName]*proxy.ServicePort{},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Changed: w.changed, Node: w.node}
+	for k, v := range w.services {
+		s.Services[k] = v
+	}
+	for k, v := range w.endpoints {
+		s.Endpoints[k] = v
+	}
+	w.changed = map[proxy.ServicePortName]struct{}{}
+	return s
+}
+
+func testConfig() proxy.Config {
+	return proxy.Config{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+}
+
+func newFakeBackend(t *testing.T, fake *Fake) *Backend {
+	t.Helper()
+	b, err := newBackend(testConfig(), nil, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustSync(t *testing.T, b *Backend, s *proxy.State) {
+	t.Helper()
+	if err := b.Sync(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.state())
+	dump := fake.Dump()
+	for _, want := range []string{
+		"10.96.0.10 . tcp . 80 : goto svc-demo/web/tcp/http",
+		"tcp . 30080 : goto ext-demo/web/tcp/http",
+		"chain ep-demo/web/tcp/http__10.244.1.2/8080",
+		"numgen random mod 2 vmap { 0 : goto ep-demo/web/tcp/http__10.244.1.2/8080, 1 : goto ep-demo/web/tcp/http__10.244.1.3/8080 }",
+		"dnat to 10.244.1.3:8080",
+		`comment "demo/web:http"`,
+		"set nodeport-ips { 192.168.0.2 }",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("ruleset lacks %q:\n%s", want, dump)
+		}
+	}
+}
+
+func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	n := spName("demo", "empty", "")
+	w.addService(n, "10.96.0.11", 80, 30081)
+	mustSync(t, b, w.state())
+	dump := fake.Dump()
+	for _, want := range []string{"10.96.0.11 . tcp . 80 : goto reject-chain", "tcp . 30081 : goto reject-chain"} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("ruleset lacks %q:\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump, "svc-demo/empty") {
+		t.Errorf("service chain written for a service with no endpoints:\n%s", dump)
+	}
+	// First endpoint appears: the reject entry goes, the service entry comes.
+	w.setEndpoints(n, "10.244.1.2:80")
+	mustSync(t, b, w.state())
+	dump = fake.Dump()
+	if strings.Contains(dump, "goto reject-chain") || !strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto svc-demo/empty/tcp/80") {
+		t.Errorf("after the first endpoint appeared:\n%s", dump)
+	}
+}
+
+func TestPartialSyncWritesOnlyTheChangedService(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	for i := range 200 {
+		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0,
+			fmt.Sprintf("10.244.%d.1:80", i%250), fmt.Sprintf("10.244.%d.2:80", i%250))
+	}
+	mustSync(t, b, w.state())
+	before := fake.Dump()
+
+	w.setEndpoints(spName("ns", "svc7", "p"), "10.244.7.1:80", "10.244.7.3:80")
+	tx := captureTx(t, b, fake, w.state())
+	for _, line := range strings.Split(strings.TrimSpace(tx), "\n") {
+		if !strings.Contains(line, "ns/svc7/") {
+			t.Errorf("partial sync touched another object: %s", line)
+		}
+	}
+	if fake.LastOps > 12 {
+		t.Errorf("partial sync of one endpoint change sent %d operations:\n%s", fake.LastOps, tx)
+	}
+	after := fake.Dump()
+	if strings.Contains(after, "10.244.7.2:80") || !strings.Contains(after, "10.244.7.3:80") {
+		t.Errorf("endpoint change not applied")
+	}
+	if strings.Count(before, "\n") != strings.Count(after, "\n") {
+		t.Errorf("ruleset size changed from %d to %d lines", strings.Count(before, "\n"), strings.Count(after, "\n"))
+	}
+
+	// A sync with nothing changed sends nothing.
+	fake.LastOps = -1
+	mustSync(t, b, w.state())
+	if fake.LastOps != -1 {
+		t.Errorf("a sync with no change sent %d operations", fake.LastOps)
+	}
+}
+
+// captureTx runs a sync and returns the transaction it applied as text.
+func captureTx(t *testing.T, b *Backend, fake *Fake, s *proxy.State) string {
+	t.Helper()
+	rec := &recordingConn{Conn: fake}
+	b.conn = rec
+	defer func() { b.conn = fake }()
+	mustSync(t, b, s)
+	return rec.last
+}
+
+type recordingConn struct {
+	Conn
+	last string
+}
+
+func (r *recordingConn) Apply(tx *Transaction) error {
+	r.last = tx.String()
+	return r.Conn.Apply(tx)
+}
+
+func TestDeletedServiceLeavesNothingBehind(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	keep, gone := spName("a", "keep", ""), spName("a", "gone", "")
+	w.addService(keep, "10.96.0.1", 80, 30001, "10.244.0.5:80")
+	w.addService(gone, "10.96.0.2", 80, 30002, "10.244.0.6:80", "10.244.0.7:80")
+	mustSync(t, b, w.state())
+	w.remove(gone)
+	mustSync(t, b, w.state())
+	dump := fake.Dump()
+	if strings.Contains(dump, "a/gone") || strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "30002") {
+		t.Errorf("deleted service left objects:\n%s", dump)
+	}
+	if !strings.Contains(dump, "svc-a/keep/tcp/80") {
+		t.Errorf("other service lost:\n%s", dump)
+	}
+}
+
+func TestRestartReconcilesWithoutRemovingLiveObjects(t *testing.T) {
+	fake := NewFake()
+	w := newWorld()
+	web := spName("demo", "web", "")
+	stale := spName("demo", "stale", "")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:80")
+	w.addService(stale, "10.96.0.12", 80, 0, "10.244.1.9:80")
+	mustSync(t, newFakeBackend(t, fake), w.state())
+
+	// A new kp process: it must not delete the table or the live service's
+	// objects, only rewrite them in place and remove what is stale.
+	w.remove(stale)
+	b2 := newFakeBackend(t, fake)
+	tx := captureTx(t, b2, fake, w.state())
+	for _, line := range strings.Split(tx, "\n") {
+		if strings.HasPrefix(line, "delete") && strings.Contains(line, "demo/web") ||
+			strings.HasPrefix(line, "delete table") || strings.HasPrefix(line, "delete element ip kp service-ips { 10.96.0.10") {
+			t.Errorf("restart deleted a live object: %s", line)
+		}
+	}
+	dump := fake.Dump()
+	if strings.Contains(dump, "demo/stale") {
+		t.Errorf("stale service survived the restart:\n%s", dump)
+	}
+	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : goto svc-demo/web/tcp/80") {
+		t.Errorf("live service lost:\n%s", dump)
+	}
+}
+
+func TestFailedSyncIsFollowedByAFullReconcile(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	a, c := spName("x", "a", ""), spName("x", "c", "")
+	w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.state())
+	fake.FailNext = errors.New("injected")
+	w.addService(c, "10.96.0.3", 80, 0, "10.244.0.3:80")
+	if err := b.Sync(context.Background(), w.state()); err == nil {
+		t.Fatal("sync did not report the failure")
+	}
+	// The next State no longer lists c as changed; a full sync must still
+	// program it.
+	mustSync(t, b, w.state())
+	if !strings.Contains(fake.Dump(), "svc-x/c/tcp/80") {
+		t.Errorf("service from the failed sync missing:\n%s", fake.Dump())
+	}
+}
+
+func TestCleanupRemovesBothTables(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	w.addService(spName("x", "a", ""), "10.96.0.1", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.state())
+	if err := b.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(fake.Tables) != 0 {
+		t.Errorf("tables left: %v", fake.Dump())
+	}
+}

@@ -1,0 +1,257 @@
+package nft
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// Conn is the seam between the backend and the kernel: the netlink
+// connection in production, a Fake in unit tests.
+type Conn interface {
+	// Apply runs tx as one atomic kernel transaction: all or nothing.
+	Apply(tx *Transaction) error
+	// Read returns what kp's table of family f holds, or nil when the table
+	// does not exist. Chain digests are unknown ("") after a Read.
+	Read(f family) (*tableState, error)
+	// Counters returns the named counters of kp's table of family f.
+	Counters(f family) (map[string]Counter, error)
+}
+
+// Counter is a named counter's value.
+type Counter struct{ Packets, Bytes uint64 }
+
+// tableState is what kp knows is in one of its tables.
+type tableState struct {
+	chains   map[string]string            // chain name → digest ("" = unknown: rewrite)
+	sets     map[string]bool              // named sets and maps
+	elements map[string]map[string]string // set → hex(key) → verdict chain ("" for plain sets)
+	counters map[string]bool
+}
+
+func newTableState() *tableState {
+	return &tableState{
+		chains:   map[string]string{},
+		sets:     map[string]bool{},
+		elements: map[string]map[string]string{},
+		counters: map[string]bool{},
+	}
+}
+
+func keyID(k []byte, end bool) string {
+	if end {
+		return hex.EncodeToString(k) + "/end"
+	}
+	return hex.EncodeToString(k)
+}
+
+// netlinkConn talks to nf_tables in one network namespace: the process's
+// own (nsFd 0) or the one nsFd refers to.
+type netlinkConn struct{ nsFd int }
+
+func (c *netlinkConn) open() (*nftables.Conn, error) {
+	if c.nsFd > 0 {
+		return nftables.New(nftables.WithNetNSFd(c.nsFd))
+	}
+	return nftables.New()
+}
+
+func nfTable(f family) *nftables.Table { return &nftables.Table{Name: TableName, Family: f.nf} }
+
+func (c *netlinkConn) Apply(tx *Transaction) error {
+	if len(tx.ops) == 0 {
+		return nil
+	}
+	conn, err := c.open()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	for i := range tx.ops {
+		if err := c.queue(conn, &tx.ops[i]); err != nil {
+			return err
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables transaction of %d operations: %w", len(tx.ops), err)
+	}
+	return nil
+}
+
+func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
+	t := nfTable(o.fam)
+	switch o.kind {
+	case opAddTable:
+		conn.AddTable(t)
+	case opDelTable:
+		conn.DelTable(t)
+	case opAddSet:
+		if err := conn.AddSet(nfSet(t, o.set), nil); err != nil {
+			return fmt.Errorf("add set %s: %w", o.set.Name, err)
+		}
+	case opAddCounter:
+		conn.AddObj(&nftables.CounterObj{Table: t, Name: o.name})
+	case opDelCounter:
+		conn.DeleteObject(&nftables.CounterObj{Table: t, Name: o.name})
+	case opAddChain:
+		conn.AddChain(nfChain(t, o.chain))
+	case opFlushChain:
+		conn.FlushChain(nfChain(t, o.chain))
+	case opDelChain:
+		conn.DelChain(nfChain(t, o.chain))
+	case opAddRule:
+		r := o.rule
+		if len(r.VMap) > 0 {
+			anon := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true,
+				KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}
+			elems := make([]nftables.SetElement, len(r.VMap))
+			for i, e := range r.VMap {
+				elems[i] = nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(e.Key),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}}
+			}
+			if err := conn.AddSet(anon, elems); err != nil {
+				return fmt.Errorf("add anonymous map in chain %s: %w", o.chain.Name, err)
+			}
+			r.lookup.SetName, r.lookup.SetID = anon.Name, anon.ID
+		}
+		var ud []byte
+		if r.Comment != "" {
+			ud = userdata.AppendString(nil, userdata.TypeComment, r.Comment)
+		}
+		conn.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: o.chain.Name, Table: t}, Exprs: r.Exprs, UserData: ud})
+	case opAddElement, opDelElement:
+		s := nfSet(t, o.set)
+		elems := make([]nftables.SetElement, len(o.elems))
+		for i, e := range o.elems {
+			elems[i] = nftables.SetElement{Key: e.Key, IntervalEnd: e.KeyEnd, Comment: e.Comment}
+			if e.Goto != "" && o.kind == opAddElement {
+				elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
+			}
+		}
+		var err error
+		if o.kind == opAddElement {
+			err = conn.SetAddElements(s, elems)
+		} else {
+			err = conn.SetDeleteElements(s, elems)
+		}
+		if err != nil {
+			return fmt.Errorf("elements of %s: %w", o.set.Name, err)
+		}
+	}
+	return nil
+}
+
+func nfSet(t *nftables.Table, s *Set) *nftables.Set {
+	ns := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Concatenation: s.Concat,
+		Interval: s.Interval, Comment: s.Comment}
+	if s.VMap {
+		ns.IsMap, ns.DataType = true, nftables.TypeVerdict
+	}
+	return ns
+}
+
+func nfChain(t *nftables.Table, c *Chain) *nftables.Chain {
+	ch := &nftables.Chain{Name: c.Name, Table: t}
+	if c.Hook != nil {
+		prio := nftables.ChainPriority(c.Hook.Priority)
+		ch.Type, ch.Hooknum, ch.Priority = c.Hook.Type, c.Hook.Hook, &prio
+	}
+	return ch
+}
+
+func (c *netlinkConn) Read(f family) (*tableState, error) {
+	conn, err := c.open()
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	tables, err := conn.ListTablesOfFamily(f.nf)
+	if err != nil {
+		return nil, fmt.Errorf("list %s tables: %w", f.name, err)
+	}
+	found := false
+	for _, t := range tables {
+		found = found || t.Name == TableName
+	}
+	if !found {
+		return nil, nil
+	}
+	t := nfTable(f)
+	st := newTableState()
+	chains, err := conn.ListChainsOfTableFamily(f.nf)
+	if err != nil {
+		return nil, fmt.Errorf("list %s chains: %w", f.name, err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == TableName {
+			st.chains[ch.Name] = ""
+		}
+	}
+	sets, err := conn.GetSets(t)
+	if err != nil {
+		return nil, fmt.Errorf("list sets of %s %s: %w", f.name, TableName, err)
+	}
+	for _, s := range sets {
+		if s.Anonymous {
+			continue
+		}
+		st.sets[s.Name] = true
+		elems, err := conn.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
+		}
+		m := map[string]string{}
+		for _, e := range elems {
+			v := ""
+			if e.VerdictData != nil {
+				v = e.VerdictData.Chain
+			}
+			m[keyID(e.Key, e.IntervalEnd)] = v
+		}
+		st.elements[s.Name] = m
+	}
+	objs, err := conn.GetObjects(t)
+	if err != nil {
+		return nil, fmt.Errorf("list objects of %s %s: %w", f.name, TableName, err)
+	}
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok {
+			st.counters[co.Name] = true
+		}
+	}
+	return st, nil
+}
+
+func (c *netlinkConn) Counters(f family) (map[string]Counter, error) {
+	conn, err := c.open()
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	objs, err := conn.GetObjects(nfTable(f))
+	if err != nil {
+		if errors.Is(err, errNoTable) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list counters of %s %s: %w", f.name, TableName, err)
+	}
+	out := map[string]Counter{}
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok {
+			out[co.Name] = Counter{Packets: co.Packets, Bytes: co.Bytes}
+		}
+	}
+	return out, nil
+}
+
+var errNoTable = errors.New("no such table")
+
+func keyBytes(id string) []byte {
+	b, _ := hex.DecodeString(strings.TrimSuffix(id, "/end"))
+	return b
+}
+
+func isEndKey(id string) bool { return strings.HasSuffix(id, "/end") }

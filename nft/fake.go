@@ -1,0 +1,266 @@
+package nft
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Fake is an in-memory Conn for unit tests. It applies transactions all or
+// nothing, with the kernel's main checks (rules go into existing chains, a
+// chain still referenced cannot be deleted, elements must exist to be
+// deleted and may not be added twice with another value), and exports its
+// state for assertions.
+type Fake struct {
+	Tables map[string]*FakeTable // by family name: "ip", "ip6"
+	// Transactions counts applied transactions; LastOps is the last one's size.
+	Transactions int
+	LastOps      int
+	// FailNext makes the next Apply fail without changing anything.
+	FailNext error
+}
+
+// FakeTable is one table's contents.
+type FakeTable struct {
+	Chains   map[string][]string // chain → rules in nft syntax
+	Sets     map[string]*Set
+	Elements map[string]map[string]Element
+	Counters map[string]bool
+}
+
+// NewFake returns an empty fake ruleset.
+func NewFake() *Fake { return &Fake{Tables: map[string]*FakeTable{}} }
+
+func (ft *FakeTable) clone() *FakeTable {
+	c := &FakeTable{Chains: map[string][]string{}, Sets: map[string]*Set{}, Elements: map[string]map[string]Element{}, Counters: map[string]bool{}}
+	for k, v := range ft.Chains {
+		c.Chains[k] = append([]string(nil), v...)
+	}
+	for k, v := range ft.Sets {
+		c.Sets[k] = v
+	}
+	for k, es := range ft.Elements {
+		m := map[string]Element{}
+		for kk, e := range es {
+			m[kk] = e
+		}
+		c.Elements[k] = m
+	}
+	for k := range ft.Counters {
+		c.Counters[k] = true
+	}
+	return c
+}
+
+func (f *Fake) Apply(tx *Transaction) error {
+	if f.FailNext != nil {
+		err := f.FailNext
+		f.FailNext = nil
+		return err
+	}
+	if len(tx.ops) == 0 {
+		return nil
+	}
+	next := map[string]*FakeTable{}
+	for k, t := range f.Tables {
+		next[k] = t.clone()
+	}
+	for _, o := range tx.ops {
+		if err := applyFake(next, o); err != nil {
+			return fmt.Errorf("fake nftables: %w", err)
+		}
+	}
+	for fam, t := range next {
+		for chain, rules := range t.Chains {
+			for _, r := range rules {
+				for _, target := range ruleTargets(r) {
+					if _, ok := t.Chains[target]; !ok {
+						return fmt.Errorf("fake nftables: %s chain %s jumps to missing chain %s", fam, chain, target)
+					}
+				}
+			}
+		}
+	}
+	f.Tables = next
+	f.Transactions++
+	f.LastOps = len(tx.ops)
+	return nil
+}
+
+func ruleTargets(rule string) []string {
+	var out []string
+	fields := strings.Fields(strings.NewReplacer(",", " ", "}", " ").Replace(rule))
+	for i := 0; i+1 < len(fields); i++ {
+		if fields[i] == "goto" || fields[i] == "jump" {
+			out = append(out, fields[i+1])
+		}
+	}
+	return out
+}
+
+func applyFake(tables map[string]*FakeTable, o op) error {
+	t := tables[o.fam.name]
+	if o.kind == opAddTable {
+		if t == nil {
+			tables[o.fam.name] = &FakeTable{Chains: map[string][]string{}, Sets: map[string]*Set{}, Elements: map[string]map[string]Element{}, Counters: map[string]bool{}}
+		}
+		return nil
+	}
+	if t == nil {
+		return fmt.Errorf("table %s %s does not exist", o.fam.name, TableName)
+	}
+	switch o.kind {
+	case opDelTable:
+		delete(tables, o.fam.name)
+	case opAddSet:
+		if _, ok := t.Sets[o.set.Name]; !ok {
+			t.Sets[o.set.Name] = o.set
+			t.Elements[o.set.Name] = map[string]Element{}
+		}
+	case opAddCounter:
+		t.Counters[o.name] = true
+	case opDelCounter:
+		if !t.Counters[o.name] {
+			return fmt.Errorf("delete missing counter %s", o.name)
+		}
+		delete(t.Counters, o.name)
+	case opAddChain:
+		if _, ok := t.Chains[o.chain.Name]; !ok {
+			t.Chains[o.chain.Name] = nil
+		}
+	case opFlushChain:
+		if _, ok := t.Chains[o.chain.Name]; !ok {
+			return fmt.Errorf("flush missing chain %s", o.chain.Name)
+		}
+		t.Chains[o.chain.Name] = nil
+	case opDelChain:
+		if _, ok := t.Chains[o.chain.Name]; !ok {
+			return fmt.Errorf("delete missing chain %s", o.chain.Name)
+		}
+		if refs := fakeRefs(t, o.chain.Name); refs != "" {
+			return fmt.Errorf("delete chain %s: still referenced by %s", o.chain.Name, refs)
+		}
+		delete(t.Chains, o.chain.Name)
+	case opAddRule:
+		if _, ok := t.Chains[o.chain.Name]; !ok {
+			return fmt.Errorf("add rule to missing chain %s", o.chain.Name)
+		}
+		if strings.Contains(o.rule.Text, "counter name") {
+			name := strings.SplitN(strings.SplitN(o.rule.Text, "counter name \"", 2)[1], "\"", 2)[0]
+			if !t.Counters[name] {
+				return fmt.Errorf("rule in %s names missing counter %s", o.chain.Name, name)
+			}
+		}
+		t.Chains[o.chain.Name] = append(t.Chains[o.chain.Name], o.rule.String())
+	case opAddElement, opDelElement:
+		es, ok := t.Elements[o.set.Name]
+		if !ok {
+			return fmt.Errorf("elements of missing set %s", o.set.Name)
+		}
+		for _, e := range o.elems {
+			k := keyID(e.Key, e.KeyEnd)
+			cur, exists := es[k]
+			if o.kind == opDelElement {
+				if !exists {
+					return fmt.Errorf("delete missing element %s from %s", e.KeyText, o.set.Name)
+				}
+				delete(es, k)
+				continue
+			}
+			if exists && cur.Goto != e.Goto {
+				return fmt.Errorf("add element %s to %s: exists with another value", e.KeyText, o.set.Name)
+			}
+			if e.Goto != "" {
+				if _, ok := t.Chains[e.Goto]; !ok {
+					return fmt.Errorf("element %s of %s: goto missing chain %s", e.KeyText, o.set.Name, e.Goto)
+				}
+			}
+			es[k] = e
+		}
+	}
+	return nil
+}
+
+func fakeRefs(t *FakeTable, chain string) string {
+	for name, rules := range t.Chains {
+		for _, r := range rules {
+			for _, target := range ruleTargets(r) {
+				if target == chain {
+					return "chain " + name
+				}
+			}
+		}
+	}
+	for set, es := range t.Elements {
+		for _, e := range es {
+			if e.Goto == chain {
+				return "an element of " + set
+			}
+		}
+	}
+	return ""
+}
+
+func (f *Fake) Read(fam family) (*tableState, error) {
+	t := f.Tables[fam.name]
+	if t == nil {
+		return nil, nil
+	}
+	st := newTableState()
+	for c := range t.Chains {
+		st.chains[c] = ""
+	}
+	for s, es := range t.Elements {
+		st.sets[s] = true
+		m := map[string]string{}
+		for k, e := range es {
+			m[k] = e.Goto
+		}
+		st.elements[s] = m
+	}
+	for c := range t.Counters {
+		st.counters[c] = true
+	}
+	return st, nil
+}
+
+func (f *Fake) Counters(fam family) (map[string]Counter, error) {
+	out := map[string]Counter{}
+	if t := f.Tables[fam.name]; t != nil {
+		for c := range t.Counters {
+			out[c] = Counter{}
+		}
+	}
+	return out, nil
+}
+
+// Dump prints the fake ruleset canonically (sorted), in nft-like syntax.
+func (f *Fake) Dump() string {
+	var sb strings.Builder
+	for _, fam := range sortedKeys(f.Tables) {
+		t := f.Tables[fam]
+		fmt.Fprintf(&sb, "table %s %s\n", fam, TableName)
+		for _, s := range sortedKeys(t.Elements) {
+			var es []string
+			for _, e := range t.Elements[s] {
+				if e.Goto != "" {
+					es = append(es, fmt.Sprintf("%s : goto %s", e.KeyText, e.Goto))
+				} else {
+					es = append(es, e.KeyText)
+				}
+			}
+			sort.Strings(es)
+			fmt.Fprintf(&sb, "  set %s { %s }\n", s, strings.Join(es, ", "))
+		}
+		for _, c := range sortedKeys(t.Counters) {
+			fmt.Fprintf(&sb, "  counter %s\n", c)
+		}
+		for _, c := range sortedKeys(t.Chains) {
+			fmt.Fprintf(&sb, "  chain %s\n", c)
+			for _, r := range t.Chains[c] {
+				fmt.Fprintf(&sb, "    %s\n", r)
+			}
+		}
+	}
+	return sb.String()
+}

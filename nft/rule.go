@@ -1,0 +1,262 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Rule is one nftables rule: the expressions sent to the kernel and the same
+// rule in nft syntax, which is what the fake stores, what the bookkeeping
+// compares and what a Transaction prints.
+type Rule struct {
+	Exprs   []expr.Any
+	Text    string
+	Comment string
+	// VMap, when set, is an anonymous verdict map the rule looks up; the
+	// connection creates it in the same batch and points lookup at it.
+	VMap   []VMapElement
+	lookup *expr.Lookup
+}
+
+// VMapElement maps an integer key to "goto Chain" in an anonymous verdict map.
+type VMapElement struct {
+	Key   uint32
+	Chain string
+}
+
+// String is the rule in nft syntax, with its comment.
+func (r *Rule) String() string {
+	if r.Comment == "" {
+		return r.Text
+	}
+	return fmt.Sprintf("%s comment %q", r.Text, r.Comment)
+}
+
+// ruleBuilder appends expressions and their nft syntax in step, so the two
+// cannot drift apart.
+type ruleBuilder struct {
+	fam   family
+	exprs []expr.Any
+	text  []string
+	vmap  []VMapElement
+	look  *expr.Lookup
+}
+
+func newRule(fam family) *ruleBuilder { return &ruleBuilder{fam: fam} }
+
+func (b *ruleBuilder) add(text string, e ...expr.Any) *ruleBuilder {
+	b.exprs = append(b.exprs, e...)
+	b.text = append(b.text, text)
+	return b
+}
+
+func (b *ruleBuilder) build(comment string) Rule {
+	return Rule{Exprs: b.exprs, Text: strings.Join(b.text, " "), Comment: comment, VMap: b.vmap, lookup: b.look}
+}
+
+// Registers for concatenated keys: 32-bit registers are consecutive, and
+// NFT_REG_1 overlays NFT_REG32_00..03, which is what nft itself emits.
+const (
+	regAddr  = 1
+	regFirst = 8 // NFT_REG32_00
+)
+
+func (b *ruleBuilder) addrOffset(src bool) (off, n uint32) {
+	if b.fam.v6 {
+		if src {
+			return 8, 16
+		}
+		return 24, 16
+	}
+	if src {
+		return 12, 4
+	}
+	return 16, 4
+}
+
+func (b *ruleBuilder) loadAddr(src bool, reg uint32) expr.Any {
+	off, n := b.addrOffset(src)
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+}
+
+func addrField(src bool) string {
+	if src {
+		return "saddr"
+	}
+	return "daddr"
+}
+
+// addrIs matches "ip daddr 10.0.0.1" (or saddr, or != with neg).
+func (b *ruleBuilder) addrIs(src, neg bool, a netip.Addr) *ruleBuilder {
+	op, sym := expr.CmpOpEq, ""
+	if neg {
+		op, sym = expr.CmpOpNeq, "!= "
+	}
+	return b.add(fmt.Sprintf("%s %s %s%s", b.fam.name, addrField(src), sym, a),
+		b.loadAddr(src, 1), &expr.Cmp{Op: op, Register: 1, Data: a.AsSlice()})
+}
+
+// addrInSet matches "ip saddr @set" (or != with neg).
+func (b *ruleBuilder) addrInSet(src, neg bool, set string) *ruleBuilder {
+	sym := ""
+	if neg {
+		sym = "!= "
+	}
+	return b.add(fmt.Sprintf("%s %s %s@%s", b.fam.name, addrField(src), sym, set),
+		b.loadAddr(src, 1), &expr.Lookup{SourceRegister: 1, SetName: set, Invert: neg})
+}
+
+// keyVMap dispatches on "daddr . l4proto . dport" (withAddr) or
+// "l4proto . dport" through the named verdict map.
+func (b *ruleBuilder) keyVMap(withAddr bool, vmap string) *ruleBuilder {
+	var es []expr.Any
+	reg := uint32(regFirst)
+	text := "meta l4proto . th dport"
+	if withAddr {
+		_, n := b.addrOffset(false)
+		es = append(es, b.loadAddr(false, regAddr))
+		reg += n / 4
+		text = fmt.Sprintf("%s daddr . %s", b.fam.name, text)
+	} else {
+		reg = 1
+	}
+	es = append(es,
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
+		&expr.Payload{DestRegister: nextReg(reg), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: 1, SetName: vmap, IsDestRegSet: true, DestRegister: 0},
+	)
+	return b.add(fmt.Sprintf("%s vmap @%s", text, vmap), es...)
+}
+
+// nextReg is the 32-bit register after reg (reg 1 is a 128-bit register
+// overlaying NFT_REG32_00..03, so the one after it is NFT_REG32_01 when only
+// 4 bytes were loaded; callers with reg==1 loaded a 1-byte value).
+func nextReg(reg uint32) uint32 {
+	if reg == 1 {
+		return regFirst + 1
+	}
+	return reg + 1
+}
+
+func (b *ruleBuilder) l4proto(proto uint8) *ruleBuilder {
+	return b.add("meta l4proto "+protoName(proto),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+}
+
+func (b *ruleBuilder) ctStateNew() *ruleBuilder {
+	return b.add("ct state new",
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
+}
+
+// markClear returns when none of the mark bits are set: "meta mark & M == 0 return".
+func (b *ruleBuilder) markUnsetReturn(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("meta mark & 0x%08x == 0x00000000 return", mark),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(mark), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)},
+		&expr.Verdict{Kind: expr.VerdictReturn})
+}
+
+// markOr sets "meta mark set meta mark | M".
+func (b *ruleBuilder) markOr(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("meta mark set meta mark | 0x%08x", mark),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(^mark), Xor: binaryutil.NativeEndian.PutUint32(mark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+}
+
+// markXor sets "meta mark set meta mark ^ M".
+func (b *ruleBuilder) markXor(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("meta mark set meta mark ^ 0x%08x", mark),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(0xffffffff), Xor: binaryutil.NativeEndian.PutUint32(mark)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+}
+
+func (b *ruleBuilder) masquerade() *ruleBuilder {
+	return b.add("masquerade fully-random", &expr.Masq{FullyRandom: true})
+}
+
+func (b *ruleBuilder) counterObj(name string) *ruleBuilder {
+	return b.add(fmt.Sprintf("counter name %q", name), &expr.Objref{Type: 1 /* NFT_OBJECT_COUNTER */, Name: name})
+}
+
+func (b *ruleBuilder) dnat(proto uint8, to netip.AddrPort) *ruleBuilder {
+	b.l4proto(proto)
+	famNum := uint32(unix.NFPROTO_IPV4)
+	if b.fam.v6 {
+		famNum = unix.NFPROTO_IPV6
+	}
+	port := make([]byte, 2)
+	binary.BigEndian.PutUint16(port, to.Port())
+	return b.add(fmt.Sprintf("dnat to %s", to),
+		&expr.Immediate{Register: 1, Data: to.Addr().AsSlice()},
+		&expr.Immediate{Register: 2, Data: port},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: famNum, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
+}
+
+// numgenVMap spreads over n chains: "numgen random mod n vmap { 0 : goto a, ... }".
+func (b *ruleBuilder) numgenVMap(chains []string) *ruleBuilder {
+	elems := make([]string, len(chains))
+	b.vmap = make([]VMapElement, len(chains))
+	for i, c := range chains {
+		elems[i] = fmt.Sprintf("%d : goto %s", i, c)
+		b.vmap[i] = VMapElement{Key: uint32(i), Chain: c}
+	}
+	b.look = &expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0}
+	return b.add(fmt.Sprintf("numgen random mod %d vmap { %s }", len(chains), strings.Join(elems, ", ")),
+		&expr.Numgen{Register: 1, Modulus: uint32(len(chains)), Type: unix.NFT_NG_RANDOM}, b.look)
+}
+
+func (b *ruleBuilder) verdict(kind expr.VerdictKind, chain string) *ruleBuilder {
+	var text string
+	switch kind {
+	case expr.VerdictJump:
+		text = "jump " + chain
+	case expr.VerdictGoto:
+		text = "goto " + chain
+	case expr.VerdictDrop:
+		text = "drop"
+	case expr.VerdictReturn:
+		text = "return"
+	case expr.VerdictAccept:
+		text = "accept"
+	}
+	return b.add(text, &expr.Verdict{Kind: kind, Chain: chain})
+}
+
+func (b *ruleBuilder) rejectTCPReset() *ruleBuilder {
+	return b.add("reject with tcp reset", &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+}
+
+func (b *ruleBuilder) rejectPortUnreachable() *ruleBuilder {
+	if b.fam.v6 {
+		return b.add("reject", &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 4 /* ICMPV6_PORT_UNREACH */})
+	}
+	return b.add("reject", &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3 /* ICMP_PORT_UNREACH */})
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}

@@ -1,0 +1,130 @@
+package nft
+
+import (
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+)
+
+// Names of kp's static objects. Per-service data lives in the maps; the
+// chains below never change with the set of Services.
+const (
+	mapServiceIPs          = "service-ips"
+	mapServiceNodePorts    = "service-nodeports"
+	mapNoEndpointServices  = "no-endpoint-services"
+	mapNoEndpointNodePorts = "no-endpoint-nodeports"
+	setNodePortIPs         = "nodeport-ips"
+	setClusterCIDRs        = "cluster-cidrs"
+
+	chainServices       = "services"
+	chainEndpointsCheck = "service-endpoints-check"
+	chainMarkMasq       = "mark-for-masquerade"
+	chainMasquerading   = "masquerading"
+	chainReject         = "reject-chain"
+)
+
+// staticSets declares kp's named sets and maps for family f.
+func staticSets(f family) []*Set {
+	addrProtoPort := nftables.MustConcatSetType(f.addrType(), nftables.TypeInetProto, nftables.TypeInetService)
+	protoPort := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+	return []*Set{
+		{Name: mapServiceIPs, KeyType: addrProtoPort, Concat: true, VMap: true,
+			Comment: "ClusterIP, external IP and LoadBalancer IP of each service port"},
+		{Name: mapServiceNodePorts, KeyType: protoPort, Concat: true, VMap: true,
+			Comment: "NodePort of each service port"},
+		{Name: mapNoEndpointServices, KeyType: addrProtoPort, Concat: true, VMap: true,
+			Comment: "service addresses with no endpoints: reject"},
+		{Name: mapNoEndpointNodePorts, KeyType: protoPort, Concat: true, VMap: true,
+			Comment: "NodePorts with no endpoints: reject"},
+		{Name: setNodePortIPs, KeyType: f.addrType(), Comment: "node addresses NodePorts answer on"},
+		{Name: setClusterCIDRs, KeyType: f.addrType(), Interval: true, Comment: "--cluster-cidr"},
+	}
+}
+
+func setByName(f family, name string) *Set {
+	for _, s := range staticSets(f) {
+		if s.Name == name {
+			return s
+		}
+	}
+	return &Set{Name: name}
+}
+
+func baseChain(name string, t nftables.ChainType, hook *nftables.ChainHook, hookName string, prio int32, rules ...Rule) *Chain {
+	return &Chain{Name: name, Hook: &Hook{Type: t, Hook: hook, HookName: hookName, Priority: prio}, Rules: rules}
+}
+
+// skeleton returns the static chains and the small static sets' elements.
+func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs []netip.Prefix) *view {
+	v := newView()
+	jumpServices := newRule(f).verdict(expr.VerdictJump, chainServices).build("")
+	checkNew := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainEndpointsCheck).build("")
+	for _, c := range []*Chain{
+		baseChain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, "prerouting", -100, jumpServices),
+		baseChain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, "output", -100, jumpServices),
+		baseChain("nat-postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, "postrouting", 100,
+			newRule(f).verdict(expr.VerdictJump, chainMasquerading).build("")),
+		// Reject runs in filter hooks after DNAT: a packet still addressed
+		// to a service address there found no endpoint.
+		baseChain("filter-input", nftables.ChainTypeFilter, nftables.ChainHookInput, "input", -10, checkNew),
+		baseChain("filter-forward", nftables.ChainTypeFilter, nftables.ChainHookForward, "forward", -10, checkNew),
+		baseChain("filter-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -10, checkNew),
+		{Name: chainServices, Rules: []Rule{
+			newRule(f).keyVMap(true, mapServiceIPs).build(""),
+			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapServiceNodePorts).build(""),
+		}},
+		{Name: chainEndpointsCheck, Rules: []Rule{
+			newRule(f).keyVMap(true, mapNoEndpointServices).build(""),
+			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapNoEndpointNodePorts).build(""),
+		}},
+		{Name: chainMarkMasq, Rules: []Rule{newRule(f).markOr(b.masqMark).build("")}},
+		{Name: chainMasquerading, Rules: []Rule{
+			newRule(f).markUnsetReturn(b.masqMark).build(""),
+			newRule(f).markXor(b.masqMark).build(""),
+			newRule(f).masquerade().build(""),
+		}},
+		{Name: chainReject, Rules: []Rule{
+			newRule(f).l4proto(6).rejectTCPReset().build(""),
+			newRule(f).rejectPortUnreachable().build(""),
+		}},
+	} {
+		v.chains[c.Name] = c
+	}
+	for _, s := range staticSets(f) {
+		v.sets[s.Name] = s
+		v.elements[s.Name] = map[string]Element{}
+	}
+	for _, a := range nodePortIPs {
+		e := Element{Key: addrKey(a), KeyText: a.String()}
+		v.elements[setNodePortIPs][keyID(e.Key, false)] = e
+	}
+	for _, p := range clusterCIDRs {
+		for _, e := range intervalElements(p) {
+			v.elements[setClusterCIDRs][keyID(e.Key, e.KeyEnd)] = e
+		}
+	}
+	return v
+}
+
+// intervalElements encodes a prefix as nft interval elements: the first
+// address, and the address after the last one flagged as interval end.
+func intervalElements(p netip.Prefix) []Element {
+	p = p.Masked()
+	first := p.Addr()
+	es := []Element{{Key: addrKey(first), KeyText: p.String()}}
+	last := lastAddr(p)
+	if next := last.Next(); next.IsValid() {
+		es = append(es, Element{Key: addrKey(next), KeyEnd: true, KeyText: p.String() + " (end)"})
+	}
+	return es
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}

@@ -1,0 +1,203 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// TableName is the name of kp's table in both the ip and ip6 families.
+const TableName = "kp"
+
+// family is one of the two tables kp owns.
+type family struct {
+	v6   bool
+	name string // "ip" or "ip6", as nft spells the table family
+	nf   nftables.TableFamily
+	pf   proxy.Family
+}
+
+var (
+	familyIPv4 = family{v6: false, name: "ip", nf: nftables.TableFamilyIPv4, pf: proxy.IPv4}
+	familyIPv6 = family{v6: true, name: "ip6", nf: nftables.TableFamilyIPv6, pf: proxy.IPv6}
+	families   = []family{familyIPv4, familyIPv6}
+)
+
+func (f family) addrType() nftables.SetDatatype {
+	if f.v6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
+}
+
+// Hook makes a chain a base chain.
+type Hook struct {
+	Type     nftables.ChainType
+	Hook     *nftables.ChainHook
+	Priority int32
+	HookName string // for String(): prerouting, output, ...
+}
+
+// Chain is a chain with its complete contents.
+type Chain struct {
+	Name  string
+	Hook  *Hook
+	Rules []Rule
+}
+
+// digest identifies a chain's contents for bookkeeping: two chains with the
+// same digest need no rewrite.
+func (c *Chain) digest() string {
+	var sb strings.Builder
+	if c.Hook != nil {
+		fmt.Fprintf(&sb, "hook %s %s %d;", c.Hook.Type, c.Hook.HookName, c.Hook.Priority)
+	}
+	for i := range c.Rules {
+		sb.WriteString(c.Rules[i].String())
+		sb.WriteByte('\n')
+	}
+	return sb.String()
+}
+
+// SetKind selects how a named set is declared.
+type Set struct {
+	Name     string
+	KeyType  nftables.SetDatatype
+	Concat   bool
+	VMap     bool // a verdict map
+	Interval bool
+	Comment  string
+}
+
+// Element is one element of a named set or verdict map. Key is the raw
+// kernel encoding; KeyText its nft spelling.
+type Element struct {
+	Key     []byte
+	KeyEnd  bool // interval end marker (interval sets only)
+	KeyText string
+	Goto    string // verdict map: "goto Goto"
+	Comment string
+}
+
+func (e *Element) value() string { return e.Goto }
+
+type opKind int
+
+const (
+	opAddTable opKind = iota
+	opAddSet
+	opAddCounter
+	opAddChain
+	opFlushChain
+	opAddRule
+	opDelElement
+	opAddElement
+	opDelChain
+	opDelCounter
+	opDelTable
+)
+
+type op struct {
+	kind  opKind
+	fam   family
+	chain *Chain // add/flush/del chain
+	rule  *Rule  // add rule (chain in chain)
+	set   *Set   // add set; element ops name the set
+	elems []Element
+	name  string // counter name
+}
+
+// Transaction is a batch of changes applied atomically in one netlink batch.
+type Transaction struct {
+	ops []op
+}
+
+func (tx *Transaction) addTable(f family) { tx.ops = append(tx.ops, op{kind: opAddTable, fam: f}) }
+func (tx *Transaction) delTable(f family) { tx.ops = append(tx.ops, op{kind: opDelTable, fam: f}) }
+func (tx *Transaction) addSet(f family, s *Set) {
+	tx.ops = append(tx.ops, op{kind: opAddSet, fam: f, set: s})
+}
+func (tx *Transaction) addCounter(f family, n string) {
+	tx.ops = append(tx.ops, op{kind: opAddCounter, fam: f, name: n})
+}
+func (tx *Transaction) delCounter(f family, n string) {
+	tx.ops = append(tx.ops, op{kind: opDelCounter, fam: f, name: n})
+}
+func (tx *Transaction) addChain(f family, c *Chain) {
+	tx.ops = append(tx.ops, op{kind: opAddChain, fam: f, chain: c})
+}
+func (tx *Transaction) flushChain(f family, c *Chain) {
+	tx.ops = append(tx.ops, op{kind: opFlushChain, fam: f, chain: c})
+}
+func (tx *Transaction) delChain(f family, c *Chain) {
+	tx.ops = append(tx.ops, op{kind: opDelChain, fam: f, chain: c})
+}
+func (tx *Transaction) addRule(f family, c *Chain, r *Rule) {
+	tx.ops = append(tx.ops, op{kind: opAddRule, fam: f, chain: c, rule: r})
+}
+func (tx *Transaction) addElements(f family, set *Set, es []Element) {
+	if len(es) > 0 {
+		tx.ops = append(tx.ops, op{kind: opAddElement, fam: f, set: set, elems: es})
+	}
+}
+func (tx *Transaction) delElements(f family, set *Set, es []Element) {
+	if len(es) > 0 {
+		tx.ops = append(tx.ops, op{kind: opDelElement, fam: f, set: set, elems: es})
+	}
+}
+
+// Len is the number of operations; a sync with nothing to do has none.
+func (tx *Transaction) Len() int { return len(tx.ops) }
+
+// String prints the transaction as an nft script, for logs and test output.
+func (tx *Transaction) String() string {
+	var sb strings.Builder
+	for _, o := range tx.ops {
+		t := fmt.Sprintf("%s %s", o.fam.name, TableName)
+		switch o.kind {
+		case opAddTable:
+			fmt.Fprintf(&sb, "add table %s\n", t)
+		case opDelTable:
+			fmt.Fprintf(&sb, "delete table %s\n", t)
+		case opAddSet:
+			kind := "set"
+			if o.set.VMap {
+				kind = "map"
+			}
+			fmt.Fprintf(&sb, "add %s %s %s\n", kind, t, o.set.Name)
+		case opAddCounter:
+			fmt.Fprintf(&sb, "add counter %s %s\n", t, o.name)
+		case opDelCounter:
+			fmt.Fprintf(&sb, "delete counter %s %s\n", t, o.name)
+		case opAddChain:
+			fmt.Fprintf(&sb, "add chain %s %s\n", t, o.chain.Name)
+		case opFlushChain:
+			fmt.Fprintf(&sb, "flush chain %s %s\n", t, o.chain.Name)
+		case opDelChain:
+			fmt.Fprintf(&sb, "delete chain %s %s\n", t, o.chain.Name)
+		case opAddRule:
+			fmt.Fprintf(&sb, "add rule %s %s %s\n", t, o.chain.Name, o.rule.String())
+		case opAddElement, opDelElement:
+			verb := "add"
+			if o.kind == opDelElement {
+				verb = "delete"
+			}
+			for _, e := range o.elems {
+				if e.Goto != "" && o.kind == opAddElement {
+					fmt.Fprintf(&sb, "%s element %s %s { %s : goto %s }\n", verb, t, o.set.Name, e.KeyText, e.Goto)
+				} else {
+					fmt.Fprintf(&sb, "%s element %s %s { %s }\n", verb, t, o.set.Name, e.KeyText)
+				}
+			}
+		}
+	}
+	return sb.String()
+}
+
+// keyText spells a concatenated key as nft does.
+func keyText(parts ...string) string { return strings.Join(parts, " . ") }
+
+func addrKey(a netip.Addr) []byte { return a.AsSlice() }

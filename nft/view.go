@@ -1,0 +1,60 @@
+package nft
+
+import "sort"
+
+// view is a set of nftables objects: what kp wants (the whole table, or the
+// objects of one service port), keyed for diffing against tableState.
+type view struct {
+	chains   map[string]*Chain
+	sets     map[string]*Set
+	elements map[string]map[string]Element // set → keyID → element
+	counters map[string]bool
+}
+
+func newView() *view {
+	return &view{chains: map[string]*Chain{}, sets: map[string]*Set{}, elements: map[string]map[string]Element{}, counters: map[string]bool{}}
+}
+
+func (v *view) addElement(set string, e Element) {
+	m := v.elements[set]
+	if m == nil {
+		m = map[string]Element{}
+		v.elements[set] = m
+	}
+	m[keyID(e.Key, e.KeyEnd)] = e
+}
+
+// merge adds o's objects to v.
+func (v *view) merge(o *view) {
+	if o == nil {
+		return
+	}
+	for n, c := range o.chains {
+		v.chains[n] = c
+	}
+	for n, s := range o.sets {
+		v.sets[n] = s
+	}
+	for s, es := range o.elements {
+		for k, e := range es {
+			m := v.elements[s]
+			if m == nil {
+				m = map[string]Element{}
+				v.elements[s] = m
+			}
+			m[k] = e
+		}
+	}
+	for n := range o.counters {
+		v.counters[n] = true
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

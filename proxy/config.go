@@ -1,0 +1,34 @@
+package proxy
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Config is kp proxy's effective configuration, after flags and the
+// KubeProxyConfiguration file are merged (cmd/kp does that).
+type Config struct {
+	Mode             Mode
+	HostnameOverride string
+	// Kubeconfig and Master select the API server; both empty with
+	// ManifestsDir set means the folder source.
+	Kubeconfig   string
+	Master       string
+	ManifestsDir string
+
+	// ClusterCIDRs: traffic to a ClusterIP from outside these is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// NodePortAddresses are CIDRs restricting where NodePorts answer; the
+	// special value "primary" is kept in NodePortPrimary.
+	NodePortAddresses []netip.Prefix
+	NodePortPrimary   bool
+	MasqueradeAll     bool
+	MasqueradeBit     int
+
+	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
+	MinSyncPeriod    time.Duration // upstream --min-sync-period
+	ConfigSyncPeriod time.Duration // informer resync (upstream --config-sync-period)
+
+	MetricsBindAddress string
+	HealthzBindAddress string
+}

@@ -1,0 +1,94 @@
+package proxy
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ServicePortName identifies one port of one Service, as upstream kube-proxy
+// names it: namespace/name plus the port's name and protocol.
+type ServicePortName struct {
+	types.NamespacedName
+	Port     string
+	Protocol v1.Protocol
+}
+
+// String renders the name the way kube-proxy logs it: "ns/name:port" (the
+// port part is omitted for a single unnamed port).
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.NamespacedName.String()
+	}
+	return fmt.Sprintf("%s:%s", n.NamespacedName.String(), n.Port)
+}
+
+// ServicePort is one port of one Service, with every virtual address it is
+// reachable at. Addresses of both families are kept together; backends pick
+// the family they program (see Addrs helpers).
+type ServicePort struct {
+	Name       ServicePortName
+	Type       v1.ServiceType
+	ClusterIPs []netip.Addr
+	Port       int32
+	Protocol   v1.Protocol
+	NodePort   int32
+
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+
+	// ExternalPolicyLocal is externalTrafficPolicy: Local (only meaningful
+	// for Services with external addresses or NodePorts).
+	ExternalPolicyLocal bool
+	// InternalPolicyLocal is internalTrafficPolicy: Local.
+	InternalPolicyLocal bool
+	HealthCheckNodePort int32
+
+	// AffinityTimeout is the ClientIP session affinity timeout; zero means
+	// sessionAffinity: None.
+	AffinityTimeout time.Duration
+
+	// TrafficDistribution is spec.trafficDistribution ("" or "PreferClose").
+	TrafficDistribution string
+}
+
+// HasExternal reports whether the port is reachable from outside the cluster
+// network (NodePort, externalIPs, LoadBalancer ingress).
+func (sp *ServicePort) HasExternal() bool {
+	return sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+}
+
+// Endpoint is one backend of a ServicePort: an address and the target port
+// resolved for that ServicePort's name, with EndpointSlice conditions.
+type Endpoint struct {
+	IP   netip.Addr
+	Port int32
+
+	Ready       bool
+	Serving     bool
+	Terminating bool
+
+	NodeName  string
+	Zone      string
+	ZoneHints []string
+}
+
+// AddrPort is the endpoint's address and port.
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.IP, uint16(e.Port)) }
+
+// String renders the endpoint as "ip:port" ("[ip]:port" for IPv6).
+func (e Endpoint) String() string { return e.AddrPort().String() }
+
+// Node is what the proxy knows about the node it runs on.
+type Node struct {
+	Name   string
+	IPs    []netip.Addr // primary node IPs (InternalIP first), per family
+	Labels map[string]string
+}
+
+// Zone is the node's topology.kubernetes.io/zone label.
+func (n Node) Zone() string { return n.Labels[v1.LabelTopologyZone] }
