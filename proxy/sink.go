@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 )
@@ -16,4 +18,14 @@ type Sink interface {
 	// OnSynced reports that the source delivered its complete initial view;
 	// no sync happens before every source said so.
 	OnSynced()
+}
+
+// Source observes Services, EndpointSlices and the proxy's own Node
+// somewhere (the kube API, a folder of manifests) and reports them to a Sink.
+type Source interface {
+	// Run reports every object to sink, calls sink.OnSynced once after the
+	// initial view, then reports changes until ctx is done. It returns nil
+	// when ctx is done, and an error only when it cannot go on (which stops
+	// the proxy).
+	Run(ctx context.Context, sink Sink) error
 }

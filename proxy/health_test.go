@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestHealthHandlers(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const timeout = 60 * time.Second // 2× a 30s sync period
+	tests := []struct {
+		name         string
+		setup        func(h *Health, clk *clocktesting.FakeClock)
+		wantHealthz  int
+		wantLivez    int
+		wantEligible bool
+	}{
+		{
+			name:         "unhealthy before the first sync",
+			setup:        func(*Health, *clocktesting.FakeClock) {},
+			wantHealthz:  http.StatusServiceUnavailable,
+			wantLivez:    http.StatusServiceUnavailable,
+			wantEligible: true,
+		},
+		{
+			name: "healthy right after a sync",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				clk.Step(timeout - time.Second)
+			},
+			wantHealthz:  http.StatusOK,
+			wantLivez:    http.StatusOK,
+			wantEligible: true,
+		},
+		{
+			name: "unhealthy when the last sync is older than the timeout",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				clk.Step(timeout)
+			},
+			wantHealthz:  http.StatusServiceUnavailable,
+			wantLivez:    http.StatusServiceUnavailable,
+			wantEligible: true,
+		},
+		{
+			name: "node tainted for deletion fails healthz but not livez",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				h.SyncNode(&v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: toBeDeletedTaint}}}})
+			},
+			wantHealthz:  http.StatusServiceUnavailable,
+			wantLivez:    http.StatusOK,
+			wantEligible: false,
+		},
+		{
+			name: "node being deleted fails healthz",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				h.SyncNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{Time: start}}})
+			},
+			wantHealthz:  http.StatusServiceUnavailable,
+			wantLivez:    http.StatusOK,
+			wantEligible: false,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(start)
+			h := NewHealth(timeout, clk)
+			tt.setup(h, clk)
+			srv := httptest.NewServer(h.Handler())
+			defer srv.Close()
+
+			body := get(t, srv.URL+"/healthz", tt.wantHealthz)
+			var hz struct {
+				LastUpdated  string `json:"lastUpdated"`
+				CurrentTime  string `json:"currentTime"`
+				NodeEligible *bool  `json:"nodeEligible"`
+			}
+			if err := json.Unmarshal(body, &hz); err != nil {
+				t.Fatalf("healthz body %q: %v", body, err)
+			}
+			if hz.NodeEligible == nil || *hz.NodeEligible != tt.wantEligible || hz.CurrentTime != clk.Now().String() || hz.LastUpdated == "" {
+				t.Errorf("healthz body %s", body)
+			}
+			body = get(t, srv.URL+"/livez", tt.wantLivez)
+			var lz map[string]any
+			if err := json.Unmarshal(body, &lz); err != nil || lz["lastUpdated"] == nil || lz["currentTime"] == nil {
+				t.Errorf("livez body %q: %v", body, err)
+			}
+		})
+	}
+}
+
+func get(t *testing.T, url string, wantCode int) []byte {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != wantCode {
+		t.Errorf("GET %s: %d %s, want %d", url, resp.StatusCode, body, wantCode)
+	}
+	return body
+}

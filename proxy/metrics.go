@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics holds kp's Prometheus metrics in a registry of its own. Names
+// follow upstream kube-proxy where it has one, so existing dashboards and
+// alerts keep working; kp's additions are prefixed kp_.
+type Metrics struct {
+	registry *prometheus.Registry
+	mode     Mode
+
+	syncDuration        prometheus.Histogram
+	fullSyncDuration    prometheus.Histogram
+	partialSyncDuration prometheus.Histogram
+	lastSync            prometheus.Gauge
+	lastQueued          prometheus.Gauge
+	programming         prometheus.Histogram
+	failures            prometheus.Counter
+}
+
+// NewMetrics returns the metrics of a proxy running in mode, registered with
+// a new registry together with the Go runtime and process collectors.
+func NewMetrics(mode Mode) *Metrics {
+	syncBuckets := prometheus.ExponentialBuckets(0.001, 2, 15)
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		mode:     mode,
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds",
+			Buckets: syncBuckets,
+		}),
+		fullSyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_full_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds for full resyncs",
+			Buckets: syncBuckets,
+		}),
+		partialSyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+			Help:    "SyncProxyRules latency in seconds for partial resyncs",
+			Buckets: syncBuckets,
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time proxy rules were successfully synced",
+		}),
+		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "The last time a sync of proxy rules was queued",
+		}),
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_network_programming_duration_seconds",
+			Help:    "In Cluster Network Programming Latency in seconds",
+			Buckets: programmingBuckets(),
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kp_sync_proxy_rules_failures_total",
+			Help: "Syncs of proxy rules that failed (each is retried)",
+		}),
+	}
+	m.registry.MustRegister(
+		m.syncDuration, m.fullSyncDuration, m.partialSyncDuration,
+		m.lastSync, m.lastQueued, m.programming, m.failures,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// programmingBuckets are upstream's: fine-grained under a minute, where the
+// SLO lives, coarse up to five minutes.
+func programmingBuckets() []float64 {
+	b := []float64{0}
+	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...) // 0.25s, 0.5s
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)      // 1s .. 59s
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)     // 60s .. 115s
+	b = append(b, prometheus.LinearBuckets(120, 30, 7)...)    // 2min .. 5min
+	return b
+}
+
+// Registry lets other parts of kp (a backend's counters) add collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
+
+// SyncSucceeded records a successful sync that took d and ended at end;
+// full says whether the backend re-rendered everything.
+func (m *Metrics) SyncSucceeded(d time.Duration, full bool, end time.Time) {
+	m.syncDuration.Observe(d.Seconds())
+	if full {
+		m.fullSyncDuration.Observe(d.Seconds())
+	} else {
+		m.partialSyncDuration.Observe(d.Seconds())
+	}
+	m.lastSync.Set(float64(end.UnixNano()) / 1e9)
+}
+
+// SyncFailed counts a failed sync.
+func (m *Metrics) SyncFailed() { m.failures.Inc() }
+
+// Queued records that a change queued a sync at t.
+func (m *Metrics) Queued(t time.Time) { m.lastQueued.Set(float64(t.UnixNano()) / 1e9) }
+
+// Programmed observes the network programming latency of every change
+// whose trigger time is in triggers, now that it is in the kernel.
+func (m *Metrics) Programmed(triggers map[ServicePortName]time.Time, now time.Time) {
+	for _, t := range triggers {
+		if d := now.Sub(t); d >= 0 {
+			m.programming.Observe(d.Seconds())
+		}
+	}
+}
+
+// Handler serves /metrics (Prometheus text format) and /proxyMode (the mode
+// name as plain text, as upstream does).
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, m.mode)
+	})
+	return mux
+}

@@ -1,0 +1,60 @@
+package proxy
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMetricsHandler(t *testing.T) {
+	m := NewMetrics(ModeNFTables)
+	now := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	m.Queued(now.Add(-time.Second))
+	m.SyncSucceeded(20*time.Millisecond, true, now)
+	m.SyncSucceeded(5*time.Millisecond, false, now)
+	m.SyncFailed()
+	m.Programmed(map[ServicePortName]time.Time{
+		spName("ns", "web", "http", "TCP"): now.Add(-1500 * time.Millisecond),
+		spName("ns", "api", "http", "TCP"): now.Add(time.Second), // clock skew: not observed
+	}, now)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+
+	metrics := string(get(t, srv.URL+"/metrics", http.StatusOK))
+	for _, want := range []string{
+		"kubeproxy_sync_proxy_rules_duration_seconds_count 2",
+		"kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+		"kubeproxy_sync_partial_proxy_rules_duration_seconds_count 1",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.76722561e+09",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds 1.767225609e+09",
+		"kubeproxy_network_programming_duration_seconds_count 1",
+		`kubeproxy_network_programming_duration_seconds_bucket{le="2"} 1`,
+		`kubeproxy_network_programming_duration_seconds_bucket{le="1"} 0`,
+		"kp_sync_proxy_rules_failures_total 1",
+		"go_goroutines",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	if got := string(get(t, srv.URL+"/proxyMode", http.StatusOK)); got != "nftables" {
+		t.Errorf("/proxyMode = %q, want nftables", got)
+	}
+}
+
+func TestMetricsAreNotShared(t *testing.T) {
+	a, b := NewMetrics(ModeNFTables), NewMetrics(ModeNFTables)
+	a.SyncFailed()
+	mfs, err := b.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kp_sync_proxy_rules_failures_total" && mf.GetMetric()[0].GetCounter().GetValue() != 0 {
+			t.Error("a failure counted in one Metrics shows in another")
+		}
+	}
+}

@@ -1,0 +1,281 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+)
+
+// Upstream kube-proxy's defaults.
+const (
+	DefaultSyncPeriod         = 30 * time.Second
+	DefaultMinSyncPeriod      = 1 * time.Second
+	DefaultHealthzBindAddress = "0.0.0.0:10256"
+	DefaultMetricsBindAddress = "127.0.0.1:10249"
+)
+
+// shutdownTimeout bounds how long in-flight health and metrics requests may
+// delay exit.
+const shutdownTimeout = 5 * time.Second
+
+// FullSyncReporter is implemented by a Backend that can tell whether its
+// last Sync re-rendered everything, for the full/partial sync duration
+// metrics. Without it, the first sync and a sync after a failure count as
+// full and the others as partial.
+type FullSyncReporter interface {
+	LastSyncFull() bool
+}
+
+// NodeName returns the name the proxy runs as: hostnameOverride when set,
+// otherwise the host name, lower-cased as upstream does.
+func NodeName(hostnameOverride string) (string, error) {
+	name := hostnameOverride
+	if strings.TrimSpace(name) == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("node name: no --hostname-override and no host name: %w", err)
+		}
+		name = h
+	}
+	return strings.ToLower(strings.TrimSpace(name)), nil
+}
+
+// Run is kp proxy's main loop. It starts the sources, waits until all of
+// them delivered their initial view, then keeps backend in sync with their
+// changes through a bounded-frequency runner, while serving health checks on
+// cfg.HealthzBindAddress and metrics on cfg.MetricsBindAddress (an empty
+// address or port 0 disables a server).
+//
+// Run returns nil when ctx is cancelled, leaving the kernel state in place:
+// a restarting proxy must not interrupt traffic (cleanup is Backend.Cleanup's
+// job). It returns an error when a server cannot listen or a source fails.
+func Run(ctx context.Context, cfg Config, backend Backend, sources []Source, log *slog.Logger) error {
+	return run(ctx, cfg, backend, sources, log, clock.RealClock{})
+}
+
+func run(ctx context.Context, cfg Config, backend Backend, sources []Source, log *slog.Logger, clk clock.WithTicker) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	syncPeriod := cfg.SyncPeriod
+	if syncPeriod <= 0 {
+		syncPeriod = DefaultSyncPeriod
+	}
+	if cfg.MinSyncPeriod < 0 || cfg.MinSyncPeriod > syncPeriod {
+		return fmt.Errorf("min sync period %s must be between 0 and the sync period %s", cfg.MinSyncPeriod, syncPeriod)
+	}
+	nodeName, err := NodeName(cfg.HostnameOverride)
+	if err != nil {
+		return err
+	}
+
+	// On return: stop the HTTP servers, cancel the sources and the runner,
+	// then wait for all of them (defers run in reverse).
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(sources)+2)
+
+	metrics := NewMetrics(backend.Mode())
+	health := NewHealth(2*syncPeriod, clk)
+	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
+		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
+		{name: "metrics", addr: cfg.MetricsBindAddress, handler: metrics.Handler()},
+	})
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
+
+	s := &syncer{backend: backend, metrics: metrics, health: health, clk: clk, log: log}
+	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
+	s.tracker = NewChangeTracker(ChangeTrackerOptions{
+		NodeName: nodeName,
+		Log:      log,
+		Sources:  len(sources),
+		Clock:    clk,
+		OnChange: func() {
+			metrics.Queued(clk.Now())
+			runner.Trigger()
+		},
+	})
+	sink := nodeHealthSink{Sink: s.tracker, health: health, nodeName: nodeName}
+	for _, src := range sources {
+		wg.Go(func() {
+			if err := src.Run(ctx, sink); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("source %s: %w", sourceName(src), err)
+			}
+		})
+	}
+
+	log.Info("waiting for sources to sync", "node", nodeName, "mode", backend.Mode(), "sources", len(sources))
+	if err := waitOrFail(ctx, errc, s.tracker.WaitForSync); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	log.Info("sources synced; starting sync loop", "minSyncPeriod", cfg.MinSyncPeriod, "syncPeriod", syncPeriod)
+	wg.Go(func() { runner.Run(ctx) })
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down; kernel state is left in place")
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// waitOrFail waits for wait, unless a background task fails first. A
+// cancelled ctx is a normal shutdown.
+func waitOrFail(ctx context.Context, errc <-chan error, wait func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() { done <- wait(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-done:
+		return nil // either synced, or ctx done: the caller's select sees which
+	}
+}
+
+// syncer is one run of the runner: snapshot, backend sync, bookkeeping.
+type syncer struct {
+	tracker *ChangeTracker
+	backend Backend
+	metrics *Metrics
+	health  *Health
+	clk     clock.PassiveClock
+	log     *slog.Logger
+
+	lastFailed bool
+	// triggers keeps the trigger times of snapshots whose sync failed, so
+	// the programming latency is measured when the change finally lands.
+	triggers map[ServicePortName]time.Time
+}
+
+func (s *syncer) sync(ctx context.Context) error {
+	st := s.tracker.Snapshot()
+	if s.triggers == nil {
+		s.triggers = make(map[ServicePortName]time.Time)
+	}
+	for name, t := range st.TriggerTimes {
+		if cur, ok := s.triggers[name]; !ok || t.Before(cur) {
+			s.triggers[name] = t
+		}
+	}
+	start := s.clk.Now()
+	err := s.backend.Sync(ctx, st)
+	end := s.clk.Now()
+	if err != nil {
+		s.lastFailed = true
+		s.metrics.SyncFailed()
+		return fmt.Errorf("sync %s generation %d (%d service ports changed): %w",
+			s.backend.Mode(), st.Generation, len(st.Changed), err)
+	}
+	full := s.lastFailed || st.Generation == 1
+	if r, ok := s.backend.(FullSyncReporter); ok {
+		full = r.LastSyncFull()
+	}
+	s.lastFailed = false
+	s.metrics.SyncSucceeded(end.Sub(start), full, end)
+	s.metrics.Programmed(s.triggers, end)
+	clear(s.triggers)
+	s.health.Updated(end)
+	s.log.Debug("synced", "generation", st.Generation, "servicePorts", len(st.Services),
+		"changed", len(st.Changed), "nodeChanged", st.NodeChanged, "full", full, "duration", end.Sub(start))
+	return nil
+}
+
+// nodeHealthSink passes the proxy's own Node to Health as well, for
+// /healthz's node eligibility.
+type nodeHealthSink struct {
+	Sink
+	health   *Health
+	nodeName string
+}
+
+func (n nodeHealthSink) OnNode(node *v1.Node) {
+	if node == nil || node.Name == n.nodeName {
+		n.health.SyncNode(node)
+	}
+	n.Sink.OnNode(node)
+}
+
+func sourceName(src Source) string {
+	if s, ok := src.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", src)
+}
+
+type httpServer struct {
+	name    string
+	addr    string
+	handler http.Handler
+}
+
+// startHTTP listens on every enabled server's address before returning, so
+// that a port in use fails the start with a clear error, then serves in the
+// background. The returned func shuts them down gracefully.
+func startHTTP(ctx context.Context, wg *sync.WaitGroup, errc chan<- error, log *slog.Logger, servers []httpServer) (func(), error) {
+	var running []*http.Server
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		defer cancel()
+		for _, srv := range running {
+			_ = srv.Shutdown(sctx)
+		}
+	}
+	for _, s := range servers {
+		ln, err := listen(s.name, s.addr)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		if ln == nil {
+			log.Info("server disabled", "server", s.name)
+			continue
+		}
+		srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+		running = append(running, srv)
+		log.Info("serving", "server", s.name, "address", ln.Addr().String())
+		wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s server on %s: %w", s.name, s.addr, err)
+			}
+		})
+	}
+	return stop, nil
+}
+
+// listen returns nil, nil for a disabled server (empty address or port 0).
+func listen(name, addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s bind address %q: want host:port: %w", name, addr, err)
+	}
+	if port == "0" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s server: %w", name, err)
+	}
+	return ln, nil
+}

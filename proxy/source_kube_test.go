@@ -1,0 +1,294 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+)
+
+func kubeService(ns, name string, labels map[string]string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec:       v1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []v1.ServicePort{{Port: 80}}},
+	}
+}
+
+func kubeSlice(ns, name string, labels map[string]string) *discovery.EndpointSlice {
+	return &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		AddressType: discovery.AddressTypeIPv4,
+	}
+}
+
+func kubeNode(name string) *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+// startKubeSource runs a KubeSource over client until stop is called or the
+// test ends. done reports Run's result (stop returns it too).
+func startKubeSource(t *testing.T, client *fake.Clientset) (sink *recordingSink, logs *lockedBuffer, stop func() error, done <-chan error) {
+	t.Helper()
+	logs = &lockedBuffer{}
+	src := NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	src.waitLogInterval = 20 * time.Millisecond
+	sink = newRecordingSink()
+	ctx, cancel := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() { result <- src.Run(ctx, sink) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-result:
+			return err
+		case <-time.After(5 * time.Second):
+			return errors.New("Run did not return within 5s of cancel")
+		}
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return sink, logs, stop, result
+}
+
+func TestKubeSourceInitialSync(t *testing.T) {
+	client := fake.NewClientset(
+		kubeService("default", "web", nil),
+		kubeService("default", "other-proxy", map[string]string{LabelServiceProxyName: "other"}),
+		kubeSlice("default", "web-1", map[string]string{discovery.LabelServiceName: "web"}),
+		kubeSlice("default", "headless-1", map[string]string{discovery.LabelServiceName: "headless", v1.IsHeadlessService: ""}),
+		kubeSlice("default", "other-1", map[string]string{discovery.LabelServiceName: "other-proxy", LabelServiceProxyName: "other"}),
+		kubeNode("node-a"),
+		kubeNode("node-b"),
+	)
+	sink, _, _, _ := startKubeSource(t, client)
+	sink.waitSynced(t)
+
+	want := []string{"EndpointSlice default/web-1", "Node", "Service default/web"}
+	if got := sink.keys(); !slices.Equal(got, want) {
+		t.Errorf("objects = %q, want %q", got, want)
+	}
+	if node, _ := sink.object("Node").(*v1.Node); node == nil || node.Name != "node-a" {
+		t.Errorf("Node = %v, want node-a", node)
+	}
+	calls := sink.callsSince(0)
+	if i := slices.Index(calls, "synced"); i != len(want) {
+		t.Errorf("calls = %q, want OnSynced once, after the %d initial objects", calls, len(want))
+	}
+
+	// The label selectors reach the API server, which does the filtering
+	// for real (the fake filters labels, not fields).
+	var selectors []string
+	for _, a := range client.Actions() {
+		if l, ok := a.(k8stesting.ListAction); ok {
+			r := l.GetListRestrictions()
+			selectors = append(selectors, a.GetResource().Resource+" "+r.Labels.String()+" "+r.Fields.String())
+		}
+	}
+	slices.Sort(selectors)
+	wantSelectors := []string{
+		"endpointslices !service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name ",
+		"nodes  metadata.name=node-a",
+		"services !service.kubernetes.io/service-proxy-name ",
+	}
+	if !slices.Equal(selectors, wantSelectors) {
+		t.Errorf("list selectors = %q, want %q", selectors, wantSelectors)
+	}
+}
+
+func TestKubeSourceEvents(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(
+		kubeService("default", "web", nil),
+		kubeSlice("default", "web-1", map[string]string{discovery.LabelServiceName: "web"}),
+		kubeNode("node-a"),
+		kubeNode("node-b"),
+	)
+	sink, _, _, _ := startKubeSource(t, client)
+	sink.waitSynced(t)
+
+	steps := []struct {
+		name   string
+		action func() error
+		want   []string // objects known afterwards
+	}{
+		{
+			name: "added Service is delivered",
+			action: func() error {
+				_, err := client.CoreV1().Services("shop").Create(ctx, kubeService("shop", "api", nil), metav1.CreateOptions{})
+				return err
+			},
+			want: []string{"EndpointSlice default/web-1", "Node", "Service default/web", "Service shop/api"},
+		},
+		{
+			name: "Service handed to another proxy is delivered as deleted",
+			action: func() error {
+				svc := kubeService("shop", "api", map[string]string{LabelServiceProxyName: "other"})
+				_, err := client.CoreV1().Services("shop").Update(ctx, svc, metav1.UpdateOptions{})
+				return err
+			},
+			want: []string{"EndpointSlice default/web-1", "Node", "Service default/web"},
+		},
+		{
+			name: "deleted EndpointSlice is delivered as deleted",
+			action: func() error {
+				return client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "web-1", metav1.DeleteOptions{})
+			},
+			want: []string{"Node", "Service default/web"},
+		},
+		{
+			name: "another node's deletion leaves the Node alone, its own removes it",
+			action: func() error {
+				if err := client.CoreV1().Nodes().Delete(ctx, "node-b", metav1.DeleteOptions{}); err != nil {
+					return err
+				}
+				return client.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{})
+			},
+			want: []string{"Service default/web"},
+		},
+	}
+	for _, step := range steps {
+		before := sink.callCount()
+		if err := step.action(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		sink.waitFor(t, step.name, func() bool { return slices.Equal(sink.keys(), step.want) })
+		if step.name == "another node's deletion leaves the Node alone, its own removes it" {
+			if got := sink.callsSince(before); !slices.Equal(got, []string{"delete Node"}) {
+				t.Errorf("%s: calls = %q, want one Node deletion", step.name, got)
+			}
+		}
+	}
+}
+
+func TestKubeHandlers(t *testing.T) {
+	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	web := kubeService("default", "web", nil)
+	other := kubeService("default", "web", map[string]string{LabelServiceProxyName: "other"})
+	tests := []struct {
+		name  string
+		event func(svc, node cache.ResourceEventHandler)
+		want  []string
+	}{
+		{
+			name:  "added Service is delivered",
+			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(web, true) },
+			want:  []string{"set Service default/web"},
+		},
+		{
+			name:  "added Service for another proxy is not",
+			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(other, false) },
+		},
+		{
+			name:  "Service relabelled for another proxy is delivered as deleted",
+			event: func(svc, _ cache.ResourceEventHandler) { svc.OnUpdate(web, other) },
+			want:  []string{"delete Service default/web"},
+		},
+		{
+			name:  "Service relabelled back is delivered",
+			event: func(svc, _ cache.ResourceEventHandler) { svc.OnUpdate(other, web) },
+			want:  []string{"set Service default/web"},
+		},
+		{
+			name: "tombstone with the last known object is a deletion",
+			event: func(svc, _ cache.ResourceEventHandler) {
+				svc.OnDelete(cache.DeletedFinalStateUnknown{Key: "default/web", Obj: web})
+			},
+			want: []string{"delete Service default/web"},
+		},
+		{
+			name: "tombstone without the object is a deletion by key",
+			event: func(svc, _ cache.ResourceEventHandler) {
+				svc.OnDelete(cache.DeletedFinalStateUnknown{Key: "shop/api"})
+			},
+			want: []string{"delete Service shop/api"},
+		},
+		{
+			name: "tombstone of another node is ignored",
+			event: func(_, node cache.ResourceEventHandler) {
+				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-b", Obj: kubeNode("node-b")})
+				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-b"})
+			},
+		},
+		{
+			name: "tombstone of the proxy's node clears it",
+			event: func(_, node cache.ResourceEventHandler) {
+				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-a"})
+			},
+			want: []string{"delete Node"},
+		},
+		{
+			name:  "unexpected type is dropped",
+			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(kubeNode("node-a"), false) },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sink := newRecordingSink()
+			tt.event(src.serviceHandler(sink, serviceSelector()), src.nodeHandler(sink))
+			if got := sink.callsSince(0); !slices.Equal(got, tt.want) {
+				t.Errorf("calls = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestKubeSourceWaitsForAPIServer(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
+	})
+	sink, logs, stop, done := startKubeSource(t, client)
+	waitLog(t, logs, "waiting for the API server")
+	waitLog(t, logs, "connection refused")
+	if n := sink.callCount(); n != 0 {
+		t.Errorf("sink got %q before the API server answered", sink.callsSince(0))
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v while the API server is unreachable", err)
+	default:
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run = %v after cancel, want nil", err)
+	}
+	if !strings.Contains(logs.String(), "list/watch Service") {
+		t.Errorf("the waiting log does not name the failing kind:\n%s", logs)
+	}
+}
+
+func TestKubeClientConfig(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	if _, err := NewKubeClient("", ""); err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
+		t.Errorf("NewKubeClient outside a cluster = %v, want an error pointing at --kubeconfig", err)
+	}
+	if _, err := NewKubeClient("", "https://127.0.0.1:6443"); err != nil {
+		t.Errorf("NewKubeClient with --master: %v", err)
+	}
+	if _, err := NewKubeClient(filepath.Join(t.TempDir(), "missing"), ""); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("NewKubeClient with a missing kubeconfig = %v, want an error naming it", err)
+	}
+}
+
+func TestKubeSourceNeedsNodeName(t *testing.T) {
+	src := NewKubeSource(fake.NewClientset(), "", 0, slog.New(slog.DiscardHandler))
+	if err := src.Run(context.Background(), newRecordingSink()); err == nil {
+		t.Error("Run without a node name succeeded, want an error")
+	}
+}

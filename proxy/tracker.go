@@ -1,0 +1,317 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+)
+
+// ChangeTrackerOptions configures a ChangeTracker.
+type ChangeTrackerOptions struct {
+	// NodeName is the node the proxy runs on; OnNode ignores other Nodes.
+	NodeName string
+	Log      *slog.Logger
+	// OnChange is called, with no lock held, after every change that can
+	// alter the next snapshot (the sync runner's Trigger). No-op updates do
+	// not call it.
+	OnChange func()
+	// Sources is how many sources must call OnSynced before Synced is true.
+	Sources int
+	// Clock is the real clock when nil. Trigger times older than the
+	// tracker are ignored, as upstream does: a proxy that starts does not
+	// measure how long ago objects were created.
+	Clock clock.PassiveClock
+}
+
+// ChangeTracker is the Sink every source feeds. It converts and validates
+// each object once, when it arrives, keeps the current version of every
+// Service and EndpointSlice, and remembers which Services were touched, so
+// that Snapshot re-merges only those: the cost of a sync follows the number
+// of changes, not the number of Services.
+type ChangeTracker struct {
+	nodeName string
+	log      *slog.Logger
+	onChange func()
+	sources  int
+	started  time.Time
+
+	mu       sync.Mutex
+	services map[types.NamespacedName]*serviceEntry
+	slices   map[types.NamespacedName]*sliceEntry // by the slice's own namespace/name
+	// bySvc indexes valid slices by the Service they name, then slice name.
+	bySvc map[types.NamespacedName]map[string]*sliceInfo
+	// dirty holds the Services touched since the last Snapshot.
+	dirty map[types.NamespacedName]struct{}
+	// triggerTimes holds, per dirty Service, the oldest trigger time of the
+	// slice changes not yet in a snapshot.
+	triggerTimes map[types.NamespacedName]time.Time
+	node         Node
+	nodeLogKey   string
+
+	syncedCount int
+	synced      chan struct{} // closed once every source has synced
+
+	// prev is the last snapshot; published lists which ServicePortNames each
+	// Service contributed to it, so a Service's removed ports can be found
+	// without scanning every ServicePort.
+	prev      *State
+	published map[types.NamespacedName][]ServicePortName
+}
+
+type serviceEntry struct {
+	resourceVersion string
+	ports           []*ServicePort // nil for ignored or unusable Services
+	logKey          string
+}
+
+type sliceEntry struct {
+	resourceVersion string
+	info            *sliceInfo // nil for ignored or unusable slices
+	logKey          string
+}
+
+var _ Sink = (*ChangeTracker)(nil)
+
+// NewChangeTracker returns an empty tracker; its first Snapshot has
+// Generation 1.
+func NewChangeTracker(opts ChangeTrackerOptions) *ChangeTracker {
+	t := &ChangeTracker{
+		nodeName:     opts.NodeName,
+		log:          opts.Log,
+		onChange:     opts.OnChange,
+		sources:      opts.Sources,
+		services:     make(map[types.NamespacedName]*serviceEntry),
+		slices:       make(map[types.NamespacedName]*sliceEntry),
+		bySvc:        make(map[types.NamespacedName]map[string]*sliceInfo),
+		dirty:        make(map[types.NamespacedName]struct{}),
+		triggerTimes: make(map[types.NamespacedName]time.Time),
+		node:         Node{Name: opts.NodeName},
+		synced:       make(chan struct{}),
+		prev:         &State{},
+		published:    make(map[types.NamespacedName][]ServicePortName),
+	}
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	t.started = clk.Now()
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	if t.onChange == nil {
+		t.onChange = func() {}
+	}
+	if t.sources <= 0 {
+		close(t.synced)
+	}
+	return t
+}
+
+// OnService records a Service's new version (nil: deleted).
+func (t *ChangeTracker) OnService(namespace, name string, svc *v1.Service) {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	t.mu.Lock()
+	changed := t.updateService(key, svc)
+	t.mu.Unlock()
+	if changed {
+		t.onChange()
+	}
+}
+
+func (t *ChangeTracker) updateService(key types.NamespacedName, svc *v1.Service) bool {
+	old := t.services[key]
+	if svc == nil {
+		if old == nil {
+			return false
+		}
+		delete(t.services, key)
+		return t.markDirty(key, len(old.ports) > 0)
+	}
+	// Informer resyncs re-deliver unchanged objects; skip them outright.
+	if old != nil && svc.ResourceVersion != "" && svc.ResourceVersion == old.resourceVersion {
+		return false
+	}
+	ports, err := ServicePortsFromService(svc)
+	entry := &serviceEntry{resourceVersion: svc.ResourceVersion, ports: ports}
+	entry.logKey = t.logOnce(old.lastLogKey(), svc.ResourceVersion, unjoin(err))
+	t.services[key] = entry
+	var oldPorts []*ServicePort
+	if old != nil {
+		oldPorts = old.ports
+	}
+	return t.markDirty(key, !portsEqual(oldPorts, ports))
+}
+
+// OnEndpointSlice records an EndpointSlice's new version (nil: deleted).
+func (t *ChangeTracker) OnEndpointSlice(namespace, name string, slice *discovery.EndpointSlice) {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	t.mu.Lock()
+	changed := t.updateSlice(key, slice)
+	t.mu.Unlock()
+	if changed {
+		t.onChange()
+	}
+}
+
+func (t *ChangeTracker) updateSlice(key types.NamespacedName, slice *discovery.EndpointSlice) bool {
+	old := t.slices[key]
+	var oldInfo, info *sliceInfo
+	if old != nil {
+		oldInfo = old.info
+	}
+	if slice == nil {
+		delete(t.slices, key)
+	} else {
+		if old != nil && slice.ResourceVersion != "" && slice.ResourceVersion == old.resourceVersion {
+			return false
+		}
+		var errs []error
+		info, errs = parseEndpointSlice(slice)
+		entry := &sliceEntry{resourceVersion: slice.ResourceVersion, info: info}
+		entry.logKey = t.logOnce(old.lastLogKey(), slice.ResourceVersion, errs)
+		t.slices[key] = entry
+	}
+	if oldInfo.equal(info) {
+		return false
+	}
+	if oldInfo != nil {
+		delete(t.bySvc[oldInfo.service], oldInfo.name)
+		if len(t.bySvc[oldInfo.service]) == 0 {
+			delete(t.bySvc, oldInfo.service)
+		}
+		t.markDirty(oldInfo.service, true)
+	}
+	if info != nil {
+		m := t.bySvc[info.service]
+		if m == nil {
+			m = make(map[string]*sliceInfo)
+			t.bySvc[info.service] = m
+		}
+		m[info.name] = info
+		t.markDirty(info.service, true)
+		if info.triggerTime.After(t.started) {
+			if cur, ok := t.triggerTimes[info.service]; !ok || info.triggerTime.Before(cur) {
+				t.triggerTimes[info.service] = info.triggerTime
+			}
+		}
+	}
+	return true
+}
+
+// OnNode records the proxy's own Node (nil: unknown or deleted).
+func (t *ChangeTracker) OnNode(node *v1.Node) {
+	if node != nil && t.nodeName != "" && node.Name != t.nodeName {
+		t.log.Debug("ignoring another node", "node", node.Name, "want", t.nodeName)
+		return
+	}
+	n, errs := nodeFrom(t.nodeName, node)
+	t.mu.Lock()
+	rv := ""
+	if node != nil {
+		rv = node.ResourceVersion
+	}
+	t.nodeLogKey = t.logOnce(t.nodeLogKey, rv, errs)
+	changed := !n.Equal(t.node)
+	t.node = n
+	t.mu.Unlock()
+	if changed {
+		t.onChange()
+	}
+}
+
+// OnSynced counts a source's initial sync; the last one triggers a sync.
+func (t *ChangeTracker) OnSynced() {
+	t.mu.Lock()
+	t.syncedCount++
+	done := t.syncedCount == t.sources
+	if done {
+		close(t.synced)
+	}
+	t.mu.Unlock()
+	if done {
+		t.onChange()
+	}
+}
+
+// Synced reports whether every source delivered its initial view.
+func (t *ChangeTracker) Synced() bool {
+	select {
+	case <-t.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitForSync blocks until every source synced, or ctx is done.
+func (t *ChangeTracker) WaitForSync(ctx context.Context) error {
+	select {
+	case <-t.synced:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// markDirty records key as touched when changed is true, and returns changed.
+func (t *ChangeTracker) markDirty(key types.NamespacedName, changed bool) bool {
+	if changed {
+		t.dirty[key] = struct{}{}
+	}
+	return changed
+}
+
+// logOnce logs errs unless the same errors were already logged for this
+// version of the object, and returns the key to remember. Objects without a
+// resourceVersion (from manifests) are logged again only when their errors
+// change.
+func (t *ChangeTracker) logOnce(prevKey, resourceVersion string, errs []error) string {
+	key := resourceVersion + "\x00" + errorsKey(errs)
+	if len(errs) > 0 && key != prevKey {
+		logFieldErrors(t.log, errs)
+	}
+	return key
+}
+
+func (e *serviceEntry) lastLogKey() string {
+	if e == nil {
+		return ""
+	}
+	return e.logKey
+}
+
+func (e *sliceEntry) lastLogKey() string {
+	if e == nil {
+		return ""
+	}
+	return e.logKey
+}
+
+func portsEqual(a, b []*ServicePort) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// unjoin splits an error made by errors.Join back into its parts.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
