@@ -1,0 +1,264 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kube-proxy/config/v1alpha1"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+const (
+	configAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	configKind       = "KubeProxyConfiguration"
+)
+
+// fileConfig is a decoded --config file.
+type fileConfig struct {
+	path string
+	kc   v1alpha1.KubeProxyConfiguration
+}
+
+// loadConfigFile reads a KubeProxyConfiguration strictly, as upstream does:
+// an unknown or duplicated field is an error naming the field, so a typo is
+// never silently ignored.
+func loadConfigFile(path string) (*fileConfig, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("--config %s: %s", path, fmt.Sprintf(format, args...))
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	if strings.TrimSpace(string(js)) == "null" {
+		return nil, fail("the file is empty; want a %s", configKind)
+	}
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(js, &tm); err != nil {
+		return nil, fail("%v", err)
+	}
+	if tm.Kind != configKind {
+		return nil, fail("kind is %q; want %s", tm.Kind, configKind)
+	}
+	if tm.APIVersion != configAPIVersion {
+		return nil, fail("apiVersion is %q; kp reads %s", tm.APIVersion, configAPIVersion)
+	}
+
+	f := &fileConfig{path: path}
+	strictErrs, err := kjson.UnmarshalStrict(js, &f.kc)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	if len(strictErrs) > 0 {
+		errs := make([]error, len(strictErrs))
+		for i, e := range strictErrs {
+			errs[i] = fail("%v", e)
+		}
+		return nil, errors.Join(errs...)
+	}
+	return f, nil
+}
+
+// apply merges the file into s (which holds defaults and the resolved mode).
+// Zero values mean "default", as upstream's defaulting treats them. Every
+// problem is reported, not just the first, so one edit fixes the file.
+func (f *fileConfig) apply(s *settings) []error {
+	kc := &f.kc
+	var errs []error
+	unsupported := func(field, hint string) {
+		errs = append(errs, fmt.Errorf("--config %s: field %s is not supported by kp%s", f.path, field, hint))
+	}
+	invalid := func(field string, value any, err error) {
+		errs = append(errs, fmt.Errorf("--config %s: %s %q: %w", f.path, field, fmt.Sprint(value), err))
+	}
+	ignore := func(field, reason string) {
+		s.ignored = append(s.ignored, ignoredSetting{name: field + " in " + f.path, reason: reason})
+	}
+
+	for _, name := range slices.Sorted(maps.Keys(kc.FeatureGates)) {
+		if err := checkFeatureGate(name, kc.FeatureGates[name]); err != nil {
+			unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
+		}
+	}
+
+	cc := kc.ClientConnection
+	if cc.Kubeconfig != "" {
+		s.cfg.Kubeconfig = cc.Kubeconfig
+	}
+	if cc.QPS != 0 || cc.Burst != 0 || cc.ContentType != "" || cc.AcceptContentTypes != "" {
+		ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
+	}
+
+	switch kc.Logging.Format {
+	case "":
+	case "text", "json":
+		s.log.format = kc.Logging.Format
+	default:
+		invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
+	}
+	s.log.verbosity = int(kc.Logging.Verbosity)
+	if len(kc.Logging.VModule) > 0 {
+		ignore("logging.vmodule", "kp's logs have one verbosity")
+	}
+
+	if kc.HostnameOverride != "" {
+		s.cfg.HostnameOverride = kc.HostnameOverride
+	}
+	if v6, err := checkBindAddressIP(kc.BindAddress); err != nil {
+		invalid("bindAddress", kc.BindAddress, err)
+	} else {
+		s.bindAddressV6 = v6
+	}
+	for _, a := range []struct {
+		field, value string
+		dst          *string
+	}{
+		{"healthzBindAddress", kc.HealthzBindAddress, &s.cfg.HealthzBindAddress},
+		{"metricsBindAddress", kc.MetricsBindAddress, &s.cfg.MetricsBindAddress},
+	} {
+		if a.value == "" {
+			continue
+		}
+		if err := checkBindAddress(a.value); err != nil {
+			invalid(a.field, a.value, err)
+		}
+		*a.dst = a.value
+	}
+	if kc.BindAddressHardFail {
+		ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
+	}
+	if kc.EnableProfiling {
+		ignore("enableProfiling", "kp does not serve /debug/pprof")
+	}
+	if kc.ShowHiddenMetricsForVersion != "" {
+		ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
+	}
+
+	// Upstream reads the masquerade and sync settings from the section of the
+	// mode in use; the other sections are ignored.
+	mode := modeSection{name: "nftables", masqueradeBit: kc.NFTables.MasqueradeBit, masqueradeAll: kc.NFTables.MasqueradeAll,
+		syncPeriod: kc.NFTables.SyncPeriod, minSyncPeriod: kc.NFTables.MinSyncPeriod}
+	switch s.cfg.Mode {
+	case proxy.ModeIPTables, proxy.ModeUserspace:
+		mode = modeSection{name: "iptables", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
+			syncPeriod: kc.IPTables.SyncPeriod, minSyncPeriod: kc.IPTables.MinSyncPeriod}
+	case proxy.ModeIPVS:
+		// Upstream's ipvs mode masquerades with the iptables section's settings.
+		mode = modeSection{name: "ipvs", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
+			syncPeriod: kc.IPVS.SyncPeriod, minSyncPeriod: kc.IPVS.MinSyncPeriod}
+	}
+	errs = append(errs, mode.apply(f.path, s)...)
+
+	ipvs := kc.IPVS
+	for _, u := range []struct {
+		field string
+		set   bool
+	}{
+		{"ipvs.scheduler", ipvs.Scheduler != ""},
+		{"ipvs.excludeCIDRs", len(ipvs.ExcludeCIDRs) > 0},
+		{"ipvs.strictARP", ipvs.StrictARP},
+		{"ipvs.tcpTimeout", ipvs.TCPTimeout.Duration != 0},
+		{"ipvs.tcpFinTimeout", ipvs.TCPFinTimeout.Duration != 0},
+		{"ipvs.udpTimeout", ipvs.UDPTimeout.Duration != 0},
+		{"winkernel", kc.Winkernel != v1alpha1.KubeProxyWinkernelConfiguration{}},
+		{"windowsRunAsService", kc.WindowsRunAsService},
+		{"portRange", kc.PortRange != ""},
+		{"detectLocal.bridgeInterface", kc.DetectLocal.BridgeInterface != ""},
+		{"detectLocal.interfaceNamePrefix", kc.DetectLocal.InterfaceNamePrefix != ""},
+	} {
+		if u.set {
+			unsupported(u.field, "; remove it or leave it empty")
+		}
+	}
+	if err := checkDetectLocalMode(string(kc.DetectLocalMode)); err != nil {
+		unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
+	}
+
+	if kc.ClusterCIDR != "" {
+		cidrs, err := parseClusterCIDRs(kc.ClusterCIDR)
+		if err != nil {
+			invalid("clusterCIDR", kc.ClusterCIDR, err)
+		}
+		s.cfg.ClusterCIDRs = cidrs
+	}
+	if len(kc.NodePortAddresses) > 0 {
+		cidrs, primary, err := parseNodePortAddresses(kc.NodePortAddresses)
+		if err != nil {
+			invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
+		}
+		s.cfg.NodePortAddresses, s.cfg.NodePortPrimary = cidrs, primary
+	}
+
+	if kc.OOMScoreAdj != nil {
+		ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
+	}
+	ct := kc.Conntrack
+	if ct.MaxPerCore != nil || ct.Min != nil || ct.TCPEstablishedTimeout != nil || ct.TCPCloseWaitTimeout != nil ||
+		ct.TCPBeLiberal || ct.UDPTimeout.Duration != 0 || ct.UDPStreamTimeout.Duration != 0 {
+		ignore("conntrack", "kp leaves conntrack's sysctls as they are")
+	}
+
+	if d := kc.ConfigSyncPeriod.Duration; d != 0 {
+		if err := checkDuration(d, false); err != nil {
+			invalid("configSyncPeriod", d, err)
+		}
+		s.cfg.ConfigSyncPeriod = d
+	}
+	return errs
+}
+
+// modeSection is the part of one mode's section (nftables, iptables, ipvs)
+// that maps onto proxy.Config.
+type modeSection struct {
+	name                      string
+	masqueradeBit             *int32
+	masqueradeAll             bool
+	syncPeriod, minSyncPeriod metav1.Duration
+}
+
+func (m modeSection) apply(path string, s *settings) []error {
+	var errs []error
+	invalid := func(field string, value any, err error) {
+		errs = append(errs, fmt.Errorf("--config %s: %s.%s %q: %w", path, m.name, field, fmt.Sprint(value), err))
+	}
+	if m.masqueradeBit != nil {
+		if err := checkMasqueradeBit(*m.masqueradeBit); err != nil {
+			invalid("masqueradeBit", *m.masqueradeBit, err)
+		}
+		s.cfg.MasqueradeBit = int(*m.masqueradeBit)
+	}
+	if m.masqueradeAll {
+		s.cfg.MasqueradeAll = true
+	}
+	for _, d := range []struct {
+		field string
+		value time.Duration
+		dst   *time.Duration
+	}{
+		{"syncPeriod", m.syncPeriod.Duration, &s.cfg.SyncPeriod},
+		{"minSyncPeriod", m.minSyncPeriod.Duration, &s.cfg.MinSyncPeriod},
+	} {
+		// 0 is "unset": upstream's defaulting replaces it too.
+		if d.value == 0 {
+			continue
+		}
+		if err := checkDuration(d.value, false); err != nil {
+			invalid(d.field, d.value, err)
+		}
+		*d.dst = d.value
+	}
+	return errs
+}

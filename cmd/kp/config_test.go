@@ -1,0 +1,274 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// kubeadmConfig is the KubeProxyConfiguration kubeadm writes into the
+// kube-proxy ConfigMap: every section present, mostly zero values. It must
+// load as kp's defaults plus the few fields that are set.
+const kubeadmConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+`
+
+const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+func TestConfigFileBecomesConfig(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name  string
+		file  string
+		args  []string
+		modes []proxy.Mode
+		want  func(*proxy.Config)
+	}{
+		{name: "kubeadm's ConfigMap is kp's defaults plus what it sets", file: kubeadmConfig,
+			want: func(c *proxy.Config) {
+				c.Kubeconfig = "/var/lib/kube-proxy/kubeconfig.conf"
+				c.ClusterCIDRs = prefixes("10.244.0.0/16")
+			}},
+		{name: "every field kp honours", file: header + `
+mode: nftables
+hostnameOverride: Worker-3
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+nodePortAddresses: [192.168.1.0/24]
+nftables: {masqueradeAll: true, masqueradeBit: 3, syncPeriod: 1m, minSyncPeriod: 5s}
+configSyncPeriod: 1h
+metricsBindAddress: 0.0.0.0:9100
+healthzBindAddress: 127.0.0.1:9101
+clientConnection: {kubeconfig: /etc/kp.kubeconfig}
+featureGates: {NFTablesProxyMode: true}
+`, want: func(c *proxy.Config) {
+			c.HostnameOverride = "worker-3"
+			c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
+			c.NodePortAddresses, c.NodePortPrimary = prefixes("192.168.1.0/24"), false
+			c.MasqueradeAll, c.MasqueradeBit = true, 3
+			c.SyncPeriod, c.MinSyncPeriod, c.ConfigSyncPeriod = time.Minute, 5*time.Second, time.Hour
+			c.MetricsBindAddress, c.HealthzBindAddress = "0.0.0.0:9100", "127.0.0.1:9101"
+			c.Kubeconfig = "/etc/kp.kubeconfig"
+		}},
+		{name: "flags set on the command line override the file, unset flags do not", file: header + `
+clusterCIDR: 10.244.0.0/16
+hostnameOverride: from-file
+nftables: {syncPeriod: 10s, masqueradeBit: 3}
+`, args: []string{"--cluster-cidr", "10.100.0.0/16", "--iptables-masquerade-bit", "7"},
+			want: func(c *proxy.Config) {
+				c.ClusterCIDRs = prefixes("10.100.0.0/16")
+				c.HostnameOverride = "from-file"
+				c.SyncPeriod, c.MasqueradeBit = 10*time.Second, 7
+			}},
+		{name: "the nftables section applies in nftables mode, not the iptables one", file: header + `
+iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
+`, want: func(*proxy.Config) {}},
+		{name: "the iptables section applies in iptables mode", file: header + `
+mode: iptables
+iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
+nftables: {masqueradeBit: 2}
+`, modes: []proxy.Mode{proxy.ModeIPTables}, want: func(c *proxy.Config) {
+			c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false
+			c.MasqueradeAll, c.MasqueradeBit, c.SyncPeriod = true, 1, 2*time.Minute
+		}},
+		{name: "the mode flag picks the section", file: header + `
+mode: ipvs
+iptables: {masqueradeBit: 1}
+nftables: {masqueradeBit: 2}
+`, args: []string{"--proxy-mode", "nftables"}, want: func(c *proxy.Config) { c.MasqueradeBit = 2 }},
+		{name: "settings that only tune the node are accepted", file: header + `
+conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}
+oomScoreAdj: -999
+enableProfiling: true
+clientConnection: {qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
+detectLocalMode: ClusterCIDR
+iptables: {localhostNodePorts: true}
+ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}
+`, want: func(*proxy.Config) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := writeFile(t, "kube-proxy.yaml", tt.file)
+			got, _ := runProxyWith(t, dir, tt.modes, append([]string{"--config", path}, tt.args...)...)
+			want := defaultsFor(dir)
+			tt.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("config:\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestConfigFileLoggingAppliesUnlessFlagsSetIt(t *testing.T) {
+	path := writeFile(t, "kube-proxy.yaml", header+"logging: {format: json, verbosity: 4}\n")
+	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
+	if !strings.Contains(h.stderr.String(), `{"time":`) || !strings.Contains(h.stderr.String(), `"level":"INFO","msg":"starting kp proxy"`) {
+		t.Errorf("file's logging.format json not used:\n%s", h.stderr.String())
+	}
+	if h.a.log == nil || !h.a.log.Enabled(t.Context(), -4) {
+		t.Errorf("file's logging.verbosity 4 not used")
+	}
+
+	_, h = runProxyWith(t, t.TempDir(), nil, "--config", path, "--log-format", "text", "--v", "0")
+	if strings.Contains(h.stderr.String(), `{"time":`) || h.a.log.Enabled(t.Context(), -1) {
+		t.Errorf("flags did not override the file's logging:\n%s", h.stderr.String())
+	}
+}
+
+func TestConfigFileIgnoredSettingsAreLogged(t *testing.T) {
+	path := writeFile(t, "kube-proxy.yaml", header+"conntrack: {maxPerCore: 0}\noomScoreAdj: -999\n")
+	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
+	for _, want := range []string{
+		fmt.Sprintf(`setting="conntrack in %s" reason="kp leaves conntrack's sysctls as they are"`, path),
+		fmt.Sprintf(`setting="oomScoreAdj in %s"`, path),
+	} {
+		if !strings.Contains(h.stderr.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
+		}
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		args []string
+		want string // stderr after "kp: --config PATH: "; several lines are joined with "\n--config PATH: "
+	}{
+		{"an unsupported field names the field", header + "ipvs: {scheduler: rr}\n",
+			nil, "field ipvs.scheduler is not supported by kp; remove it or leave it empty"},
+		{"every unsupported field at once", header + "portRange: 30000-32767\nwinkernel: {networkName: l2bridge}\nipvs: {strictARP: true}\n",
+			nil, "field ipvs.strictARP is not supported by kp; remove it or leave it empty\n" +
+				"--config PATH: field winkernel is not supported by kp; remove it or leave it empty\n" +
+				"--config PATH: field portRange is not supported by kp; remove it or leave it empty"},
+		{"other local traffic detection", header + "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			nil, "field detectLocal.bridgeInterface is not supported by kp; remove it or leave it empty\n" +
+				"--config PATH: field detectLocalMode is not supported by kp with value BridgeInterface; use ClusterCIDR (or leave it empty) with clusterCIDR"},
+		{"unknown feature gate", header + "featureGates: {SomeAlphaThing: true}\n",
+			nil, "field featureGates.SomeAlphaThing is not supported by kp (SomeAlphaThing=true); kp accepts AllAlpha=false, AllBeta=false, NFTablesProxyMode=true"},
+		{"a misspelt field is unknown", header + "ipvs: {schedular: rr}\n",
+			nil, `unknown field "ipvs.schedular"`},
+		{"field names are case-sensitive", header + "clusterCidr: 10.0.0.0/8\n",
+			nil, `unknown field "clusterCidr"`},
+		{"a duplicated field", header + "mode: nftables\nmode: iptables\n",
+			nil, `yaml: unmarshal errors:` + "\n" + `  line 4: key "mode" already set in map`},
+		{"another API version", "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
+			nil, `apiVersion is "kubeproxy.config.k8s.io/v1alpha2"; kp reads kubeproxy.config.k8s.io/v1alpha1`},
+		{"another kind", "apiVersion: v1\nkind: ConfigMap\n",
+			nil, `kind is "ConfigMap"; want KubeProxyConfiguration`},
+		{"an empty file", "",
+			nil, `the file is empty; want a KubeProxyConfiguration`},
+		{"a value of the wrong type", header + "nftables: {masqueradeBit: high}\n",
+			nil, `json: cannot unmarshal string into Go struct field KubeProxyNFTablesConfiguration.nftables.masqueradeBit of type int32`},
+		{"an invalid CIDR", header + "clusterCIDR: 10.0.0.0/33\n",
+			nil, `clusterCIDR "10.0.0.0/33": invalid CIDR`},
+		{"a mark bit out of range", header + "nftables: {masqueradeBit: 40}\n",
+			nil, `nftables.masqueradeBit "40": must be within [0, 31]`},
+		{"a specific bind address", header + "bindAddress: 10.0.0.5\n",
+			nil, `bindAddress "10.0.0.5": kp does not support overriding the node's primary IP; leave it unset, 0.0.0.0 or ::`},
+		{"an unknown log format", header + "logging: {format: xml}\n",
+			nil, `logging.format "xml": kp logs as text or json`},
+		{"an unknown mode", header + "mode: kernelspace\n",
+			nil, `mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			path := writeFile(t, "kube-proxy.yaml", tt.file)
+			code := h.run(append([]string{"proxy", "--manifests", t.TempDir(), "--config", path}, tt.args...)...)
+			want := "kp: --config " + path + ": " + strings.ReplaceAll(tt.want, "PATH", path)
+			if got := strings.TrimSuffix(h.stderr.String(), "\n"); code != 1 || got != want {
+				t.Errorf("exit %d, stderr:\n%s\nwant:\n%s", code, got, want)
+			}
+		})
+	}
+}
+
+func TestConfigFileModeNotBuiltYet(t *testing.T) {
+	h := newHarness(t)
+	path := writeFile(t, "kube-proxy.yaml", header+"mode: ipvs\n")
+	code := h.run("proxy", "--manifests", t.TempDir(), "--config", path)
+	want := "kp: mode ipvs in --config " + path + " is not implemented yet; use nftables\n"
+	if code != 1 || h.stderr.String() != want {
+		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
+	}
+}
+
+func TestConfigFileMissing(t *testing.T) {
+	h := newHarness(t)
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	code := h.run("proxy", "--config", path)
+	want := "kp: --config: open " + path + ": no such file or directory\n"
+	if code != 1 || h.stderr.String() != want {
+		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
+	}
+}

@@ -1,0 +1,161 @@
+// Command kp is a Kubernetes node proxy, a drop-in for kube-proxy: it turns
+// the cluster's Services and EndpointSlices into one nftables table (or, as a
+// fallback, a legacy mode) on the node it runs on.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kpproxy/kp/nft"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Set at build time by the Makefile with -ldflags -X.
+var (
+	version = "dev"
+	commit  = "dev"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, newApp(os.Stdout, os.Stderr), os.Args)
+	stop()
+	os.Exit(code)
+}
+
+// backendFactory builds one mode's backend.
+type backendFactory func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error)
+
+// app is what the commands share: output streams, the logger, and the seams
+// tests replace (host name, environment, backends, the proxy loop).
+type app struct {
+	stdout, stderr  io.Writer
+	version, commit string
+
+	hostname func() (string, error)
+	getenv   func(string) string
+	// backends holds every mode kp has built; a recognised mode missing here
+	// is "not implemented yet".
+	backends      map[proxy.Mode]backendFactory
+	newKubeClient func(kubeconfig, master string) (kubernetes.Interface, error)
+	runProxy      func(ctx context.Context, cfg proxy.Config, b proxy.Backend, sources []proxy.Source, log *slog.Logger) error
+
+	logOpts logOptions // bound to the root's persistent flags
+	log     *slog.Logger
+}
+
+func newApp(stdout, stderr io.Writer) *app {
+	return &app{
+		stdout:   stdout,
+		stderr:   stderr,
+		version:  version,
+		commit:   commit,
+		hostname: os.Hostname,
+		getenv:   os.Getenv,
+		backends: map[proxy.Mode]backendFactory{
+			proxy.ModeNFTables: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
+				return nft.New(cfg, log)
+			},
+		},
+		newKubeClient: proxy.NewKubeClient,
+		runProxy:      proxy.Run,
+		logOpts:       defaultLogOptions(),
+	}
+}
+
+// errReported is returned by a command that has already told the user what
+// went wrong; run exits 1 without printing it again.
+var errReported = errors.New("already reported")
+
+// run executes the command line args (args[0] is the program name) and returns
+// the process exit code. An error is printed as "kp: ...", without a stack
+// trace or a usage dump.
+func run(ctx context.Context, a *app, args []string) int {
+	root := newRootCommand(a)
+	root.SetArgs(commandArgs(args))
+	if err := root.ExecuteContext(ctx); err != nil {
+		if !errors.Is(err, errReported) {
+			fmt.Fprintf(a.stderr, "kp: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+// commandArgs maps the name the binary was invoked by onto a subcommand: a
+// kp-top link opens kp top, and kp installed as kube-proxy (an image that
+// keeps upstream's path) runs kp proxy with the DaemonSet's arguments.
+func commandArgs(args []string) []string {
+	if len(args) == 0 {
+		return nil
+	}
+	rest := args[1:]
+	switch filepath.Base(args[0]) {
+	case "kp-top":
+		return append([]string{"top"}, rest...)
+	case "kube-proxy":
+		return append([]string{"proxy"}, rest...)
+	}
+	return rest
+}
+
+func newRootCommand(a *app) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kp",
+		Short: "kp is a Kubernetes node proxy, a drop-in for kube-proxy",
+		Long: `kp is a Kubernetes node proxy: it turns the cluster's Services and EndpointSlices
+into forwarding state in the kernel of the node it runs on, by default one nftables
+table. 'kp proxy' takes kube-proxy's flags and configuration file, so a kube-proxy
+DaemonSet can run kp with its arguments unchanged.`,
+		Example: `  # Proxy with a kube-proxy DaemonSet's arguments
+  kp proxy --config /var/lib/kube-proxy/config.conf --hostname-override "$NODE_NAME"
+
+  # Proxy the Services described in a folder of manifests, no cluster needed
+  kp proxy --manifests ./manifests/demo --hostname-override node-1`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(a.stderr, a.logOpts)
+			if err != nil {
+				return err
+			}
+			a.log = log
+			return nil
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())
+	})
+	a.logOpts.addFlags(root.PersistentFlags())
+
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a))
+	return root
+}
+
+// newTopCommand holds kp top's place (and kp-top's) until it is built.
+func newTopCommand(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:                "top",
+		Short:              "Live view of Services, endpoints and flows (not built yet)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintln(a.stderr, "kp top is not built yet")
+			return errReported
+		},
+	}
+}

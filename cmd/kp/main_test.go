@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// fakeBackend records what kp asked of a mode.
+type fakeBackend struct {
+	mode       proxy.Mode
+	cfg        proxy.Config
+	probeErr   error
+	cleanupErr error
+	cleanups   int
+}
+
+func (b *fakeBackend) Mode() proxy.Mode                         { return b.mode }
+func (b *fakeBackend) Probe(context.Context) error              { return b.probeErr }
+func (b *fakeBackend) Sync(context.Context, *proxy.State) error { return nil }
+func (b *fakeBackend) Cleanup(context.Context) error            { b.cleanups++; return b.cleanupErr }
+func (b *fakeBackend) factory() backendFactory                  { return b.newBackend }
+func (b *fakeBackend) newBackend(cfg proxy.Config, _ *slog.Logger) (proxy.Backend, error) {
+	b.cfg = cfg
+	return b, nil
+}
+
+// harness is an app whose kernel, host and proxy loop are fakes.
+type harness struct {
+	a              *app
+	stdout, stderr bytes.Buffer
+	nft            *fakeBackend
+	env            map[string]string
+	kubeCalls      []string // "kubeconfig|master" per client built
+	ran            bool     // runProxy was called
+	cfg            proxy.Config
+	sources        []proxy.Source
+	runProxy       func(ctx context.Context) error
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{nft: &fakeBackend{mode: proxy.ModeNFTables}, env: map[string]string{}}
+	h.a = newApp(&h.stdout, &h.stderr)
+	h.a.version, h.a.commit = "v9.9.9-test", "abc123"
+	h.a.hostname = func() (string, error) { return " Node-A.Example ", nil }
+	h.a.getenv = func(k string) string { return h.env[k] }
+	h.a.backends = map[proxy.Mode]backendFactory{proxy.ModeNFTables: h.nft.factory()}
+	h.a.newKubeClient = func(kubeconfig, master string) (kubernetes.Interface, error) {
+		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
+		return nil, nil
+	}
+	h.a.runProxy = func(ctx context.Context, cfg proxy.Config, b proxy.Backend, sources []proxy.Source, _ *slog.Logger) error {
+		h.ran, h.cfg, h.sources = true, cfg, sources
+		if h.runProxy != nil {
+			return h.runProxy(ctx)
+		}
+		return nil
+	}
+	return h
+}
+
+// run runs kp with args and returns its exit code.
+func (h *harness) run(args ...string) int {
+	return h.runCtx(context.Background(), args...)
+}
+
+func (h *harness) runCtx(ctx context.Context, args ...string) int {
+	return run(ctx, h.a, append([]string{"kp"}, args...))
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestHelpOfEveryCommandShowsAnExample(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"proxy", "--help"}, {"cleanup", "--help"}, {"version", "--help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			h := newHarness(t)
+			if code := h.run(args...); code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
+			}
+			out := h.stdout.String()
+			if !strings.Contains(out, "Examples:\n  ") || !strings.Contains(out, "  kp ") {
+				t.Errorf("help has no example:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestProxyHelpListsUpstreamFlags(t *testing.T) {
+	h := newHarness(t)
+	h.run("proxy", "--help")
+	for _, flag := range []string{"--proxy-mode", "--kubeconfig", "--master", "--hostname-override", "--cluster-cidr",
+		"--nodeport-addresses", "--masquerade-all", "--iptables-masquerade-bit", "--sync-period", "--min-sync-period",
+		"--config-sync-period", "--metrics-bind-address", "--healthz-bind-address", "--config", "--cleanup",
+		"--manifests", "--log-format", "-v, --v"} {
+		if !strings.Contains(h.stdout.String(), flag) {
+			t.Errorf("proxy --help does not mention %s", flag)
+		}
+	}
+}
+
+func TestVersionPrintsVersionCommitAndGo(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("version"); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr.String())
+	}
+	for _, want := range []string{"kp version v9.9.9-test", "git commit: abc123", "go version: go"} {
+		if !strings.Contains(h.stdout.String(), want) {
+			t.Errorf("version output lacks %q:\n%s", want, h.stdout.String())
+		}
+	}
+}
+
+func TestKpTopNameIsReservedForTop(t *testing.T) {
+	h := newHarness(t)
+	code := run(context.Background(), h.a, []string{"/usr/local/bin/kp-top", "--anything"})
+	if code != 1 || h.stderr.String() != "kp top is not built yet\n" {
+		t.Errorf("kp-top: exit %d, stderr %q", code, h.stderr.String())
+	}
+}
+
+func TestKubeProxyNameRunsProxy(t *testing.T) {
+	h := newHarness(t)
+	dir := t.TempDir()
+	code := run(context.Background(), h.a, []string{"/usr/local/bin/kube-proxy", "--manifests", dir})
+	if code != 0 || !h.ran || h.cfg.ManifestsDir != dir {
+		t.Errorf("kube-proxy name: exit %d, ran %v, stderr %s", code, h.ran, h.stderr.String())
+	}
+}
+
+func TestUnknownFlagPointsAtHelp(t *testing.T) {
+	h := newHarness(t)
+	code := h.run("proxy", "--no-such-flag")
+	want := "kp: unknown flag: --no-such-flag (see 'kp proxy --help')\n"
+	if code != 1 || h.stderr.String() != want {
+		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
+	}
+}
+
+func TestProxyStopsCleanlyOnSignal(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.runProxy = func(ctx context.Context) error {
+		cancel() // as SIGTERM would
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if code := h.runCtx(ctx, "proxy", "--manifests", t.TempDir()); code != 0 {
+		t.Errorf("exit %d after cancel, stderr:\n%s", code, h.stderr.String())
+	}
+}
+
+func TestProxyReportsRunFailure(t *testing.T) {
+	h := newHarness(t)
+	h.runProxy = func(context.Context) error { return errors.New("healthz server: address already in use") }
+	if code := h.run("proxy", "--manifests", t.TempDir()); code != 1 ||
+		!strings.HasSuffix(h.stderr.String(), "kp: healthz server: address already in use\n") {
+		t.Errorf("exit %d, stderr:\n%s", code, h.stderr.String())
+	}
+}
+
+func TestFailingProbeStopsProxyWithClearError(t *testing.T) {
+	h := newHarness(t)
+	h.nft.probeErr = errors.New("nftables probe: the kernel refused kp's rule types")
+	code := h.run("proxy", "--manifests", t.TempDir())
+	want := "kp: nftables mode cannot run on this node: nftables probe: the kernel refused kp's rule types\n"
+	if code != 1 || !strings.HasSuffix(h.stderr.String(), want) || h.ran {
+		t.Errorf("exit %d, ran %v, stderr:\n%s", code, h.ran, h.stderr.String())
+	}
+}
+
+func TestSourceSelection(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name      string
+		args      []string
+		env       map[string]string
+		wantKube  []string // newKubeClient calls
+		wantDir   bool
+		wantError string
+	}{
+		{name: "manifests folder", args: []string{"--manifests", dir}, wantDir: true},
+		{name: "manifests win over kubeconfig", args: []string{"--manifests", dir, "--kubeconfig", "/k"}, wantDir: true},
+		{name: "kubeconfig", args: []string{"--kubeconfig", "/etc/kp/kubeconfig"}, wantKube: []string{"/etc/kp/kubeconfig|"}},
+		{name: "master", args: []string{"--master", "https://10.0.0.1:6443"}, wantKube: []string{"|https://10.0.0.1:6443"}},
+		{name: "in-cluster in a pod", env: map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+			wantKube: []string{"|"}},
+		{name: "no source at all", wantError: "kp: no source of Services: pass --kubeconfig FILE or --master URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.env = tt.env
+			code := h.run(append([]string{"proxy"}, tt.args...)...)
+			if tt.wantError != "" {
+				if code != 1 || !strings.Contains(h.stderr.String(), tt.wantError) || h.ran {
+					t.Fatalf("exit %d, ran %v, stderr:\n%s", code, h.ran, h.stderr.String())
+				}
+				return
+			}
+			if code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
+			}
+			if strings.Join(h.kubeCalls, ",") != strings.Join(tt.wantKube, ",") {
+				t.Errorf("kube clients built %q, want %q", h.kubeCalls, tt.wantKube)
+			}
+			if len(h.sources) != 1 {
+				t.Fatalf("%d sources, want 1", len(h.sources))
+			}
+			_, isDir := h.sources[0].(*proxy.DirSource)
+			if isDir != tt.wantDir {
+				t.Errorf("source %T, want folder source %v", h.sources[0], tt.wantDir)
+			}
+		})
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"kp cleanup", []string{"cleanup"}},
+		{"kube-proxy's --cleanup", []string{"proxy", "--cleanup"}},
+		{"--cleanup with a mode kp has not built still cleans", []string{"proxy", "--cleanup", "--proxy-mode", "ipvs"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			if code := h.run(tt.args...); code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
+			}
+			if h.nft.cleanups != 1 || h.ran {
+				t.Errorf("nft cleanups %d (want 1), proxy ran %v", h.nft.cleanups, h.ran)
+			}
+		})
+	}
+}
+
+func TestCleanupFailureExits1(t *testing.T) {
+	h := newHarness(t)
+	h.nft.cleanupErr = errors.New("netlink: operation not permitted")
+	code := h.run("cleanup")
+	want := "kp: cleanup nftables mode: netlink: operation not permitted\n"
+	if code != 1 || !strings.HasSuffix(h.stderr.String(), want) {
+		t.Errorf("exit %d, stderr:\n%s", code, h.stderr.String())
+	}
+}

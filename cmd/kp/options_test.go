@@ -1,0 +1,200 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// defaultsFor is the proxy.Config kp proxy runs with when given only
+// --manifests dir, on a host named "Node-A.Example".
+func defaultsFor(dir string) proxy.Config {
+	return proxy.Config{
+		Mode:               proxy.ModeNFTables,
+		HostnameOverride:   "node-a.example",
+		ManifestsDir:       dir,
+		NodePortPrimary:    true,
+		MasqueradeBit:      14,
+		SyncPeriod:         30 * time.Second,
+		MinSyncPeriod:      time.Second,
+		ConfigSyncPeriod:   15 * time.Minute,
+		MetricsBindAddress: "127.0.0.1:10249",
+		HealthzBindAddress: "0.0.0.0:10256",
+	}
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// runProxyWith runs kp proxy --manifests dir args... with fake backends for
+// the extra modes, and returns the Config proxy.Run was given.
+func runProxyWith(t *testing.T, dir string, extraModes []proxy.Mode, args ...string) (proxy.Config, *harness) {
+	t.Helper()
+	h := newHarness(t)
+	for _, m := range extraModes {
+		h.a.backends[m] = (&fakeBackend{mode: m}).factory()
+	}
+	code := h.run(append([]string{"proxy", "--manifests", dir}, args...)...)
+	if code != 0 || !h.ran {
+		t.Fatalf("exit %d, ran %v, stderr:\n%s", code, h.ran, h.stderr.String())
+	}
+	return h.cfg, h
+}
+
+func TestProxyFlagsBecomeConfig(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name  string
+		args  []string
+		modes []proxy.Mode // fake backends to build besides nftables
+		want  func(*proxy.Config)
+	}{
+		{name: "defaults are kube-proxy's, nftables answers NodePorts on primary IPs", want: func(*proxy.Config) {}},
+		{name: "empty proxy mode means nftables", args: []string{"--proxy-mode="}, want: func(*proxy.Config) {}},
+		{name: "hostname override is trimmed and lower-cased", args: []string{"--hostname-override", " Worker-7 "},
+			want: func(c *proxy.Config) { c.HostnameOverride = "worker-7" }},
+		{name: "dual-stack cluster CIDR", args: []string{"--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"},
+			want: func(c *proxy.Config) { c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56") }},
+		{name: "cluster CIDR with host bits means its network", args: []string{"--cluster-cidr", "10.244.1.7/16"},
+			want: func(c *proxy.Config) { c.ClusterCIDRs = prefixes("10.244.0.0/16") }},
+		{name: "nodeport CIDRs replace the primary default", args: []string{"--nodeport-addresses", "192.168.0.0/16,fd00::/64"},
+			want: func(c *proxy.Config) {
+				c.NodePortAddresses, c.NodePortPrimary = prefixes("192.168.0.0/16", "fd00::/64"), false
+			}},
+		{name: "nodeport primary said explicitly", args: []string{"--nodeport-addresses", "primary"}, want: func(*proxy.Config) {}},
+		{name: "masquerade all and mark bit", args: []string{"--masquerade-all", "--iptables-masquerade-bit", "5"},
+			want: func(c *proxy.Config) { c.MasqueradeAll, c.MasqueradeBit = true, 5 }},
+		{name: "mark bit 0 is allowed", args: []string{"--iptables-masquerade-bit=0"},
+			want: func(c *proxy.Config) { c.MasqueradeBit = 0 }},
+		{name: "sync periods", args: []string{"--sync-period", "1m", "--min-sync-period", "0", "--config-sync-period", "5m"},
+			want: func(c *proxy.Config) {
+				c.SyncPeriod, c.MinSyncPeriod, c.ConfigSyncPeriod = time.Minute, 0, 5*time.Minute
+			}},
+		{name: "kube-proxy's older sync flag names", args: []string{"--iptables-sync-period", "45s", "--iptables-min-sync-period", "2s"},
+			want: func(c *proxy.Config) { c.SyncPeriod, c.MinSyncPeriod = 45*time.Second, 2*time.Second }},
+		{name: "server addresses, empty disables", args: []string{"--metrics-bind-address", "0.0.0.0:10249", "--healthz-bind-address", ""},
+			want: func(c *proxy.Config) { c.MetricsBindAddress, c.HealthzBindAddress = "0.0.0.0:10249", "" }},
+		{name: "IPv6 bind address moves the default servers to IPv6", args: []string{"--bind-address", "::"},
+			want: func(c *proxy.Config) { c.MetricsBindAddress, c.HealthzBindAddress = "[::1]:10249", "[::]:10256" }},
+		{name: "kubeconfig and master are kept", args: []string{"--kubeconfig", "/k", "--master", "https://api:6443"},
+			want: func(c *proxy.Config) { c.Kubeconfig, c.Master = "/k", "https://api:6443" }},
+		{name: "iptables mode answers NodePorts on every IP", args: []string{"--proxy-mode", "iptables"},
+			modes: []proxy.Mode{proxy.ModeIPTables},
+			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
+		{name: "harmless kube-proxy flags change nothing", args: []string{
+			"--conntrack-max-per-core=0", "--conntrack-min", "131072", "--oom-score-adj=-999", "--profiling",
+			"--kube-api-qps", "20", "--feature-gates", "NFTablesProxyMode=true,AllAlpha=false",
+			"--detect-local-mode", "ClusterCIDR", "--bind-address", "0.0.0.0", "--v", "2", "--log-flush-frequency", "5s"},
+			want: func(*proxy.Config) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, _ := runProxyWith(t, dir, tt.modes, tt.args...)
+			want := defaultsFor(dir)
+			tt.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("config:\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestIgnoredFlagsAreLogged(t *testing.T) {
+	_, h := runProxyWith(t, t.TempDir(), nil, "--conntrack-max-per-core=0", "--oom-score-adj=-999")
+	for _, want := range []string{
+		`msg="ignoring kube-proxy setting" setting=--conntrack-max-per-core reason="kp leaves the conntrack table size as it is"`,
+		`setting=--oom-score-adj`,
+	} {
+		if !strings.Contains(h.stderr.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
+		}
+	}
+}
+
+func TestProxyFlagErrors(t *testing.T) {
+	file := writeFile(t, "plain-file", "")
+	missing := filepath.Join(t.TempDir(), "missing")
+	tests := []struct {
+		name string
+		args []string
+		want string // the whole of stderr
+	}{
+		{"invalid cluster CIDR", []string{"--cluster-cidr", "10.0.0.0/33"},
+			`kp: --cluster-cidr "10.0.0.0/33": invalid CIDR`},
+		{"invalid CIDR in a dual-stack pair", []string{"--cluster-cidr", "10.0.0.0/8,fd00::/129"},
+			`kp: --cluster-cidr "10.0.0.0/8,fd00::/129": invalid CIDR "fd00::/129"`},
+		{"two cluster CIDRs of one family", []string{"--cluster-cidr", "10.0.0.0/8,10.1.0.0/16"},
+			`kp: --cluster-cidr "10.0.0.0/8,10.1.0.0/16": want one CIDR, or one IPv4 and one IPv6 CIDR for dual-stack`},
+		{"primary mixed with CIDRs", []string{"--nodeport-addresses", "primary,10.0.0.0/8"},
+			`kp: --nodeport-addresses "primary,10.0.0.0/8": 'primary' cannot be combined with CIDRs`},
+		{"invalid nodeport CIDR", []string{"--nodeport-addresses", "10.0.0.1"},
+			`kp: --nodeport-addresses "10.0.0.1": invalid CIDR`},
+		{"mark bit out of range", []string{"--iptables-masquerade-bit", "32"},
+			`kp: --iptables-masquerade-bit "32": must be within [0, 31]`},
+		{"zero sync period", []string{"--sync-period", "0"},
+			`kp: --sync-period "0s": must be greater than 0`},
+		{"negative min sync period", []string{"--min-sync-period=-1s"},
+			`kp: --min-sync-period "-1s": must not be negative`},
+		{"min sync period above sync period", []string{"--min-sync-period", "1m"},
+			`kp: --min-sync-period 1m0s is longer than --sync-period 30s`},
+		{"unknown mode", []string{"--proxy-mode", "kernelspace"},
+			`kp: --proxy-mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace`},
+		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},
+			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`},
+		{"iptables not built yet", []string{"--proxy-mode=iptables"},
+			`kp: --proxy-mode=iptables is not implemented yet; use nftables`},
+		{"userspace not built yet", []string{"--proxy-mode", "userspace"},
+			`kp: --proxy-mode=userspace is not implemented yet; use nftables`},
+		{"healthz address without port", []string{"--healthz-bind-address", "0.0.0.0"},
+			`kp: --healthz-bind-address "0.0.0.0": want IP:port, for example 0.0.0.0:10256`},
+		{"metrics address not an IP", []string{"--metrics-bind-address", "localhost:10249"},
+			`kp: --metrics-bind-address "localhost:10249": "localhost" is not an IP address`},
+		{"node IP override", []string{"--bind-address", "10.0.0.5"},
+			`kp: --bind-address "10.0.0.5": kp does not support overriding the node's primary IP; leave it unset, 0.0.0.0 or ::`},
+		{"other local traffic detection", []string{"--detect-local-mode", "NodeCIDR"},
+			`kp: --detect-local-mode "NodeCIDR": not supported by kp; only ClusterCIDR (with --cluster-cidr) is`},
+		{"unknown feature gate", []string{"--feature-gates", "SomeAlphaThing=true"},
+			`kp: --feature-gates SomeAlphaThing=true: not supported by kp`},
+		{"feature gate against kp's behaviour", []string{"--feature-gates", "AllAlpha=true"},
+			`kp: --feature-gates AllAlpha=true: not supported by kp, which always behaves as AllAlpha=false`},
+		{"malformed feature gates", []string{"--feature-gates", "NFTablesProxyMode"},
+			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: "NFTablesProxyMode": want Name=true|false (see 'kp proxy --help')`},
+		{"unknown log format", []string{"--log-format", "xml"},
+			`kp: --log-format "xml": must be text or json`},
+		{"manifests folder missing", []string{"--manifests", missing},
+			fmt.Sprintf(`kp: --manifests %q: stat %s: no such file or directory`, missing, missing)},
+		{"manifests not a folder", []string{"--manifests", file},
+			fmt.Sprintf(`kp: --manifests %q: not a directory`, file)},
+		{"every error at once", []string{"--cluster-cidr", "x", "--iptables-masquerade-bit", "99"},
+			"kp: --cluster-cidr \"x\": invalid CIDR\n--iptables-masquerade-bit \"99\": must be within [0, 31]"},
+		{"positional arguments", []string{"extra"},
+			`kp: unknown command "extra" for "kp proxy"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			args := tt.args
+			if !strings.HasPrefix(tt.name, "manifests") {
+				args = append([]string{"--manifests", t.TempDir()}, args...)
+			}
+			code := h.run(append([]string{"proxy"}, args...)...)
+			if code != 1 || h.ran {
+				t.Errorf("exit %d, ran %v; want exit 1 before running", code, h.ran)
+			}
+			if got := strings.TrimSuffix(h.stderr.String(), "\n"); got != tt.want {
+				t.Errorf("stderr:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+func newProxyCommand(a *app) *cobra.Command {
+	o := &proxyOptions{}
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run the node proxy (kube-proxy's flags and config file)",
+		Long: `Run the node proxy until SIGINT or SIGTERM: watch Services and EndpointSlices and
+keep this node's kernel forwarding state in step with them.
+
+The Services come from the Kubernetes API (--kubeconfig, --master, or the in-cluster
+configuration when kp runs in a pod), or from a folder of YAML/JSON manifests
+(--manifests). Flags have kube-proxy's names and meanings; a KubeProxyConfiguration
+file (--config) is read as kube-proxy reads it, and flags set on the command line
+override it. kube-proxy settings kp does not implement are reported as errors;
+settings that only tune the node (conntrack sizes, OOM score) are accepted and
+logged as ignored.
+
+` + wrap(ignoredFlagsHelp(), 84),
+		Example: `  # In a kube-proxy DaemonSet: same arguments
+  kp proxy --config /var/lib/kube-proxy/config.conf --hostname-override "$NODE_NAME"
+
+  # Outside a pod, against an API server
+  kp proxy --kubeconfig ~/.kube/config --cluster-cidr 10.244.0.0/16,fd00:10:244::/56
+
+  # No cluster: Services and EndpointSlices from a folder, JSON logs
+  kp proxy --manifests ./manifests/demo --hostname-override node-1 --log-format json
+
+  # Remove everything kp wrote, as kube-proxy --cleanup does
+  kp proxy --cleanup`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := o.settings(cmd.Flags(), a.logOpts, a.hostname)
+			if err != nil {
+				return err
+			}
+			if err := a.useSettings(s); err != nil {
+				return err
+			}
+			if o.cleanup {
+				return a.cleanup(cmd.Context(), s.cfg)
+			}
+			return a.proxy(cmd.Context(), s)
+		},
+	}
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+// useSettings rebuilds the logger if the config file changed logging, then
+// logs what kp accepted but ignores.
+func (a *app) useSettings(s settings) error {
+	if s.log != a.logOpts {
+		log, err := newLogger(a.stderr, s.log)
+		if err != nil {
+			return err
+		}
+		a.log = log
+	}
+	for _, ig := range s.ignored {
+		a.log.Info("ignoring kube-proxy setting", "setting", ig.name, "reason", ig.reason)
+	}
+	return nil
+}
+
+// proxy runs the proxy until ctx ends.
+func (a *app) proxy(ctx context.Context, s settings) error {
+	cfg := s.cfg
+	newBackend, ok := a.backends[cfg.Mode]
+	if !ok {
+		return fmt.Errorf("%s is not implemented yet; use %s", s.modeFrom, proxy.ModeNFTables)
+	}
+	sources, err := a.sources(cfg)
+	if err != nil {
+		return err
+	}
+	backend, err := newBackend(cfg, a.log)
+	if err != nil {
+		return fmt.Errorf("%s mode: %w", cfg.Mode, err)
+	}
+	if err := backend.Probe(ctx); err != nil {
+		return fmt.Errorf("%s mode cannot run on this node: %w", cfg.Mode, err)
+	}
+
+	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
+		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
+	err = a.runProxy(ctx, cfg, backend, sources, a.log)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	a.log.Info("kp proxy stopped")
+	return nil
+}
+
+// sources picks where Services come from: the folder if --manifests is set,
+// otherwise the API server, found by --kubeconfig/--master or, in a pod, the
+// in-cluster configuration.
+func (a *app) sources(cfg proxy.Config) ([]proxy.Source, error) {
+	if cfg.ManifestsDir != "" {
+		if cfg.Kubeconfig != "" || cfg.Master != "" {
+			a.log.Info("--manifests is set; the Kubernetes API is not used", "manifests", cfg.ManifestsDir)
+		}
+		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil
+	}
+	if cfg.Kubeconfig == "" && cfg.Master == "" && !a.inCluster() {
+		return nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
+			"(in a pod the in-cluster configuration is used), or --manifests DIR for a folder of Service and EndpointSlice files")
+	}
+	client, err := a.newKubeClient(cfg.Kubeconfig, cfg.Master)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, nil
+}
+
+// inCluster reports whether client-go's in-cluster configuration applies:
+// the kubelet sets these variables in every pod.
+func (a *app) inCluster() bool {
+	return a.getenv("KUBERNETES_SERVICE_HOST") != "" && a.getenv("KUBERNETES_SERVICE_PORT") != ""
+}
+
+func sourceName(cfg proxy.Config) string {
+	switch {
+	case cfg.ManifestsDir != "":
+		return "manifests " + cfg.ManifestsDir
+	case cfg.Master != "":
+		return "kubernetes API " + cfg.Master
+	case cfg.Kubeconfig != "":
+		return "kubernetes API via " + cfg.Kubeconfig
+	}
+	return "kubernetes API (in-cluster)"
+}
+
+// wrap breaks s into lines of at most width columns, at spaces.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	col := 0
+	for i, w := range strings.Fields(s) {
+		if i > 0 && col+1+len(w) > width {
+			b.WriteString("\n")
+			col = 0
+		} else if i > 0 {
+			b.WriteString(" ")
+			col++
+		}
+		b.WriteString(w)
+		col += len(w)
+	}
+	return b.String()
+}
