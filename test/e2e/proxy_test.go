@@ -1,0 +1,434 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// web is the Service most tests use: TCP 80 → 8080 and UDP 53 → 5353 on
+// ClusterIP 10.96.0.10 (and fd00:96::10 when dual-stack).
+func web(pods ...*netns.Pod) Service {
+	return Service{
+		Name:       "web",
+		ClusterIPs: []string{"10.96.0.10"},
+		Ports: []Port{
+			{Name: "http", Port: 80, TargetPort: 8080},
+			{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353},
+		},
+		Endpoints: endpoints(pods...),
+	}
+}
+
+const (
+	webTCP = "10.96.0.10:80"
+	webUDP = "10.96.0.10:53"
+)
+
+func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
+	e := newEnv(t, 4)
+	pods := e.w.Pods()
+	backends, outsider := pods[:3], pods[3]
+	e.write("web.yaml", web(backends...))
+	e.startKP()
+	e.answers(outsider.NS, "tcp", webTCP)
+
+	names := e.podNames(backends...)
+	for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+		t.Run(c.network, func(t *testing.T) {
+			// From a pod that is not an endpoint: each request is a new
+			// connection (a new source port), so a new random choice.
+			const n = 300
+			counts := e.spread(outsider.NS, c.network, c.addr, n)
+			for name, k := range counts {
+				if !contains(names, name) {
+					t.Errorf("%d of %d requests answered by %q, not an endpoint of the Service", k, n, name)
+				}
+			}
+			for _, name := range names {
+				if counts[name] == 0 {
+					t.Errorf("endpoint %s never chosen in %d requests: %v", name, n, counts)
+				}
+			}
+			x2 := chiSquare(counts, names)
+			if limit := chiSquareCritical001[len(names)-1]; x2 > limit {
+				t.Errorf("uneven spread %v: chi-square %.1f > %.1f (p < 0.001)", counts, x2, limit)
+			}
+			t.Logf("%s spread over %d requests: %v (chi-square %.2f)", c.network, n, counts, x2)
+		})
+	}
+
+	t.Run("from every kind of client", func(t *testing.T) {
+		for _, from := range []struct{ what, ns string }{
+			{"the node itself", e.w.Node()},
+			{"the off-node client", e.w.Client()},
+			{"a pod that is an endpoint (hairpin)", backends[0].NS},
+		} {
+			for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+				counts := e.spread(from.ns, c.network, c.addr, 30)
+				for name, k := range counts {
+					if !contains(names, name) {
+						t.Errorf("%s from %s: %d of 30 answered by %q", c.network, from.what, k, name)
+					}
+				}
+			}
+		}
+		// A pod reaching itself through the Service needs the hairpin
+		// masquerade; over 60 tries it picks itself with near certainty.
+		counts := e.spread(backends[0].NS, "tcp", webTCP, 60)
+		if counts[backends[0].Name] == 0 {
+			t.Errorf("pod-0 never reached itself through the Service in 60 tries: %v", counts)
+		}
+	})
+}
+
+func TestNodePortAnswersFromOffNodeClient(t *testing.T) {
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	svc := web(pods...)
+	svc.Type = v1.ServiceTypeNodePort
+	svc.Ports[0].NodePort = 30080
+	svc.Ports[1].NodePort = 30053
+	e.write("web.yaml", svc)
+	e.startKP()
+
+	names := e.podNames(pods...)
+	nodeTCP := hostPort(e.w.NodeIP().String(), 30080)
+	nodeUDP := hostPort(e.w.NodeIP().String(), 30053)
+	e.answers(e.w.Client(), "tcp", nodeTCP, names...)
+	for _, c := range []struct{ network, addr string }{{"tcp", nodeTCP}, {"udp", nodeUDP}} {
+		counts := e.spread(e.w.Client(), c.network, c.addr, 60)
+		for name, k := range counts {
+			if !contains(names, name) {
+				t.Errorf("NodePort %s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+			}
+		}
+		if len(counts) < 2 {
+			t.Errorf("NodePort %s %s: 60 requests all went to %v", c.network, c.addr, counts)
+		}
+	}
+	// The same Service still answers on its ClusterIP.
+	if name, err := e.ask(e.w.Client(), "tcp", webTCP); err != nil || !contains(names, name) {
+		t.Errorf("ClusterIP of a NodePort Service: %q, %v", name, err)
+	}
+}
+
+func TestServiceWithoutEndpointsIsRefusedAtOnce(t *testing.T) {
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	ports := []Port{
+		{Name: "http", Port: 80, TargetPort: 8080},
+		{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353},
+	}
+	e.write("services.yaml",
+		web(pods...),
+		Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: ports},
+		Service{Name: "not-ready", ClusterIPs: []string{"10.96.0.21"}, Ports: ports,
+			Endpoints: []Endpoint{NotReady(pods[0].IP.String()), NotReady(pods[1].IP.String())}},
+		Service{Name: "unpublished", ClusterIPs: []string{"10.96.0.22"}, Ports: ports, NoSlices: true},
+	)
+	e.startKP()
+	e.answers(pods[0].NS, "tcp", webTCP) // synced
+
+	for _, ip := range []string{"10.96.0.20", "10.96.0.21", "10.96.0.22"} {
+		for _, from := range []string{pods[2].NS, e.w.Client(), e.w.Node()} {
+			for _, c := range []struct {
+				network string
+				port    int
+			}{{"tcp", 80}, {"udp", 53}} {
+				addr := hostPort(ip, c.port)
+				start := time.Now()
+				reply, err := e.w.Dial(from, c.network, addr, 3*time.Second)
+				took := time.Since(start)
+				switch {
+				case err == nil:
+					t.Errorf("%s %s from %s: answered %q, want refused", c.network, addr, from, reply)
+				case from == e.w.Node() && errors.Is(err, syscall.EPERM):
+					// A reject in the output hook refuses a locally sent
+					// datagram before it leaves: sendmsg fails with EPERM.
+				case !isRefused(err):
+					t.Errorf("%s %s from %s: %v after %v, want connection refused (TCP reset / ICMP unreachable)",
+						c.network, addr, from, err, took.Round(time.Millisecond))
+				case took > 500*time.Millisecond:
+					t.Errorf("%s %s from %s: refused only after %v, want at once", c.network, addr, from, took)
+				}
+			}
+		}
+	}
+}
+
+func TestRemovedEndpointIsNeverReachedByNewConnections(t *testing.T) {
+	e := newEnv(t, 4)
+	pods := e.w.Pods()
+	client := pods[3]
+	e.write("web.yaml", web(pods[:3]...))
+	e.startKP()
+	e.answers(client.NS, "tcp", webTCP)
+	e.eventually("all three endpoints answer", 15*time.Second, func() error {
+		counts := e.spread(client.NS, "tcp", webTCP, 30)
+		if len(counts) != 3 {
+			return fmt.Errorf("answers %v", counts)
+		}
+		return nil
+	})
+
+	e.write("web.yaml", web(pods[0], pods[1]))
+	removed := pods[2].Name
+	// kp needs a moment to sync; from then on the removed endpoint must not
+	// get a single new connection.
+	e.eventually(removed+" no longer chosen", 15*time.Second, func() error {
+		if counts := e.spread(client.NS, "tcp", webTCP, 30); counts[removed] > 0 {
+			return fmt.Errorf("answers %v", counts)
+		}
+		return nil
+	})
+	for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+		counts := e.spread(client.NS, c.network, c.addr, 150)
+		if counts[removed] > 0 || counts[pods[0].Name] == 0 || counts[pods[1].Name] == 0 {
+			t.Errorf("%s after removing %s: %v", c.network, removed, counts)
+		}
+	}
+}
+
+func TestDeletedServiceNoLongerAnswers(t *testing.T) {
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	other := Service{Name: "other", ClusterIPs: []string{"10.96.0.30"},
+		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8081}}, Endpoints: endpoints(pods...)}
+	e.write("web.yaml", web(pods...))
+	e.write("other.yaml", other)
+	e.startKP()
+	e.answers(e.w.Client(), "tcp", webTCP)
+	e.answers(e.w.Client(), "tcp", "10.96.0.30:80")
+
+	if err := e.dir.Remove("web.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	quick := func(network, addr string) error {
+		reply, err := e.w.Dial(e.w.Client(), network, addr, 300*time.Millisecond)
+		if err == nil {
+			return fmt.Errorf("%s %s still answers: %q", network, addr, reply)
+		}
+		return nil
+	}
+	e.eventually("deleted Service stops answering", 15*time.Second, func() error { return quick("tcp", webTCP) })
+	for i := 0; i < 5; i++ {
+		for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+			if err := quick(c.network, c.addr); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, err := e.ask(e.w.Client(), "tcp", "10.96.0.30:80"); err != nil {
+		t.Errorf("the other Service stopped answering: %v", err)
+	}
+}
+
+func TestEditedManifestTakesEffectWithoutRestart(t *testing.T) {
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	e.write("web.yaml", web(pods...))
+	e.startKP()
+	e.answers(e.w.Client(), "tcp", webTCP)
+	pid := e.kp.Pid()
+
+	// Edit the file in place: a new port, and only pod-0 left behind it.
+	svc := web(pods[0])
+	svc.Ports = append(svc.Ports, Port{Name: "alt", Port: 81, TargetPort: 8081})
+	e.write("web.yaml", svc)
+	e.answers(e.w.Client(), "tcp", "10.96.0.10:81", pods[0].Name)
+	e.eventually("only pod-0 behind port 80", 15*time.Second, func() error {
+		if counts := e.spread(e.w.Client(), "tcp", webTCP, 20); counts[pods[0].Name] != 20 {
+			return fmt.Errorf("answers %v", counts)
+		}
+		return nil
+	})
+
+	// A new file is picked up too.
+	e.write("api.yaml", Service{Name: "api", ClusterIPs: []string{"10.96.0.40"},
+		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}, Endpoints: endpoints(pods[1])})
+	e.answers(e.w.Client(), "tcp", "10.96.0.40:80", pods[1].Name)
+
+	if e.kp.Pid() != pid || !e.kp.Running() {
+		t.Errorf("kp restarted (pid %d, was %d) or exited (%v)", e.kp.Pid(), pid, e.kp.ExitErr())
+	}
+}
+
+func TestBrokenManifestLeavesOtherServicesWorking(t *testing.T) {
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	e.write("web.yaml", web(pods...))
+	// Broken from the start: a port that is not a number.
+	if err := e.dir.WriteRaw("broken.yaml", []byte(strings.Join([]string{
+		"apiVersion: v1",
+		"kind: Service",
+		"metadata: {name: broken, namespace: e2e}",
+		"spec:",
+		"  clusterIP: 10.96.0.50",
+		"  ports: [{name: http, port: eighty, targetPort: 8080}]",
+	}, "\n"))); err != nil {
+		t.Fatal(err)
+	}
+	e.startKP()
+	e.answers(e.w.Client(), "tcp", webTCP)
+
+	// A good file added next to the broken one is loaded.
+	api := Service{Name: "api", ClusterIPs: []string{"10.96.0.40"},
+		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}, Endpoints: endpoints(pods[1])}
+	e.write("api.yaml", api)
+	e.answers(e.w.Client(), "tcp", "10.96.0.40:80", pods[1].Name)
+
+	// A good file that breaks keeps its previous content in force.
+	if err := e.dir.WriteRaw("api.yaml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: api\n")); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("kp reports api.yaml", 15*time.Second, func() error {
+		if !strings.Contains(e.kp.Log(), "api.yaml") {
+			return fmt.Errorf("kp's log does not name api.yaml")
+		}
+		return nil
+	})
+	for i := 0; i < 20; i++ {
+		if name, err := e.ask(e.w.Client(), "tcp", "10.96.0.40:80"); err != nil || name != pods[1].Name {
+			t.Fatalf("api after its file broke: %q, %v; want its last good content in force", name, err)
+		}
+		if _, err := e.ask(e.w.Client(), "tcp", webTCP); err != nil {
+			t.Fatalf("web after api.yaml broke: %v", err)
+		}
+	}
+	if !strings.Contains(e.kp.Log(), "broken.yaml") {
+		t.Errorf("kp's log does not name broken.yaml")
+	}
+	if !e.kp.Running() {
+		t.Errorf("kp exited: %v", e.kp.ExitErr())
+	}
+}
+
+func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
+	netns.Require(t, "nft")
+	e := newEnv(t, 3)
+	pods := e.w.Pods()
+	svc := web(pods...)
+	svc.Type = v1.ServiceTypeNodePort
+	svc.Ports[0].NodePort = 30080
+	e.write("web.yaml", svc,
+		Service{Namespace: "other-ns", Name: "empty", ClusterIPs: []string{"10.96.0.20"},
+			Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}})
+	e.startKP()
+	e.answers(e.w.Client(), "tcp", webTCP)
+
+	out, err := e.w.NFT("list", "ruleset")
+	if err != nil {
+		t.Fatalf("nft list ruleset in the node: %v\n%s", err, out)
+	}
+	for _, want := range []string{"table ip kp", "table ip6 kp"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ruleset lacks %q", want)
+		}
+	}
+	// Each Service is named, namespace/name, in a comment (perhaps followed
+	// by ":port").
+	for _, svc := range []string{"e2e/web", "other-ns/empty"} {
+		if !regexp.MustCompile(`comment "` + regexp.QuoteMeta(svc) + `[":]`).MatchString(out) {
+			t.Errorf("no comment names Service %s", svc)
+		}
+	}
+	// What nft cannot decode it prints as "unknown" or "[invalid …]".
+	for _, bad := range []string{"unknown", "[invalid", "# unsupported"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("ruleset holds %q", bad)
+		}
+	}
+	if t.Failed() {
+		t.Logf("nft list ruleset:\n%s", out)
+	}
+}
+
+func TestDualStackClusterIPAnswersOverIPv6(t *testing.T) {
+	e := newEnv(t, 4)
+	pods := e.w.Pods()
+	svc := web(pods[:3]...)
+	svc.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+	e.write("web.yaml", svc)
+	e.startKP()
+
+	names := e.podNames(pods[:3]...)
+	for _, c := range []struct{ network, addr string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
+		e.answers(pods[3].NS, c.network, c.addr, names...)
+		counts := e.spread(pods[3].NS, c.network, c.addr, 60)
+		for name, k := range counts {
+			if !contains(names, name) {
+				t.Errorf("%s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+			}
+		}
+	}
+	e.answers(e.w.Client(), "tcp", "[fd00:96::10]:80", names...)
+	e.answers(pods[3].NS, "tcp", webTCP, names...)
+}
+
+// Not parallel: its timing should not compete with the other tests.
+func TestRestartLosesNoConnections(t *testing.T) {
+	netns.Require(t)
+	e := newEnvSerial(t, 4)
+	pods := e.w.Pods()
+	svc := web(pods[:3]...)
+	svc.Type = v1.ServiceTypeNodePort
+	svc.Ports[0].NodePort = 30080
+	e.write("web.yaml", svc)
+	e.startKP()
+	client := pods[3]
+	nodePort := hostPort(e.w.NodeIP().String(), 30080)
+	e.answers(client.NS, "tcp", webTCP)
+	e.answers(e.w.Client(), "tcp", nodePort)
+
+	// 200 connections over 10 s, alternating a pod → ClusterIP and the
+	// off-node client → NodePort, while kp restarts in the middle.
+	const n = 200
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []string
+	restarted := make(chan error, 1)
+	tick := time.NewTicker(10 * time.Second / n)
+	defer tick.Stop()
+	for i := 0; i < n; i++ {
+		<-tick.C
+		if i == n/3 {
+			go func() { restarted <- e.kp.Restart() }()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns, addr := client.NS, webTCP
+			if i%2 == 1 {
+				ns, addr = e.w.Client(), nodePort
+			}
+			reply, err := e.w.Dial(ns, "tcp", addr, 5*time.Second)
+			name, _ := netns.ParseReply(reply)
+			if err != nil || !contains(e.podNames(pods[:3]...), name) {
+				mu.Lock()
+				failed = append(failed, fmt.Sprintf("#%d %s from %s: %q %v", i, addr, ns, reply, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := <-restarted; err != nil {
+		t.Fatalf("restart kp: %v", err)
+	}
+	slices.Sort(failed)
+	if len(failed) > 0 {
+		t.Errorf("%d of %d connections lost across a kp restart:\n%s", len(failed), n, strings.Join(failed, "\n"))
+	}
+	e.waitHealthy()
+	e.answers(client.NS, "tcp", webTCP)
+}

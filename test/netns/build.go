@@ -1,0 +1,96 @@
+package netns
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// binDirPrefix starts the name of the temporary folder binaries are built
+// into: kp-test-bin-PID-RANDOM.
+const binDirPrefix = "kp-test-bin-"
+
+// build caches the binaries built for this test process, one per package.
+var build struct {
+	mu   sync.Mutex
+	dir  string
+	bins map[string]*built
+}
+
+type built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Main runs a package's tests and then removes the binaries Build made for
+// them. Call it from TestMain: os.Exit(netns.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	build.mu.Lock()
+	defer build.mu.Unlock()
+	if build.dir != "" {
+		os.RemoveAll(build.dir)
+	}
+	return code
+}
+
+// Build compiles one main package of the kp module, named by its path from
+// the module root (for example "./cmd/kp" or "./test/echo"), once per test
+// process, and returns the binary's path.
+func Build(pkg string) (string, error) {
+	build.mu.Lock()
+	if build.bins == nil {
+		build.bins = map[string]*built{}
+	}
+	b := build.bins[pkg]
+	if b == nil {
+		b = &built{}
+		build.bins[pkg] = b
+	}
+	build.mu.Unlock()
+
+	b.once.Do(func() { b.path, b.err = goBuild(pkg) })
+	return b.path, b.err
+}
+
+func goBuild(pkg string) (string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	build.mu.Lock()
+	if build.dir == "" {
+		// The pid in the name lets SweepStale remove it if this run is killed.
+		build.dir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", binDirPrefix, os.Getpid()))
+	}
+	dir := build.dir
+	build.mu.Unlock()
+	if err != nil {
+		return "", fmt.Errorf("build %s: %w", pkg, err)
+	}
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, msg)
+	}
+	return out, nil
+}
+
+// ModuleRoot is the directory holding the kp module's go.mod.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find module root: go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("find module root: not inside a Go module")
+	}
+	return filepath.Dir(gomod), nil
+}

@@ -1,0 +1,157 @@
+package netns
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// ip runs one iproute2 command and returns its error with the output.
+func ip(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Exec runs a command inside namespace ns and returns its combined output.
+func Exec(ns string, cmd ...string) (string, error) {
+	args := append([]string{"netns", "exec", ns}, cmd...)
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("in %s: %s: %w: %s", ns, strings.Join(cmd, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+// InNamespace runs fn on an OS thread that has joined namespace ns. Sockets
+// fn opens belong to ns for their whole life, so they may be used from any
+// goroutine afterwards. Safe for concurrent use: each call has its own thread.
+func InNamespace(ns string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// The thread stays locked if it cannot be returned to its own
+		// namespace; the runtime then ends it with this goroutine instead of
+		// handing it to unrelated code.
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter %s: current namespace: %w", ns, err)
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromName(ns)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter %s: %w", ns, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter %s: %w", ns, err)
+			return
+		}
+		err = fn()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// DialConn opens a connection from inside namespace ns.
+func DialConn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := InNamespace(ns, func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// Dial asks the echo server at addr from inside namespace ns and returns its
+// reply line ("pod-1 10.0.2.2:40312") without the newline. network is "tcp"
+// or "udp" (or tcp4, udp6, …). For UDP one datagram is sent and one reply
+// awaited. timeout bounds the whole exchange. A refused connection (TCP reset
+// or ICMP unreachable) comes back as an error wrapping syscall.ECONNREFUSED.
+func Dial(ns, network, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := DialConn(ctx, ns, network, addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
+	if strings.HasPrefix(network, "udp") {
+		if _, err := c.Write([]byte("?\n")); err != nil {
+			return "", err
+		}
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("read reply from %s %s: %w", network, addr, err)
+	}
+	return strings.TrimSuffix(line, "\n"), nil
+}
+
+// ParseReply splits an echo reply into the server's name and the client
+// address it saw.
+func ParseReply(reply string) (name, client string) {
+	name, client, _ = strings.Cut(reply, " ")
+	return name, client
+}
+
+// HTTPGet fetches url from inside namespace ns and returns the status code
+// and body.
+func HTTPGet(ns, url string, timeout time.Duration) (int, string, error) {
+	client := &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			Proxy:             nil,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return DialConn(ctx, ns, network, addr)
+			},
+		},
+	}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, err = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String(), err
+}
+
+// setSysctls writes sysctls inside namespace ns, through /proc/sys as seen
+// by a thread in that namespace (no dependency on procps' sysctl).
+// Keys are dotted: "net.ipv4.ip_forward".
+func setSysctls(ns string, kv ...string) error {
+	return InNamespace(ns, func() error {
+		for i := 0; i+1 < len(kv); i += 2 {
+			p := filepath.Join("/proc/sys", strings.ReplaceAll(kv[i], ".", "/"))
+			if err := os.WriteFile(p, []byte(kv[i+1]), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s=%s in %s: %w", kv[i], kv[i+1], ns, err)
+			}
+		}
+		return nil
+	})
+}
