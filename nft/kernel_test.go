@@ -10,18 +10,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // testNetns creates a network namespace for one test and deletes it when the
 // test ends, whatever the outcome. It returns the name and an open fd.
 func testNetns(t *testing.T) (string, int) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs the nft CLI")
-	}
+	netns.Require(t, "nft")
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	name := "kp-nft-" + hex.EncodeToString(b)

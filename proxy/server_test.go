@@ -86,6 +86,26 @@ func (b *fakeBackend) expectSync(t *testing.T) *State {
 	}
 }
 
+// stepUntilSync advances the fake clock by d, again every 20 ms of real
+// time, until a sync arrives. Stepping once is racy: the runner may still be
+// finishing the previous sync, and then measures its next deadline from
+// after the step.
+func (b *fakeBackend) stepUntilSync(t *testing.T, clk *clocktesting.FakeClock, d time.Duration) *State {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		clk.Step(d)
+		select {
+		case s := <-b.states:
+			return s
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no sync")
+			return nil
+		}
+	}
+}
+
 func (b *fakeBackend) expectNoSync(t *testing.T) {
 	t.Helper()
 	select {
@@ -145,8 +165,7 @@ func TestRunSyncsOnlyAfterEverySourceSyncedThenFollowsChanges(t *testing.T) {
 	}
 
 	kube.updates <- func(s Sink) { s.OnService("ns", "web", nil) }
-	clk.Step(time.Second)
-	s = backend.expectSync(t)
+	s = backend.stepUntilSync(t, clk, time.Second)
 	if _, ok := s.Changed[web]; !ok || len(s.Services) != 0 {
 		t.Errorf("sync after delete: changed %v, services %v", s.Changed, s.Services)
 	}
@@ -162,8 +181,8 @@ func TestRunRetriesAFailedSyncWithTheLatestState(t *testing.T) {
 		t.Fatalf("first sync generation %d", s.Generation)
 	}
 	backend.expectNoSync(t)
-	clk.Step(time.Second) // the first backoff
-	if s := backend.expectSync(t); s.Generation != 2 || len(s.Services) != 1 {
+	// The first backoff is a second.
+	if s := backend.stepUntilSync(t, clk, time.Second); s.Generation != 2 || len(s.Services) != 1 {
 		t.Fatalf("retry: generation %d with %d services", s.Generation, len(s.Services))
 	}
 }
