@@ -42,7 +42,7 @@ func EndpointsFor(sp ServicePortName, slices []*discovery.EndpointSlice) ([]Endp
 func (e Endpoint) Equal(o Endpoint) bool {
 	return e.IP == o.IP && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
 		e.Terminating == o.Terminating && e.NodeName == o.NodeName && e.Zone == o.Zone &&
-		slices.Equal(e.ZoneHints, o.ZoneHints)
+		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
 }
 
 // EndpointsEqual reports whether two endpoint lists are equal, in order.
@@ -181,6 +181,9 @@ func endpointFrom(a netip.Addr, ep discovery.Endpoint) Endpoint {
 	if ep.Hints != nil {
 		for _, z := range ep.Hints.ForZones {
 			e.ZoneHints = append(e.ZoneHints, z.Name)
+		}
+		for _, n := range ep.Hints.ForNodes {
+			e.NodeHints = append(e.NodeHints, n.Name)
 		}
 	}
 	return e

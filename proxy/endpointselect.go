@@ -1,13 +1,86 @@
 package proxy
 
-// UsableEndpoints returns the endpoints that may receive new connections,
-// with upstream kube-proxy's rule: every ready endpoint; when none is ready,
-// the endpoints that are serving and terminating (so a rolling update's last
-// pods keep answering); never an endpoint that is not serving.
-func UsableEndpoints(eps []Endpoint) []Endpoint {
-	var ready, terminating []Endpoint
+import (
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// EndpointSelection is where one ServicePort's new connections may go from
+// this node, by upstream kube-proxy's rules (CategorizeEndpoints).
+type EndpointSelection struct {
+	// Cluster is for traffic under the Cluster policy: the ready
+	// endpoints, narrowed by topology hints when they apply; when no
+	// endpoint is ready anywhere, the serving and terminating ones (so a
+	// rolling update's last pods keep answering). Empty when the
+	// ServicePort never uses the Cluster policy.
+	Cluster []Endpoint
+	// Local is for traffic under the Local policy: this node's ready
+	// endpoints, else its serving and terminating ones. Empty when the
+	// ServicePort never uses the Local policy.
+	Local []Endpoint
+	// Usable reports whether some endpoint anywhere is ready, or serving
+	// and terminating. When it is false new connections are rejected at
+	// once; when it is true but a policy's list is empty, that policy's
+	// traffic is dropped, as upstream does.
+	Usable bool
+}
+
+// UsesClusterEndpoints reports whether some of the port's traffic follows
+// the Cluster policy (internal traffic with internalTrafficPolicy Cluster,
+// or external traffic with externalTrafficPolicy Cluster).
+func (sp *ServicePort) UsesClusterEndpoints() bool {
+	return !sp.InternalPolicyLocal || (sp.HasExternal() && !sp.ExternalPolicyLocal)
+}
+
+// UsesLocalEndpoints reports whether some of the port's traffic follows the
+// Local policy.
+func (sp *ServicePort) UsesLocalEndpoints() bool {
+	return sp.InternalPolicyLocal || (sp.HasExternal() && sp.ExternalPolicyLocal)
+}
+
+// SelectEndpoints splits eps (one ServicePort's endpoints, as in
+// State.Endpoints) by traffic policy for the proxy running on node.
+// Endpoints that are neither ready nor serving-and-terminating are never
+// selected. The result's lists keep the order of eps.
+func SelectEndpoints(sp *ServicePort, eps []Endpoint, node Node) EndpointSelection {
+	var sel EndpointSelection
+	if len(eps) == 0 {
+		return sel
+	}
 	for _, e := range eps {
+		if e.Ready || (e.Serving && e.Terminating) {
+			sel.Usable = true
+			break
+		}
+	}
+	if sp.UsesClusterEndpoints() {
+		hinted := derivedHints(sp, eps)
+		mode := topologyMode(hinted, node)
+		sel.Cluster = readyOrTerminating(eps, func(i int) bool { return mode.allows(hinted[i], node) })
+	}
+	if sp.UsesLocalEndpoints() {
+		sel.Local = readyOrTerminating(eps, func(i int) bool { return eps[i].NodeName == node.Name })
+	}
+	return sel
+}
+
+// UsableEndpoints returns the endpoints that may receive new connections
+// under the Cluster policy without topology: every ready endpoint; when none
+// is ready, the serving and terminating ones.
+func UsableEndpoints(eps []Endpoint) []Endpoint {
+	return readyOrTerminating(eps, func(int) bool { return true })
+}
+
+// readyOrTerminating returns the ready endpoints whose index keep passes;
+// when there is none, the serving and terminating ones whose index it passes. Topology needs
+// no second chance here: topologyMode already ignores hints that would leave
+// no ready endpoint.
+func readyOrTerminating(eps []Endpoint, keep func(i int) bool) []Endpoint {
+	var ready, terminating []Endpoint
+	for i, e := range eps {
 		switch {
+		case !keep(i):
 		case e.Ready:
 			ready = append(ready, e)
 		case e.Serving && e.Terminating:
@@ -18,4 +91,90 @@ func UsableEndpoints(eps []Endpoint) []Endpoint {
 		return ready
 	}
 	return terminating
+}
+
+// topology is how hints narrow the Cluster policy's endpoints.
+type topology int
+
+const (
+	topologyNone topology = iota
+	topologySameZone
+	topologySameNode
+)
+
+func (t topology) allows(e Endpoint, node Node) bool {
+	switch t {
+	case topologySameNode:
+		return slices.Contains(e.NodeHints, node.Name)
+	case topologySameZone:
+		return slices.Contains(e.ZoneHints, node.Zone())
+	}
+	return true
+}
+
+// topologyMode decides, as upstream does, whether the hints apply: node hints
+// when every ready endpoint has one and some endpoint is hinted for this
+// node; else zone hints when every ready endpoint has one and some endpoint
+// is hinted for this node's zone; else none (incomplete hints are ignored
+// rather than followed part way).
+func topologyMode(eps []Endpoint, node Node) topology {
+	var ready, allNode, forNode, allZone, forZone = false, true, false, true, false
+	for _, e := range eps {
+		if !e.Ready {
+			continue
+		}
+		ready = true
+		if len(e.NodeHints) == 0 {
+			allNode = false
+		} else if slices.Contains(e.NodeHints, node.Name) {
+			forNode = true
+		}
+		if len(e.ZoneHints) == 0 {
+			allZone = false
+		} else if slices.Contains(e.ZoneHints, node.Zone()) {
+			forZone = true
+		}
+	}
+	switch {
+	case !ready:
+		return topologyNone
+	case allNode && forNode:
+		return topologySameNode
+	case allZone && forZone:
+		return topologySameZone
+	}
+	return topologyNone
+}
+
+// derivedHints returns eps with hints derived from spec.trafficDistribution
+// when no ready endpoint has any, else eps unchanged. A folder of manifests
+// has no EndpointSlice controller to write hints, so kp derives them as the
+// controller would: each endpoint hinted for its own zone (PreferClose,
+// PreferSameZone), and its own node too (PreferSameNode). Slices written by
+// the controller already carry these hints, so this changes nothing there.
+func derivedHints(sp *ServicePort, eps []Endpoint) []Endpoint {
+	var byNode bool
+	switch sp.TrafficDistribution {
+	case v1.ServiceTrafficDistributionPreferClose, v1.ServiceTrafficDistributionPreferSameZone:
+	case v1.ServiceTrafficDistributionPreferSameNode:
+		byNode = true
+	default:
+		return eps
+	}
+	if slices.ContainsFunc(eps, func(e Endpoint) bool {
+		return e.Ready && (len(e.ZoneHints) > 0 || len(e.NodeHints) > 0)
+	}) {
+		return eps
+	}
+	out := slices.Clone(eps)
+	for i, e := range out {
+		// PreferSameNode falls back to the zone: the controller hints both.
+		if byNode && e.NodeName != "" {
+			out[i].NodeHints = []string{e.NodeName}
+		}
+		if e.Zone != "" {
+			out[i].ZoneHints = []string{e.Zone}
+		}
+	}
+	return out
 }

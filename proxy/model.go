@@ -72,9 +72,13 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 
-	NodeName  string
-	Zone      string
+	NodeName string
+	Zone     string
+	// ZoneHints and NodeHints are the EndpointSlice's hints.forZones and
+	// hints.forNodes: where the EndpointSlice controller wants the endpoint
+	// used (topology-aware routing, trafficDistribution).
 	ZoneHints []string
+	NodeHints []string
 }
 
 // AddrPort is the endpoint's address and port.
