@@ -31,19 +31,27 @@ type Backend struct {
 	defaultAddrs func() ([]netip.Addr, error)
 	probeNsFd    int
 
-	// model is what kp knows is in each table; nil means unknown (start,
-	// or after a failed transaction): the next sync reads the kernel.
-	model map[family]*tableState
-	// owned holds each service port's objects as last written, per family.
-	owned    map[family]map[proxy.ServicePortName]*view
-	skel     map[family]*view
+	// tables is what kp knows of each of its tables; nil means unknown
+	// (start, or after a failed transaction): the next sync reads the
+	// kernel and reconciles everything.
+	tables   map[family]*tableBook
 	lastFull time.Time
 
 	lastNodePortIPs []netip.Addr
 
-	// LastTransaction is the size of the last applied batch, for metrics
-	// and tests.
+	// lastOps is the size of the last applied batch, for tests.
 	lastOps int
+	// lastFullSync reports whether the last Sync re-rendered everything.
+	lastFullSync bool
+}
+
+// tableBook is kp's bookkeeping of one table: what is in the kernel, and
+// which service port wrote what.
+type tableBook struct {
+	model  *tableState
+	owned  map[proxy.ServicePortName]*view // each service port's objects as last written
+	owners elementOwners
+	skel   *view
 }
 
 // New returns the nftables backend for cfg, acting in the calling process's
@@ -86,15 +94,17 @@ func (b *Backend) Mode() proxy.Mode { return proxy.ModeNFTables }
 // LastTransactionOps is the number of operations in the last applied batch.
 func (b *Backend) LastTransactionOps() int { return b.lastOps }
 
+// LastSyncFull reports whether the last Sync re-rendered every service port
+// (proxy.FullSyncReporter).
+func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
+
 // Sync makes kp's tables match s in one transaction. After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
 // a failure, when the Node changed, and every fullSyncInterval.
 func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
-	full := b.model == nil || s.NodeChanged || b.now().Sub(b.lastFull) > fullSyncInterval
-	if b.model == nil {
-		b.model = map[family]*tableState{}
-		b.owned = map[family]map[proxy.ServicePortName]*view{}
-		b.skel = map[family]*view{}
+	full := b.tables == nil || s.NodeChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	if b.tables == nil {
+		b.tables = map[family]*tableBook{}
 	}
 	npIPs, err := b.nodePortIPs(s)
 	if err != nil {
@@ -102,80 +112,112 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		npIPs = b.lastNodePortIPs
 	}
 	tx := &Transaction{}
-	newOwned := map[family]map[proxy.ServicePortName]*view{}
-	newSkel := map[family]*view{}
 	for _, f := range families {
-		model := b.model[f]
-		if model == nil {
-			var err error
-			if model, err = b.conn.Read(f); err != nil {
-				b.model = nil
+		book := b.tables[f]
+		if book == nil {
+			model, err := b.conn.Read(f)
+			if err != nil {
+				b.tables = nil
 				return fmt.Errorf("read %s %s: %w", f.name, TableName, err)
 			}
 			if model == nil {
 				tx.addTable(f)
 				model = newTableState()
 			}
-			b.model[f] = model
+			book = &tableBook{model: model}
+			b.tables[f] = book
 			full = true
 		}
-		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.ClusterCIDRs))
-		newSkel[f] = skel
+		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.ClusterCIDRs),
+			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
 		if full {
-			want := newView()
-			want.merge(skel)
-			owned := map[proxy.ServicePortName]*view{}
-			for name, sp := range s.Services {
-				v := b.render(f, sp, s.Endpoints[name])
-				owned[name] = v
-				want.merge(v)
-			}
-			scope := modelView(model)
-			scope.merge(want)
-			diff(tx, f, model, want, scope)
-			newOwned[f] = owned
-			continue
+			b.syncFull(tx, f, book, s, skel)
+		} else {
+			b.syncChanged(tx, f, book, s, skel)
 		}
-		scope := newView()
-		scope.merge(b.skel[f])
-		scope.merge(skel)
-		diff(tx, f, model, skel, scope)
-		owned := b.owned[f]
-		for name := range s.Changed {
-			old := owned[name]
-			var v *view
-			if sp := s.Services[name]; sp != nil {
-				v = b.render(f, sp, s.Endpoints[name])
-			} else {
-				v = newView()
-			}
-			scope := newView()
-			scope.merge(old)
-			scope.merge(v)
-			diff(tx, f, model, v, scope)
-			if s.Services[name] != nil {
-				owned[name] = v
-			} else {
-				delete(owned, name)
-			}
-		}
-		newOwned[f] = owned
+		book.skel = skel
 	}
 	if err := ctx.Err(); err != nil {
-		b.model = nil
+		b.tables = nil
 		return err
 	}
 	if err := b.conn.Apply(tx); err != nil {
-		b.model = nil // unknown now: re-read and reconcile next time
+		b.tables = nil // unknown now: re-read and reconcile next time
 		return fmt.Errorf("apply nftables transaction: %w", err)
 	}
-	b.lastOps = tx.Len()
-	b.owned, b.skel, b.lastNodePortIPs = newOwned, newSkel, npIPs
+	b.lastOps, b.lastFullSync, b.lastNodePortIPs = tx.Len(), full, npIPs
 	if full {
 		b.lastFull = b.now()
 	}
 	b.log.Debug("nftables sync", "full", full, "operations", tx.Len(), "changed", len(s.Changed))
 	return nil
+}
+
+// syncFull renders every service port and removes whatever else the table
+// holds.
+func (b *Backend) syncFull(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
+	book.owned = make(map[proxy.ServicePortName]*view, len(s.Services))
+	book.owners = elementOwners{}
+	rendered := newView()
+	for name, sp := range s.Services {
+		v := b.render(f, sp, s.Endpoints[name], s.Node)
+		book.owned[name] = v
+		book.owners.add(name, v)
+		rendered.merge(v)
+	}
+	want := wantOf(skel, rendered, book.owners)
+	scope := modelView(book.model)
+	scope.merge(want)
+	diff(tx, f, book.model, want, scope)
+}
+
+// syncChanged renders the changed service ports only, and the skeleton.
+func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
+	touched := newView() // old and new objects of the changed ports
+	rendered := newView()
+	for name := range s.Changed {
+		old := book.owned[name]
+		v := newView()
+		if sp := s.Services[name]; sp != nil {
+			v = b.render(f, sp, s.Endpoints[name], s.Node)
+			book.owned[name] = v
+		} else {
+			delete(book.owned, name)
+		}
+		if old != nil {
+			book.owners.remove(name, old)
+		}
+		book.owners.add(name, v)
+		touched.merge(old)
+		touched.merge(v)
+		rendered.merge(v)
+	}
+	want := wantOf(skel, rendered, book.owners)
+	// Elements of unchanged ports that a changed one shared stay wanted.
+	for set, es := range book.owners.resolve(touched) {
+		for _, e := range es {
+			want.addElement(set, e)
+		}
+	}
+	scope := newView()
+	scope.merge(book.skel)
+	scope.merge(touched)
+	scope.merge(want)
+	diff(tx, f, book.model, want, scope)
+}
+
+// wantOf is the skeleton plus rendered objects, with every shared element
+// resolved to its owner's value.
+func wantOf(skel, rendered *view, owners elementOwners) *view {
+	want := newView()
+	want.merge(skel)
+	want.mergeObjects(rendered)
+	for set, es := range owners.resolve(rendered) {
+		for _, e := range es {
+			want.addElement(set, e)
+		}
+	}
+	return want
 }
 
 // Cleanup deletes kp's tables, and nothing else in the ruleset.
@@ -196,7 +238,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	if tx.Len() > 0 {
 		b.log.Info("removed kp's nftables tables", "tables", tx.Len())
 	}
-	b.model = nil
+	b.tables = nil
 	return nil
 }
 

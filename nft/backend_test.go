@@ -131,7 +131,8 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 	w.setEndpoints(n, "10.244.1.2:80")
 	mustSync(t, b, w.state())
 	dump = fake.Dump()
-	if strings.Contains(dump, "goto reject-chain") || !strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto svc-demo/empty/tcp/80") {
+	if strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto reject-chain") || strings.Contains(dump, "tcp . 30081 : goto reject-chain") ||
+		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto svc-demo/empty/tcp/80") {
 		t.Errorf("after the first endpoint appeared:\n%s", dump)
 	}
 }

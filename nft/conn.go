@@ -30,15 +30,15 @@ type Counter struct{ Packets, Bytes uint64 }
 // tableState is what kp knows is in one of its tables.
 type tableState struct {
 	chains   map[string]string            // chain name → digest ("" = unknown: rewrite)
-	sets     map[string]bool              // named sets and maps
-	elements map[string]map[string]string // set → hex(key) → verdict chain ("" for plain sets)
+	sets     map[string]string            // named sets and maps → Set.digest
+	elements map[string]map[string]string // set → hex(key) → Element.value (not for dynamic sets)
 	counters map[string]bool
 }
 
 func newTableState() *tableState {
 	return &tableState{
 		chains:   map[string]string{},
-		sets:     map[string]bool{},
+		sets:     map[string]string{},
 		elements: map[string]map[string]string{},
 		counters: map[string]bool{},
 	}
@@ -94,6 +94,8 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 		if err := conn.AddSet(nfSet(t, o.set), nil); err != nil {
 			return fmt.Errorf("add set %s: %w", o.set.Name, err)
 		}
+	case opDelSet:
+		conn.DelSet(nfSet(t, o.set))
 	case opAddCounter:
 		conn.AddObj(&nftables.CounterObj{Table: t, Name: o.name})
 	case opDelCounter:
@@ -107,12 +109,15 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 	case opAddRule:
 		r := o.rule
 		if len(r.VMap) > 0 {
+			// Keys in network byte order: the rule converts numgen's
+			// output (see numgenVMap), and google/nftables declares every
+			// anonymous set's keys big-endian, so nft lists them right.
 			anon := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true,
-				KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}
+				KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.BigEndian}
 			elems := make([]nftables.SetElement, len(r.VMap))
-			for i, e := range r.VMap {
-				elems[i] = nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(e.Key),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}}
+			for i, chain := range r.VMap {
+				elems[i] = nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(uint32(i)),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}
 			}
 			if err := conn.AddSet(anon, elems); err != nil {
 				return fmt.Errorf("add anonymous map in chain %s: %w", o.chain.Name, err)
@@ -129,8 +134,13 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 		elems := make([]nftables.SetElement, len(o.elems))
 		for i, e := range o.elems {
 			elems[i] = nftables.SetElement{Key: e.Key, IntervalEnd: e.KeyEnd, Comment: e.Comment}
-			if e.Goto != "" && o.kind == opAddElement {
-				elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
+			if o.kind == opAddElement {
+				switch {
+				case e.Drop:
+					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
+				case e.Goto != "":
+					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
+				}
 			}
 		}
 		var err error
@@ -148,9 +158,15 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 
 func nfSet(t *nftables.Table, s *Set) *nftables.Set {
 	ns := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Concatenation: s.Concat,
-		Interval: s.Interval, Comment: s.Comment}
+		Interval: s.Interval, Comment: s.Comment, Dynamic: s.Dynamic}
 	if s.VMap {
 		ns.IsMap, ns.DataType = true, nftables.TypeVerdict
+	}
+	if s.HostOrder {
+		ns.KeyByteOrder = binaryutil.NativeEndian
+	}
+	if s.Timeout > 0 {
+		ns.HasTimeout, ns.Timeout = true, s.Timeout
 	}
 	return ns
 }
@@ -199,18 +215,24 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 		if s.Anonymous {
 			continue
 		}
-		st.sets[s.Name] = true
+		st.sets[s.Name] = (&Set{Dynamic: s.Dynamic, Timeout: s.Timeout}).digest()
+		if s.Dynamic {
+			continue // filled by packets, not by kp
+		}
 		elems, err := conn.GetSetElements(s)
 		if err != nil {
 			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
 		}
 		m := map[string]string{}
 		for _, e := range elems {
-			v := ""
-			if e.VerdictData != nil {
-				v = e.VerdictData.Chain
+			v := Element{}
+			if d := e.VerdictData; d != nil {
+				v.Drop = d.Kind == expr.VerdictDrop
+				if d.Kind == expr.VerdictGoto {
+					v.Goto = d.Chain
+				}
 			}
-			m[keyID(e.Key, e.IntervalEnd)] = v
+			m[keyID(e.Key, e.IntervalEnd)] = v.value()
 		}
 		st.elements[s.Name] = m
 	}

@@ -1,20 +1,30 @@
 package nft
 
+import "strings"
+
 // diff appends to tx what turns the kernel's table (model) into want, for the
 // objects in scope: a scoped object absent from want is deleted; an object in
 // want that differs from the model is written. model is updated as if tx
 // succeeds (the caller re-reads the kernel when it does not).
 //
-// Order matters within the one batch: chains and counters are created before
-// rules that jump to or name them, and references (map elements, rules of
-// rewritten chains) go before the chains they pointed at are deleted.
+// Order matters within the one batch, which the kernel checks as it goes:
+// what a rule or element names (chains, sets, counters) exists before it;
+// a set declared anew (its timeout changed) is deleted only after the rules
+// naming it are flushed; references to a chain or set go before it does.
 func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
+	var replaced []*Set
 	for _, name := range sortedKeys(want.sets) {
-		if !model.sets[name] {
-			tx.addSet(f, want.sets[name])
-			model.sets[name] = true
+		s := want.sets[name]
+		cur, exists := model.sets[name]
+		switch {
+		case !exists:
+			tx.addSet(f, s)
+			model.elements[name] = map[string]string{}
+		case cur != s.digest():
+			replaced = append(replaced, s)
 			model.elements[name] = map[string]string{}
 		}
+		model.sets[name] = s.digest()
 	}
 	for _, name := range sortedKeys(want.counters) {
 		if !model.counters[name] {
@@ -22,14 +32,16 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			model.counters[name] = true
 		}
 	}
+
 	// A chain that exists is flushed and rewritten in the same batch, so
-	// packets see either its old or its new rules, never none.
+	// packets see either its old or its new rules, never none. Chains that
+	// name a replaced set are rewritten whatever their digest.
 	var rewrite []*Chain
 	for _, name := range sortedKeys(want.chains) {
 		c := want.chains[name]
 		d := c.digest()
 		old, exists := model.chains[name]
-		if exists && old == d {
+		if exists && old == d && !namesAny(c, replaced) {
 			continue
 		}
 		if exists {
@@ -40,6 +52,10 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		rewrite = append(rewrite, c)
 		model.chains[name] = d
 	}
+	for _, s := range replaced {
+		tx.delSet(f, s)
+		tx.addSet(f, s)
+	}
 	for _, c := range rewrite {
 		for i := range c.Rules {
 			tx.addRule(f, c, &c.Rules[i])
@@ -47,20 +63,22 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 	}
 
 	for _, set := range sortedKeys(scope.elements) {
+		if goneSet(set, want, scope) {
+			continue // its elements go with it
+		}
 		var del []Element
 		for _, k := range sortedKeys(scope.elements[set]) {
 			e := scope.elements[set][k]
 			if _, keep := want.elements[set][k]; keep {
 				continue
 			}
-			// Delete only what is still ours: another service port may
-			// have taken the key over since.
+			// Delete only what is in the kernel as kp recorded it.
 			if cur, ok := model.elements[set][k]; ok && cur == e.value() {
 				del = append(del, e)
 				delete(model.elements[set], k)
 			}
 		}
-		tx.delElements(f, setByName(f, set), del)
+		tx.delElements(f, setOf(f, set, want, scope), del)
 	}
 	for _, set := range sortedKeys(want.elements) {
 		var del, add []Element
@@ -81,8 +99,9 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			add = append(add, e)
 			m[k] = e.value()
 		}
-		tx.delElements(f, setByName(f, set), del)
-		tx.addElements(f, setByName(f, set), add)
+		s := setOf(f, set, want, scope)
+		tx.delElements(f, s, del)
+		tx.addElements(f, s, add)
 	}
 
 	var gone []*Chain
@@ -95,8 +114,17 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			delete(model.chains, name)
 		}
 	}
+	// Rules name sets and map elements name chains: flush the chains, then
+	// delete the sets, then the chains.
 	for _, c := range gone {
 		tx.flushChain(f, c)
+	}
+	for _, name := range sortedKeys(scope.sets) {
+		if _, ok := model.sets[name]; ok && goneSet(name, want, scope) {
+			tx.delSet(f, scope.sets[name])
+			delete(model.sets, name)
+			delete(model.elements, name)
+		}
 	}
 	for _, c := range gone {
 		tx.delChain(f, c)
@@ -110,6 +138,36 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 	}
 }
 
+func goneSet(name string, want, scope *view) bool {
+	_, inScope := scope.sets[name]
+	_, wanted := want.sets[name]
+	return inScope && !wanted
+}
+
+// namesAny reports whether a rule of c refers to one of sets.
+func namesAny(c *Chain, sets []*Set) bool {
+	for _, s := range sets {
+		for i := range c.Rules {
+			if strings.Contains(c.Rules[i].Text, "@"+s.Name+" ") || strings.HasSuffix(c.Rules[i].Text, "@"+s.Name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// setOf returns the declaration of the named set: from the views when one
+// declares it, else kp's static one (element operations only need its name
+// and key type).
+func setOf(f family, name string, views ...*view) *Set {
+	for _, v := range views {
+		if s := v.sets[name]; s != nil && s.KeyType.Bytes != 0 {
+			return s
+		}
+	}
+	return setByName(f, name)
+}
+
 // modelView lists everything in the model as a scope, for full syncs that
 // must also remove what nobody wants any more.
 func modelView(m *tableState) *view {
@@ -117,10 +175,13 @@ func modelView(m *tableState) *view {
 	for name := range m.chains {
 		v.chains[name] = &Chain{Name: name}
 	}
+	for name := range m.sets {
+		v.sets[name] = &Set{Name: name}
+	}
 	for set, es := range m.elements {
 		em := map[string]Element{}
 		for k, val := range es {
-			em[k] = Element{Key: keyBytes(k), KeyEnd: isEndKey(k), KeyText: k, Goto: val}
+			em[k] = elementFromValue(k, val)
 		}
 		v.elements[set] = em
 	}

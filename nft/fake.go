@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -113,10 +114,23 @@ func applyFake(tables map[string]*FakeTable, o op) error {
 	case opDelTable:
 		delete(tables, o.fam.name)
 	case opAddSet:
-		if _, ok := t.Sets[o.set.Name]; !ok {
+		if cur, ok := t.Sets[o.set.Name]; ok {
+			if cur.digest() != o.set.digest() {
+				return fmt.Errorf("add set %s: exists with another declaration", o.set.Name)
+			}
+		} else {
 			t.Sets[o.set.Name] = o.set
 			t.Elements[o.set.Name] = map[string]Element{}
 		}
+	case opDelSet:
+		if _, ok := t.Sets[o.set.Name]; !ok {
+			return fmt.Errorf("delete missing set %s", o.set.Name)
+		}
+		if refs := fakeSetRefs(t, o.set.Name); refs != "" {
+			return fmt.Errorf("delete set %s: still referenced by %s", o.set.Name, refs)
+		}
+		delete(t.Sets, o.set.Name)
+		delete(t.Elements, o.set.Name)
 	case opAddCounter:
 		t.Counters[o.name] = true
 	case opDelCounter:
@@ -145,6 +159,11 @@ func applyFake(tables map[string]*FakeTable, o op) error {
 		if _, ok := t.Chains[o.chain.Name]; !ok {
 			return fmt.Errorf("add rule to missing chain %s", o.chain.Name)
 		}
+		for _, set := range ruleSets(o.rule.Text) {
+			if _, ok := t.Sets[set]; !ok {
+				return fmt.Errorf("rule in %s names missing set %s", o.chain.Name, set)
+			}
+		}
 		if strings.Contains(o.rule.Text, "counter name") {
 			name := strings.SplitN(strings.SplitN(o.rule.Text, "counter name \"", 2)[1], "\"", 2)[0]
 			if !t.Counters[name] {
@@ -167,7 +186,10 @@ func applyFake(tables map[string]*FakeTable, o op) error {
 				delete(es, k)
 				continue
 			}
-			if exists && cur.Goto != e.Goto {
+			if t.Sets[o.set.Name].Dynamic {
+				return fmt.Errorf("add element %s to dynamic set %s: only packets fill it", e.KeyText, o.set.Name)
+			}
+			if exists && cur.value() != e.value() {
 				return fmt.Errorf("add element %s to %s: exists with another value", e.KeyText, o.set.Name)
 			}
 			if e.Goto != "" {
@@ -179,6 +201,28 @@ func applyFake(tables map[string]*FakeTable, o op) error {
 		}
 	}
 	return nil
+}
+
+// ruleSets lists the named sets a rule refers to ("@name").
+func ruleSets(rule string) []string {
+	var out []string
+	for _, f := range strings.Fields(rule) {
+		if name, ok := strings.CutPrefix(f, "@"); ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func fakeSetRefs(t *FakeTable, set string) string {
+	for name, rules := range t.Chains {
+		for _, r := range rules {
+			if slices.Contains(ruleSets(r), set) {
+				return "chain " + name
+			}
+		}
+	}
+	return ""
 }
 
 func fakeRefs(t *FakeTable, chain string) string {
@@ -211,10 +255,13 @@ func (f *Fake) Read(fam family) (*tableState, error) {
 		st.chains[c] = ""
 	}
 	for s, es := range t.Elements {
-		st.sets[s] = true
+		st.sets[s] = t.Sets[s].digest()
+		if t.Sets[s].Dynamic {
+			continue
+		}
 		m := map[string]string{}
 		for k, e := range es {
-			m[k] = e.Goto
+			m[k] = e.value()
 		}
 		st.elements[s] = m
 	}
@@ -243,8 +290,8 @@ func (f *Fake) Dump() string {
 		for _, s := range sortedKeys(t.Elements) {
 			var es []string
 			for _, e := range t.Elements[s] {
-				if e.Goto != "" {
-					es = append(es, fmt.Sprintf("%s : goto %s", e.KeyText, e.Goto))
+				if v := e.value(); v != "" {
+					es = append(es, fmt.Sprintf("%s : %s", e.KeyText, v))
 				} else {
 					es = append(es, e.KeyText)
 				}

@@ -61,7 +61,8 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 	listing := nftIn(t, ns, "list", "ruleset")
 	for _, want := range []string{
 		`comment "demo/web:http"`,
-		"numgen random mod 2 vmap",
+		// numgen's keys in host order would list as 16777216.
+		"numgen random mod 2 vmap { 0 : goto ep-demo/web/tcp/http__10.244.1.2/8080, 1 : goto ep-demo/web/tcp/http__10.244.1.3/8080 }",
 		"dnat to 10.244.1.3:8080",
 		`10.96.0.11 . tcp . 53 comment "demo/empty" : goto reject-chain`,
 		"counter ep-demo/web/tcp/http__10.244.1.2/8080",
@@ -78,6 +79,9 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 		t.Fatal(err)
 	}
 	nftIn(t, ns2, "-f", path)
+	if reloaded := nftIn(t, ns2, "list", "ruleset"); reloaded != listing {
+		t.Errorf("the listing does not reload to itself:\n--- kp wrote ---\n%s\n--- reloaded ---\n%s", listing, reloaded)
+	}
 
 	// Partial sync against the real kernel, then a new backend (kp
 	// restarted) reconciling over the existing table.

@@ -18,16 +18,11 @@ type Rule struct {
 	Exprs   []expr.Any
 	Text    string
 	Comment string
-	// VMap, when set, is an anonymous verdict map the rule looks up; the
-	// connection creates it in the same batch and points lookup at it.
-	VMap   []VMapElement
+	// VMap, when set, is an anonymous verdict map from 0..n-1 to "goto
+	// VMap[i]" that the rule looks up; the connection creates it in the
+	// same batch and points lookup at it.
+	VMap   []string
 	lookup *expr.Lookup
-}
-
-// VMapElement maps an integer key to "goto Chain" in an anonymous verdict map.
-type VMapElement struct {
-	Key   uint32
-	Chain string
 }
 
 // String is the rule in nft syntax, with its comment.
@@ -44,7 +39,7 @@ type ruleBuilder struct {
 	fam   family
 	exprs []expr.Any
 	text  []string
-	vmap  []VMapElement
+	vmap  []string
 	look  *expr.Lookup
 }
 
@@ -208,17 +203,39 @@ func (b *ruleBuilder) dnat(proto uint8, to netip.AddrPort) *ruleBuilder {
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: famNum, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
 }
 
-// numgenVMap spreads over n chains: "numgen random mod n vmap { 0 : goto a, ... }".
+// numgenVMap spreads over chains: "numgen random mod n vmap { 0 : goto a,
+// ... }". numgen writes a host-order integer; it is converted to network
+// order before the lookup because google/nftables declares the keys of
+// anonymous maps big-endian whatever the caller asks, and nft reads keys by
+// that declaration: without the conversion "nft list" would show 1 as
+// 16777216 and a reloaded listing would never match. nft folds the
+// conversion away when it lists the rule.
 func (b *ruleBuilder) numgenVMap(chains []string) *ruleBuilder {
 	elems := make([]string, len(chains))
-	b.vmap = make([]VMapElement, len(chains))
 	for i, c := range chains {
 		elems[i] = fmt.Sprintf("%d : goto %s", i, c)
-		b.vmap[i] = VMapElement{Key: uint32(i), Chain: c}
 	}
+	b.vmap = chains
 	b.look = &expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0}
 	return b.add(fmt.Sprintf("numgen random mod %d vmap { %s }", len(chains), strings.Join(elems, ", ")),
-		&expr.Numgen{Register: 1, Modulus: uint32(len(chains)), Type: unix.NFT_NG_RANDOM}, b.look)
+		&expr.Numgen{Register: 1, Modulus: uint32(len(chains)), Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		b.look)
+}
+
+// updateSet adds the packet's address to a dynamic set, or refreshes its
+// timeout: "update @set { ip saddr }" (session affinity).
+func (b *ruleBuilder) updateSet(src bool, set string) *ruleBuilder {
+	return b.add(fmt.Sprintf("update @%s { %s %s }", set, b.fam.name, addrField(src)),
+		b.loadAddr(src, 1), &expr.Dynset{SrcRegKey: 1, SetName: set, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)})
+}
+
+// fibSaddrLocal matches "fib saddr type local": the packet was sent by this
+// node itself (any of its addresses).
+func (b *ruleBuilder) fibSaddrLocal() *ruleBuilder {
+	return b.add("fib saddr type local",
+		&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
 }
 
 func (b *ruleBuilder) verdict(kind expr.VerdictKind, chain string) *ruleBuilder {

@@ -12,8 +12,9 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// serviceChainBase names a service port in chain names:
+// serviceChainBase names a service port in object names:
 // "namespace/name/protocol/port" (port name, or number when unnamed).
+// Kubernetes names cannot hold '/', so no two service ports share one.
 func serviceChainBase(sp *proxy.ServicePort) string {
 	port := sp.Name.Port
 	if port == "" {
@@ -22,13 +23,27 @@ func serviceChainBase(sp *proxy.ServicePort) string {
 	return fmt.Sprintf("%s/%s/%s/%s", sp.Name.Namespace, sp.Name.Name, strings.ToLower(string(sp.Protocol)), port)
 }
 
+// Per service port: the chain of each traffic policy (svc- for Cluster,
+// local- for Local), the chain of external traffic, and the source-range
+// firewall (a chain and a set of the same name).
 func serviceChainName(sp *proxy.ServicePort) string  { return "svc-" + serviceChainBase(sp) }
+func localChainName(sp *proxy.ServicePort) string    { return "local-" + serviceChainBase(sp) }
 func externalChainName(sp *proxy.ServicePort) string { return "ext-" + serviceChainBase(sp) }
+func firewallName(sp *proxy.ServicePort) string      { return "firewall-" + serviceChainBase(sp) }
 
-// endpointChainName: nft's parser rejects ':' in chain names, so IPv6
-// colons are spelled as dots.
+// endpointID names one endpoint of a service port. nft's parser rejects ':'
+// in names, so IPv6 colons are spelled as dots.
+func endpointID(sp *proxy.ServicePort, ep proxy.Endpoint) string {
+	return fmt.Sprintf("%s__%s/%d", serviceChainBase(sp), strings.ReplaceAll(ep.IP.String(), ":", "."), ep.Port)
+}
+
+// endpointChainName is the endpoint's chain and the name of its counter of
+// new connections; affinitySetName its session affinity set.
 func endpointChainName(sp *proxy.ServicePort, ep proxy.Endpoint) string {
-	return fmt.Sprintf("ep-%s__%s/%d", serviceChainBase(sp), strings.ReplaceAll(ep.IP.String(), ":", "."), ep.Port)
+	return "ep-" + endpointID(sp, ep)
+}
+func affinitySetName(sp *proxy.ServicePort, ep proxy.Endpoint) string {
+	return "affinity-" + endpointID(sp, ep)
 }
 
 func protoNumber(p v1.Protocol) uint8 {
@@ -54,91 +69,255 @@ func pad4(k []byte) []byte {
 	return k
 }
 
-// render builds every object that belongs to one service port in family f.
-func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint) *view {
+// serviceRender builds the objects of one service port in one family.
+type serviceRender struct {
+	b       *Backend
+	f       family
+	sp      *proxy.ServicePort
+	v       *view
+	comment string
+	proto   uint8
+}
+
+// render builds every object that belongs to one service port in family f,
+// following upstream kube-proxy's nftables mode: ClusterIPs lead to the
+// internal policy's chain, external addresses and the NodePort to the
+// external chain; a policy with no endpoint rejects (no usable endpoint
+// anywhere) or drops (none for that policy) in the filter hooks.
+func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
 	v := newView()
 	clusterIPs := proxy.FilterAddrs(f.pf, sp.ClusterIPs)
-	external := append(proxy.FilterAddrs(f.pf, sp.ExternalIPs), proxy.FilterAddrs(f.pf, sp.LoadBalancerIPs)...)
 	if len(clusterIPs) == 0 {
-		// A single-stack service of the other family has nothing here.
-		return v
+		return v // a single-stack service of the other family
 	}
-	comment := sp.Name.String()
-	proto := protoNumber(sp.Protocol)
-	protoText := protoName(proto)
-
-	var usable []proxy.Endpoint
-	for _, e := range proxy.UsableEndpoints(eps) {
-		if f.pf.Has(e.IP) {
-			usable = append(usable, e)
-		}
+	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: sp.Name.String(), proto: protoNumber(sp.Protocol)}
+	sel := proxy.SelectEndpoints(sp, familyEndpoints(f, eps), node)
+	noEndpoint := Element{Goto: chainReject}
+	if sel.Usable {
+		noEndpoint = Element{Drop: true}
 	}
 
-	svcChain, extChain := serviceChainName(sp), externalChainName(sp)
-	hasExternal := len(external) > 0 || sp.NodePort != 0
-	target := func(set string, addr netip.Addr, goTo string) {
-		e := Element{Key: pad4(addrProtoPortKey(addr, proto, sp.Port)),
-			KeyText: keyText(addr.String(), protoText, fmt.Sprint(sp.Port)), Goto: goTo, Comment: comment}
-		v.addElement(set, e)
+	var clusterChain, localChain string
+	if len(sel.Cluster) > 0 {
+		clusterChain = r.policyChain(serviceChainName(sp), sel.Cluster, r.clusterMasquerade(nil))
 	}
-	nodePort := func(set string, goTo string) {
-		k := pad4(binary.BigEndian.AppendUint16([]byte{proto, 0, 0, 0}, uint16(sp.NodePort)))
-		v.addElement(set, Element{Key: k, KeyText: keyText(protoText, fmt.Sprint(sp.NodePort)), Goto: goTo, Comment: comment})
+	if len(sel.Local) > 0 {
+		var masq []Rule
+		if sp.InternalPolicyLocal {
+			// The local chain is the ClusterIPs' path too: masquerade
+			// as for them, but not for external traffic, whose source
+			// the Local policy keeps.
+			masq = r.clusterMasquerade(clusterIPs)
+		}
+		localChain = r.policyChain(localChainName(sp), sel.Local, masq)
 	}
 
-	if len(usable) == 0 {
-		for _, a := range clusterIPs {
-			target(mapNoEndpointServices, a, chainReject)
-		}
-		for _, a := range external {
-			target(mapNoEndpointServices, a, chainReject)
-		}
-		if sp.NodePort != 0 {
-			nodePort(mapNoEndpointNodePorts, chainReject)
-		}
-		return v
+	internal := clusterChain
+	if sp.InternalPolicyLocal {
+		internal = localChain
 	}
-
-	// Service chain: masquerade decision, then a random endpoint.
-	svc := &Chain{Name: svcChain}
-	if b.cfg.MasqueradeAll {
-		svc.Rules = append(svc.Rules, newRule(f).verdict(expr.VerdictJump, chainMarkMasq).build(comment))
-	} else if len(proxy.FilterPrefixes(f.pf, b.cfg.ClusterCIDRs)) > 0 {
-		// Reached from a ClusterIP (external traffic is marked in the
-		// external chain): masquerade sources outside the cluster.
-		svc.Rules = append(svc.Rules, newRule(f).addrInSet(true, true, setClusterCIDRs).verdict(expr.VerdictJump, chainMarkMasq).build(comment))
-	}
-	epChains := make([]string, len(usable))
-	for i, e := range usable {
-		name := endpointChainName(sp, e)
-		epChains[i] = name
-		v.chains[name] = &Chain{Name: name, Rules: []Rule{
-			// Hairpin: a pod reaching itself through the service must see
-			// the reply come back through the node.
-			newRule(f).addrIs(true, false, e.IP).verdict(expr.VerdictJump, chainMarkMasq).build(comment),
-			newRule(f).counterObj(name).dnat(proto, e.AddrPort()).build(comment),
-		}}
-		v.counters[name] = true
-	}
-	svc.Rules = append(svc.Rules, newRule(f).numgenVMap(epChains).build(comment))
-	v.chains[svcChain] = svc
 	for _, a := range clusterIPs {
-		target(mapServiceIPs, a, svcChain)
+		v.addElement(setClusterIPs, Element{Key: addrKey(a), KeyText: a.String(), Comment: r.comment})
+		r.target(a, internal, noEndpoint)
 	}
-
-	if hasExternal {
-		v.chains[extChain] = &Chain{Name: extChain, Rules: []Rule{
-			// externalTrafficPolicy Cluster: the node may forward to an
-			// endpoint anywhere, so replies must come back through it.
-			newRule(f).verdict(expr.VerdictJump, chainMarkMasq).build(comment),
-			newRule(f).verdict(expr.VerdictGoto, svcChain).build(comment),
-		}}
-		for _, a := range external {
-			target(mapServiceIPs, a, extChain)
-		}
-		if sp.NodePort != 0 {
-			nodePort(mapServiceNodePorts, extChain)
-		}
+	if sp.HasExternal() {
+		r.external(clusterChain, localChain, noEndpoint)
 	}
 	return v
+}
+
+// familyEndpoints returns the endpoints of family f.
+func familyEndpoints(f family, eps []proxy.Endpoint) []proxy.Endpoint {
+	var out []proxy.Endpoint
+	for _, e := range eps {
+		if f.pf.Has(e.IP) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// target maps one service address to chain, or to noEndpoint when there is
+// no chain (no endpoint for this traffic).
+func (r *serviceRender) target(a netip.Addr, chain string, noEndpoint Element) {
+	e := Element{Key: pad4(addrProtoPortKey(a, r.proto, r.sp.Port)),
+		KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Comment: r.comment}
+	if chain == "" {
+		e.Goto, e.Drop = noEndpoint.Goto, noEndpoint.Drop
+		r.v.addElement(mapNoEndpointServices, e)
+		return
+	}
+	e.Goto = chain
+	r.v.addElement(mapServiceIPs, e)
+}
+
+func (r *serviceRender) nodePort(chain string, noEndpoint Element) {
+	k := pad4(binary.BigEndian.AppendUint16([]byte{r.proto, 0, 0, 0}, uint16(r.sp.NodePort)))
+	e := Element{Key: k, KeyText: keyText(protoName(r.proto), fmt.Sprint(r.sp.NodePort)), Comment: r.comment}
+	if chain == "" {
+		e.Goto, e.Drop = noEndpoint.Goto, noEndpoint.Drop
+		r.v.addElement(mapNoEndpointNodePorts, e)
+		return
+	}
+	e.Goto = chain
+	r.v.addElement(mapServiceNodePorts, e)
+}
+
+// clusterMasquerade is the masquerade decision for traffic to a ClusterIP:
+// all of it with --masquerade-all, else what comes from outside the cluster
+// CIDRs (so replies come back through this node). only, when set, limits
+// the rule to those destinations.
+func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
+	dsts := only
+	if len(dsts) == 0 {
+		dsts = []netip.Addr{{}} // one rule, for every destination
+	}
+	var rules []Rule
+	for _, a := range dsts {
+		rb := newRule(r.f)
+		if a.IsValid() {
+			rb.addrIs(false, false, a)
+		}
+		switch {
+		case r.b.cfg.MasqueradeAll:
+		case len(proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs)) > 0:
+			rb.addrInSet(true, true, setClusterCIDRs)
+		default:
+			return nil
+		}
+		rules = append(rules, rb.verdict(expr.VerdictJump, chainMarkMasq).build(r.comment))
+	}
+	return rules
+}
+
+// policyChain writes the chain of one traffic policy over eps, and the
+// endpoints' chains; it returns the chain's name.
+func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule) string {
+	c := &Chain{Name: name, Rules: first}
+	eChains := make([]string, len(eps))
+	for i, e := range eps {
+		eChains[i] = r.endpointChain(e)
+		if r.sp.AffinityTimeout > 0 {
+			// The client's last endpoint first, while its entry lives.
+			c.Rules = append(c.Rules, newRule(r.f).addrInSet(true, false, affinitySetName(r.sp, e)).
+				verdict(expr.VerdictGoto, eChains[i]).build(r.comment))
+		}
+	}
+	c.Rules = append(c.Rules, newRule(r.f).numgenVMap(eChains).build(r.comment))
+	r.v.chains[name] = c
+	return name
+}
+
+// endpointChain writes one endpoint's chain (shared by both policies'
+// chains), its counter and its affinity set, once.
+func (r *serviceRender) endpointChain(e proxy.Endpoint) string {
+	name := endpointChainName(r.sp, e)
+	if r.v.chains[name] != nil {
+		return name
+	}
+	c := &Chain{Name: name, Rules: []Rule{
+		// Hairpin: a pod reaching itself through the service must see
+		// the reply come back through the node.
+		newRule(r.f).addrIs(true, false, e.IP).verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
+	}}
+	if r.sp.AffinityTimeout > 0 {
+		set := affinitySetName(r.sp, e)
+		r.v.sets[set] = &Set{Name: set, KeyType: r.f.addrType(), Dynamic: true, Timeout: r.sp.AffinityTimeout,
+			Comment: "session affinity of " + r.comment}
+		c.Rules = append(c.Rules, newRule(r.f).updateSet(true, set).build(r.comment))
+	}
+	c.Rules = append(c.Rules, newRule(r.f).counterObj(name).dnat(r.proto, e.AddrPort()).build(r.comment))
+	r.v.chains[name] = c
+	r.v.counters[name] = true
+	return name
+}
+
+// external writes what external traffic (NodePort, externalIPs,
+// LoadBalancer IPs) needs: its chain, its map entries, and the
+// loadBalancerSourceRanges firewall.
+func (r *serviceRender) external(clusterChain, localChain string, noEndpoint Element) {
+	sp, f := r.sp, r.f
+	name := externalChainName(sp)
+	var rules []Rule
+	hasEndpoints := clusterChain != ""
+	if !sp.ExternalPolicyLocal {
+		if clusterChain != "" {
+			// The node may forward anywhere: replies must come back
+			// through it.
+			rules = []Rule{
+				newRule(f).verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
+				newRule(f).verdict(expr.VerdictGoto, clusterChain).build(r.comment),
+			}
+		}
+	} else {
+		hasEndpoints = localChain != ""
+		if clusterChain != "" {
+			// As upstream: pods, and the node itself, reach every
+			// endpoint through the external addresses too; only
+			// traffic from outside keeps to this node's endpoints.
+			if len(proxy.FilterPrefixes(f.pf, r.b.cfg.ClusterCIDRs)) > 0 {
+				rules = append(rules, newRule(f).addrInSet(true, false, setClusterCIDRs).
+					verdict(expr.VerdictGoto, clusterChain).build(r.comment))
+			}
+			rules = append(rules,
+				newRule(f).fibSaddrLocal().verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
+				newRule(f).fibSaddrLocal().verdict(expr.VerdictGoto, clusterChain).build(r.comment))
+		}
+		if localChain != "" {
+			rules = append(rules, newRule(f).verdict(expr.VerdictGoto, localChain).build(r.comment))
+		}
+	}
+	chain := ""
+	if len(rules) > 0 {
+		chain = name
+		r.v.chains[name] = &Chain{Name: name, Rules: rules}
+	}
+
+	lbIPs := proxy.FilterAddrs(f.pf, sp.LoadBalancerIPs)
+	for _, a := range append(proxy.FilterAddrs(f.pf, sp.ExternalIPs), lbIPs...) {
+		r.external1(a, chain, hasEndpoints, noEndpoint)
+	}
+	if sp.NodePort != 0 {
+		if chain != "" {
+			r.nodePort(chain, noEndpoint)
+		}
+		if !hasEndpoints {
+			r.nodePort("", noEndpoint)
+		}
+	}
+	if ranges := proxy.FilterPrefixes(f.pf, sp.LoadBalancerSourceRanges); len(ranges) > 0 && len(lbIPs) > 0 {
+		r.firewall(lbIPs, ranges)
+	}
+}
+
+// external1 maps one external address: to the external chain when there is
+// one, and to noEndpoint when the external policy has no endpoint (with
+// Local, pods still pass through the chain: DNAT then takes them out of the
+// filter's no-endpoint check).
+func (r *serviceRender) external1(a netip.Addr, chain string, hasEndpoints bool, noEndpoint Element) {
+	if chain != "" {
+		r.target(a, chain, noEndpoint)
+	}
+	if !hasEndpoints {
+		r.target(a, "", noEndpoint)
+	}
+}
+
+// firewall drops traffic to the LoadBalancer IPs from outside the source
+// ranges, before DNAT.
+func (r *serviceRender) firewall(lbIPs []netip.Addr, ranges []netip.Prefix) {
+	name := firewallName(r.sp)
+	r.v.sets[name] = &Set{Name: name, KeyType: r.f.addrType(), Interval: true,
+		Comment: "loadBalancerSourceRanges of " + r.comment}
+	r.v.elements[name] = map[string]Element{}
+	for _, e := range prefixElements(ranges) {
+		r.v.addElement(name, e)
+	}
+	r.v.chains[name] = &Chain{Name: name, Rules: []Rule{
+		newRule(r.f).addrInSet(true, true, name).verdict(expr.VerdictDrop, "").build(r.comment),
+	}}
+	for _, a := range lbIPs {
+		r.v.addElement(mapFirewallIPs, Element{Key: pad4(addrProtoPortKey(a, r.proto, r.sp.Port)),
+			KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Goto: name, Comment: r.comment})
+	}
 }

@@ -1,7 +1,9 @@
 package nft
 
 import (
+	"cmp"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -14,11 +16,16 @@ const (
 	mapServiceNodePorts    = "service-nodeports"
 	mapNoEndpointServices  = "no-endpoint-services"
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
+	mapFirewallIPs         = "firewall-ips"
 	setNodePortIPs         = "nodeport-ips"
 	setClusterCIDRs        = "cluster-cidrs"
+	setClusterIPs          = "cluster-ips"
+	setServiceCIDRs        = "service-cidrs"
 
 	chainServices       = "services"
 	chainEndpointsCheck = "service-endpoints-check"
+	chainClusterIPsCheck = "cluster-ips-check"
+	chainFirewallCheck   = "firewall-check"
 	chainMarkMasq       = "mark-for-masquerade"
 	chainMasquerading   = "masquerading"
 	chainReject         = "reject-chain"
@@ -37,6 +44,11 @@ func staticSets(f family) []*Set {
 			Comment: "service addresses with no endpoints: reject"},
 		{Name: mapNoEndpointNodePorts, KeyType: protoPort, Concat: true, VMap: true,
 			Comment: "NodePorts with no endpoints: reject"},
+		{Name: mapFirewallIPs, KeyType: addrProtoPort, Concat: true, VMap: true,
+			Comment: "LoadBalancer IPs with loadBalancerSourceRanges"},
+		{Name: setClusterIPs, KeyType: f.addrType(), Comment: "ClusterIPs: other ports are rejected"},
+		{Name: setServiceCIDRs, KeyType: f.addrType(), Interval: true,
+			Comment: "service CIDRs: unallocated addresses are dropped"},
 		{Name: setNodePortIPs, KeyType: f.addrType(), Comment: "node addresses NodePorts answer on"},
 		{Name: setClusterCIDRs, KeyType: f.addrType(), Interval: true, Comment: "--cluster-cidr"},
 	}
@@ -56,20 +68,32 @@ func baseChain(name string, t nftables.ChainType, hook *nftables.ChainHook, hook
 }
 
 // skeleton returns the static chains and the small static sets' elements.
-func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs []netip.Prefix) *view {
+func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *view {
 	v := newView()
 	jumpServices := newRule(f).verdict(expr.VerdictJump, chainServices).build("")
 	checkNew := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainEndpointsCheck).build("")
+	checkClusterIPs := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainClusterIPsCheck).build("")
+	jumpFirewall := newRule(f).verdict(expr.VerdictJump, chainFirewallCheck).build("")
 	for _, c := range []*Chain{
 		baseChain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, "prerouting", -100, jumpServices),
 		baseChain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, "output", -100, jumpServices),
 		baseChain("nat-postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, "postrouting", 100,
 			newRule(f).verdict(expr.VerdictJump, chainMasquerading).build("")),
+		// loadBalancerSourceRanges are checked before DNAT, while the
+		// packet is still addressed to the LoadBalancer IP.
+		baseChain("filter-prerouting-pre-dnat", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, "prerouting", -110, jumpFirewall),
+		baseChain("filter-output-pre-dnat", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -110, jumpFirewall),
 		// Reject runs in filter hooks after DNAT: a packet still addressed
-		// to a service address there found no endpoint.
-		baseChain("filter-input", nftables.ChainTypeFilter, nftables.ChainHookInput, "input", -10, checkNew),
-		baseChain("filter-forward", nftables.ChainTypeFilter, nftables.ChainHookForward, "forward", -10, checkNew),
-		baseChain("filter-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -10, checkNew),
+		// to a service address there found no endpoint (or a port the
+		// Service does not have).
+		baseChain("filter-input", nftables.ChainTypeFilter, nftables.ChainHookInput, "input", -10, checkNew, checkClusterIPs),
+		baseChain("filter-forward", nftables.ChainTypeFilter, nftables.ChainHookForward, "forward", -10, checkNew, checkClusterIPs),
+		baseChain("filter-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -10, checkNew, checkClusterIPs),
+		{Name: chainFirewallCheck, Rules: []Rule{newRule(f).keyVMap(true, mapFirewallIPs).build("")}},
+		{Name: chainClusterIPsCheck, Rules: []Rule{
+			newRule(f).addrInSet(false, false, setClusterIPs).verdict(expr.VerdictGoto, chainReject).build(""),
+			newRule(f).addrInSet(false, false, setServiceCIDRs).verdict(expr.VerdictDrop, "").build(""),
+		}},
 		{Name: chainServices, Rules: []Rule{
 			newRule(f).keyVMap(true, mapServiceIPs).build(""),
 			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapServiceNodePorts).build(""),
@@ -99,12 +123,36 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs []ne
 		e := Element{Key: addrKey(a), KeyText: a.String()}
 		v.elements[setNodePortIPs][keyID(e.Key, false)] = e
 	}
-	for _, p := range clusterCIDRs {
-		for _, e := range intervalElements(p) {
-			v.elements[setClusterCIDRs][keyID(e.Key, e.KeyEnd)] = e
-		}
+	for _, e := range prefixElements(clusterCIDRs) {
+		v.elements[setClusterCIDRs][keyID(e.Key, e.KeyEnd)] = e
+	}
+	for _, e := range prefixElements(serviceCIDRs) {
+		v.elements[setServiceCIDRs][keyID(e.Key, e.KeyEnd)] = e
 	}
 	return v
+}
+
+// prefixElements encodes prefixes as the elements of an interval set. The
+// kernel refuses overlapping intervals (nft merges them before sending), so a
+// prefix inside another one is left out.
+func prefixElements(ps []netip.Prefix) []Element {
+	ps = slices.Clone(ps)
+	for i := range ps {
+		ps[i] = ps[i].Masked()
+	}
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	var out []Element
+	var last netip.Prefix
+	for _, p := range ps {
+		if last.IsValid() && last.Overlaps(p) {
+			continue // sorted by address then length: p is inside last
+		}
+		last = p
+		out = append(out, intervalElements(p)...)
+	}
+	return out
 }
 
 // intervalElements encodes a prefix as nft interval elements: the first

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/kpproxy/kp/proxy"
@@ -62,14 +63,28 @@ func (c *Chain) digest() string {
 	return sb.String()
 }
 
-// SetKind selects how a named set is declared.
+// Set is a named set or verdict map.
 type Set struct {
 	Name     string
 	KeyType  nftables.SetDatatype
 	Concat   bool
 	VMap     bool // a verdict map
 	Interval bool
-	Comment  string
+	// HostOrder keys are integers in host byte order (numgen's output);
+	// nft needs to be told, or it lists them byte-swapped.
+	HostOrder bool
+	// Dynamic sets are filled by the packet path (update @set) and their
+	// elements expire after Timeout; kp never writes or diffs their
+	// elements (session affinity).
+	Dynamic bool
+	Timeout time.Duration
+	Comment string
+}
+
+// digest identifies what of a set's declaration can change while its name
+// stays: a set whose digest changed is deleted and declared again.
+func (s *Set) digest() string {
+	return fmt.Sprintf("dynamic=%t timeout=%s", s.Dynamic, s.Timeout)
 }
 
 // Element is one element of a named set or verdict map. Key is the raw
@@ -79,16 +94,40 @@ type Element struct {
 	KeyEnd  bool // interval end marker (interval sets only)
 	KeyText string
 	Goto    string // verdict map: "goto Goto"
+	Drop    bool   // verdict map: "drop"
 	Comment string
 }
 
-func (e *Element) value() string { return e.Goto }
+// value is the element's verdict as kp records it: "goto CHAIN", "drop", or
+// "" in a plain set.
+func (e *Element) value() string {
+	switch {
+	case e.Drop:
+		return "drop"
+	case e.Goto != "":
+		return "goto " + e.Goto
+	}
+	return ""
+}
+
+// elementFromValue is the inverse of value, for what kp read back.
+func elementFromValue(key string, v string) Element {
+	e := Element{Key: keyBytes(key), KeyEnd: isEndKey(key), KeyText: key}
+	switch {
+	case v == "drop":
+		e.Drop = true
+	case strings.HasPrefix(v, "goto "):
+		e.Goto = strings.TrimPrefix(v, "goto ")
+	}
+	return e
+}
 
 type opKind int
 
 const (
 	opAddTable opKind = iota
 	opAddSet
+	opDelSet
 	opAddCounter
 	opAddChain
 	opFlushChain
@@ -119,6 +158,9 @@ func (tx *Transaction) addTable(f family) { tx.ops = append(tx.ops, op{kind: opA
 func (tx *Transaction) delTable(f family) { tx.ops = append(tx.ops, op{kind: opDelTable, fam: f}) }
 func (tx *Transaction) addSet(f family, s *Set) {
 	tx.ops = append(tx.ops, op{kind: opAddSet, fam: f, set: s})
+}
+func (tx *Transaction) delSet(f family, s *Set) {
+	tx.ops = append(tx.ops, op{kind: opDelSet, fam: f, set: s})
 }
 func (tx *Transaction) addCounter(f family, n string) {
 	tx.ops = append(tx.ops, op{kind: opAddCounter, fam: f, name: n})
@@ -168,6 +210,8 @@ func (tx *Transaction) String() string {
 				kind = "map"
 			}
 			fmt.Fprintf(&sb, "add %s %s %s\n", kind, t, o.set.Name)
+		case opDelSet:
+			fmt.Fprintf(&sb, "delete set %s %s\n", t, o.set.Name)
 		case opAddCounter:
 			fmt.Fprintf(&sb, "add counter %s %s\n", t, o.name)
 		case opDelCounter:
@@ -186,8 +230,8 @@ func (tx *Transaction) String() string {
 				verb = "delete"
 			}
 			for _, e := range o.elems {
-				if e.Goto != "" && o.kind == opAddElement {
-					fmt.Fprintf(&sb, "%s element %s %s { %s : goto %s }\n", verb, t, o.set.Name, e.KeyText, e.Goto)
+				if v := e.value(); v != "" && o.kind == opAddElement {
+					fmt.Fprintf(&sb, "%s element %s %s { %s : %s }\n", verb, t, o.set.Name, e.KeyText, v)
 				} else {
 					fmt.Fprintf(&sb, "%s element %s %s { %s }\n", verb, t, o.set.Name, e.KeyText)
 				}

@@ -29,20 +29,26 @@ func (v *view) merge(o *view) {
 	if o == nil {
 		return
 	}
+	v.mergeObjects(o)
+	for s, es := range o.elements {
+		for _, e := range es {
+			v.addElement(s, e)
+		}
+	}
+}
+
+// mergeObjects adds o's chains, sets and counters to v, not their elements.
+func (v *view) mergeObjects(o *view) {
+	if o == nil {
+		return
+	}
 	for n, c := range o.chains {
 		v.chains[n] = c
 	}
 	for n, s := range o.sets {
 		v.sets[n] = s
-	}
-	for s, es := range o.elements {
-		for k, e := range es {
-			m := v.elements[s]
-			if m == nil {
-				m = map[string]Element{}
-				v.elements[s] = m
-			}
-			m[k] = e
+		if v.elements[n] == nil {
+			v.elements[n] = map[string]Element{}
 		}
 	}
 	for n := range o.counters {

@@ -24,6 +24,10 @@ type State struct {
 	// then be recomputed for every ServicePort.
 	NodeChanged bool
 	Node        Node
+	// ServiceCIDRs are the ranges ClusterIPs are allocated from (both
+	// families; empty when unknown): traffic to an address in them that no
+	// Service has is dropped.
+	ServiceCIDRs []netip.Prefix
 	// TriggerTimes holds, per changed ServicePort, the oldest
 	// endpoints.kubernetes.io/last-change-trigger-time not yet synced, for
 	// the network programming latency metric.
