@@ -22,13 +22,13 @@ const (
 	setClusterIPs          = "cluster-ips"
 	setServiceCIDRs        = "service-cidrs"
 
-	chainServices       = "services"
-	chainEndpointsCheck = "service-endpoints-check"
+	chainServices        = "services"
+	chainEndpointsCheck  = "service-endpoints-check"
 	chainClusterIPsCheck = "cluster-ips-check"
 	chainFirewallCheck   = "firewall-check"
-	chainMarkMasq       = "mark-for-masquerade"
-	chainMasquerading   = "masquerading"
-	chainReject         = "reject-chain"
+	chainMarkMasq        = "mark-for-masquerade"
+	chainMasquerading    = "masquerading"
+	chainReject          = "reject-chain"
 )
 
 // staticSets declares kp's named sets and maps for family f.
