@@ -4,10 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/proxy"
 
 	"golang.org/x/sys/unix"
 
@@ -119,5 +125,75 @@ func TestKernelCleanupTouchesNothingElse(t *testing.T) {
 	// Cleanup with nothing to clean succeeds.
 	if err := b.Cleanup(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale walks one Service
+// through the shapes kp renders, syncing each against the real kernel: each
+// batch must be accepted as it is ordered (references before what they
+// name, sets declared anew after the rules naming them are flushed), and
+// after the Service goes nothing of it may stay.
+func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
+	ns, fd := testNetns(t)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld()
+	name := spName("demo", "shape", "http")
+	w.addService(spName("demo", "other", ""), "10.96.0.99", 80, 0, "10.244.9.9:80")
+	w.addService(name, "10.96.0.20", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.state())
+
+	local := func(eps ...proxy.Endpoint) []proxy.Endpoint {
+		for i := range eps {
+			eps[i].NodeName = w.node.Name
+		}
+		return eps
+	}
+	steps := []struct {
+		what   string
+		change func(sp *proxy.ServicePort)
+		want   []string
+	}{
+		{"NodePort", func(sp *proxy.ServicePort) { sp.Type, sp.NodePort = v1.ServiceTypeNodePort, 30020 },
+			[]string{"tcp . 30020", "chain ext-demo/shape/tcp/http"}},
+		{"externalTrafficPolicy Local without local endpoints", func(sp *proxy.ServicePort) { sp.ExternalPolicyLocal = true },
+			[]string{"fib saddr type local", "tcp . 30020 comment \"demo/shape:http\" : drop"}},
+		{"LoadBalancer with source ranges and affinity", func(sp *proxy.ServicePort) {
+			sp.Type = v1.ServiceTypeLoadBalancer
+			sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+			sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("203.0.113.128/25")}
+			sp.AffinityTimeout = 3 * time.Hour
+		}, []string{"chain firewall-demo/shape/tcp/http", "set affinity-demo/shape/tcp/http__10.244.1.2/8080", "timeout 3h", "203.0.113.0/24"}},
+		{"affinity timeout changed", func(sp *proxy.ServicePort) { sp.AffinityTimeout = 10 * time.Second },
+			[]string{"timeout 10s"}},
+		{"internalTrafficPolicy Local", func(sp *proxy.ServicePort) { sp.InternalPolicyLocal = true }, nil},
+		{"back to a plain ClusterIP", func(sp *proxy.ServicePort) {
+			*sp = proxy.ServicePort{Name: sp.Name, Type: v1.ServiceTypeClusterIP, ClusterIPs: sp.ClusterIPs, Port: sp.Port, Protocol: sp.Protocol}
+		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : goto svc-demo/shape/tcp/http"}},
+	}
+	for _, st := range steps {
+		sp := *w.services[name]
+		st.change(&sp)
+		w.services[name] = &sp
+		w.changed[name] = struct{}{}
+		if st.what == "internalTrafficPolicy Local" {
+			w.endpoints[name] = local(w.endpoints[name][0])
+		}
+		if err := b.Sync(context.Background(), w.state()); err != nil {
+			t.Fatalf("%s: %v", st.what, err)
+		}
+		listing := nftIn(t, ns, "list", "ruleset")
+		for _, want := range st.want {
+			if !strings.Contains(listing, want) {
+				t.Errorf("%s: ruleset lacks %q:\n%s", st.what, want, listing)
+			}
+		}
+	}
+	w.remove(name)
+	mustSync(t, b, w.state())
+	if listing := nftIn(t, ns, "list", "ruleset"); strings.Contains(listing, "demo/shape") || strings.Contains(listing, "10.96.0.20") {
+		t.Errorf("the deleted Service left objects behind:\n%s", listing)
 	}
 }

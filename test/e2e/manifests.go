@@ -39,6 +39,12 @@ type Service struct {
 	// ExternalTrafficPolicy and InternalTrafficPolicy: "" keeps the API default (Cluster).
 	ExternalTrafficPolicy v1.ServiceExternalTrafficPolicy
 	InternalTrafficPolicy v1.ServiceInternalTrafficPolicy
+	// AffinitySeconds > 0 sets sessionAffinity ClientIP with that timeout.
+	AffinitySeconds     int32
+	ExternalIPs         []string
+	LoadBalancerIPs     []string // status.loadBalancer.ingress (type LoadBalancer)
+	SourceRanges        []string // spec.loadBalancerSourceRanges
+	TrafficDistribution string
 }
 
 // Port is one Service port. TargetPort (a number) or TargetPortName (a
@@ -63,6 +69,7 @@ type Endpoint struct {
 	Terminating *bool
 	NodeName    string
 	Zone        string
+	ZoneHints   []string
 	// Ports overrides the slice port number per Service port name, as named
 	// targetPorts do when pods number their ports differently.
 	Ports map[string]int32
@@ -103,6 +110,19 @@ func (s Service) Objects() []any {
 	if s.InternalTrafficPolicy != "" {
 		p := s.InternalTrafficPolicy
 		svc.Spec.InternalTrafficPolicy = &p
+	}
+	if s.AffinitySeconds > 0 {
+		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		svc.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &s.AffinitySeconds}}
+	}
+	svc.Spec.ExternalIPs = s.ExternalIPs
+	svc.Spec.LoadBalancerSourceRanges = s.SourceRanges
+	for _, ip := range s.LoadBalancerIPs {
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+	}
+	if s.TrafficDistribution != "" {
+		td := s.TrafficDistribution
+		svc.Spec.TrafficDistribution = &td
 	}
 	if len(s.ClusterIPs) > 0 {
 		svc.Spec.ClusterIP = s.ClusterIPs[0]
@@ -190,6 +210,12 @@ func (s Service) Objects() []any {
 		if e.Zone != "" {
 			z := e.Zone
 			ep.Zone = &z
+		}
+		if len(e.ZoneHints) > 0 {
+			ep.Hints = &discovery.EndpointHints{}
+			for _, z := range e.ZoneHints {
+				ep.Hints.ForZones = append(ep.Hints.ForZones, discovery.ForZone{Name: z})
+			}
 		}
 		sl.Endpoints = append(sl.Endpoints, ep)
 	}
