@@ -62,6 +62,10 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 	web := spName("demo", "web", "http")
 	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
 	w.addService(spName("demo", "empty", ""), "10.96.0.11", 53, 0)
+	// This kernel may have no SCTP sockets, but nf_tables matches and
+	// NATs SCTP by number: the rules must load and list.
+	sctp := proxy.ServicePortName{NamespacedName: web.NamespacedName, Port: "sctp", Protocol: v1.ProtocolSCTP}
+	w.addService(sctp, "10.96.0.10", 9000, 30900, "10.244.1.2:9000")
 	mustSync(t, b, w.state())
 
 	listing := nftIn(t, ns, "list", "ruleset")
@@ -72,6 +76,9 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 		"dnat to 10.244.1.3:8080",
 		`10.96.0.11 . tcp . 53 comment "demo/empty" : goto reject-chain`,
 		"counter ep-demo/web/tcp/http__10.244.1.2/8080",
+		"10.96.0.10 . sctp . 9000",
+		"sctp . 30900",
+		"meta l4proto sctp dnat to 10.244.1.2:9000",
 	} {
 		if !strings.Contains(listing, want) {
 			t.Errorf("nft list ruleset lacks %q:\n%s", want, listing)
