@@ -100,9 +100,14 @@ func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
 
 // Sync makes kp's tables match s in one transaction. After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
-// a failure, when the Node changed, and every fullSyncInterval.
+// a failure, when the Node changed, and every fullSyncInterval, when the
+// kernel is read again so that whatever changed behind kp's back (another
+// tool, an operator's nft command) is repaired.
 func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
-	full := b.tables == nil || s.NodeChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	if b.tables != nil && b.now().Sub(b.lastFull) > fullSyncInterval {
+		b.tables = nil
+	}
+	full := b.tables == nil || s.NodeChanged
 	if b.tables == nil {
 		b.tables = map[family]*tableBook{}
 	}

@@ -1,0 +1,143 @@
+package nft
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+func TestPortsSharingAClusterIPKeepItInClusterIPsUntilTheLastGoes(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	http, admin := spName("a", "web", "http"), spName("a", "web", "admin")
+	w.addService(http, "10.96.0.5", 80, 0, "10.244.0.1:80")
+	w.addService(admin, "10.96.0.5", 9000, 0, "10.244.0.1:9000")
+	mustSync(t, b, w.state())
+
+	w.remove(admin)
+	mustSync(t, b, w.state())
+	if !strings.Contains(fake.Dump(), "set cluster-ips { 10.96.0.5 }") {
+		t.Errorf("one port of two removed, the ClusterIP left cluster-ips:\n%s", fake.Dump())
+	}
+	w.remove(http)
+	mustSync(t, b, w.state())
+	if strings.Contains(fake.Dump(), "10.96.0.5") {
+		t.Errorf("both ports removed, the ClusterIP stayed:\n%s", fake.Dump())
+	}
+}
+
+func TestTwoServicesClaimingOneAddressResolveTheSameWayAndSurviveEitherGoing(t *testing.T) {
+	first, second := spName("a", "first", ""), spName("b", "second", "")
+	build := func(order ...proxy.ServicePortName) (*Fake, *Backend, *world) {
+		fake := NewFake()
+		b := newFakeBackend(t, fake)
+		w := newWorld()
+		for _, n := range order {
+			w.addService(n, "10.96.0.7", 80, 0, "10.244.0."+map[bool]string{true: "1", false: "2"}[n == first]+":80")
+			mustSync(t, b, w.state()) // one sync per Service: arrival order differs
+		}
+		return fake, b, w
+	}
+	want := "10.96.0.7 . tcp . 80 : goto svc-a/first/tcp/80"
+	fake1, _, _ := build(first, second)
+	fake2, b2, w2 := build(second, first)
+	for i, f := range []*Fake{fake1, fake2} {
+		if !strings.Contains(f.Dump(), want) {
+			t.Errorf("arrival order %d: the conflict did not resolve to the first Service by name:\n%s", i, f.Dump())
+		}
+	}
+	// The winner goes: the other takes the address over, and the
+	// transaction deleting the winner's chains is accepted.
+	w2.remove(first)
+	mustSync(t, b2, w2.state())
+	if !strings.Contains(fake2.Dump(), "10.96.0.7 . tcp . 80 : goto svc-b/second/tcp/80") {
+		t.Errorf("the remaining Service did not take the address over:\n%s", fake2.Dump())
+	}
+}
+
+func TestAffinityTimeoutChangeDeclaresTheSetsAnew(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	n := spName("a", "sticky", "")
+	w.addService(n, "10.96.0.8", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
+	sp := *w.services[n]
+	sp.AffinityTimeout = time.Hour
+	w.services[n] = &sp
+	mustSync(t, b, w.state())
+	set := "affinity-a/sticky/tcp/80__10.244.0.1/80"
+	if s := fake.Tables["ip"].Sets[set]; s == nil || !s.Dynamic || s.Timeout != time.Hour {
+		t.Fatalf("affinity set %s = %+v", set, s)
+	}
+	sp2 := sp
+	sp2.AffinityTimeout = 10 * time.Second
+	w.services[n] = &sp2
+	w.changed[n] = struct{}{}
+	mustSync(t, b, w.state())
+	if s := fake.Tables["ip"].Sets[set]; s == nil || s.Timeout != 10*time.Second {
+		t.Errorf("after the timeout changed, %s = %+v", set, s)
+	}
+	sp3 := sp2
+	sp3.AffinityTimeout = 0
+	w.services[n] = &sp3
+	w.changed[n] = struct{}{}
+	mustSync(t, b, w.state())
+	if strings.Contains(fake.Dump(), "affinity") || fake.Tables["ip"].Sets[set] != nil {
+		t.Errorf("affinity switched off left its sets or rules:\n%s", fake.Dump())
+	}
+}
+
+func TestPolicyWithoutEndpointsDropsWhenOthersHaveSome(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	n := spName("a", "local", "")
+	w.addService(n, "10.96.0.9", 80, 30009, "10.244.0.1:80")
+	sp := *w.services[n]
+	sp.Type, sp.ExternalPolicyLocal, sp.InternalPolicyLocal = v1.ServiceTypeNodePort, true, true
+	w.services[n] = &sp
+	mustSync(t, b, w.state()) // the endpoint has no nodeName: not local
+	dump := fake.Dump()
+	for _, want := range []string{"10.96.0.9 . tcp . 80 : drop", "tcp . 30009 : drop"} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("ruleset lacks %q:\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump, "reject-chain }") || strings.Contains(dump, ": goto reject-chain") {
+		t.Errorf("endpoints elsewhere, yet rejected:\n%s", dump)
+	}
+}
+
+func TestPeriodicFullSyncRepairsWhatChangedBehindKpsBack(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b.now = func() time.Time { return now }
+	w := newWorld()
+	w.addService(spName("a", "web", ""), "10.96.0.4", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.state())
+	want := fake.Dump()
+
+	// Someone flushes kp's service chain and deletes its map element.
+	ip := fake.Tables["ip"]
+	ip.Chains["svc-a/web/tcp/80"] = nil
+	for k, e := range ip.Elements[mapServiceIPs] {
+		if strings.HasPrefix(e.KeyText, "10.96.0.4") {
+			delete(ip.Elements[mapServiceIPs], k)
+		}
+	}
+	mustSync(t, b, w.state())
+	if fake.Dump() == want {
+		t.Fatal("test broken: the tampering was repaired before the safety net was due")
+	}
+	now = now.Add(fullSyncInterval + time.Minute)
+	mustSync(t, b, w.state())
+	if got := fake.Dump(); got != want {
+		t.Errorf("the periodic full sync did not repair the table:\n--- got ---\n%s\n--- want ---\n%s", got, want)
+	}
+}
