@@ -137,30 +137,35 @@ func familyEndpoints(f family, eps []proxy.Endpoint) []proxy.Endpoint {
 	return out
 }
 
+// addrElement is the "address . protocol . port" element of a service
+// address, without a verdict.
+func (r *serviceRender) addrElement(a netip.Addr) Element {
+	return Element{Key: pad4(addrProtoPortKey(a, r.proto, r.sp.Port)),
+		KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Comment: r.comment}
+}
+
 // target maps one service address to chain, or to noEndpoint when there is
 // no chain (no endpoint for this traffic).
 func (r *serviceRender) target(a netip.Addr, chain string, noEndpoint Element) {
-	e := Element{Key: pad4(addrProtoPortKey(a, r.proto, r.sp.Port)),
-		KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Comment: r.comment}
-	if chain == "" {
-		e.Goto, e.Drop = noEndpoint.Goto, noEndpoint.Drop
-		r.v.addElement(mapNoEndpointServices, e)
-		return
-	}
-	e.Goto = chain
-	r.v.addElement(mapServiceIPs, e)
+	r.route(r.addrElement(a), chain, noEndpoint, mapServiceIPs, mapNoEndpointServices)
 }
 
 func (r *serviceRender) nodePort(chain string, noEndpoint Element) {
 	k := pad4(binary.BigEndian.AppendUint16([]byte{r.proto, 0, 0, 0}, uint16(r.sp.NodePort)))
 	e := Element{Key: k, KeyText: keyText(protoName(r.proto), fmt.Sprint(r.sp.NodePort)), Comment: r.comment}
+	r.route(e, chain, noEndpoint, mapServiceNodePorts, mapNoEndpointNodePorts)
+}
+
+// route adds e to serviceMap with "goto chain", or to noEndpointMap with
+// noEndpoint's verdict when there is no chain.
+func (r *serviceRender) route(e Element, chain string, noEndpoint Element, serviceMap, noEndpointMap string) {
 	if chain == "" {
 		e.Goto, e.Drop = noEndpoint.Goto, noEndpoint.Drop
-		r.v.addElement(mapNoEndpointNodePorts, e)
+		r.v.addElement(noEndpointMap, e)
 		return
 	}
 	e.Goto = chain
-	r.v.addElement(mapServiceNodePorts, e)
+	r.v.addElement(serviceMap, e)
 }
 
 // clusterMasquerade is the masquerade decision for traffic to a ClusterIP:
@@ -317,7 +322,8 @@ func (r *serviceRender) firewall(lbIPs []netip.Addr, ranges []netip.Prefix) {
 		newRule(r.f).addrInSet(true, true, name).verdict(expr.VerdictDrop, "").build(r.comment),
 	}}
 	for _, a := range lbIPs {
-		r.v.addElement(mapFirewallIPs, Element{Key: pad4(addrProtoPortKey(a, r.proto, r.sp.Port)),
-			KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Goto: name, Comment: r.comment})
+		e := r.addrElement(a)
+		e.Goto = name
+		r.v.addElement(mapFirewallIPs, e)
 	}
 }
