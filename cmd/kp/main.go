@@ -142,7 +142,7 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.addFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root
 }
 

@@ -90,7 +90,7 @@ func writeFile(t *testing.T, name, content string) string {
 }
 
 func TestHelpOfEveryCommandShowsAnExample(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"proxy", "--help"}, {"cleanup", "--help"}, {"version", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"proxy", "--help"}, {"cleanup", "--help"}, {"version", "--help"}, {"flows", "--help"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			h := newHarness(t)
 			if code := h.run(args...); code != 0 {
