@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"runtime"
 	"strings"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kpproxy/kp/internal/nsenter"
 )
 
 // openNetns opens a network namespace by path (/proc/PID/ns/net, or any
@@ -25,48 +26,21 @@ func openNetns(spec string) (int, error) {
 	return fd, nil
 }
 
-// inNetns runs fn on an OS thread that joined the namespace fd refers to
-// (fd 0: the caller's own, fn runs as is). Sockets fn opens stay in that
-// namespace. A thread that cannot return to its namespace is never reused:
-// it stays locked and the runtime ends it with its goroutine.
+// inNetns runs fn inside the namespace fd refers to; fd 0 is the caller's
+// own, and fn then runs as is.
 func inNetns(fd int, fn func() error) error {
 	if fd <= 0 {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(netns.NsHandle(fd)); err != nil {
-			errc <- fmt.Errorf("enter network namespace: %w", err)
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return nsenter.Run(netns.NsHandle(fd), fn)
 }
 
 // dialerIn returns a DialContext that opens its connections inside the
 // namespace fd refers to (kp's status API listens on that namespace's
 // loopback).
 func dialerIn(fd int) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := inNetns(fd, func() error {
-			var err error
-			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
+	if fd <= 0 {
+		return (&net.Dialer{}).DialContext
 	}
+	return nsenter.DialContext(netns.NsHandle(fd))
 }
