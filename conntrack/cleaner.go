@@ -184,6 +184,9 @@ func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 // Clean deletes the entries that are stale after a sync from prev to cur,
 // and returns how many it deleted.
 func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
+	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) {
+		return 0, nil // nothing to judge: skip the dump
+	}
 	addrs, err := c.localAddrs()
 	if err != nil {
 		return 0, fmt.Errorf("list local addresses: %w", err)
@@ -221,6 +224,19 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 			"target", f.Reply.Src.String())
 	}
 	return deleted, firstErr
+}
+
+// hasCleanedProtocol reports whether st has a UDP or SCTP service port.
+func hasCleanedProtocol(st *proxy.State) bool {
+	if st == nil {
+		return false
+	}
+	for _, sp := range st.Services {
+		if cleaned(protoNumber(sp.Protocol)) {
+			return true
+		}
+	}
+	return false
 }
 
 // LocalAddrs lists the addresses of the calling thread's network namespace.

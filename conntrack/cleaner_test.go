@@ -162,3 +162,19 @@ func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
 		t.Errorf("cleanup errors = %v, want 1", v)
 	}
 }
+
+func TestCleanerSkipsTheDumpWhenNoServiceUsesUDPOrSCTP(t *testing.T) {
+	st := testState()
+	for name, sp := range st.Services {
+		if sp.Protocol != "TCP" {
+			delete(st.Services, name)
+		}
+	}
+	c := NewCleaner(CleanerConfig{
+		Dial:       func() (Conn, error) { t.Fatal("dialed conntrack for a TCP-only State"); return nil, nil },
+		LocalAddrs: func() ([]netip.Addr, error) { return nil, nil },
+	})
+	if n, err := c.Clean(context.Background(), st, st); n != 0 || err != nil {
+		t.Errorf("Clean = %d, %v", n, err)
+	}
+}
