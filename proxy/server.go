@@ -50,20 +50,22 @@ func NodeName(hostnameOverride string) (string, error) {
 	return strings.ToLower(strings.TrimSpace(name)), nil
 }
 
-// Run is kp proxy's main loop. It starts the sources, waits until all of
-// them delivered their initial view, then keeps backend in sync with their
-// changes through a bounded-frequency runner, while serving health checks on
-// cfg.HealthzBindAddress and metrics on cfg.MetricsBindAddress (an empty
-// address or port 0 disables a server).
+// Run is kp proxy's main loop. It starts opts.Sources, waits until all of
+// them delivered their initial view, then keeps opts.Backend in sync with
+// their changes through a bounded-frequency runner, telling opts.Observers
+// about every successful sync, while serving health checks on
+// cfg.HealthzBindAddress, and metrics and the status API (/kp/v1/...) on
+// cfg.MetricsBindAddress (an empty address or port 0 disables a server).
 //
 // Run returns nil when ctx is cancelled, leaving the kernel state in place:
 // a restarting proxy must not interrupt traffic (cleanup is Backend.Cleanup's
 // job). It returns an error when a server cannot listen or a source fails.
-func Run(ctx context.Context, cfg Config, backend Backend, sources []Source, log *slog.Logger) error {
-	return run(ctx, cfg, backend, sources, log, clock.RealClock{})
+func Run(ctx context.Context, cfg Config, opts RunOptions) error {
+	return run(ctx, cfg, opts, clock.RealClock{})
 }
 
-func run(ctx context.Context, cfg Config, backend Backend, sources []Source, log *slog.Logger, clk clock.WithTicker) error {
+func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker) error {
+	backend, sources, log := opts.Backend, opts.Sources, opts.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -89,16 +91,22 @@ func run(ctx context.Context, cfg Config, backend Backend, sources []Source, log
 
 	metrics := NewMetrics(backend.Mode())
 	health := NewHealth(2*syncPeriod, clk)
+	status := NewStatus(backend, nodeName, health, clk)
+	for _, c := range opts.Collectors {
+		if err := metrics.Registry().Register(c); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
 		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
-		{name: "metrics", addr: cfg.MetricsBindAddress, handler: metrics.Handler()},
+		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withStatus(metrics.Handler(), status.Handler())},
 	})
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
 
-	s := &syncer{backend: backend, metrics: metrics, health: health, clk: clk, log: log}
+	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers, clk: clk, log: log}
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
 	s.tracker = NewChangeTracker(ChangeTrackerOptions{
 		NodeName: nodeName,
@@ -159,6 +167,11 @@ type syncer struct {
 	health  *Health
 	clk     clock.PassiveClock
 	log     *slog.Logger
+	// status records outcomes for the status API; observers and prev (the
+	// last State synced) are for the SyncObservers.
+	status    *Status
+	observers []SyncObserver
+	prev      *State
 
 	lastFailed bool
 	// triggers keeps the trigger times of snapshots whose sync failed, so
@@ -182,8 +195,10 @@ func (s *syncer) sync(ctx context.Context) error {
 	if err != nil {
 		s.lastFailed = true
 		s.metrics.SyncFailed()
-		return fmt.Errorf("sync %s generation %d (%d service ports changed): %w",
+		err = fmt.Errorf("sync %s generation %d (%d service ports changed): %w",
 			s.backend.Mode(), st.Generation, len(st.Changed), err)
+		s.status.Failed(end, err)
+		return err
 	}
 	full := s.lastFailed || st.Generation == 1
 	if r, ok := s.backend.(FullSyncReporter); ok {
@@ -194,8 +209,13 @@ func (s *syncer) sync(ctx context.Context) error {
 	s.metrics.Programmed(s.triggers, end)
 	clear(s.triggers)
 	s.health.Updated(end)
+	s.status.Succeeded(st, start, end, full)
 	s.log.Debug("synced", "generation", st.Generation, "servicePorts", len(st.Services),
 		"changed", len(st.Changed), "nodeChanged", st.NodeChanged, "full", full, "duration", end.Sub(start))
+	for _, o := range s.observers {
+		o.Synced(ctx, s.prev, st)
+	}
+	s.prev = st
 	return nil
 }
 

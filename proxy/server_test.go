@@ -119,10 +119,16 @@ func (b *fakeBackend) expectNoSync(t *testing.T) {
 // and returns Run's error.
 func startRun(t *testing.T, cfg Config, backend Backend, sources ...Source) (*clocktesting.FakeClock, func() error) {
 	t.Helper()
+	return startRunWith(t, cfg, RunOptions{Backend: backend, Sources: sources})
+}
+
+// startRunWith is startRun with every option.
+func startRunWith(t *testing.T, cfg Config, opts RunOptions) (*clocktesting.FakeClock, func() error) {
+	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, backend, sources, nil, clk) }()
+	go func() { done <- run(ctx, cfg, opts, clk) }()
 	var once sync.Once
 	var runErr error
 	stop := func() error {
@@ -191,7 +197,7 @@ func TestRunStopsWhenASourceFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	err := run(ctx, testConfig(), newFakeBackend(0), []Source{&fakeSource{err: errors.New("watch forbidden")}}, nil, clk)
+	err := run(ctx, testConfig(), RunOptions{Backend: newFakeBackend(0), Sources: []Source{&fakeSource{err: errors.New("watch forbidden")}}}, clk)
 	if err == nil || !strings.Contains(err.Error(), "source fake: watch forbidden") {
 		t.Errorf("Run = %v, want the source's error", err)
 	}
@@ -200,7 +206,7 @@ func TestRunStopsWhenASourceFails(t *testing.T) {
 func TestRunRejectsMinSyncPeriodAboveSyncPeriod(t *testing.T) {
 	cfg := testConfig()
 	cfg.MinSyncPeriod = time.Hour
-	err := Run(context.Background(), cfg, newFakeBackend(0), nil, nil)
+	err := Run(context.Background(), cfg, RunOptions{Backend: newFakeBackend(0)})
 	if err == nil || !strings.Contains(err.Error(), "min sync period") {
 		t.Errorf("Run = %v, want a min sync period error", err)
 	}
@@ -260,7 +266,7 @@ func TestRunFailsWhenABindAddressIsInUse(t *testing.T) {
 	defer ln.Close()
 	cfg := testConfig()
 	cfg.HealthzBindAddress = ln.Addr().String()
-	err = Run(context.Background(), cfg, newFakeBackend(0), nil, nil)
+	err = Run(context.Background(), cfg, RunOptions{Backend: newFakeBackend(0)})
 	if err == nil || !strings.Contains(err.Error(), "healthz server") {
 		t.Errorf("Run = %v, want a healthz listen error", err)
 	}

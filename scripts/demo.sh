@@ -139,6 +139,9 @@ for _ in 1 2 3; do ask $NODE udp 10.96.0.53:53; done
 echo
 echo "NodePort 30080 on the node's address, from the off-node client (kpdemo-client):"
 for _ in 1 2 3; do ask $CLIENT tcp 10.244.2.1:30080; done
+echo
+echo "The flows those requests left in the node's conntrack table (kp flows --netns $NODE):"
+"$KP" flows --netns $NODE | sed 's/^/  /' || echo "  kp flows FAILED"
 
 cat <<EOF
 
@@ -150,6 +153,8 @@ Look inside:
   ip netns exec $CLIENT $ECHO -dial 10.244.2.1:30080
   ip netns exec $NODE $ECHO -dial 10.96.0.53:53 -net udp
   ip netns exec $NODE $ECHO -dial http://127.0.0.1:10249/metrics | grep ^kubeproxy
+  ip netns exec $NODE $ECHO -dial http://127.0.0.1:10249/kp/v1/services
+  $KP flows --netns $NODE
   less $STATE/kp.log
 
 Remove it:

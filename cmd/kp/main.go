@@ -49,7 +49,7 @@ type app struct {
 	// is "not implemented yet".
 	backends      map[proxy.Mode]backendFactory
 	newKubeClient func(kubeconfig, master string) (kubernetes.Interface, error)
-	runProxy      func(ctx context.Context, cfg proxy.Config, b proxy.Backend, sources []proxy.Source, log *slog.Logger) error
+	runProxy      func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error
 
 	logOpts logOptions // bound to the root's persistent flags
 	log     *slog.Logger
@@ -142,7 +142,7 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.addFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root
 }
 

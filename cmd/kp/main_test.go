@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -44,6 +45,7 @@ type harness struct {
 	ran            bool     // runProxy was called
 	cfg            proxy.Config
 	sources        []proxy.Source
+	opts           proxy.RunOptions
 	runProxy       func(ctx context.Context) error
 }
 
@@ -59,8 +61,8 @@ func newHarness(t *testing.T) *harness {
 		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
 		return nil, nil
 	}
-	h.a.runProxy = func(ctx context.Context, cfg proxy.Config, b proxy.Backend, sources []proxy.Source, _ *slog.Logger) error {
-		h.ran, h.cfg, h.sources = true, cfg, sources
+	h.a.runProxy = func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error {
+		h.ran, h.cfg, h.sources, h.opts = true, cfg, opts.Sources, opts
 		if h.runProxy != nil {
 			return h.runProxy(ctx)
 		}
@@ -88,7 +90,7 @@ func writeFile(t *testing.T, name, content string) string {
 }
 
 func TestHelpOfEveryCommandShowsAnExample(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"proxy", "--help"}, {"cleanup", "--help"}, {"version", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"proxy", "--help"}, {"cleanup", "--help"}, {"version", "--help"}, {"flows", "--help"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			h := newHarness(t)
 			if code := h.run(args...); code != 0 {
@@ -260,5 +262,24 @@ func TestCleanupFailureExits1(t *testing.T) {
 	want := "kp: cleanup nftables mode: netlink: operation not permitted\n"
 	if code != 1 || !strings.HasSuffix(h.stderr.String(), want) {
 		t.Errorf("exit %d, stderr:\n%s", code, h.stderr.String())
+	}
+}
+
+func TestNFTablesModeCleansConntrackAfterSyncs(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("proxy", "--manifests", t.TempDir()); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr.String())
+	}
+	var cleaner *conntrack.Cleaner
+	for _, o := range h.opts.Observers {
+		if c, ok := o.(*conntrack.Cleaner); ok {
+			cleaner = c
+		}
+	}
+	if cleaner == nil {
+		t.Fatalf("no conntrack cleaner among the sync observers: %#v", h.opts.Observers)
+	}
+	if len(h.opts.Collectors) == 0 {
+		t.Error("the cleaner's metrics are not registered")
 	}
 }

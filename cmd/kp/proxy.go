@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -95,7 +96,7 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
-	err = a.runProxy(ctx, cfg, backend, sources, a.log)
+	err = a.runProxy(ctx, cfg, a.runOptions(cfg, backend, sources))
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil
 	}
@@ -104,6 +105,19 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	}
 	a.log.Info("kp proxy stopped")
 	return nil
+}
+
+// runOptions adds to the backend what follows its syncs: in the modes that
+// DNAT with conntrack (nftables here; iptables and ipvs when they land), the
+// cleaner of stale UDP conntrack entries.
+func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
+	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
+	if cfg.Mode == proxy.ModeNFTables {
+		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
+		opts.Observers = append(opts.Observers, cleaner)
+		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
+	}
+	return opts
 }
 
 // sources picks where Services come from: the folder if --manifests is set,

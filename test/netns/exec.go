@@ -10,11 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/kpproxy/kp/internal/nsenter"
 )
 
 // ip runs one iproute2 command and returns its error with the output.
@@ -40,48 +41,22 @@ func Exec(ns string, cmd ...string) (string, error) {
 // fn opens belong to ns for their whole life, so they may be used from any
 // goroutine afterwards. Safe for concurrent use: each call has its own thread.
 func InNamespace(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread stays locked if it cannot be returned to its own
-		// namespace; the runtime then ends it with this goroutine instead of
-		// handing it to unrelated code.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter %s: current namespace: %w", ns, err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(ns)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter %s: %w", ns, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter %s: %w", ns, err)
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return fmt.Errorf("enter %s: %w", ns, err)
+	}
+	defer target.Close()
+	return nsenter.Run(target, fn)
 }
 
 // DialConn opens a connection from inside namespace ns.
 func DialConn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := InNamespace(ns, func() error {
-		var err error
-		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, fmt.Errorf("enter %s: %w", ns, err)
+	}
+	defer target.Close()
+	return nsenter.DialContext(target)(ctx, network, addr)
 }
 
 // Dial asks the echo server at addr from inside namespace ns and returns its

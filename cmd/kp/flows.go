@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+type flowsOptions struct {
+	namespace     string
+	service       string
+	output        string
+	netns         string
+	statusAddress string
+	timeout       time.Duration
+}
+
+func newFlowsCommand(a *app) *cobra.Command {
+	o := &flowsOptions{}
+	cmd := &cobra.Command{
+		Use:   "flows",
+		Short: "List the conntrack flows of Services, with the endpoint each goes to",
+		Long: `List the node's conntrack flows that are addressed to a Service (ClusterIP, NodePort,
+external IP or LoadBalancer IP), once, as a table or as JSON. Each flow is attributed to
+its Service port by where the client sent it, and to an endpoint by where the kernel
+sends it (its reply source), with the endpoint's condition in kp's last sync (ready,
+serving, not-ready; gone when it is no endpoint any more; none when the flow was
+never DNATed), the conntrack state, age, packets and bytes. Age, packets and bytes need
+conntrack timestamps and accounting, which kp proxy turns on in its network namespace.
+
+The Services come from the running kp proxy's status API (/kp/v1/services on its
+metrics address); the flows from the kernel of the network namespace kp flows runs in,
+or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
+		Example: `  # Every Service flow on this node
+  kp flows
+
+  # The flows of one Service, as JSON
+  kp flows -n kube-system --service kube-dns -o json
+
+  # kp proxy runs in the network namespace node-1 (ip netns add node-1)
+  kp flows --netns node-1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.output != "table" && o.output != "json" {
+				return fmt.Errorf("--output %q: want table or json", o.output)
+			}
+			reports, err := a.flows(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				return writeFlowsJSON(a.stdout, reports)
+			}
+			return writeFlowsTable(a.stdout, reports)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVarP(&o.namespace, "namespace", "n", "", "only flows of Services in this namespace")
+	fs.StringVar(&o.service, "service", "", "only flows of the Service with this name")
+	fs.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
+	fs.StringVar(&o.netns, "netns", "", "act in this network namespace: a name from 'ip netns' or a path such as /proc/PID/ns/net")
+	fs.StringVar(&o.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
+		"kp proxy's metrics address (--metrics-bind-address), where its status API is served")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up after this long")
+	return cmd
+}
+
+// flows reads the Services from kp proxy and the flows from the kernel, in
+// the chosen namespace, and attributes them.
+func (a *app) flows(ctx context.Context, o *flowsOptions) ([]conntrack.FlowReport, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	fd := 0
+	if o.netns != "" {
+		var err error
+		if fd, err = openNetns(o.netns); err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+	}
+	client := &statusapi.Client{
+		BaseURL: "http://" + o.statusAddress,
+		HTTP:    &http.Client{Transport: &http.Transport{DialContext: dialerIn(fd), Proxy: nil}},
+	}
+	svcs, err := client.Services(ctx, o.namespace, o.service)
+	if err != nil {
+		return nil, fmt.Errorf("%w (is kp proxy running%s, with --metrics-bind-address %s? see --status-address)",
+			err, where(o.netns), o.statusAddress)
+	}
+	st, err := proxy.StateFromServices(svcs)
+	if err != nil {
+		return nil, fmt.Errorf("kp proxy's status API: %w", err)
+	}
+	var local []netip.Addr
+	if err := inNetns(fd, func() error {
+		var err error
+		local, err = conntrack.LocalAddrs()
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("list local addresses%s: %w", where(o.netns), err)
+	}
+	conn, err := conntrack.Dialer{NetNS: fd}.Open()
+	if err != nil {
+		return nil, permissionHint(err)
+	}
+	defer conn.Close()
+	flows, err := conn.Dump()
+	if err != nil {
+		return nil, permissionHint(err)
+	}
+	// The status API already filtered the Services; flows of others are
+	// simply not attributed.
+	return conntrack.Reports(flows, conntrack.NewIndex(st, local), time.Now(), nil), nil
+}
+
+func where(netns string) string {
+	if netns == "" {
+		return " in this network namespace"
+	}
+	return " in network namespace " + netns
+}
+
+func permissionHint(err error) error {
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("%w (reading conntrack needs root or CAP_NET_ADMIN)", err)
+	}
+	return err
+}
+
+func writeFlowsJSON(w io.Writer, reports []conntrack.FlowReport) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(reports)
+}
+
+func writeFlowsTable(w io.Writer, reports []conntrack.FlowReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tPROTO\tVIA\tCLIENT\tFRONTEND\tENDPOINT\tENDPOINT-STATE\tSTATE\tAGE\tPACKETS\tBYTES")
+	for _, r := range reports {
+		svc := r.Namespace + "/" + r.Service
+		if r.PortName != "" {
+			svc += ":" + r.PortName
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", svc, r.Protocol, r.Via, r.Client, r.Frontend,
+			r.Endpoint, r.EndpointState, r.State, age(r.AgeSeconds), count(r.Packets), count(r.Bytes))
+	}
+	if len(reports) == 0 {
+		fmt.Fprintln(tw, "(no flows to Services)")
+	}
+	return tw.Flush()
+}
+
+func age(s *float64) string {
+	if s == nil {
+		return "-"
+	}
+	d := time.Duration(*s * float64(time.Second))
+	if d < time.Hour {
+		return d.Round(time.Second).String()
+	}
+	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+}
+
+func count(n *uint64) string {
+	if n == nil {
+		return "-"
+	}
+	return fmt.Sprint(*n)
+}

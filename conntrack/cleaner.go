@@ -1,0 +1,255 @@
+package conntrack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Why an entry is stale; the reason label of the deletion metric.
+const (
+	// ReasonEndpointGone: DNATed to an address that no longer serves the
+	// Service port (the pod was replaced, or the Service scaled to zero).
+	ReasonEndpointGone = "endpoint_gone"
+	// ReasonNotNATed: the flow started while the Service address had no
+	// rule, so it was never DNATed; conntrack keeps sending it nowhere
+	// (upstream issue #48370) for as long as the client keeps sending.
+	ReasonNotNATed = "not_nated"
+	// ReasonServiceRemoved: the Service port is gone altogether.
+	ReasonServiceRemoved = "service_removed"
+)
+
+// keepTargets returns the endpoints a UDP or SCTP flow of a Service port may
+// keep going to; an entry pointing anywhere else is stale. This is the one
+// place that decides it, so it can follow endpoint selection when that
+// learns topology and traffic policies.
+func keepTargets(eps []proxy.Endpoint) []proxy.Endpoint { return proxy.UsableEndpoints(eps) }
+
+// cleaned reports whether stale entries of protocol p are deleted. TCP is
+// left alone: its own state machine ends a connection whose endpoint is gone
+// (a reset, or a timeout), and deleting an entry mid-connection would break
+// a graceful termination. UDP has no end, so a client that keeps sending
+// keeps a stale entry alive forever. SCTP associations are treated like UDP:
+// a deleted entry makes the next packet pick a live endpoint, which aborts
+// the stale association at once instead of letting it blackhole.
+func cleaned(p uint8) bool { return p == ProtoUDP || p == ProtoSCTP }
+
+// Staleness is the decision for one flow: Stale with the Reason, and the
+// Service port it was addressed to.
+type Staleness struct {
+	Stale       bool
+	Reason      string
+	ServicePort proxy.ServicePortName
+}
+
+// Judge decides which conntrack entries are stale after a sync from prev to
+// cur. Build one per sync.
+type Judge struct {
+	ix *Index
+	// removed indexes the service ports of prev that cur no longer has, on
+	// addresses cur does not reuse.
+	removed *Index
+	keep    map[proxy.ServicePortName]map[netip.AddrPort]bool
+}
+
+// NewJudge prepares the decisions for State cur (prev, the previously
+// synced State, may be nil). nodeIPs are the namespace's local addresses.
+func NewJudge(prev, cur *proxy.State, nodeIPs []netip.Addr) *Judge {
+	j := &Judge{ix: NewIndex(cur, nodeIPs), keep: map[proxy.ServicePortName]map[netip.AddrPort]bool{}}
+	if cur != nil {
+		for name := range cur.Services {
+			m := map[netip.AddrPort]bool{}
+			for _, e := range keepTargets(cur.Endpoints[name]) {
+				m[e.AddrPort()] = true
+			}
+			j.keep[name] = m
+		}
+	}
+	if prev != nil {
+		gone := &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{}, Node: prev.Node}
+		for name, sp := range prev.Services {
+			if cur == nil || cur.Services[name] == nil {
+				gone.Services[name] = sp
+			}
+		}
+		j.removed = NewIndex(gone, nodeIPs)
+	}
+	return j
+}
+
+// Judge decides about one flow.
+func (j *Judge) Judge(f Flow) Staleness {
+	if !cleaned(f.Protocol) {
+		return Staleness{}
+	}
+	if t, ok := j.ix.lookup(f); ok {
+		if j.keep[t.name][f.Reply.Src] {
+			return Staleness{ServicePort: t.name}
+		}
+		reason := ReasonEndpointGone
+		if !f.DNATed() {
+			reason = ReasonNotNATed
+		}
+		return Staleness{Stale: true, Reason: reason, ServicePort: t.name}
+	}
+	if j.removed != nil {
+		if t, ok := j.removed.lookup(f); ok {
+			return Staleness{Stale: true, Reason: ReasonServiceRemoved, ServicePort: t.name}
+		}
+	}
+	return Staleness{}
+}
+
+// Cleaner deletes stale UDP and SCTP conntrack entries after every sync. It
+// is a reconciler: each run judges a full dump of the table against the
+// State just synced, so an entry a run missed (or that appeared in a race
+// with the sync) is deleted by the next one.
+type Cleaner struct {
+	dial       func() (Conn, error)
+	localAddrs func() ([]netip.Addr, error)
+	log        *slog.Logger
+	accounting bool
+
+	deleted *prometheus.CounterVec
+	errors  prometheus.Counter
+	setup   sync.Once
+}
+
+// CleanerConfig configures a Cleaner. The zero value works in the
+// process's own network namespace.
+type CleanerConfig struct {
+	Log *slog.Logger
+	// Dial opens the conntrack connection for one run; nil means the
+	// process's own namespace.
+	Dial func() (Conn, error)
+	// LocalAddrs lists the namespace's addresses (NodePorts answer there);
+	// nil means the process's own.
+	LocalAddrs func() ([]netip.Addr, error)
+	// EnableAccounting turns on per-flow counters and timestamps in the
+	// namespace at the first run (see EnableAccounting).
+	EnableAccounting bool
+}
+
+// NewCleaner returns a Cleaner; register its Collectors with the metrics.
+func NewCleaner(cfg CleanerConfig) *Cleaner {
+	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting}
+	if c.dial == nil {
+		c.dial = Dialer{}.Open
+	}
+	if c.localAddrs == nil {
+		c.localAddrs = LocalAddrs
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.deleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kp_conntrack_entries_deleted_total",
+		Help: "Stale conntrack entries deleted after syncs, by protocol and reason",
+	}, []string{"protocol", "reason"})
+	c.errors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kp_conntrack_cleanup_errors_total",
+		Help: "Conntrack cleanups that failed (the next sync tries again)",
+	})
+	return c
+}
+
+// Collectors are the Cleaner's metrics.
+func (c *Cleaner) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.deleted, c.errors}
+}
+
+// Synced implements proxy.SyncObserver.
+func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
+	c.setup.Do(func() {
+		// By the first sync the backend's NAT rules have loaded conntrack,
+		// so its sysctls exist.
+		if c.accounting {
+			EnableAccounting(c.log)
+		}
+	})
+	n, err := c.Clean(ctx, prev, cur)
+	if err != nil {
+		c.errors.Inc()
+		c.log.Error("conntrack cleanup failed; the next sync retries", "generation", cur.Generation, "deleted", n, "err", err)
+	}
+}
+
+// Clean deletes the entries that are stale after a sync from prev to cur,
+// and returns how many it deleted.
+func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
+	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) {
+		return 0, nil // nothing to judge: skip the dump
+	}
+	addrs, err := c.localAddrs()
+	if err != nil {
+		return 0, fmt.Errorf("list local addresses: %w", err)
+	}
+	conn, err := c.dial()
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	flows, err := conn.Dump()
+	if err != nil {
+		return 0, err
+	}
+	j := NewJudge(prev, cur, addrs)
+	deleted := 0
+	var firstErr error
+	for _, f := range flows {
+		if ctx.Err() != nil {
+			return deleted, ctx.Err()
+		}
+		s := j.Judge(f)
+		if !s.Stale {
+			continue
+		}
+		if err := conn.Delete(f); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		deleted++
+		c.deleted.WithLabelValues(f.ProtocolName(), s.Reason).Inc()
+		c.log.Info("deleted stale conntrack entry", "servicePort", s.ServicePort.String(), "reason", s.Reason,
+			"protocol", f.ProtocolName(), "client", f.Orig.Src.String(), "destination", f.Orig.Dst.String(),
+			"target", f.Reply.Src.String())
+	}
+	return deleted, firstErr
+}
+
+// hasCleanedProtocol reports whether st has a UDP or SCTP service port.
+func hasCleanedProtocol(st *proxy.State) bool {
+	if st == nil {
+		return false
+	}
+	for _, sp := range st.Services {
+		if cleaned(protoNumber(sp.Protocol)) {
+			return true
+		}
+	}
+	return false
+}
+
+// LocalAddrs lists the addresses of the calling thread's network namespace.
+func LocalAddrs() ([]netip.Addr, error) {
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range ifaddrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,180 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+func TestJudgeDeletesOnlyStaleUDPAndSCTPEntries(t *testing.T) {
+	cur := testState()
+	// prev had a Service that cur removed, on an address nothing reuses.
+	prev := testState()
+	gone := spn("old", "legacy", "", "UDP")
+	prev.Services[gone] = &proxy.ServicePort{Name: gone, ClusterIPs: addrs("10.96.0.99"), Port: 514, Protocol: "UDP", NodePort: 30514}
+	prev.Endpoints[gone] = []proxy.Endpoint{ep("10.244.5.5:514", true)}
+	// and cur scaled a Service down to zero endpoints.
+	empty := spn("games", "empty", "", "UDP")
+	for _, st := range []*proxy.State{prev, cur} {
+		st.Services[empty] = &proxy.ServicePort{Name: empty, ClusterIPs: addrs("10.96.0.40"), Port: 9999, Protocol: "UDP"}
+	}
+	prev.Endpoints[empty] = []proxy.Endpoint{ep("10.244.4.4:9999", true)}
+
+	j := NewJudge(prev, cur, addrs("10.0.2.1"))
+	for _, tt := range []struct {
+		name   string
+		f      Flow
+		reason string // "" = kept
+	}{
+		{"udp to a ready endpoint is kept",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.2:5353"), ""},
+		{"udp to a removed endpoint is deleted",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.99:5353"), ReasonEndpointGone},
+		{"udp to a terminating endpoint while ready ones exist is deleted (not usable)",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.4:5353"), ReasonEndpointGone},
+		{"udp to a live pod on a port it no longer serves is deleted",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.2:5354"), ReasonEndpointGone},
+		{"udp that was never DNATed to a Service that now has endpoints is deleted",
+			flow(ProtoUDP, "10.0.2.2:40000", "10.96.0.10:53", "10.96.0.10:53"), ReasonNotNATed},
+		{"ipv6 udp to a ready endpoint is kept",
+			flow(ProtoUDP, "[fd00:244::9]:40000", "[fd00:96::10]:53", "[fd00:244::2]:5353"), ""},
+		{"ipv6 udp never DNATed is deleted",
+			flow(ProtoUDP, "[fd00:244::9]:40000", "[fd00:96::10]:53", "[fd00:96::10]:53"), ReasonNotNATed},
+		{"udp of a Service scaled to zero is deleted (upstream #139628)",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.40:9999", "10.244.4.4:9999"), ReasonEndpointGone},
+		{"udp through a NodePort to a removed endpoint is deleted",
+			flow(ProtoUDP, "10.0.2.2:40000", "10.0.2.1:30777", "10.244.2.99:7000"), ReasonEndpointGone},
+		{"udp through a NodePort to the endpoint is kept",
+			flow(ProtoUDP, "10.0.2.2:40000", "192.168.1.10:30777", "10.244.2.2:7000"), ""},
+		{"udp to an external IP never DNATed is deleted",
+			flow(ProtoUDP, "10.0.2.2:40000", "203.0.113.5:7777", "203.0.113.5:7777"), ReasonNotNATed},
+		{"udp to a LoadBalancer IP to a removed endpoint is deleted",
+			flow(ProtoUDP, "10.0.2.2:40000", "198.51.100.7:7777", "10.244.2.3:7000"), ReasonEndpointGone},
+		{"udp to a removed Service is deleted",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.99:514", "10.244.5.5:514"), ReasonServiceRemoved},
+		{"udp to a removed Service's NodePort is deleted",
+			flow(ProtoUDP, "10.0.2.2:40000", "10.0.2.1:30514", "10.244.5.5:514"), ReasonServiceRemoved},
+		{"sctp to a removed endpoint is deleted",
+			flow(ProtoSCTP, "10.244.9.9:40000", "10.96.0.30:3868", "10.244.3.9:3868"), ReasonEndpointGone},
+		{"sctp to its endpoint is kept",
+			flow(ProtoSCTP, "10.244.9.9:40000", "10.96.0.30:3868", "10.244.3.2:3868"), ""},
+		{"tcp to a removed endpoint is left to TCP",
+			flow(ProtoTCP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.99:5353"), ""},
+		{"tcp never DNATed is left to TCP",
+			flow(ProtoTCP, "10.244.9.9:40000", "10.96.0.10:53", "10.96.0.10:53"), ""},
+		{"udp that is not for a Service is kept",
+			flow(ProtoUDP, "10.244.9.9:40000", "10.244.1.2:5353", "10.244.1.2:5353"), ""},
+		{"udp to a node address on a port that is no NodePort is kept",
+			flow(ProtoUDP, "10.0.2.2:40000", "10.0.2.1:53", "10.0.2.1:53"), ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := j.Judge(tt.f)
+			if s.Stale != (tt.reason != "") || s.Reason != tt.reason {
+				t.Errorf("Judge = %+v, want stale=%v reason %q", s, tt.reason != "", tt.reason)
+			}
+		})
+	}
+}
+
+func TestJudgeWithoutPreviousStateOnlyUsesCurrent(t *testing.T) {
+	j := NewJudge(nil, testState(), nil)
+	if s := j.Judge(flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.99:514", "10.244.5.5:514")); s.Stale {
+		t.Errorf("flow to an address kp never knew judged stale: %+v", s)
+	}
+}
+
+// fakeConn is a conntrack table in memory.
+type fakeConn struct {
+	flows   []Flow
+	deleted []Flow
+	failOn  netip.AddrPort // Delete of a flow from this client fails
+	dumpErr error
+	closed  bool
+}
+
+func (c *fakeConn) Dump() ([]Flow, error) { return c.flows, c.dumpErr }
+func (c *fakeConn) Delete(f Flow) error {
+	if f.Orig.Src == c.failOn {
+		return errors.New("netlink: operation not permitted")
+	}
+	c.deleted = append(c.deleted, f)
+	return nil
+}
+func (c *fakeConn) Close() error { c.closed = true; return nil }
+
+func newTestCleaner(conn *fakeConn) *Cleaner {
+	return NewCleaner(CleanerConfig{
+		Dial:       func() (Conn, error) { return conn, nil },
+		LocalAddrs: func() ([]netip.Addr, error) { return addrs("10.0.2.1"), nil },
+	})
+}
+
+func TestCleanerDeletesStaleEntriesAndCountsThem(t *testing.T) {
+	conn := &fakeConn{flows: []Flow{
+		flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.2:5353"),  // kept
+		flow(ProtoUDP, "10.244.9.9:40001", "10.96.0.10:53", "10.244.1.99:5353"), // endpoint gone
+		flow(ProtoUDP, "10.0.2.2:40002", "10.96.0.10:53", "10.96.0.10:53"),      // not NATed
+		flow(ProtoTCP, "10.244.9.9:40003", "10.96.0.10:53", "10.244.1.99:5353"), // TCP: left alone
+	}}
+	c := newTestCleaner(conn)
+	n, err := c.Clean(context.Background(), nil, testState())
+	if err != nil || n != 2 {
+		t.Fatalf("Clean = %d, %v; want 2, nil", n, err)
+	}
+	var got []string
+	for _, f := range conn.deleted {
+		got = append(got, f.Orig.Src.String())
+	}
+	if strings.Join(got, ",") != "10.244.9.9:40001,10.0.2.2:40002" {
+		t.Errorf("deleted %v", got)
+	}
+	if !conn.closed {
+		t.Error("connection left open")
+	}
+	if v := testutil.ToFloat64(c.deleted.WithLabelValues("UDP", ReasonEndpointGone)); v != 1 {
+		t.Errorf("deleted{UDP,endpoint_gone} = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(c.deleted.WithLabelValues("UDP", ReasonNotNATed)); v != 1 {
+		t.Errorf("deleted{UDP,not_nated} = %v, want 1", v)
+	}
+}
+
+func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
+	conn := &fakeConn{
+		flows: []Flow{
+			flow(ProtoUDP, "10.244.9.9:40001", "10.96.0.10:53", "10.244.1.99:5353"),
+			flow(ProtoUDP, "10.244.9.9:40002", "10.96.0.10:53", "10.244.1.99:5353"),
+		},
+		failOn: netip.MustParseAddrPort("10.244.9.9:40001"),
+	}
+	c := newTestCleaner(conn)
+	c.Synced(context.Background(), nil, testState())
+	if len(conn.deleted) != 1 {
+		t.Errorf("deleted %d entries, want the one that did not fail", len(conn.deleted))
+	}
+	if v := testutil.ToFloat64(c.errors); v != 1 {
+		t.Errorf("cleanup errors = %v, want 1", v)
+	}
+}
+
+func TestCleanerSkipsTheDumpWhenNoServiceUsesUDPOrSCTP(t *testing.T) {
+	st := testState()
+	for name, sp := range st.Services {
+		if sp.Protocol != "TCP" {
+			delete(st.Services, name)
+		}
+	}
+	c := NewCleaner(CleanerConfig{
+		Dial:       func() (Conn, error) { t.Fatal("dialed conntrack for a TCP-only State"); return nil, nil },
+		LocalAddrs: func() ([]netip.Addr, error) { return nil, nil },
+	})
+	if n, err := c.Clean(context.Background(), st, st); n != 0 || err != nil {
+		t.Errorf("Clean = %d, %v", n, err)
+	}
+}

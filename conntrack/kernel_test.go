@@ -1,0 +1,248 @@
+package conntrack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/nft"
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
+
+// kernelWorld is a test/netns world whose node runs kp's nftables backend
+// (in this process, through a namespace fd) with one UDP Service.
+type kernelWorld struct {
+	w       *netns.World
+	fd      int
+	backend *nft.Backend
+	name    proxy.ServicePortName
+	sp      *proxy.ServicePort
+	gen     uint64
+}
+
+const kernelClusterIP = "10.96.0.53"
+
+func newKernelWorld(t *testing.T, pods int) *kernelWorld {
+	t.Helper()
+	w := netns.NewWorld(t, netns.Options{Pods: pods})
+	fd, err := unix.Open("/run/netns/"+w.Node(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	b, err := nft.NewInNamespace(proxy.Config{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{w.PodCIDR()}}, nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := spn("e2e", "dns", "dns", v1.ProtocolUDP)
+	kw := &kernelWorld{w: w, fd: fd, backend: b, name: name, sp: &proxy.ServicePort{
+		Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: addrs(kernelClusterIP), Port: 53, Protocol: v1.ProtocolUDP,
+	}}
+	return kw
+}
+
+// sync programs the Service with pods as its endpoints and returns the State.
+func (k *kernelWorld) sync(t *testing.T, pods ...*netns.Pod) *proxy.State {
+	t.Helper()
+	k.gen++
+	var eps []proxy.Endpoint
+	for _, p := range pods {
+		eps = append(eps, proxy.Endpoint{IP: p.IP, Port: int32(k.w.UDPPorts()[0]), Ready: true, Serving: true, NodeName: "node"})
+	}
+	st := &proxy.State{
+		Generation: k.gen,
+		Services:   map[proxy.ServicePortName]*proxy.ServicePort{k.name: k.sp},
+		Endpoints:  map[proxy.ServicePortName][]proxy.Endpoint{k.name: eps},
+		Changed:    map[proxy.ServicePortName]struct{}{k.name: {}},
+		Node:       proxy.Node{Name: "node", IPs: []netip.Addr{k.w.NodeIP()}},
+	}
+	if err := k.backend.Sync(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// udpClient is a connected UDP socket in the client namespace: every
+// exchange uses the same source port, hence the same conntrack entry.
+func (k *kernelWorld) udpClient(t *testing.T) net.Conn {
+	t.Helper()
+	c, err := netns.DialConn(context.Background(), k.w.Client(), "udp", kernelClusterIP+":53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func exchange(c net.Conn) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("?\n")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 256)
+	n, err := c.Read(buf)
+	if err != nil {
+		return "", err
+	}
+	name, _ := netns.ParseReply(string(buf[:n]))
+	return name, nil
+}
+
+func (k *kernelWorld) dump(t *testing.T) []Flow {
+	t.Helper()
+	conn, err := Dialer{NetNS: k.fd}.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	flows, err := conn.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return flows
+}
+
+func (k *kernelWorld) localAddrs(t *testing.T) []netip.Addr {
+	t.Helper()
+	var out []netip.Addr
+	if err := netns.InNamespace(k.w.Node(), func() error {
+		var err error
+		out, err = LocalAddrs()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// flowFrom finds the flow whose original source is src.
+func flowFrom(flows []Flow, src netip.AddrPort) (Flow, bool) {
+	for _, f := range flows {
+		if f.Orig.Src == src {
+			return f, true
+		}
+	}
+	return Flow{}, false
+}
+
+func TestKernelDumpAttributesARealUDPFlowWithCounters(t *testing.T) {
+	k := newKernelWorld(t, 1)
+	pod := k.w.Pods()[0]
+	if err := netns.InNamespace(k.w.Node(), func() error {
+		EnableAccounting(slog.New(slog.DiscardHandler))
+		if !AccountingEnabled() {
+			return fmt.Errorf("nf_conntrack_acct still off")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st := k.sync(t, pod)
+	c := k.udpClient(t)
+	for i := 0; i < 3; i++ {
+		if name, err := exchange(c); err != nil || name != pod.Name {
+			t.Fatalf("exchange %d: %q, %v", i, name, err)
+		}
+	}
+	src := netip.MustParseAddrPort(c.LocalAddr().String())
+	f, ok := flowFrom(k.dump(t), src)
+	if !ok {
+		t.Fatalf("no conntrack entry from %s in the node namespace", src)
+	}
+	a, ok := NewIndex(st, k.localAddrs(t)).Attribute(f)
+	wantEP := netip.AddrPortFrom(pod.IP, uint16(k.w.UDPPorts()[0]))
+	if !ok || a.ServicePort != k.name || a.Via != ViaClusterIP || a.Endpoint != wantEP || !a.Known {
+		t.Errorf("attribution %+v, want %s via ClusterIP to %s", a, k.name, wantEP)
+	}
+	if f.State() != "ASSURED" && f.State() != "REPLIED" {
+		t.Errorf("state %s after three exchanges, want REPLIED or ASSURED", f.State())
+	}
+	if f.OrigPackets != 3 || f.ReplyPackets != 3 || f.OrigBytes == 0 {
+		t.Errorf("counters orig %d/%dB reply %d/%dB, want 3 packets each way", f.OrigPackets, f.OrigBytes, f.ReplyPackets, f.ReplyBytes)
+	}
+	if f.Start.IsZero() || f.Age(time.Now()) < 0 || f.Age(time.Now()) > time.Minute {
+		t.Errorf("start %v: want a timestamp (nf_conntrack_timestamp on)", f.Start)
+	}
+}
+
+func TestKernelEventsStreamNewAndDestroyedFlows(t *testing.T) {
+	k := newKernelWorld(t, 2)
+	pods := k.w.Pods()
+	k.sync(t, pods[0])
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan Event, 64)
+	watchErr := make(chan error, 1)
+	go func() { watchErr <- Dialer{NetNS: k.fd}.Watch(ctx, events) }()
+
+	// Events flow only once the subscription is in place: retry the first
+	// exchange on fresh sockets until one shows up as new.
+	var src netip.AddrPort
+	deadline := time.After(10 * time.Second)
+	var c net.Conn
+wait:
+	for {
+		c = k.udpClient(t)
+		if _, err := exchange(c); err != nil {
+			t.Fatal(err)
+		}
+		src = netip.MustParseAddrPort(c.LocalAddr().String())
+		for {
+			select {
+			case e := <-events:
+				if e.Type == EventNew && e.Flow.Orig.Src == src {
+					break wait
+				}
+				continue
+			case <-time.After(500 * time.Millisecond):
+			case <-deadline:
+				t.Fatal("no new-flow event")
+			}
+			break
+		}
+	}
+
+	// The endpoint goes away: the cleaner deletes the entry, which the
+	// stream reports as destroyed.
+	prev := k.sync(t, pods[0])
+	cur := k.sync(t, pods[1])
+	cleaner := NewCleaner(CleanerConfig{
+		Dial:       Dialer{NetNS: k.fd}.Open,
+		LocalAddrs: func() ([]netip.Addr, error) { return k.localAddrs(t), nil },
+	})
+	n, err := cleaner.Clean(context.Background(), prev, cur)
+	if err != nil || n < 1 {
+		t.Fatalf("Clean = %d, %v; want the stale entry deleted", n, err)
+	}
+	for {
+		select {
+		case e := <-events:
+			if e.Type == EventDestroy && e.Flow.Orig.Src == src {
+				// And the same socket now reaches the new endpoint.
+				if name, err := exchange(c); err != nil || name != pods[1].Name {
+					t.Errorf("after cleanup: %q, %v; want %s", name, err, pods[1].Name)
+				}
+				cancel()
+				if err := <-watchErr; err != nil {
+					t.Errorf("Watch: %v", err)
+				}
+				return
+			}
+		case err := <-watchErr:
+			t.Fatalf("Watch ended: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no destroy event for the deleted entry")
+		}
+	}
+}

@@ -1,0 +1,32 @@
+package nft
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+func TestEndpointCountersAreReportedPerServicePortAndEndpoint(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.addService(spName("demo", "empty", ""), "10.96.0.11", 80, 0)
+	st := w.state()
+	mustSync(t, b, st)
+	var _ proxy.CounterReporter = b
+	got, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []string{"10.244.1.2:8080", "10.244.1.3:8080"} {
+		if _, ok := got[proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort(e)}]; !ok {
+			t.Errorf("no counter for %s %s in %v", web, e, got)
+		}
+	}
+	if len(got) != 2 {
+		t.Errorf("%d counters, want 2 (a Service without endpoints has none): %v", len(got), got)
+	}
+}

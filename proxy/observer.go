@@ -1,0 +1,52 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RunOptions are what Run needs besides the Config.
+type RunOptions struct {
+	Backend Backend
+	Sources []Source
+	Log     *slog.Logger // nil discards
+	// Observers are told about every successful sync, in order.
+	Observers []SyncObserver
+	// Collectors are registered with the metrics server's registry (an
+	// observer's own metrics, for instance).
+	Collectors []prometheus.Collector
+}
+
+// SyncObserver is told about every successful sync, after the backend
+// applied it. Work that follows the kernel's forwarding state without being
+// a backend (conntrack cleanup) hooks in here, so the core knows nothing of
+// it.
+type SyncObserver interface {
+	// Synced runs in the sync loop, after a successful sync of cur: the
+	// next sync waits for it. prev is the State of the previous successful
+	// sync (nil for the first one). Neither may be modified. Failures are
+	// the observer's to log and count; the sync itself already succeeded.
+	Synced(ctx context.Context, prev, cur *State)
+}
+
+// CounterReporter is implemented by a Backend that counts the new
+// connections it sends to each endpoint (the nftables mode's named
+// counters). The status API reports them per endpoint.
+type CounterReporter interface {
+	// EndpointCounters returns the counters of the endpoints of s that the
+	// backend programmed; an endpoint it does not count is absent.
+	EndpointCounters(s *State) (map[EndpointRef]EndpointCounter, error)
+}
+
+// EndpointRef names one endpoint of one service port.
+type EndpointRef struct {
+	ServicePort ServicePortName
+	Endpoint    netip.AddrPort
+}
+
+// EndpointCounter counts new connections to an endpoint: the first packet
+// of each, and those packets' bytes.
+type EndpointCounter struct{ Packets, Bytes uint64 }

@@ -1,0 +1,138 @@
+// Package statusapi holds the JSON types of kp proxy's read-only status API
+// and a small client for it. kp serves the API on its metrics address under
+// a versioned path (/kp/v1/...); kp top and kp flows are its clients. The
+// package depends on nothing but the standard library so that any client
+// can import it.
+//
+// Compatibility: within v1, fields are only ever added. A client ignores
+// fields it does not know; a field kp cannot fill is omitted, not zeroed.
+package statusapi
+
+import "time"
+
+// Version is the API version these types describe; it is in every path.
+const Version = "v1"
+
+// Paths of the API, relative to the server's root.
+const (
+	StatusPath   = "/kp/" + Version + "/status"
+	ServicesPath = "/kp/" + Version + "/services"
+)
+
+// Status is GET /kp/v1/status: the proxy and its sync loop.
+type Status struct {
+	APIVersion string    `json:"apiVersion"` // "kp/v1"
+	Mode       string    `json:"mode"`       // nftables, iptables, ipvs, userspace
+	Node       string    `json:"node"`       // the node name kp runs as
+	StartTime  time.Time `json:"startTime"`
+	// Now is the server's clock when it answered, so a client can compute
+	// ages without trusting its own clock.
+	Now time.Time `json:"now"`
+	// Healthy is what /healthz's sync part says: synced recently enough.
+	Healthy bool `json:"healthy"`
+
+	// LastSync is the last successful sync; absent before the first one.
+	LastSync *Sync `json:"lastSync,omitempty"`
+	// Syncs counts sync attempts since start.
+	Syncs SyncCounts `json:"syncs"`
+	// LastError is the last failed sync; absent when none failed.
+	LastError *SyncError `json:"lastError,omitempty"`
+
+	// ServicePorts and Endpoints count what the last successful sync
+	// programmed.
+	ServicePorts int `json:"servicePorts"`
+	Endpoints    int `json:"endpoints"`
+}
+
+// Sync describes one successful sync.
+type Sync struct {
+	Time            time.Time `json:"time"` // when it ended
+	DurationSeconds float64   `json:"durationSeconds"`
+	// Full says the backend re-rendered everything rather than the changes.
+	Full bool `json:"full"`
+	// Generation is the State snapshot's generation (see /kp/v1/services).
+	Generation uint64 `json:"generation"`
+}
+
+// SyncCounts counts syncs by outcome.
+type SyncCounts struct {
+	Succeeded uint64 `json:"succeeded"`
+	Failed    uint64 `json:"failed"`
+	Full      uint64 `json:"full"`
+	Partial   uint64 `json:"partial"`
+}
+
+// SyncError is a failed sync.
+type SyncError struct {
+	Time    time.Time `json:"time"`
+	Message string    `json:"message"`
+}
+
+// Services is GET /kp/v1/services: every service port as last synced into
+// the kernel. The query parameters namespace and service (a Service name)
+// restrict the list.
+type Services struct {
+	APIVersion string `json:"apiVersion"` // "kp/v1"
+	// Generation of the snapshot listed; 0 before the first sync.
+	Generation uint64    `json:"generation"`
+	SyncTime   time.Time `json:"syncTime,omitempty"`
+	Node       Node      `json:"node"`
+	// CountersError says why per-endpoint counters are missing, when the
+	// backend has them but could not read them.
+	CountersError string        `json:"countersError,omitempty"`
+	ServicePorts  []ServicePort `json:"servicePorts"`
+}
+
+// Node is what kp knows about its node.
+type Node struct {
+	Name string   `json:"name"`
+	IPs  []string `json:"ips,omitempty"`
+	Zone string   `json:"zone,omitempty"`
+}
+
+// ServicePort is one port of one Service, with its addresses and endpoints.
+// Names follow the Service API.
+type ServicePort struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`     // the Service's name
+	PortName  string `json:"portName"` // spec.ports[].name; "" for a single unnamed port
+	Protocol  string `json:"protocol"` // TCP, UDP, SCTP
+	Type      string `json:"type"`     // ClusterIP, NodePort, LoadBalancer
+
+	ClusterIPs      []string `json:"clusterIPs"`
+	Port            int32    `json:"port"`
+	NodePort        int32    `json:"nodePort,omitempty"`
+	ExternalIPs     []string `json:"externalIPs,omitempty"`
+	LoadBalancerIPs []string `json:"loadBalancerIPs,omitempty"`
+
+	ExternalTrafficPolicy string `json:"externalTrafficPolicy"` // Cluster or Local
+	InternalTrafficPolicy string `json:"internalTrafficPolicy"` // Cluster or Local
+	// SessionAffinitySeconds is the ClientIP affinity timeout; 0 for None.
+	SessionAffinitySeconds int64 `json:"sessionAffinitySeconds,omitempty"`
+
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Endpoint is one backend of a ServicePort.
+type Endpoint struct {
+	IP          string `json:"ip"`
+	Port        int32  `json:"port"`
+	Ready       bool   `json:"ready"`
+	Serving     bool   `json:"serving"`
+	Terminating bool   `json:"terminating"`
+	NodeName    string `json:"nodeName,omitempty"`
+	Zone        string `json:"zone,omitempty"`
+	// Usable says the endpoint may receive new connections (kp's endpoint
+	// selection picked it).
+	Usable bool `json:"usable"`
+	// Counters are the new connections the backend sent to this endpoint
+	// since kp first programmed it; absent when the backend does not count.
+	Counters *Counters `json:"counters,omitempty"`
+}
+
+// Counters count the new connections sent to an endpoint: one packet per
+// connection, and the bytes of those first packets.
+type Counters struct {
+	NewConnections uint64 `json:"newConnections"`
+	Bytes          uint64 `json:"bytes"`
+}
