@@ -27,10 +27,20 @@ const (
 )
 
 // keepTargets returns the endpoints a UDP or SCTP flow of a Service port may
-// keep going to; an entry pointing anywhere else is stale. This is the one
-// place that decides it, so it can follow endpoint selection when that
-// learns topology and traffic policies.
-func keepTargets(eps []proxy.Endpoint) []proxy.Endpoint { return proxy.UsableEndpoints(eps) }
+// keep going to; an entry pointing anywhere else is stale. As upstream, that
+// is every serving endpoint: a flow already going to a pod that is
+// terminating but still serving may finish there, even though new flows go
+// to ready pods (and topology or a traffic policy may send new flows
+// elsewhere without the old ones being wrong).
+func keepTargets(eps []proxy.Endpoint) []proxy.Endpoint {
+	var out []proxy.Endpoint
+	for _, e := range eps {
+		if e.Serving {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // cleaned reports whether stale entries of protocol p are deleted. TCP is
 // left alone: its own state machine ends a connection whose endpoint is gone

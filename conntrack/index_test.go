@@ -55,7 +55,7 @@ func testState() *proxy.State {
 			sigName: {Name: sigName, ClusterIPs: addrs("10.96.0.30"), Port: 3868, Protocol: v1.ProtocolSCTP},
 		},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{
-			dnsName:  {ep("10.244.1.2:5353", true), ep("10.244.1.3:5353", true), terminating("10.244.1.4:5353"), ep("[fd00:244::2]:5353", true)},
+			dnsName:  {ep("10.244.1.2:5353", true), ep("10.244.1.3:5353", true), terminating("10.244.1.4:5353"), ep("10.244.1.5:5353", false), ep("[fd00:244::2]:5353", true)},
 			dnsTCP:   {ep("10.244.1.2:5353", true)},
 			gameName: {ep("10.244.2.2:7000", true)},
 			sigName:  {ep("10.244.3.2:3868", true)},
