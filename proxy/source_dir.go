@@ -19,6 +19,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -401,6 +402,12 @@ func (s *DirSource) send(sink Sink, key objectKey, obj runtime.Object) {
 			node = obj.(*v1.Node).DeepCopy()
 		}
 		sink.OnNode(node)
+	case "ServiceCIDR":
+		var cidr *networkingv1.ServiceCIDR
+		if obj != nil {
+			cidr = obj.(*networkingv1.ServiceCIDR).DeepCopy()
+		}
+		sink.OnServiceCIDR(key.Name, cidr)
 	}
 }
 
