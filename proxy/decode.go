@@ -318,3 +318,21 @@ func decodeError(err error, kind string, firstLine int) error {
 	}
 	return fmt.Errorf("%s: %w", kind, err)
 }
+
+// DecodeManifest decodes one manifest file's content exactly as the folder
+// source does (strict decoding, multi-document YAML or JSON, v1 Lists) and
+// returns the Services, EndpointSlices, Nodes and ServiceCIDRs it defines,
+// in document order. Kinds kp does not read are skipped; any error rejects
+// the whole file, as the folder source does. It is the entry point of the
+// fuzz tests that follow decoded objects into a backend.
+func DecodeManifest(data []byte) ([]runtime.Object, error) {
+	objs, _, errs := newManifestDecoder().decodeFile("manifest", data)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	out := make([]runtime.Object, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.obj)
+	}
+	return out, nil
+}
