@@ -41,6 +41,9 @@ type ServiceHealthServer struct {
 	// failed remembers, per Service family, the listen error last logged,
 	// so a port in use is logged once, not at every sync.
 	failed map[hcKey]string
+	// closed is set by Close: the sync loop may still run a last Sync
+	// while the proxy shuts down, which must not open ports again.
+	closed bool
 }
 
 type hcKey struct {
@@ -160,6 +163,9 @@ func (s *ServiceHealthServer) Sync(st *State) {
 	want, counts := healthChecks(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
 	for key, inst := range s.instances {
 		w, ok := want[key]
 		if ok && w == inst.port && slices.Equal(inst.addrs, s.addrs(key.Family, st.Node)) {
@@ -260,10 +266,11 @@ func (inst *hcInstance) close() {
 	}
 }
 
-// Close closes every listener.
+// Close closes every listener for good.
 func (s *ServiceHealthServer) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
 	for key, inst := range s.instances {
 		inst.close()
 		delete(s.instances, key)

@@ -154,6 +154,12 @@ func TestServiceHealthPortsOpenAndCloseWithServices(t *testing.T) {
 	if _, err := http.Get(url); err == nil {
 		t.Fatal("health check port still open after its Service was deleted")
 	}
+	// After Close, a last sync of a shutting-down proxy opens nothing.
+	s.Close()
+	s.Sync(hcState(port, nodeEp("10.0.0.1", "node-a", true)))
+	if _, err := http.Get(url); err == nil {
+		t.Fatal("health check port opened by a Sync after Close")
+	}
 }
 
 func TestServiceHealthPortInUseIsLoggedAndSkipped(t *testing.T) {
@@ -239,12 +245,7 @@ func fmtAddrs(as []netip.Addr) string {
 
 func freePort(t *testing.T) int32 {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return int32(ln.Addr().(*net.TCPAddr).Port)
+	return int32(netip.MustParseAddrPort(freeAddr(t)).Port())
 }
 
 func httpCode(t *testing.T, url string) int {

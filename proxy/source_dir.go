@@ -33,8 +33,8 @@ const (
 )
 
 // DirSource is the folder source (kp proxy --manifests DIR): Services,
-// EndpointSlices and the proxy's own Node written as API manifests in the
-// files of one folder, watched for changes.
+// EndpointSlices, ServiceCIDRs and the proxy's own Node written as API
+// manifests in the files of one folder, watched for changes.
 //
 // Each file stands on its own: a file that fails to decode (or defines an
 // object another file already defines) is reported and its last good content
