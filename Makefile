@@ -28,7 +28,7 @@ test:
 # nft/testdata/fuzz/ and replayed by every later plain `go test`.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzManifestToNFT$$' -fuzztime $(FUZZTIME) -parallel 2 ./nft/
+	$(GO) test -run '^$$' -fuzz '^FuzzManifestToNFT$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 1s -parallel 2 ./nft/
 
 lint:
 	@files="$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*'))"; \
