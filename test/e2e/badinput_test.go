@@ -22,22 +22,22 @@ func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 	// The wrong-family slice: an IPv6 address in an IPv4 slice, before a
 	// good IPv4 one.
 	fam := Service{Name: "fam", ClusterIPs: []string{"10.96.0.72"}, Ports: []Port{http("http")},
-		Endpoints: onNode(nodeName, pods[1])}.Objects()
+		Endpoints: podsOn(nodeName, pods[1])}.Objects()
 	famSlice := fam[1].(*discovery.EndpointSlice)
 	famSlice.Endpoints = append([]discovery.Endpoint{{Addresses: []string{pods[0].IP6.String()}}}, famSlice.Endpoints...)
 	// The same endpoint in two slices of one Service.
 	dup := Service{Name: "dup", ClusterIPs: []string{"10.96.0.73"}, Ports: []Port{http("http")},
-		Endpoints: onNode(nodeName, pods[2])}.Objects()
+		Endpoints: podsOn(nodeName, pods[2])}.Objects()
 	dupCopy := dup[1].(*discovery.EndpointSlice).DeepCopy()
 	dupCopy.Name += "-copy"
 
 	objs := []any{
-		Service{Name: "bad-ip", ClusterIPs: []string{"10.96.0.300"}, Ports: []Port{http("http")}, Endpoints: onNode(nodeName, pods[0])},
+		Service{Name: "bad-ip", ClusterIPs: []string{"10.96.0.300"}, Ports: []Port{http("http")}, Endpoints: podsOn(nodeName, pods[0])},
 		Service{Name: "bad-ports", ClusterIPs: []string{"10.96.0.71"}, Ports: []Port{
 			{Name: "zero", Port: 0, TargetPort: 8080},
 			{Name: "huge", Port: 70000, TargetPort: 8080},
 			http("ok"),
-		}, Endpoints: onNode(nodeName, pods[0])},
+		}, Endpoints: podsOn(nodeName, pods[0])},
 		Service{Name: "bad-proto", ClusterIPs: []string{"10.96.0.74"},
 			Ports: []Port{{Name: "q", Protocol: "QUIC", Port: 80, TargetPort: 8080}}},
 		Service{Name: "Bad_Name", ClusterIPs: []string{"10.96.0.75"}, Ports: []Port{http("http")}, NoSlices: true},

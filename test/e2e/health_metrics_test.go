@@ -24,8 +24,8 @@ func localLB(name, clusterIP string, nodePort, hcPort int32, eps []Endpoint) []a
 	return objs
 }
 
-// onNode lists pods as ready IPv4 endpoints on the named node.
-func onNode(node string, pods ...*netns.Pod) []Endpoint {
+// podsOn lists pods as ready IPv4 endpoints on the named node.
+func podsOn(node string, pods ...*netns.Pod) []Endpoint {
 	var eps []Endpoint
 	for _, p := range pods {
 		eps = append(eps, Endpoint{IP: p.IP.String(), NodeName: node})
@@ -38,7 +38,7 @@ func TestHealthCheckNodePortReportsLocalEndpoints(t *testing.T) {
 	pods := e.w.Pods()
 	const hcPort = 32100
 	url := fmt.Sprintf("http://%s/", hostPort(e.w.NodeIP().String(), hcPort))
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, onNode(nodeName, pods...))...)
+	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods...))...)
 	e.startKP()
 
 	expect := func(what string, code, local int, healthy bool) {
@@ -60,10 +60,10 @@ func TestHealthCheckNodePortReportsLocalEndpoints(t *testing.T) {
 
 	// The endpoints move to another node: this node must fail the check
 	// so the load balancer stops sending it traffic it would drop.
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, onNode("other-node", pods...))...)
+	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(otherNode, pods...))...)
 	expect("endpoints on another node", 503, 0, true)
 
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, onNode(nodeName, pods[0]))...)
+	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods[0]))...)
 	expect("one pod back on this node", 200, 1, true)
 
 	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, nil)...)
@@ -87,7 +87,7 @@ func TestMetricsEndpointHasUpstreamMetricsWithSensibleValues(t *testing.T) {
 	e.write("web.yaml", web(pods...))
 	// A Local Service whose only endpoint is elsewhere: counted by
 	// kubeproxy_sync_proxy_rules_no_local_endpoints_total.
-	e.write("lb.yaml", localLB("lb", "10.96.0.61", 30061, 32101, onNode("other-node", pods[0]))...)
+	e.write("lb.yaml", localLB("lb", "10.96.0.61", 30061, 32101, podsOn(otherNode, pods[0]))...)
 	e.startKP()
 	e.answers(e.w.Client(), "tcp", webTCP)
 
