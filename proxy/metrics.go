@@ -156,8 +156,8 @@ func (m *Metrics) Programmed(triggers map[ServicePortName]time.Time, now time.Ti
 	}
 }
 
-// Handler serves /metrics (Prometheus text format) and /proxyMode (the mode
-// name as plain text, as upstream does).
+// Handler serves /metrics (Prometheus text format), /proxyMode (the mode
+// name as plain text) and /healthz ("ok"), as upstream's metrics server does.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
@@ -165,6 +165,13 @@ func (m *Metrics) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, m.mode)
+	})
+	// Upstream's metrics server answers a plain liveness ping too (the
+	// generic apiserver healthz handler); some monitoring probes it.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, "ok")
 	})
 	return mux
 }

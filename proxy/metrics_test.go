@@ -49,6 +49,9 @@ func TestMetricsHandler(t *testing.T) {
 	if got := string(get(t, srv.URL+"/proxyMode", http.StatusOK)); got != "nftables" {
 		t.Errorf("/proxyMode = %q, want nftables", got)
 	}
+	if got := string(get(t, srv.URL+"/healthz", http.StatusOK)); got != "ok" {
+		t.Errorf("metrics server /healthz = %q, want ok", got)
+	}
 }
 
 func TestMetricsAreNotShared(t *testing.T) {
