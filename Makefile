@@ -8,7 +8,7 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build test lint demo demo-down clean
+.PHONY: all build test fuzz lint demo demo-down clean
 
 all: build
 
@@ -20,6 +20,15 @@ build:
 test:
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
 	$(GO) test -count=1 -p 2 -timeout 25m ./...
+	$(MAKE) fuzz
+
+# The fuzz target follows arbitrary manifest bytes through the decoder, the
+# change tracker and the nftables backend on its fake kernel; `make test`
+# (and so CI) runs it for FUZZTIME. A failing input is saved under
+# nft/testdata/fuzz/ and replayed by every later plain `go test`.
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzManifestToNFT$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 1s -parallel 2 ./nft/
 
 lint:
 	@files="$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*'))"; \

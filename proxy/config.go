@@ -22,8 +22,11 @@ type Config struct {
 	// special value "primary" is kept in NodePortPrimary.
 	NodePortAddresses []netip.Prefix
 	NodePortPrimary   bool
-	MasqueradeAll     bool
-	MasqueradeBit     int
+	// ServiceCIDRs are Service CIDRs known without ServiceCIDR objects
+	// (kp's --service-cidrs), for the folder source above all.
+	ServiceCIDRs  []netip.Prefix
+	MasqueradeAll bool
+	MasqueradeBit int
 
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period

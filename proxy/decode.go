@@ -13,6 +13,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -39,7 +40,7 @@ func (e *ManifestError) Error() string {
 func (e *ManifestError) Unwrap() error { return e.Err }
 
 // objectKey names one object a manifest folder defines. Namespace is empty for
-// Nodes, which are cluster-scoped.
+// Nodes and ServiceCIDRs, which are cluster-scoped.
 type objectKey struct {
 	Kind      string
 	Namespace string
@@ -56,7 +57,7 @@ func (k objectKey) String() string {
 // manifestObject is one decoded object with the document it came from.
 type manifestObject struct {
 	key      objectKey
-	obj      runtime.Object // *v1.Service, *discovery.EndpointSlice or *v1.Node
+	obj      runtime.Object // *v1.Service, *discovery.EndpointSlice, *v1.Node or *networkingv1.ServiceCIDR
 	document int
 }
 
@@ -66,7 +67,11 @@ var wantAPIVersion = map[string]string{
 	"Service":       "v1",
 	"Node":          "v1",
 	"EndpointSlice": discovery.SchemeGroupVersion.String(),
+	"ServiceCIDR":   networkingv1.SchemeGroupVersion.String(),
 }
+
+// clusterScoped are the kinds without a namespace.
+var clusterScoped = map[string]bool{"Node": true, "ServiceCIDR": true}
 
 // manifestDecoder turns manifest files into API objects with the API
 // machinery's strict decoder, so unknown and duplicate fields are errors
@@ -83,6 +88,9 @@ func newManifestDecoder() *manifestDecoder {
 		panic(err)
 	}
 	if err := discovery.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	if err := networkingv1.AddToScheme(scheme); err != nil {
 		panic(err)
 	}
 	codecs := serializer.NewCodecFactory(scheme, serializer.EnableStrict)
@@ -191,7 +199,7 @@ func (m *manifestDecoder) decodeDocument(raw, j []byte, firstLine int, inList bo
 
 	want, known := wantAPIVersion[kind]
 	if !known {
-		return nil, []error{fmt.Errorf("skipped %s %s: kp reads only Service (v1), EndpointSlice (discovery.k8s.io/v1) and Node (v1)", apiVersion, kind)}, nil
+		return nil, []error{fmt.Errorf("skipped %s %s: kp reads only Service (v1), EndpointSlice (discovery.k8s.io/v1), Node (v1) and ServiceCIDR (networking.k8s.io/v1)", apiVersion, kind)}, nil
 	}
 	if apiVersion != want {
 		return nil, nil, fmt.Errorf("%s.apiVersion: %q is not supported, use %q", kind, apiVersion, want)
@@ -211,7 +219,7 @@ func (m *manifestDecoder) decodeDocument(raw, j []byte, firstLine int, inList bo
 		return nil, nil, fmt.Errorf("%s.metadata.name: required", kind)
 	}
 	key := objectKey{Kind: kind, Name: meta.GetName()}
-	if kind == "Node" {
+	if clusterScoped[kind] {
 		meta.SetNamespace("") // cluster-scoped: a namespace there means nothing
 	} else {
 		if meta.GetNamespace() == "" {
@@ -309,4 +317,22 @@ func decodeError(err error, kind string, firstLine int) error {
 		return fmt.Errorf("%s: got %s, want %s", field, m[1], m[3])
 	}
 	return fmt.Errorf("%s: %w", kind, err)
+}
+
+// DecodeManifest decodes one manifest file's content exactly as the folder
+// source does (strict decoding, multi-document YAML or JSON, v1 Lists) and
+// returns the Services, EndpointSlices, Nodes and ServiceCIDRs it defines,
+// in document order. Kinds kp does not read are skipped; any error rejects
+// the whole file, as the folder source does. It is the entry point of the
+// fuzz tests that follow decoded objects into a backend.
+func DecodeManifest(data []byte) ([]runtime.Object, error) {
+	objs, _, errs := newManifestDecoder().decodeFile("manifest", data)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	out := make([]runtime.Object, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.obj)
+	}
+	return out, nil
 }

@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"fmt"
+	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
@@ -16,29 +16,47 @@ const toBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Health answers the health checks upstream kube-proxy serves on :10256,
 // which cloud load balancers probe (externalTrafficPolicy Cluster) and
-// kubelets use as liveness probe. The proxy is healthy once it has synced and
-// while its last successful sync is younger than the timeout (2× the sync
-// period: the runner syncs at least once per period, so two missed periods
-// mean the sync loop is stuck or failing).
+// kubelets use as liveness probe, with upstream's (v1.36) rules: the proxy is
+// unhealthy when a change (a Service, EndpointSlice or Node update) has been
+// waiting longer than the timeout (2× the sync period) for a successful
+// sync. Periodic resyncs that fail while nothing changed do not make it
+// unhealthy, as upstream. kp adds one rule: it is unhealthy until its first
+// successful sync, so that nothing probes a node whose rules were never
+// written (upstream marks itself updated when its sync loop starts).
 type Health struct {
 	clk     clock.PassiveClock
 	timeout time.Duration
 
-	mu           sync.RWMutex
-	lastUpdated  time.Time
-	nodeEligible bool
+	mu            sync.RWMutex
+	lastUpdated   time.Time
+	oldestPending time.Time // zero when no change waits for a sync
+	nodeEligible  bool
+	// observe counts each response by handler and code, for
+	// kubeproxy_proxy_healthz_total and kubeproxy_proxy_livez_total.
+	observe func(path string, code int)
 }
 
 // NewHealth returns a Health that reports unhealthy until the first Updated.
 func NewHealth(timeout time.Duration, clk clock.PassiveClock) *Health {
-	return &Health{clk: clk, timeout: timeout, nodeEligible: true}
+	return &Health{clk: clk, timeout: timeout, nodeEligible: true, observe: func(string, int) {}}
 }
 
-// Updated records a successful sync at t.
+// Updated records a successful sync at t: every change queued so far is in
+// the kernel.
 func (h *Health) Updated(t time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastUpdated = t
+	h.oldestPending = time.Time{}
+}
+
+// QueuedUpdate records that a change at t waits for a sync.
+func (h *Health) QueuedUpdate(t time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.oldestPending.IsZero() {
+		h.oldestPending = t
+	}
 }
 
 // SyncNode takes the node's eligibility from the proxy's own Node: a node
@@ -71,37 +89,59 @@ func (h *Health) status() (healthy bool, lastUpdated, now time.Time, nodeEligibl
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	now = h.clk.Now()
-	healthy = !h.lastUpdated.IsZero() && now.Sub(h.lastUpdated) < h.timeout
+	stale := !h.oldestPending.IsZero() && now.Sub(h.oldestPending) >= h.timeout
+	healthy = !h.lastUpdated.IsZero() && !stale
 	return healthy, h.lastUpdated, now, h.nodeEligible
 }
 
-// Handler serves /healthz and /livez with upstream's JSON bodies.
+// healthBody is upstream's ProxyHealth JSON. kp programs both families in
+// one sync, so both report the same status.
+type healthBody struct {
+	LastUpdated  time.Time                 `json:"lastUpdated"`
+	CurrentTime  time.Time                 `json:"currentTime"`
+	NodeEligible *bool                     `json:"nodeEligible,omitempty"`
+	Healthy      bool                      `json:"healthy"`
+	Status       map[string]familyHealthJS `json:"status,omitempty"`
+}
+
+type familyHealthJS struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// Handler serves /healthz (sync health and node eligibility) and /livez
+// (sync health only) with upstream's JSON bodies.
 func (h *Health) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		healthy, last, now, eligible := h.status()
-		writeHealth(w, healthy && eligible)
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q, "nodeEligible": %v}`,
-			timeString(last), timeString(now), eligible)
-	})
-	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
-		healthy, last, now, _ := h.status()
-		writeHealth(w, healthy)
-		fmt.Fprintf(w, `{"lastUpdated": %q,"currentTime": %q}`, timeString(last), timeString(now))
-	})
+	serve := func(path string, withNode bool) {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
+			healthy, last, now, eligible := h.status()
+			body := healthBody{LastUpdated: last.Round(0), CurrentTime: now.Round(0), Healthy: healthy, Status: map[string]familyHealthJS{}}
+			for _, f := range []Family{IPv4, IPv6} {
+				body.Status[f.String()] = familyHealthJS{LastUpdated: last.Round(0), Healthy: healthy}
+			}
+			if withNode {
+				body.NodeEligible = &eligible
+				healthy = healthy && eligible
+			}
+			if healthy {
+				// Upstream reports "now" while healthy, as older
+				// releases did whenever the sync loop ran.
+				body.LastUpdated = now.Round(0)
+			}
+			code := http.StatusOK
+			if !healthy {
+				code = http.StatusServiceUnavailable
+			}
+			h.observe(path, code)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(code)
+			out, _ := json.Marshal(body)
+			_, _ = w.Write(out)
+		})
+	}
+	serve("/healthz", true)
+	serve("/livez", false)
 	return mux
 }
-
-func writeHealth(w http.ResponseWriter, healthy bool) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if healthy {
-		w.WriteHeader(http.StatusOK)
-	} else {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
-}
-
-// timeString formats like upstream (Go's time.Time String), minus the
-// monotonic clock reading, which means nothing outside the process.
-func timeString(t time.Time) string { return t.Round(0).String() }

@@ -41,13 +41,49 @@ func TestHealthHandlers(t *testing.T) {
 			wantEligible: true,
 		},
 		{
-			name: "unhealthy when the last sync is older than the timeout",
+			name: "healthy long after a sync when nothing changed (failing resyncs do not count)",
 			setup: func(h *Health, clk *clocktesting.FakeClock) {
 				h.Updated(clk.Now())
+				clk.Step(10 * timeout)
+			},
+			wantHealthz:  http.StatusOK,
+			wantLivez:    http.StatusOK,
+			wantEligible: true,
+		},
+		{
+			name: "healthy while a queued change is younger than the timeout",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				clk.Step(time.Hour)
+				h.QueuedUpdate(clk.Now())
+				clk.Step(timeout - time.Second)
+				h.QueuedUpdate(clk.Now()) // the oldest pending change counts
+			},
+			wantHealthz:  http.StatusOK,
+			wantLivez:    http.StatusOK,
+			wantEligible: true,
+		},
+		{
+			name: "unhealthy when a queued change waits past the timeout",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.Updated(clk.Now())
+				h.QueuedUpdate(clk.Now())
 				clk.Step(timeout)
 			},
 			wantHealthz:  http.StatusServiceUnavailable,
 			wantLivez:    http.StatusServiceUnavailable,
+			wantEligible: true,
+		},
+		{
+			name: "a sync clears the pending change",
+			setup: func(h *Health, clk *clocktesting.FakeClock) {
+				h.QueuedUpdate(clk.Now())
+				clk.Step(timeout)
+				h.Updated(clk.Now())
+				clk.Step(timeout)
+			},
+			wantHealthz:  http.StatusOK,
+			wantLivez:    http.StatusOK,
 			wantEligible: true,
 		},
 		{
@@ -81,19 +117,27 @@ func TestHealthHandlers(t *testing.T) {
 
 			body := get(t, srv.URL+"/healthz", tt.wantHealthz)
 			var hz struct {
-				LastUpdated  string `json:"lastUpdated"`
-				CurrentTime  string `json:"currentTime"`
-				NodeEligible *bool  `json:"nodeEligible"`
+				LastUpdated  time.Time `json:"lastUpdated"`
+				CurrentTime  time.Time `json:"currentTime"`
+				NodeEligible *bool     `json:"nodeEligible"`
+				Healthy      bool      `json:"healthy"`
+				Status       map[string]struct {
+					Healthy bool `json:"healthy"`
+				} `json:"status"`
 			}
 			if err := json.Unmarshal(body, &hz); err != nil {
 				t.Fatalf("healthz body %q: %v", body, err)
 			}
-			if hz.NodeEligible == nil || *hz.NodeEligible != tt.wantEligible || hz.CurrentTime != clk.Now().String() || hz.LastUpdated == "" {
+			if hz.NodeEligible == nil || *hz.NodeEligible != tt.wantEligible || !hz.CurrentTime.Equal(clk.Now()) ||
+				hz.Healthy != (tt.wantLivez == http.StatusOK) || hz.Status["IPv4"].Healthy != hz.Healthy || len(hz.Status) != 2 {
 				t.Errorf("healthz body %s", body)
+			}
+			if tt.wantHealthz == http.StatusOK && !hz.LastUpdated.Equal(clk.Now()) {
+				t.Errorf("healthy healthz reports lastUpdated %s, want now (%s) as upstream", hz.LastUpdated, clk.Now())
 			}
 			body = get(t, srv.URL+"/livez", tt.wantLivez)
 			var lz map[string]any
-			if err := json.Unmarshal(body, &lz); err != nil || lz["lastUpdated"] == nil || lz["currentTime"] == nil {
+			if err := json.Unmarshal(body, &lz); err != nil || lz["lastUpdated"] == nil || lz["currentTime"] == nil || lz["nodeEligible"] != nil {
 				t.Errorf("livez body %q: %v", body, err)
 			}
 		})

@@ -17,14 +17,23 @@ type Metrics struct {
 	registry *prometheus.Registry
 	mode     Mode
 
-	syncDuration        prometheus.Histogram
-	fullSyncDuration    prometheus.Histogram
-	partialSyncDuration prometheus.Histogram
-	lastSync            prometheus.Gauge
-	lastQueued          prometheus.Gauge
-	programming         prometheus.Histogram
+	// Upstream (v1.36) labels most sync metrics with ip_family, one
+	// proxier per family; kp syncs both families in one transaction, so
+	// each observation is recorded for both.
+	syncDuration        *prometheus.HistogramVec
+	fullSyncDuration    *prometheus.HistogramVec
+	partialSyncDuration *prometheus.HistogramVec
+	lastSync            *prometheus.GaugeVec
+	lastQueued          *prometheus.GaugeVec
+	programming         *prometheus.HistogramVec
 	failures            prometheus.Counter
+	nftFailures         *prometheus.CounterVec
+
+	serviceMetrics
 }
+
+// ipFamilies are the label values of upstream's ip_family label.
+var ipFamilies = []string{IPv4.String(), IPv6.String()}
 
 // NewMetrics returns the metrics of a proxy running in mode, registered with
 // a new registry together with the Go runtime and process collectors.
@@ -33,38 +42,45 @@ func NewMetrics(mode Mode) *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		mode:     mode,
-		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kubeproxy_sync_proxy_rules_duration_seconds",
 			Help:    "SyncProxyRules latency in seconds",
 			Buckets: syncBuckets,
-		}),
-		fullSyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"ip_family"}),
+		fullSyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kubeproxy_sync_full_proxy_rules_duration_seconds",
 			Help:    "SyncProxyRules latency in seconds for full resyncs",
 			Buckets: syncBuckets,
-		}),
-		partialSyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"ip_family"}),
+		partialSyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
 			Help:    "SyncProxyRules latency in seconds for partial resyncs",
 			Buckets: syncBuckets,
-		}),
-		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{"ip_family"}),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 			Help: "The last time proxy rules were successfully synced",
-		}),
-		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{"ip_family"}),
+		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
 			Help: "The last time a sync of proxy rules was queued",
-		}),
-		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"ip_family"}),
+		programming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kubeproxy_network_programming_duration_seconds",
 			Help:    "In Cluster Network Programming Latency in seconds",
 			Buckets: programmingBuckets(),
-		}),
+		}, []string{"ip_family"}),
+		// kp's own, whatever the mode; the nftables mode also counts
+		// upstream's kubeproxy_sync_proxy_rules_nftables_sync_failures_total.
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kp_sync_proxy_rules_failures_total",
 			Help: "Syncs of proxy rules that failed (each is retried)",
 		}),
+		nftFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+			Help: "Cumulative proxy nftables sync failures",
+		}, []string{"ip_family"}),
+		serviceMetrics: newServiceMetrics(),
 	}
 	m.registry.MustRegister(
 		m.syncDuration, m.fullSyncDuration, m.partialSyncDuration,
@@ -72,6 +88,16 @@ func NewMetrics(mode Mode) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	m.serviceMetrics.register(m.registry)
+	if mode == ModeNFTables {
+		m.registry.MustRegister(m.nftFailures)
+	}
+	// Series start at zero, as upstream's do once its proxiers run, so
+	// that rate() and alerts see the first failure.
+	for _, f := range ipFamilies {
+		m.nftFailures.WithLabelValues(f)
+		m.syncDuration.WithLabelValues(f)
+	}
 	return m
 }
 
@@ -92,33 +118,46 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
 // SyncSucceeded records a successful sync that took d and ended at end;
 // full says whether the backend re-rendered everything.
 func (m *Metrics) SyncSucceeded(d time.Duration, full bool, end time.Time) {
-	m.syncDuration.Observe(d.Seconds())
-	if full {
-		m.fullSyncDuration.Observe(d.Seconds())
-	} else {
-		m.partialSyncDuration.Observe(d.Seconds())
+	for _, f := range ipFamilies {
+		m.syncDuration.WithLabelValues(f).Observe(d.Seconds())
+		if full {
+			m.fullSyncDuration.WithLabelValues(f).Observe(d.Seconds())
+		} else {
+			m.partialSyncDuration.WithLabelValues(f).Observe(d.Seconds())
+		}
+		m.lastSync.WithLabelValues(f).Set(float64(end.UnixNano()) / 1e9)
 	}
-	m.lastSync.Set(float64(end.UnixNano()) / 1e9)
 }
 
 // SyncFailed counts a failed sync.
-func (m *Metrics) SyncFailed() { m.failures.Inc() }
+func (m *Metrics) SyncFailed() {
+	m.failures.Inc()
+	for _, f := range ipFamilies {
+		m.nftFailures.WithLabelValues(f).Inc()
+	}
+}
 
 // Queued records that a change queued a sync at t.
-func (m *Metrics) Queued(t time.Time) { m.lastQueued.Set(float64(t.UnixNano()) / 1e9) }
+func (m *Metrics) Queued(t time.Time) {
+	for _, f := range ipFamilies {
+		m.lastQueued.WithLabelValues(f).Set(float64(t.UnixNano()) / 1e9)
+	}
+}
 
 // Programmed observes the network programming latency of every change
 // whose trigger time is in triggers, now that it is in the kernel.
 func (m *Metrics) Programmed(triggers map[ServicePortName]time.Time, now time.Time) {
 	for _, t := range triggers {
 		if d := now.Sub(t); d >= 0 {
-			m.programming.Observe(d.Seconds())
+			for _, f := range ipFamilies {
+				m.programming.WithLabelValues(f).Observe(d.Seconds())
+			}
 		}
 	}
 }
 
-// Handler serves /metrics (Prometheus text format) and /proxyMode (the mode
-// name as plain text, as upstream does).
+// Handler serves /metrics (Prometheus text format), /proxyMode (the mode
+// name as plain text) and /healthz ("ok"), as upstream's metrics server does.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
@@ -126,6 +165,13 @@ func (m *Metrics) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, m.mode)
+	})
+	// Upstream's metrics server answers a plain liveness ping too (the
+	// generic apiserver healthz handler); some monitoring probes it.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, "ok")
 	})
 	return mux
 }

@@ -24,15 +24,21 @@ func TestMetricsHandler(t *testing.T) {
 
 	metrics := string(get(t, srv.URL+"/metrics", http.StatusOK))
 	for _, want := range []string{
-		"kubeproxy_sync_proxy_rules_duration_seconds_count 2",
-		"kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
-		"kubeproxy_sync_partial_proxy_rules_duration_seconds_count 1",
-		"kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.76722561e+09",
-		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds 1.767225609e+09",
-		"kubeproxy_network_programming_duration_seconds_count 1",
-		`kubeproxy_network_programming_duration_seconds_bucket{le="2"} 1`,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="1"} 0`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 2`,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.76722561e+09`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"} 1.767225609e+09`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 1`,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="2"} 1`,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="1"} 0`,
 		"kp_sync_proxy_rules_failures_total 1",
+		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 1`,
+		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv6"} 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 0`,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total 0",
+		"kubeproxy_sync_proxy_rules_service_changes_pending 0",
 		"go_goroutines",
 	} {
 		if !strings.Contains(metrics, want) {
@@ -42,6 +48,9 @@ func TestMetricsHandler(t *testing.T) {
 
 	if got := string(get(t, srv.URL+"/proxyMode", http.StatusOK)); got != "nftables" {
 		t.Errorf("/proxyMode = %q, want nftables", got)
+	}
+	if got := string(get(t, srv.URL+"/healthz", http.StatusOK)); got != "ok" {
+		t.Errorf("metrics server /healthz = %q, want ok", got)
 	}
 }
 

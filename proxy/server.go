@@ -97,6 +97,10 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 			return fmt.Errorf("register metrics: %w", err)
 		}
 	}
+	metrics.ObserveHealth(health)
+	serviceHealth := NewServiceHealthServer(ServiceHealthOptions{Log: log, Healthy: health.Healthy,
+		NodePortAddresses: cfg.NodePortAddresses, NodePortPrimary: cfg.NodePortPrimary})
+	defer serviceHealth.Close()
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
 		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
 		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withStatus(metrics.Handler(), status.Handler())},
@@ -106,18 +110,22 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	}
 	defer stopHTTP()
 
-	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers, clk: clk, log: log}
+	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers,
+		serviceHealth: serviceHealth, clk: clk, log: log}
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
 	s.tracker = NewChangeTracker(ChangeTrackerOptions{
-		NodeName: nodeName,
-		Log:      log,
-		Sources:  len(sources),
-		Clock:    clk,
+		NodeName:     nodeName,
+		Log:          log,
+		Sources:      len(sources),
+		Clock:        clk,
+		ServiceCIDRs: cfg.ServiceCIDRs,
 		OnChange: func() {
 			metrics.Queued(clk.Now())
+			health.QueuedUpdate(clk.Now())
 			runner.Trigger()
 		},
 	})
+	metrics.ObserveTracker(s.tracker)
 	sink := nodeHealthSink{Sink: s.tracker, health: health, nodeName: nodeName}
 	for _, src := range sources {
 		wg.Go(func() {
@@ -173,6 +181,9 @@ type syncer struct {
 	observers []SyncObserver
 	prev      *State
 
+	// serviceHealth serves healthCheckNodePorts from each synced State.
+	serviceHealth *ServiceHealthServer
+
 	lastFailed bool
 	// triggers keeps the trigger times of snapshots whose sync failed, so
 	// the programming latency is measured when the change finally lands.
@@ -210,6 +221,8 @@ func (s *syncer) sync(ctx context.Context) error {
 	clear(s.triggers)
 	s.health.Updated(end)
 	s.status.Succeeded(st, start, end, full)
+	s.metrics.ObserveState(st)
+	s.serviceHealth.Sync(st)
 	s.log.Debug("synced", "generation", st.Generation, "servicePorts", len(st.Services),
 		"changed", len(st.Changed), "nodeChanged", st.NodeChanged, "full", full, "duration", end.Sub(start))
 	for _, o := range s.observers {

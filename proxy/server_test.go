@@ -247,7 +247,7 @@ func TestRunServesHealthAndMetrics(t *testing.T) {
 	if got := string(get(t, "http://"+cfg.MetricsBindAddress+"/proxyMode", http.StatusOK)); got != "nftables" {
 		t.Errorf("/proxyMode = %q", got)
 	}
-	if m := string(get(t, "http://"+cfg.MetricsBindAddress+"/metrics", http.StatusOK)); !strings.Contains(m, "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1") {
+	if m := string(get(t, "http://"+cfg.MetricsBindAddress+"/metrics", http.StatusOK)); !strings.Contains(m, `kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`) {
 		t.Errorf("/metrics does not count the first sync as full:\n%s", m)
 	}
 	if err := stop(); err != nil {

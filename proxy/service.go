@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // LabelServiceProxyName hands a Service to another proxy: upstream kube-proxy,
@@ -41,6 +42,9 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 		return nil, nil
 	}
 	c := &serviceConverter{svc: svc, name: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}}
+	if !c.validNames() {
+		return nil, errors.Join(c.errs...)
+	}
 	clusterIPs := c.clusterIPs()
 	if len(clusterIPs) == 0 {
 		return nil, errors.Join(c.errs...)
@@ -73,6 +77,12 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 		if err != nil {
 			c.fail(field+".protocol", err)
 			continue
+		}
+		if p.Name != "" {
+			if msgs := validation.IsValidPortName(p.Name); len(msgs) > 0 {
+				c.fail(field+".name", fmt.Errorf("%q: %s", p.Name, strings.Join(msgs, "; ")))
+				continue
+			}
 		}
 		if err := checkPort(p.Port); err != nil {
 			c.fail(field+".port", err)
@@ -119,6 +129,23 @@ type serviceConverter struct {
 
 func (c *serviceConverter) fail(field string, err error) {
 	c.errs = append(c.errs, &FieldError{Kind: "Service", Object: c.name, Field: field, Err: err})
+}
+
+// validNames checks the namespace and name the API server would have
+// checked: manifests skip the API server, and backends build kernel object
+// names from these (nftables chain names are limited to 255 bytes and
+// must be unique; "/" or quotes in a name would break both).
+func (c *serviceConverter) validNames() bool {
+	ok := true
+	if msgs := validation.IsDNS1123Label(c.name.Namespace); len(msgs) > 0 {
+		c.fail("metadata.namespace", fmt.Errorf("%q: %s", c.name.Namespace, strings.Join(msgs, "; ")))
+		ok = false
+	}
+	if msgs := validation.IsDNS1035Label(c.name.Name); len(msgs) > 0 {
+		c.fail("metadata.name", fmt.Errorf("%q: %s", c.name.Name, strings.Join(msgs, "; ")))
+		ok = false
+	}
+	return ok
 }
 
 // clusterIPs returns the Service's cluster IPs, at most one per family.

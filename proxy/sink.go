@@ -5,6 +5,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 )
 
 // Sink receives the objects a Source observes. The ChangeTracker implements
@@ -15,6 +16,9 @@ type Sink interface {
 	OnEndpointSlice(namespace, name string, slice *discovery.EndpointSlice)
 	// OnNode reports the proxy's own Node (nil when it is unknown or gone).
 	OnNode(node *v1.Node)
+	// OnServiceCIDR reports a networking.k8s.io/v1 ServiceCIDR (nil:
+	// deleted); ServiceCIDRs are cluster-scoped, so name alone is the key.
+	OnServiceCIDR(name string, cidr *networkingv1.ServiceCIDR)
 	// OnSynced reports that the source delivered its complete initial view;
 	// no sync happens before every source said so.
 	OnSynced()

@@ -19,6 +19,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -32,8 +33,8 @@ const (
 )
 
 // DirSource is the folder source (kp proxy --manifests DIR): Services,
-// EndpointSlices and the proxy's own Node written as API manifests in the
-// files of one folder, watched for changes.
+// EndpointSlices, ServiceCIDRs and the proxy's own Node written as API
+// manifests in the files of one folder, watched for changes.
 //
 // Each file stands on its own: a file that fails to decode (or defines an
 // object another file already defines) is reported and its last good content
@@ -401,6 +402,12 @@ func (s *DirSource) send(sink Sink, key objectKey, obj runtime.Object) {
 			node = obj.(*v1.Node).DeepCopy()
 		}
 		sink.OnNode(node)
+	case "ServiceCIDR":
+		var cidr *networkingv1.ServiceCIDR
+		if obj != nil {
+			cidr = obj.(*networkingv1.ServiceCIDR).DeepCopy()
+		}
+		sink.OnServiceCIDR(key.Name, cidr)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -64,6 +65,10 @@ func (r *recordingSink) OnEndpointSlice(ns, name string, s *discovery.EndpointSl
 
 func (r *recordingSink) OnNode(n *v1.Node) {
 	r.record("Node", n, n == nil)
+}
+
+func (r *recordingSink) OnServiceCIDR(name string, c *networkingv1.ServiceCIDR) {
+	r.record("ServiceCIDR "+name, c, c == nil)
 }
 
 func (r *recordingSink) OnSynced() {

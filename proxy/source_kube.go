@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -153,6 +154,13 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 		{"EndpointSlice", sliceInformer, k.endpointSliceHandler(sink, sliceSel)},
 		{"Node", nodeInformer, k.nodeHandler(sink)},
 	}
+	if inf, h := k.serviceCIDRInformer(factory, sink); inf != nil {
+		handlers = append(handlers, struct {
+			kind     string
+			informer cache.SharedIndexInformer
+			handler  cache.ResourceEventHandler
+		}{"ServiceCIDR", inf, h})
+	}
 	status := &apiStatus{log: k.log, interval: k.errorLogInterval}
 	var synced []cache.InformerSynced
 	for _, h := range handlers {
@@ -288,7 +296,7 @@ func (k *KubeSource) nodeHandler(sink Sink) cache.ResourceEventHandler {
 // repeats the informer's server-side filter, so an object that stops
 // matching on update is delivered as deleted whatever the server sends.
 type objectHandler[T interface {
-	*v1.Service | *discovery.EndpointSlice | *v1.Node
+	*v1.Service | *discovery.EndpointSlice | *v1.Node | *networkingv1.ServiceCIDR
 	metav1.Object
 }] struct {
 	kind    string

@@ -26,12 +26,16 @@ type State struct {
 	Node        Node
 	// ServiceCIDRs are the ranges ClusterIPs are allocated from (both
 	// families; empty when unknown): traffic to an address in them that no
-	// Service has is dropped.
+	// Service has is dropped. They come from the ServiceCIDR objects and
+	// kp's --service-cidrs, sorted (IPv4 first), masked and deduplicated.
 	ServiceCIDRs []netip.Prefix
 	// TriggerTimes holds, per changed ServicePort, the oldest
 	// endpoints.kubernetes.io/last-change-trigger-time not yet synced, for
 	// the network programming latency metric.
 	TriggerTimes map[ServicePortName]time.Time
+	// ServiceCIDRsChanged is set when ServiceCIDRs differ from the
+	// previous snapshot's.
+	ServiceCIDRsChanged bool
 }
 
 // Family selects one IP family.

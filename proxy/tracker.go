@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,6 +29,10 @@ type ChangeTrackerOptions struct {
 	// tracker are ignored, as upstream does: a proxy that starts does not
 	// measure how long ago objects were created.
 	Clock clock.PassiveClock
+	// ServiceCIDRs are Service CIDRs known without ServiceCIDR objects
+	// (kp's --service-cidrs); State.ServiceCIDRs is their union with the
+	// objects'.
+	ServiceCIDRs []netip.Prefix
 }
 
 // ChangeTracker is the Sink every source feeds. It converts and validates
@@ -62,6 +68,10 @@ type ChangeTracker struct {
 	// without scanning every ServicePort.
 	prev      *State
 	published map[types.NamespacedName][]ServicePortName
+
+	changeCounter
+	serviceCIDRs     serviceCIDRState
+	prevServiceCIDRs []netip.Prefix
 }
 
 type serviceEntry struct {
@@ -96,6 +106,7 @@ func NewChangeTracker(opts ChangeTrackerOptions) *ChangeTracker {
 		prev:         &State{},
 		published:    make(map[types.NamespacedName][]ServicePortName),
 	}
+	t.serviceCIDRs.static = slices.Clone(opts.ServiceCIDRs)
 	clk := opts.Clock
 	if clk == nil {
 		clk = clock.RealClock{}
@@ -118,6 +129,9 @@ func (t *ChangeTracker) OnService(namespace, name string, svc *v1.Service) {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	t.mu.Lock()
 	changed := t.updateService(key, svc)
+	if changed {
+		t.serviceChanged(key)
+	}
 	t.mu.Unlock()
 	if changed {
 		t.onChange()
@@ -153,6 +167,9 @@ func (t *ChangeTracker) OnEndpointSlice(namespace, name string, slice *discovery
 	key := types.NamespacedName{Namespace: namespace, Name: name}
 	t.mu.Lock()
 	changed := t.updateSlice(key, slice)
+	if changed {
+		t.endpointsChanged(key)
+	}
 	t.mu.Unlock()
 	if changed {
 		t.onChange()

@@ -38,6 +38,8 @@ func (t *ChangeTracker) Snapshot() *State {
 	}
 	clear(t.dirty)
 	clear(t.triggerTimes)
+	t.snapshotTaken()
+	t.snapshotServiceCIDRs(s)
 	t.prev = s
 	return s
 }

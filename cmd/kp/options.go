@@ -42,6 +42,7 @@ type proxyOptions struct {
 	hostnameOverride  string
 	clusterCIDR       string
 	nodePortAddresses []string
+	serviceCIDRs      string
 	masqueradeAll     bool
 	masqueradeBit     int32
 
@@ -77,6 +78,10 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil,
 		"CIDR ranges of the node IPs that answer NodePorts, or the single word 'primary' for the node's primary IPs "+
 			"(the default in nftables mode).")
+	fs.StringVar(&o.serviceCIDRs, "service-cidrs", "",
+		"kp only: the cluster's Service CIDRs, comma-separated (for example 10.96.0.0/12,fd00:96::/108). Traffic to an "+
+			"unallocated address inside them is dropped. With the Kubernetes API, ServiceCIDR objects add theirs; "+
+			"with --manifests this flag (or ServiceCIDR manifests) is the only source.")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "Masquerade (SNAT) all traffic sent to Service addresses.")
 	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", defaultMasqueradeBit,
 		"The bit of the packet mark that flags packets for masquerade, in every mode. Must be within [0, 31].")
@@ -212,6 +217,13 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 			fail("nodeport-addresses", strings.Join(o.nodePortAddresses, ","), err)
 		}
 		s.cfg.NodePortAddresses, s.cfg.NodePortPrimary = cidrs, primary
+	}
+	if changed("service-cidrs") {
+		cidrs, err := parseServiceCIDRs(o.serviceCIDRs)
+		if err != nil {
+			fail("service-cidrs", o.serviceCIDRs, err)
+		}
+		s.cfg.ServiceCIDRs = cidrs
 	}
 	if changed("masquerade-all") {
 		s.cfg.MasqueradeAll = o.masqueradeAll
@@ -352,6 +364,25 @@ func parseClusterCIDRs(s string) ([]netip.Prefix, error) {
 	}
 	if len(cidrs) > 2 || (len(cidrs) == 2 && cidrs[0].Addr().Is4() == cidrs[1].Addr().Is4()) {
 		return nil, errors.New("want one CIDR, or one IPv4 and one IPv6 CIDR for dual-stack")
+	}
+	return cidrs, nil
+}
+
+// parseServiceCIDRs parses --service-cidrs: any number of CIDRs of either
+// family. A CIDR covering a whole family (0.0.0.0/0) would drop traffic to
+// every address that is not a Service, so it is refused.
+func parseServiceCIDRs(s string) ([]netip.Prefix, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	cidrs, err := parseCIDRs(strings.Split(s, ","))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range cidrs {
+		if p.Bits() == 0 {
+			return nil, fmt.Errorf("%s covers every address; give the Service CIDRs only", p)
+		}
 	}
 	return cidrs, nil
 }

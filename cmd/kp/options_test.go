@@ -72,6 +72,10 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 			want: func(c *proxy.Config) {
 				c.NodePortAddresses, c.NodePortPrimary = prefixes("192.168.0.0/16", "fd00::/64"), false
 			}},
+		{name: "service CIDRs of both families", args: []string{"--service-cidrs", "10.96.0.0/12, fd00:96::1/108,10.200.0.0/24"},
+			want: func(c *proxy.Config) {
+				c.ServiceCIDRs = prefixes("10.96.0.0/12", "fd00:96::/108", "10.200.0.0/24")
+			}},
 		{name: "nodeport primary said explicitly", args: []string{"--nodeport-addresses", "primary"}, want: func(*proxy.Config) {}},
 		{name: "masquerade all and mark bit", args: []string{"--masquerade-all", "--iptables-masquerade-bit", "5"},
 			want: func(c *proxy.Config) { c.MasqueradeAll, c.MasqueradeBit = true, 5 }},
@@ -140,6 +144,12 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --nodeport-addresses "primary,10.0.0.0/8": 'primary' cannot be combined with CIDRs`},
 		{"invalid nodeport CIDR", []string{"--nodeport-addresses", "10.0.0.1"},
 			`kp: --nodeport-addresses "10.0.0.1": invalid CIDR`},
+		{"invalid service CIDR", []string{"--service-cidrs", "10.96.0.0/12,10.300.0.0/16"},
+			`kp: --service-cidrs "10.96.0.0/12,10.300.0.0/16": invalid CIDR "10.300.0.0/16"`},
+		{"service CIDR without a length", []string{"--service-cidrs", "10.96.0.1"},
+			`kp: --service-cidrs "10.96.0.1": invalid CIDR`},
+		{"service CIDR covering everything", []string{"--service-cidrs", "0.0.0.0/0"},
+			`kp: --service-cidrs "0.0.0.0/0": 0.0.0.0/0 covers every address; give the Service CIDRs only`},
 		{"mark bit out of range", []string{"--iptables-masquerade-bit", "32"},
 			`kp: --iptables-masquerade-bit "32": must be within [0, 31]`},
 		{"zero sync period", []string{"--sync-period", "0"},

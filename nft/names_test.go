@@ -1,0 +1,142 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// maxObjectName is the kernel's limit on nftables chain, set and object
+// names: NFT_NAME_MAXLEN (256) bytes including the terminating NUL.
+const maxObjectName = 255
+
+// TestObjectNamesAreUniqueAndFitTheKernel renders Services whose names
+// would collide under a hash or truncation, at the longest lengths the
+// API allows (namespace and name 63 characters, port name 15, SCTP, the
+// longest IPv6 endpoint), and checks on the fake kernel that every Service
+// and endpoint got its own chain, and every name fits.
+func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
+	long := strings.Repeat("x", 62)
+	ns1, ns2 := long+"a", long+"b" // differ only in the last character
+	type svcDef struct {
+		ns, name string
+		ports    []v1.ServicePort
+	}
+	portsOf := func(names ...string) []v1.ServicePort {
+		var out []v1.ServicePort
+		for i, n := range names {
+			out = append(out, v1.ServicePort{Name: n, Port: int32(65535 - i), NodePort: int32(32767 - i), Protocol: v1.ProtocolSCTP})
+		}
+		return out
+	}
+	maxPort := "p" + strings.Repeat("0", 14) // 15 characters
+	defs := []svcDef{
+		{ns1, long + "a", portsOf(maxPort, "p"+strings.Repeat("0", 13)+"1")},
+		{ns1, long + "b", portsOf(maxPort)},
+		{ns2, long + "a", portsOf(maxPort)},
+		// "a-b/c" and "a/b-c": a naive join with "-" would collide.
+		{"a-b", "c", portsOf("http")},
+		{"a", "b-c", portsOf("http")},
+		// A named and an unnamed port with the same number and protocol.
+		{"a", "d", []v1.ServicePort{{Port: 80, NodePort: 30080, Protocol: v1.ProtocolTCP}}},
+		{"a", "e", []v1.ServicePort{{Name: "p80", Port: 80, NodePort: 30081, Protocol: v1.ProtocolTCP}, {Name: "u80", Port: 80, NodePort: 30082, Protocol: v1.ProtocolUDP}}},
+	}
+	endpoints := []proxy.Endpoint{
+		{IP: netip.MustParseAddr("255.255.255.255"), Port: 65535, Ready: true, Serving: true},
+		{IP: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"), Port: 65535, Ready: true, Serving: true},
+		{IP: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), Port: 65535, Ready: true, Serving: true},
+	}
+
+	st := &proxy.State{Generation: 1, Services: map[proxy.ServicePortName]*proxy.ServicePort{},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Changed: map[proxy.ServicePortName]struct{}{},
+		Node: proxy.Node{Name: "node", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.2"), netip.MustParseAddr("fd00::2")}}}
+	for i, d := range defs {
+		svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: d.name}, Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeNodePort,
+			ClusterIPs: []string{fmt.Sprintf("10.96.0.%d", i+1), fmt.Sprintf("fd00:96::%x", i+1)},
+			Ports:      d.ports,
+		}}
+		sps, err := proxy.ServicePortsFromService(svc)
+		if err != nil {
+			t.Fatalf("%s/%s: the API would accept it, so must kp: %v", d.ns, d.name, err)
+		}
+		for _, sp := range sps {
+			st.Services[sp.Name] = sp
+			st.Endpoints[sp.Name] = endpoints
+			st.Changed[sp.Name] = struct{}{}
+		}
+	}
+
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	mustSync(t, b, st)
+
+	for fam, table := range fake.Tables {
+		svcChains, epChains := 0, 0
+		for name := range table.Chains {
+			if len(name) > maxObjectName {
+				t.Errorf("%s chain name of %d bytes: %s", fam, len(name), name)
+			}
+			switch {
+			case strings.HasPrefix(name, "svc-"):
+				svcChains++
+			case strings.HasPrefix(name, "ep-"):
+				epChains++
+			}
+		}
+		for name := range table.Sets {
+			if len(name) > maxObjectName {
+				t.Errorf("%s set name of %d bytes: %s", fam, len(name), name)
+			}
+		}
+		for name := range table.Counters {
+			if len(name) > maxObjectName {
+				t.Errorf("%s counter name of %d bytes: %s", fam, len(name), name)
+			}
+		}
+		perFamily := map[string]int{"ip": 1, "ip6": 2}[fam]
+		if svcChains != len(st.Services) || epChains != len(st.Services)*perFamily {
+			t.Errorf("%s: %d service chains and %d endpoint chains for %d service ports with %d endpoints each: names collide",
+				fam, svcChains, epChains, len(st.Services), perFamily)
+		}
+	}
+}
+
+// TestServiceOf5000EndpointsRenders checks a Service with 5,000 endpoints
+// goes into one transaction the fake kernel accepts, every endpoint with
+// its own chain, and that removing one touches little.
+func TestServiceOf5000EndpointsRenders(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	web := spName("demo", "big", "http")
+	var eps []string
+	for i := 0; i < 5000; i++ {
+		eps = append(eps, fmt.Sprintf("10.244.%d.%d:8080", i/250, i%250+1))
+	}
+	w.addService(web, "10.96.0.10", 80, 30080, eps...)
+	mustSync(t, b, w.state())
+	n := 0
+	for name := range fake.Tables["ip"].Chains {
+		if strings.HasPrefix(name, "ep-demo/big/") {
+			n++
+		}
+	}
+	if n != 5000 {
+		t.Fatalf("%d endpoint chains, want 5000", n)
+	}
+	if !strings.Contains(fake.Dump(), "numgen random mod 5000") {
+		t.Error("endpoint selection is not over all 5000 endpoints")
+	}
+	w.setEndpoints(web, eps[1:]...)
+	mustSync(t, b, w.state())
+	if fake.Tables["ip"].Chains["ep-demo/big/tcp/http__10.244.0.1/8080"] != nil {
+		t.Error("the removed endpoint's chain is still there")
+	}
+}
