@@ -117,7 +117,7 @@ func noLocalEndpoints(st *State) map[Family]policyCounts {
 					eps = append(eps, ep)
 				}
 			}
-			if len(UsableEndpoints(eps)) == 0 || len(localEndpoints(eps, st.Node.Name)) > 0 {
+			if sel := SelectEndpoints(sp, eps, st.Node); !sel.Usable || len(sel.Local) > 0 {
 				continue
 			}
 			c := out[f]
@@ -131,17 +131,4 @@ func noLocalEndpoints(st *State) map[Family]policyCounts {
 		}
 	}
 	return out
-}
-
-// localEndpoints is what a Local traffic policy sends to: the node's own
-// endpoints, by the usual ready-then-terminating rule.
-// TODO(merge): switch to SelectEndpoints' local list.
-func localEndpoints(eps []Endpoint, nodeName string) []Endpoint {
-	var local []Endpoint
-	for _, ep := range eps {
-		if ep.NodeName == nodeName {
-			local = append(local, ep)
-		}
-	}
-	return UsableEndpoints(local)
 }
