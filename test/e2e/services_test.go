@@ -43,6 +43,23 @@ func (e *env) dropped(ns, network, addr string) error {
 	return nil
 }
 
+// notForwarded checks that the node let no packet to ip through without
+// DNAT. A client times out on a Service address whether the node drops the
+// packet or forwards it on untouched (nothing there answers), so the proof
+// of a drop is in the node's conntrack table: a forwarded packet leaves an
+// entry whose reply comes from ip itself; a dropped one is never confirmed.
+func (e *env) notForwarded(t *testing.T, ip netip.Addr) {
+	t.Helper()
+	fam := "ipv4"
+	if ip.Is6() {
+		fam = "ipv6"
+	}
+	out, _ := e.w.Exec(e.w.Node(), "conntrack", "-L", "-f", fam, "-d", ip.String())
+	if strings.Contains(out, "src="+ip.String()+" ") {
+		t.Errorf("the node let traffic to %s through without DNAT:\n%s", ip, out)
+	}
+}
+
 // only checks that n requests are all answered, by pods in want only.
 func (e *env) only(t *testing.T, ns, network, addr string, n int, want ...string) map[string]int {
 	t.Helper()
@@ -192,6 +209,7 @@ func TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints(t *testing.T) {
 	e.eventually("no local endpoint: dropped", 15*time.Second, func() error {
 		return e.dropped(pods[2].NS, "tcp", webTCP)
 	})
+	e.notForwarded(t, netip.MustParseAddr("10.96.0.10"))
 }
 
 func TestTerminatingEndpointsServeOnlyWhenNoneIsReady(t *testing.T) {
@@ -313,11 +331,22 @@ func TestLoadBalancerAndExternalIPsWithSourceRanges(t *testing.T) {
 	e.answers(e.w.Client(), "tcp", lb, names...)
 }
 
-func TestClusterIPRejectsPortsTheServiceDoesNotHave(t *testing.T) {
+func TestClusterIPRejectsOtherPortsAndUnallocatedServiceAddressesAreDropped(t *testing.T) {
 	e := newEnv(t, 2)
 	e.write("web.yaml", web(e.w.Pods()...))
-	e.startKP()
+	e.startKP("--service-cidrs", netns.ServiceCIDR.String()+","+netns.ServiceCIDR6.String())
 	e.answers(e.w.Client(), "tcp", webTCP)
+	// An address of the service CIDRs that no Service has: dropped, so a
+	// client times out as it would on a real network, and nothing is
+	// routed on towards it.
+	for _, addr := range []string{"10.96.0.77:80", "[fd00:96::77]:80"} {
+		for _, network := range []string{"tcp", "udp"} {
+			if err := e.dropped(e.w.Client(), network, addr); err != nil {
+				t.Errorf("unallocated service address: %v", err)
+			}
+		}
+		e.notForwarded(t, netip.MustParseAddrPort(addr).Addr())
+	}
 	for _, from := range []string{e.w.Client(), e.w.Pods()[0].NS} {
 		for _, c := range []struct{ network, addr string }{{"tcp", "10.96.0.10:9999"}, {"udp", "10.96.0.10:9999"}, {"udp", "10.96.0.10:80"}} {
 			start := time.Now()
