@@ -193,6 +193,15 @@ func (p *Process) Kill() {
 	<-done
 }
 
+// Start starts the process again after Stop, with the same arguments,
+// appending to the same log. It is an error if it is still running.
+func (p *Process) Start() error {
+	if err := p.start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	return nil
+}
+
 // Restart stops the process (SIGTERM) and starts it again with the same
 // arguments, appending to the same log.
 func (p *Process) Restart() error {
