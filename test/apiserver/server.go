@@ -162,7 +162,7 @@ func Start(t testing.TB, opts Options) *Server {
 			"--authorization-mode", "RBAC",
 			"--service-cluster-ip-range", strings.Join(cidrs, ","),
 			"--profiling=false",
-			"--v", "1",
+			"--v", "0",
 		}
 		if i > 0 {
 			// Instances share an address but not a port; two lease
