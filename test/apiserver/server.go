@@ -189,19 +189,11 @@ func randomToken() string {
 
 func (s *Server) waitEtcd() {
 	s.t.Helper()
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		code, body, err := netns.HTTPGet(s.ns, "http://127.0.0.1:2379/health", time.Second)
-		if err == nil && code == 200 && strings.Contains(body, `"health":"true"`) {
-			return
-		}
-		if !s.etcd.Running() {
-			s.t.Fatalf("etcd exited before it was ready: %v", s.etcd.ExitErr())
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("etcd not ready after %v: %d %q %v", readyTimeout, code, body, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	err := s.etcd.WaitHTTP("http://127.0.0.1:2379/health", readyTimeout, func(code int, body string) bool {
+		return code == 200 && strings.Contains(body, `"health":"true"`)
+	})
+	if err != nil {
+		s.t.Fatalf("etcd not ready: %v", err)
 	}
 }
 

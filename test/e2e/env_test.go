@@ -101,20 +101,9 @@ func (e *env) launchKP(extra ...string) {
 // says 200 (kp has synced), failing early if kp exits.
 func (e *env) waitHealthy() {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	url := "http://" + healthzAddr + "/healthz"
-	for {
-		code, body, err := e.w.HTTPGet(e.w.Node(), url, time.Second)
-		if err == nil && code == 200 {
-			return
-		}
-		if !e.kp.Running() {
-			e.t.Fatalf("kp exited before it was healthy: %v", e.kp.ExitErr())
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("kp not healthy after 30s: GET %s in the node: %d %q %v", url, code, body, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	err := e.kp.WaitHTTP("http://"+healthzAddr+"/healthz", 30*time.Second, func(code int, _ string) bool { return code == 200 })
+	if err != nil {
+		e.t.Fatalf("kp not healthy: %v", err)
 	}
 }
 

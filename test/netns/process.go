@@ -225,3 +225,22 @@ func (p *Process) Log() string {
 	}
 	return string(b)
 }
+
+// WaitHTTP polls url from inside the process's namespace until ok accepts
+// the answer, failing early if the process exits and after timeout.
+func (p *Process) WaitHTTP(url string, timeout time.Duration, ok func(code int, body string) bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		code, body, err := HTTPGet(p.NS, url, time.Second)
+		if err == nil && ok(code, body) {
+			return nil
+		}
+		if !p.Running() {
+			return fmt.Errorf("%s exited before GET %s was ok: %v", p.Name, url, p.ExitErr())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("GET %s in %s not ok after %v: %d %q %v", url, p.NS, timeout, code, body, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
