@@ -31,6 +31,11 @@ func TestServerServesTheReleaseOnlyInsideTheTestNamespaces(t *testing.T) {
 	if err != nil || !strings.Contains(out, "Client Version: "+v.GitVersion) {
 		t.Errorf("kubectl version: %v\n%s", err, out)
 	}
+	// Upstream kube-proxy, the benchmarks' reference, is the same release.
+	out, err = netns.Exec(srv.NS(), apiserver.Bin(t, apiserver.KubeProxy), "--version")
+	if err != nil || !strings.Contains(out, v.GitVersion) {
+		t.Errorf("kube-proxy --version: %v\n%s", err, out)
+	}
 	for _, ns := range []string{"default", "kube-system"} {
 		if _, err := srv.Client().CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
 			t.Errorf("namespace %s: %v", ns, err)

@@ -61,7 +61,18 @@ func TestKubeServicesAndSlicesWrittenThroughClientGoReachTheTraffic(t *testing.T
 	k.apply(svc)
 	k.answers(client.NS, "tcp", "10.96.0.10:81", pods[0].Name)
 
+	// Deleted slices: the Service has no endpoint left and refuses.
+	k.deleteSlices(svc, nil)
+	k.eventually("a Service whose slices are deleted refuses", 15*time.Second, func() error {
+		if _, err := k.ask(k.w.Client(), "tcp", webTCP); !isRefused(err) {
+			return fmt.Errorf("got %v, want connection refused", err)
+		}
+		return nil
+	})
+
 	// A deleted Service no longer answers.
+	k.apply(svc)
+	k.answers(client.NS, "tcp", webTCP, pods[0].Name)
 	k.remove(svc)
 	k.eventually("deleted Service stops answering", 15*time.Second, func() error {
 		return k.silent(k.w.Client(), "tcp", webTCP)
