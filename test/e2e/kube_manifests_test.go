@@ -67,18 +67,34 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	// kp as the DaemonSet runs it: the ConfigMap's configuration, this
-	// service account's token. The flags only move it into the test's
-	// world (node name, addresses), as flags override the file.
+	// kp as the DaemonSet runs it: the ConfigMap's files, the service
+	// account's token and CA where the kubelet mounts them. The test moves
+	// those paths into a folder of its own and points the kubeconfig at
+	// the test's API server; flags only move kp into the test's world
+	// (node name, addresses), as flags override the file.
 	cm, err := k.api.CoreV1().ConfigMaps("kube-system").Get(k.ctx(), "kp", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("ConfigMap kube-system/kp: %v", err)
 	}
-	config := filepath.Join(t.TempDir(), "config.conf")
-	if err := os.WriteFile(config, []byte(cm.Data["config.conf"]), 0o644); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	moved := strings.NewReplacer(
+		"/var/lib/kp/", dir+"/",
+		"/var/run/secrets/kubernetes.io/serviceaccount/", dir+"/",
+		"https://CONTROL-PLANE-ENDPOINT:6443", "https://"+k.srv.Instance(0).Addr.String(),
+	)
+	files := map[string]string{"token": token, "ca.crt": string(k.srv.CA())}
+	for _, name := range []string{"config.conf", "kubeconfig.conf"} {
+		if cm.Data[name] == "" {
+			t.Fatalf("ConfigMap kube-system/kp has no %s", name)
+		}
+		files[name] = moved.Replace(cm.Data[name])
 	}
-	k.source = []string{"--config", config, "--kubeconfig", k.srv.Kubeconfig(0, token)}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.source = []string{"--config", filepath.Join(dir, "config.conf")}
 	k.apply(web(pods[0], pods[1]))
 	k.startKP()
 	k.answers(k.w.Client(), "tcp", webTCP, pods[0].Name, pods[1].Name)
