@@ -214,3 +214,21 @@ func (e *env) silent(ns, network, addr string) error {
 	}
 	return nil
 }
+
+// inZone waits until kp's status API reports its node in zone (the Node's
+// topology.kubernetes.io/zone label, as kp last synced it).
+func (e *env) inZone(zone string) {
+	e.t.Helper()
+	e.eventually("kp's node is in "+zone, 15*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := e.statusClient().Services(ctx, "", "")
+		if err != nil {
+			return err
+		}
+		if st.Node.Zone != zone {
+			return fmt.Errorf("status API: node %s in zone %q", st.Node.Name, st.Node.Zone)
+		}
+		return nil
+	})
+}

@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
@@ -102,7 +101,7 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 	k.apply(web(pods[2]))
 	k.answers(k.w.Client(), "tcp", webTCP, pods[2].Name)
 	k.patchNodeZone("zone-b")
-	k.logShows("kp sees its Node change", 15*time.Second, "node in force", "zone=zone-b")
+	k.inZone("zone-b")
 	if log := strings.ToLower(k.kp.Log()); strings.Contains(log, "forbidden") {
 		t.Errorf("kp met a refusal with its own role:\n%s", k.kp.Log())
 	}

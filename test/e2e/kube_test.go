@@ -147,15 +147,29 @@ func TestKubeKubernetesServiceReachesTheAPIServerFromPods(t *testing.T) {
 }
 
 func TestKubeNodeZoneLabelChangeIsPickedUp(t *testing.T) {
-	k := newKubeEnv(t, 2, apiserver.Options{})
+	k := newKubeEnv(t, 3, apiserver.Options{})
 	pods := k.w.Pods()
-	k.apply(web(pods...))
+	client := pods[2]
+	// One endpoint hinted for each zone: which one answers says which
+	// zone kp believes its node is in.
+	svc := web()
+	svc.Endpoints = []Endpoint{
+		{IP: pods[0].IP.String(), NodeName: nodeName, Zone: "zone-a", ZoneHints: []string{"zone-a"}},
+		{IP: pods[1].IP.String(), NodeName: nodeName, Zone: "zone-b", ZoneHints: []string{"zone-b"}},
+	}
+	k.apply(svc)
 	k.startKP()
-	k.logShows("kp has the node's zone", 15*time.Second, "node in force", "zone=zone-a")
+	k.inZone("zone-a")
+	k.only(t, client.NS, "tcp", webTCP, 30, pods[0].Name)
 
 	k.patchNodeZone("zone-b")
-	k.logShows("kp picks up the new zone", 15*time.Second, "node in force", "zone=zone-b")
-	k.answers(k.w.Client(), "tcp", webTCP, k.podNames(pods...)...)
+	k.inZone("zone-b")
+	k.eventually("traffic keeps to zone-b's endpoint", 15*time.Second, func() error {
+		if counts := k.spread(client.NS, "tcp", webTCP, 20); counts[pods[1].Name] != 20 {
+			return fmt.Errorf("answers %v", counts)
+		}
+		return nil
+	})
 }
 
 func TestKubeStartedWhileAPIServerIsDownWaitsRetriesAndRecovers(t *testing.T) {
