@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,30 +153,13 @@ func labelled(key, value string) func(metav1.Object) {
 	}
 }
 
-// metric reads one unlabelled sample (name, e.g. a histogram's
-// name_count) from kp's /metrics in the node namespace.
-func (e *env) metric(name string) (float64, error) {
-	code, body, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
-	if err != nil {
-		return 0, err
-	}
-	if code != 200 {
-		return 0, fmt.Errorf("GET /metrics: %d", code)
-	}
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, fmt.Errorf("no sample %s in /metrics", name)
-}
-
-// mustMetric is metric, failing the test on error.
-func (e *env) mustMetric(name string) float64 {
+// metric reads one series (a histogram's name_count, say) from kp's
+// /metrics, failing the test if it is missing.
+func (e *env) metric(name string) float64 {
 	e.t.Helper()
-	v, err := e.metric(name)
-	if err != nil {
-		e.t.Fatalf("metric %s: %v", name, err)
+	v, ok := parseMetrics(e.metrics())[name]
+	if !ok {
+		e.t.Fatalf("no series %s in kp's /metrics", name)
 	}
 	return v
 }
