@@ -228,6 +228,9 @@ func TestKubeAPIServerOutageDropsNoConnectionAndChangesMadeMeanwhileLandAfter(t 
 	k.answers(client.NS, "tcp", webTCP)
 	k.answers(client.NS, "tcp", "10.96.0.71:80", pods[2].Name)
 	fullBefore := k.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count")
+	if fullBefore == 0 {
+		t.Fatalf("no full sync counted, not even kp's first")
+	}
 	handlesBefore := k.nftHandles()
 	pid := k.kp.Pid()
 
