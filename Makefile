@@ -1,6 +1,7 @@
 # kp — see README.md. Everything here runs as root on a Debian 12 machine
 # (CI runs .ci/run); `make test` includes the end-to-end tests in test/e2e,
-# which build network namespaces and need root.
+# which build network namespaces and need root, and the tests against a real
+# kube-apiserver, whose binaries `make kube-bins` builds (and caches) first.
 
 GO      ?= go
 BIN     := bin/kp
@@ -8,7 +9,7 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build test fuzz lint demo demo-down clean
+.PHONY: all build test fuzz lint demo demo-down clean kube-bins
 
 all: build
 
@@ -17,7 +18,14 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kp
 
-test:
+# The real kube-apiserver, kubectl, kube-proxy and etcd the tests run, built
+# from test/k8s (a nested module) into a cache outside the repository, keyed
+# by their versions: about 10 minutes cold on 2 cores, a second when cached.
+# KP_KUBE_CACHE moves the cache (default ~/.cache/kp-test).
+kube-bins:
+	GO=$(GO) bash test/k8s/build.sh
+
+test: kube-bins
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
 	$(GO) test -count=1 -p 2 -timeout 25m ./...
 	$(MAKE) fuzz

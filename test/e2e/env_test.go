@@ -31,6 +31,9 @@ type env struct {
 	w   *netns.World
 	dir ManifestDir
 	kp  *netns.Process
+	// source is kp's source of Services: --manifests dir unless a test
+	// points kp at an API server instead.
+	source []string
 }
 
 // newEnv builds a world with pods and a manifests folder holding the node's
@@ -58,49 +61,49 @@ func newEnvSerial(t *testing.T, pods int) *env {
 	return e
 }
 
-// kpArgs is how every test runs kp: upstream kube-proxy's flags plus kp's
-// --manifests.
+// kpArgs is how every test runs kp: upstream kube-proxy's flags plus its
+// source (kp's --manifests, or --kubeconfig).
 func (e *env) kpArgs(extra ...string) []string {
-	return append([]string{"proxy",
-		"--manifests", string(e.dir),
+	source := e.source
+	if source == nil {
+		source = []string{"--manifests", string(e.dir)}
+	}
+	args := append([]string{"proxy"}, source...)
+	args = append(args,
 		"--hostname-override", nodeName,
 		"--cluster-cidr", e.w.ClusterCIDR(),
 		"--healthz-bind-address", healthzAddr,
 		"--metrics-bind-address", metricsAddr,
 		"--min-sync-period", "100ms",
 		"-v", "2",
-	}, extra...)
+	)
+	return append(args, extra...)
 }
 
 // startKP starts kp in the node namespace and waits until it is healthy.
 func (e *env) startKP(extra ...string) {
+	e.t.Helper()
+	e.launchKP(extra...)
+	e.waitHealthy()
+}
+
+// launchKP starts kp in the node namespace without waiting for it.
+func (e *env) launchKP(extra ...string) {
 	e.t.Helper()
 	kp, err := netns.Build("./cmd/kp")
 	if err != nil {
 		e.t.Fatalf("kp does not build: %v", err)
 	}
 	e.kp = e.w.StartInNode(e.t, kp, e.kpArgs(extra...)...)
-	e.waitHealthy()
 }
 
 // waitHealthy polls kp's /healthz from inside the node namespace until it
 // says 200 (kp has synced), failing early if kp exits.
 func (e *env) waitHealthy() {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	url := "http://" + healthzAddr + "/healthz"
-	for {
-		code, body, err := e.w.HTTPGet(e.w.Node(), url, time.Second)
-		if err == nil && code == 200 {
-			return
-		}
-		if !e.kp.Running() {
-			e.t.Fatalf("kp exited before it was healthy: %v", e.kp.ExitErr())
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("kp not healthy after 30s: GET %s in the node: %d %q %v", url, code, body, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	err := e.kp.WaitHTTP("http://"+healthzAddr+"/healthz", 30*time.Second, func(code int, _ string) bool { return code == 200 })
+	if err != nil {
+		e.t.Fatalf("kp not healthy: %v", err)
 	}
 }
 

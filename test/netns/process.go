@@ -193,6 +193,15 @@ func (p *Process) Kill() {
 	<-done
 }
 
+// Start starts the process again after Stop, with the same arguments,
+// appending to the same log. It is an error if it is still running.
+func (p *Process) Start() error {
+	if err := p.start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	return nil
+}
+
 // Restart stops the process (SIGTERM) and starts it again with the same
 // arguments, appending to the same log.
 func (p *Process) Restart() error {
@@ -215,4 +224,23 @@ func (p *Process) Log() string {
 		return fmt.Sprintf("(cannot read log: %v)\n", err)
 	}
 	return string(b)
+}
+
+// WaitHTTP polls url from inside the process's namespace until ok accepts
+// the answer, failing early if the process exits and after timeout.
+func (p *Process) WaitHTTP(url string, timeout time.Duration, ok func(code int, body string) bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		code, body, err := HTTPGet(p.NS, url, time.Second)
+		if err == nil && ok(code, body) {
+			return nil
+		}
+		if !p.Running() {
+			return fmt.Errorf("%s exited before GET %s was ok: %v", p.Name, url, p.ExitErr())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("GET %s in %s not ok after %v: %d %q %v", url, p.NS, timeout, code, body, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,0 +1,25 @@
+# kp's image: one static binary, plus the iptables tools only because kp's
+# legacy iptables mode drives iptables-restore (the default nftables mode
+# talks netlink and needs no tool). manifests/daemonset.yaml runs
+# /usr/local/bin/kp from it.
+#
+#   docker build -t registry.example/kp:v0.1.0 --build-arg VERSION=v0.1.0 .
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+# Everything but what .dockerignore leaves out (tests, manifests, .git).
+COPY . .
+ARG VERSION=dev
+ARG COMMIT=unknown
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+      -o /out/kp ./cmd/kp
+
+FROM debian:12-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/kp /usr/local/bin/kp
+ENTRYPOINT ["/usr/local/bin/kp"]
+CMD ["proxy", "--help"]

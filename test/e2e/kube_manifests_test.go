@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// manifestsDir is the deployment kustomization, manifests/ at the module root.
+func manifestsDir(t *testing.T) string {
+	t.Helper()
+	root, err := netns.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "manifests")
+}
+
+// The objects the kustomization holds, as kubectl names them.
+var deployedObjects = []string{
+	"serviceaccount/kp", "clusterrole.rbac.authorization.k8s.io/kp",
+	"clusterrolebinding.rbac.authorization.k8s.io/kp", "configmap/kp", "daemonset.apps/kp",
+}
+
+func TestManifestsAreAcceptedByTheAPIServerInADryRun(t *testing.T) {
+	netns.Require(t)
+	apiserver.Bin(t, apiserver.Kubectl)
+	t.Parallel()
+	srv := apiserver.Start(t, apiserver.Options{})
+	out, err := srv.Kubectl("apply", "-k", manifestsDir(t), "--dry-run=server")
+	if err != nil {
+		t.Fatalf("kubectl apply -k manifests/ --dry-run=server: %v\n%s", err, out)
+	}
+	for _, o := range deployedObjects {
+		if !strings.Contains(out, o+" created (server dry run)") {
+			t.Errorf("kubectl did not create %s in the dry run:\n%s", o, out)
+		}
+	}
+	// A dry run leaves nothing behind.
+	_, err = srv.Client().AppsV1().DaemonSets("kube-system").Get(t.Context(), "kp", metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("after a dry run, DaemonSet kube-system/kp: %v; want not found", err)
+	}
+}
+
+func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *testing.T) {
+	apiserver.Bin(t, apiserver.Kubectl)
+	k := newKubeEnv(t, 3, apiserver.Options{})
+	pods := k.w.Pods()
+	if out, err := k.srv.Kubectl("apply", "-k", manifestsDir(t)); err != nil {
+		t.Fatalf("kubectl apply -k manifests/: %v\n%s", err, out)
+	}
+	token, err := k.srv.ServiceAccountToken(k.ctx(), "kube-system", "kp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kp as the DaemonSet runs it: the ConfigMap's files, the service
+	// account's token and CA where the kubelet mounts them. The test moves
+	// those paths into a folder of its own and points the kubeconfig at
+	// the test's API server; flags only move kp into the test's world
+	// (node name, addresses), as flags override the file.
+	cm, err := k.api.CoreV1().ConfigMaps("kube-system").Get(k.ctx(), "kp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("ConfigMap kube-system/kp: %v", err)
+	}
+	dir := t.TempDir()
+	moved := strings.NewReplacer(
+		"/var/lib/kp/", dir+"/",
+		"/var/run/secrets/kubernetes.io/serviceaccount/", dir+"/",
+		"https://CONTROL-PLANE-ENDPOINT:6443", "https://"+k.srv.Instance(0).Addr.String(),
+	)
+	files := map[string]string{"token": token, "ca.crt": string(k.srv.CA())}
+	for _, name := range []string{"config.conf", "kubeconfig.conf"} {
+		if cm.Data[name] == "" {
+			t.Fatalf("ConfigMap kube-system/kp has no %s", name)
+		}
+		files[name] = moved.Replace(cm.Data[name])
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.source = []string{"--config", filepath.Join(dir, "config.conf")}
+	k.apply(web(pods[0], pods[1]))
+	k.startKP()
+	k.answers(k.w.Client(), "tcp", webTCP, pods[0].Name, pods[1].Name)
+	// Watches work too, not just the first list.
+	k.apply(web(pods[2]))
+	k.answers(k.w.Client(), "tcp", webTCP, pods[2].Name)
+	k.patchNodeZone("zone-b")
+	k.inZone("zone-b")
+	if log := strings.ToLower(k.kp.Log()); strings.Contains(log, "forbidden") {
+		t.Errorf("kp met a refusal with its own role:\n%s", k.kp.Log())
+	}
+
+	sa := k.srv.Instance(0).Client(token)
+	ctx := k.ctx()
+	node := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
+	now := metav1.Now()
+	allowed := []struct {
+		what string
+		call func() error
+	}{
+		{"list Services", func() error { _, err := sa.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err }},
+		{"list EndpointSlices", func() error {
+			_, err := sa.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"get its Node", func() error { _, err := sa.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}); return err }},
+		{"list ServiceCIDRs", func() error {
+			_, err := sa.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"create an Event", func() error {
+			_, err := sa.CoreV1().Events("default").Create(ctx, &v1.Event{
+				ObjectMeta:     metav1.ObjectMeta{GenerateName: "kp-"},
+				InvolvedObject: *node, Reason: "Test", Message: "from the RBAC test", Type: v1.EventTypeNormal,
+				Source: v1.EventSource{Component: "kp"}, FirstTimestamp: now, LastTimestamp: now,
+			}, metav1.CreateOptions{})
+			return err
+		}},
+		{"create an events.k8s.io Event", func() error {
+			_, err := sa.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "kp-"}, EventTime: metav1.NowMicro(),
+				ReportingController: "kp", ReportingInstance: "kp-" + nodeName, Action: "Test", Reason: "Test",
+				Regarding: *node, Note: "from the RBAC test", Type: v1.EventTypeNormal,
+			}, metav1.CreateOptions{})
+			return err
+		}},
+	}
+	for _, a := range allowed {
+		if err := a.call(); err != nil {
+			t.Errorf("kp's role does not allow it to %s: %v", a.what, err)
+		}
+	}
+
+	refused := []struct {
+		what string
+		call func() error
+	}{
+		{"list Secrets", func() error { _, err := sa.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }},
+		{"list Pods", func() error { _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
+		{"list Endpoints", func() error { _, err := sa.CoreV1().Endpoints("").List(ctx, metav1.ListOptions{}); return err }},
+		{"read its ConfigMap", func() error {
+			_, err := sa.CoreV1().ConfigMaps("kube-system").Get(ctx, "kp", metav1.GetOptions{})
+			return err
+		}},
+		{"create a Service", func() error {
+			_, err := sa.CoreV1().Services("e2e").Create(ctx, &v1.Service{
+				ObjectMeta: metav1.ObjectMeta{Name: "intruder"},
+				Spec:       v1.ServiceSpec{Ports: []v1.ServicePort{{Port: 80}}},
+			}, metav1.CreateOptions{})
+			return err
+		}},
+		{"delete a Service", func() error { return sa.CoreV1().Services("e2e").Delete(ctx, "web", metav1.DeleteOptions{}) }},
+		{"edit an EndpointSlice", func() error {
+			_, err := sa.DiscoveryV1().EndpointSlices("e2e").Patch(ctx, "web-ipv4-0", types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"label its Node", func() error {
+			_, err := sa.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"delete an Event", func() error {
+			return sa.CoreV1().Events("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		}},
+		{"list Events", func() error { _, err := sa.CoreV1().Events("").List(ctx, metav1.ListOptions{}); return err }},
+		{"update its DaemonSet", func() error {
+			_, err := sa.AppsV1().DaemonSets("kube-system").Patch(ctx, "kp", types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+	}
+	for _, r := range refused {
+		if err := r.call(); !apierrors.IsForbidden(err) {
+			t.Errorf("kp's role lets it %s: %v; want forbidden", r.what, err)
+		}
+	}
+}
+
+// patchNodeZone sets the node's topology.kubernetes.io/zone label.
+func (k *kubeEnv) patchNodeZone(zone string) {
+	k.t.Helper()
+	patch := []byte(`{"metadata":{"labels":{"` + v1.LabelTopologyZone + `":"` + zone + `"}}}`)
+	if _, err := k.api.CoreV1().Nodes().Patch(k.ctx(), nodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		k.t.Fatalf("relabel Node %s: %v", nodeName, err)
+	}
+}
+
+func TestDaemonSetRunsTheBinaryTheDockerfileInstalls(t *testing.T) {
+	dir := manifestsDir(t)
+	dockerfile, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^ENTRYPOINT \["([^"]+)"\]`).FindSubmatch(dockerfile)
+	if m == nil {
+		t.Fatalf("Dockerfile has no exec-form ENTRYPOINT")
+	}
+	y, err := os.ReadFile(filepath.Join(dir, "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := decodeAll(t, y)
+	if len(objs) != 1 {
+		t.Fatalf("daemonset.yaml holds %d objects, want 1", len(objs))
+	}
+	ds, ok := objs[0].(*appsv1.DaemonSet)
+	if !ok {
+		t.Fatalf("daemonset.yaml holds a %T", objs[0])
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	if len(c.Command) == 0 || c.Command[0] != string(m[1]) {
+		t.Errorf("DaemonSet runs %q; the image's kp is %s", c.Command, m[1])
+	}
+	caps := c.SecurityContext.Capabilities
+	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 1 || caps.Add[0] != "NET_ADMIN" {
+		t.Errorf("capabilities %+v; kp needs NET_ADMIN and nothing else", caps)
+	}
+}
