@@ -82,6 +82,11 @@ type KubeSource struct {
 
 	waitLogInterval  time.Duration
 	errorLogInterval time.Duration
+	// probe asks the API server whether it answers at all. client-go's
+	// reflectors retry a refused connection without reporting it, so
+	// without a probe kp could say it waits but not why, and would say
+	// nothing when the API server goes away after the first sync.
+	probe func(context.Context) error
 }
 
 var _ Source = (*KubeSource)(nil)
@@ -97,6 +102,26 @@ func NewKubeSource(client kubernetes.Interface, nodeName string, resync time.Dur
 		log:              log.With("source", "kube"),
 		waitLogInterval:  kubeWaitLogInterval,
 		errorLogInterval: kubeErrorLogInterval,
+		probe:            probeAPIServer(client, apiProbeTimeout),
+	}
+}
+
+// apiProbeTimeout bounds one reachability probe: an API server behind a
+// black-holing network must not stall the log line that reports it.
+const apiProbeTimeout = 5 * time.Second
+
+// probeAPIServer GETs /version, which every authenticated client may read,
+// waiting at most timeout. Fake clientsets have no REST client: they always
+// answer.
+func probeAPIServer(client kubernetes.Interface, timeout time.Duration) func(context.Context) error {
+	return func(ctx context.Context) error {
+		rc := client.Discovery().RESTClient()
+		if rc == nil {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return rc.Get().AbsPath("/version").Do(ctx).Error()
 	}
 }
 
@@ -154,14 +179,27 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 		{"EndpointSlice", sliceInformer, k.endpointSliceHandler(sink, sliceSel)},
 		{"Node", nodeInformer, k.nodeHandler(sink)},
 	}
-	if inf, h := k.serviceCIDRInformer(factory, sink); inf != nil {
+	status := &apiStatus{log: k.log, interval: k.errorLogInterval}
+	waitDone := make(chan struct{})
+	go k.logWaiting(ctx, waitDone, status)
+	defer func() {
+		select {
+		case <-waitDone:
+		default:
+			close(waitDone)
+		}
+	}()
+	inf, h, err := k.serviceCIDRInformer(ctx, factory, sink, status)
+	if err != nil {
+		return nil // ctx done before the API server answered: not a failure
+	}
+	if inf != nil {
 		handlers = append(handlers, struct {
 			kind     string
 			informer cache.SharedIndexInformer
 			handler  cache.ResourceEventHandler
 		}{"ServiceCIDR", inf, h})
 	}
-	status := &apiStatus{log: k.log, interval: k.errorLogInterval}
 	var synced []cache.InformerSynced
 	for _, h := range handlers {
 		if err := h.informer.SetWatchErrorHandlerWithContext(status.watchError(h.kind)); err != nil {
@@ -177,11 +215,8 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 	}
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
-	defer nodeFactory.Shutdown()
-	defer factory.Shutdown()
+	defer k.shutdown(factory, nodeFactory)
 
-	waitDone := make(chan struct{})
-	go k.logWaiting(ctx, waitDone, status)
 	ok := cache.WaitForCacheSync(ctx.Done(), synced...)
 	close(waitDone)
 	if !ok {
@@ -190,8 +225,59 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 	status.setSynced()
 	k.log.Info("caches synced", "node", k.nodeName)
 	sink.OnSynced()
-	<-ctx.Done()
+	k.watchReachability(ctx)
 	return nil
+}
+
+// watchReachability says, until ctx is done, when the API server stops
+// answering and when it answers again (probing every errorLogInterval).
+// Nothing else changes: the kernel keeps its last state, and the informers
+// resume their watches by themselves.
+func (k *KubeSource) watchReachability(ctx context.Context) {
+	t := time.NewTicker(k.errorLogInterval)
+	defer t.Stop()
+	var down time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := k.probe(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && down.IsZero():
+			down = time.Now()
+			k.log.Warn("API server unreachable; the kernel keeps its last state and changes resume when it answers",
+				"error", err.Error())
+		case err == nil && !down.IsZero():
+			k.log.Info("API server reachable again", "unreachableFor", time.Since(down).Round(time.Second).String())
+			down = time.Time{}
+		}
+	}
+}
+
+// informerShutdownTimeout bounds how long stopping waits for the informers.
+const informerShutdownTimeout = 5 * time.Second
+
+// shutdown stops the informer factories, waiting at most
+// informerShutdownTimeout: a list request to an API server that accepted the
+// connection and never answers is not cancelled by client-go, and must not
+// keep kp from exiting on SIGTERM.
+func (k *KubeSource) shutdown(factories ...informers.SharedInformerFactory) {
+	done := make(chan struct{})
+	go func() {
+		for _, f := range factories {
+			f.Shutdown()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(informerShutdownTimeout):
+		k.log.Warn("informers still waiting on the API server after " + informerShutdownTimeout.String() + "; not waiting for them")
+	}
 }
 
 // logWaiting says, every waitLogInterval until done, that kp is still waiting
@@ -208,7 +294,9 @@ func (k *KubeSource) logWaiting(ctx context.Context, done <-chan struct{}, statu
 			return
 		case <-t.C:
 			attrs := []any{"waited", time.Since(start).Round(time.Second).String()}
-			if err := status.lastError(); err != "" {
+			if err := k.probe(ctx); err != nil {
+				attrs = append(attrs, "error", err.Error())
+			} else if err := status.lastError(); err != "" {
 				attrs = append(attrs, "error", err)
 			}
 			k.log.Warn("waiting for the API server; no sync until Services, EndpointSlices and the Node are listed", attrs...)
@@ -243,19 +331,25 @@ func (s *apiStatus) lastError() string {
 
 func (s *apiStatus) watchError(kind string) cache.WatchErrorHandlerWithContext {
 	return func(_ context.Context, _ *cache.Reflector, err error) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.last = fmt.Sprintf("list/watch %s: %v", kind, err)
-		if !s.synced {
-			return
-		}
-		if now := time.Now(); now.Sub(s.lastLogged) >= s.interval {
-			s.log.Warn("API server error; client-go retries", "kind", kind, "error", err.Error(), "suppressed", s.suppressed)
-			s.lastLogged, s.suppressed = now, 0
-			return
-		}
-		s.suppressed++
+		s.record("list/watch "+kind, err)
 	}
+}
+
+// record notes err from what (a list/watch, a discovery request) and, once
+// synced, logs it at most once per interval.
+func (s *apiStatus) record(what string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = fmt.Sprintf("%s: %v", what, err)
+	if !s.synced {
+		return
+	}
+	if now := time.Now(); now.Sub(s.lastLogged) >= s.interval {
+		s.log.Warn("API server error; retrying", "request", what, "error", err.Error(), "suppressed", s.suppressed)
+		s.lastLogged, s.suppressed = now, 0
+		return
+	}
+	s.suppressed++
 }
 
 func (k *KubeSource) serviceHandler(sink Sink, sel labels.Selector) cache.ResourceEventHandler {

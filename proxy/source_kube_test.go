@@ -15,9 +15,12 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"net"
 )
 
 func kubeService(ns, name string, labels map[string]string) *v1.Service {
@@ -290,5 +293,76 @@ func TestKubeSourceNeedsNodeName(t *testing.T) {
 	src := NewKubeSource(fake.NewClientset(), "", 0, slog.New(slog.DiscardHandler))
 	if err := src.Run(context.Background(), newRecordingSink()); err == nil {
 		t.Error("Run without a node name succeeded, want an error")
+	}
+}
+
+func TestKubeSourceSaysWhyItWaitsWhenTheAPIServerDoesNotAnswer(t *testing.T) {
+	// An API server behind a black hole: connections are accepted and
+	// never answered, so client-go's list hangs and reports nothing.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	src := NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	src.waitLogInterval = 20 * time.Millisecond
+	src.probe = probeAPIServer(client, 50*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, newRecordingSink()) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	waitLog(t, logs, "waiting for the API server")
+	waitLog(t, logs, "context deadline exceeded")
+}
+
+func TestKubeSourceReportsTheAPIServerGoingAwayAndComingBack(t *testing.T) {
+	logs := &lockedBuffer{}
+	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	src.errorLogInterval = 10 * time.Millisecond
+	var mu sync.Mutex
+	var probeErr error
+	src.probe = func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return probeErr
+	}
+	setProbe := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		probeErr = err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	sink := newRecordingSink()
+	go func() { done <- src.Run(ctx, sink) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	waitLog(t, logs, "caches synced")
+	setProbe(errors.New("dial tcp 10.0.0.1:6443: connect: connection refused"))
+	waitLog(t, logs, "API server unreachable")
+	waitLog(t, logs, "connection refused")
+	setProbe(nil)
+	waitLog(t, logs, "API server reachable again")
+	if n := strings.Count(logs.String(), "API server unreachable"); n != 1 {
+		t.Errorf("one outage logged %d times:\n%s", n, logs)
 	}
 }

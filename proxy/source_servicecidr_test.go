@@ -4,9 +4,19 @@ import (
 	"slices"
 	"testing"
 
+	"context"
+	"fmt"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"time"
 )
 
 func TestKubeSourceDeliversServiceCIDRsWhenServed(t *testing.T) {
@@ -50,5 +60,46 @@ spec:
 	c, _ := sink.object("ServiceCIDR kubernetes").(*networkingv1.ServiceCIDR)
 	if c == nil || !slices.Equal(c.Spec.CIDRs, []string{"10.96.0.0/16", "fd00:96::/112"}) || c.Namespace != "" {
 		t.Errorf("ServiceCIDR = %+v, want kubernetes with both CIDRs, no namespace", c)
+	}
+}
+
+func TestServiceCIDRDiscoveryRetriesUntilTheAPIServerAnswers(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/apis/networking.k8s.io/v1" {
+			http.NotFound(w, r)
+			return
+		}
+		if calls.Add(1) <= 2 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"networking.k8s.io/v1",`+
+			`"resources":[{"name":"servicecidrs","namespaced":false,"kind":"ServiceCIDR","verbs":["list","watch"]}]}`)
+	}))
+	defer srv.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	src := NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	status := &apiStatus{log: src.log, interval: time.Minute}
+	served, err := src.servesServiceCIDRs(context.Background(), status)
+	if err != nil || !served {
+		t.Fatalf("servesServiceCIDRs = %v, %v after the API server came up; want true", served, err)
+	}
+	if calls.Load() != 3 || !strings.Contains(status.lastError(), "discovery of networking.k8s.io/v1") {
+		t.Errorf("calls %d, last error %q: want two failed attempts, reported", calls.Load(), status.lastError())
+	}
+
+	// A group the API server does not serve is an answer, not an error.
+	old := httptest.NewServer(http.NotFoundHandler())
+	defer old.Close()
+	client, _ = kubernetes.NewForConfig(&rest.Config{Host: old.URL})
+	src = NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	if served, err := src.servesServiceCIDRs(context.Background(), status); err != nil || served {
+		t.Errorf("servesServiceCIDRs on a server without the group = %v, %v; want false, nil", served, err)
 	}
 }
