@@ -62,7 +62,7 @@ func NewStyles(color bool) *Styles {
 // KeyMap holds every key kp top answers to; components match keys only
 // through it. The bindings follow k9s.
 type KeyMap struct {
-	Up, Down, PageUp, PageDown, Top, Bottom key.Binding
+	Up, Down, PageUp, PageDown, Top, Bottom  key.Binding
 	Enter, Back, Filter, Command, Help, Quit key.Binding
 }
 

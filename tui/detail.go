@@ -38,7 +38,7 @@ func newDetailPage(c *Common, s *store, sp spKey) *detailPage {
 		epAddr:  {title: "ENDPOINT", min: 15},
 		epNode:  {title: "NODE", min: 6, drop: 2},
 		epZone:  {title: "ZONE", width: 8, drop: 3},
-		epState: {title: "STATE", width: 11},
+		epState: {title: "STATE", width: 12},
 		epLast:  {title: "LAST INTERVAL", width: 15},
 		epTotal: {title: "SINCE START", width: 15, drop: 1},
 	}

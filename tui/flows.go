@@ -34,8 +34,8 @@ func flowColumns() []column {
 		flowProto:    {title: "PROTO", width: 5, drop: 4},
 		flowState:    {title: "STATE", width: 11},
 		flowAge:      {title: "AGE", width: 5, right: true},
-		flowPackets:  {title: "PKTS", width: 5, right: true, drop: 1},
-		flowBytes:    {title: "BYTES", width: 6, right: true, drop: 3},
+		flowPackets:  {title: "PKTS", width: 5, right: true, drop: 3},
+		flowBytes:    {title: "BYTES", width: 6, right: true, drop: 1},
 	}
 }
 

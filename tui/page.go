@@ -74,5 +74,5 @@ func (p *tablePage) keep(cells []string) bool {
 }
 
 func (p *tablePage) setFilter(re *regexp.Regexp) { p.filter = re }
-func (p *tablePage) sortKeys() []sortKey        { return p.sorts }
+func (p *tablePage) sortKeys() []sortKey         { return p.sorts }
 func (p *tablePage) SetSize(w, h int)            { p.t.height = h; p.t.clamp() }

@@ -32,8 +32,8 @@ func newServicesPage(c *Common, s *store) *servicesPage {
 	p.t.cols = []column{
 		svcName:      {title: "NAMESPACE/NAME:PORT", min: 14},
 		svcType:      {title: "TYPE", width: 9, drop: 2},
-		svcAddresses: {title: "ADDRESSES", min: 15},
-		svcPort:      {title: "PORT", width: 8},
+		svcAddresses: {title: "ADDRESSES", min: 10},
+		svcPort:      {title: "PORT", min: 6},
 		svcNodePort:  {title: "NODEPORT", width: 8, drop: 3},
 		svcEndpoints: {title: "READY", width: 5, right: true},
 		svcConnRate:  {title: "CONN/S", width: 6, right: true},

@@ -122,8 +122,10 @@ func (t *table) selected() *row {
 	return &t.rows[t.cursor]
 }
 
-// layout picks the columns that fit in width and their widths.
-func layout(cols []column, width int) (idx []int, widths []int) {
+// layout picks the columns that fit in width and their widths. Flexible
+// columns grow, in order, up to their widest cell (want); what is left
+// after that is spread evenly.
+func layout(cols []column, want []int, width int) (idx []int, widths []int) {
 	for i := range cols {
 		idx = append(idx, i)
 	}
@@ -152,22 +154,24 @@ func layout(cols []column, width int) (idx []int, widths []int) {
 	}
 	spare, flex := width-need(), 0
 	for _, i := range idx {
-		if cols[i].width == 0 {
-			flex++
-		}
-	}
-	for _, i := range idx {
 		w := cols[i].width
 		if w == 0 {
+			flex++
 			w = cols[i].min
-			if flex > 0 && spare > 0 {
-				extra := spare / flex
-				w += extra
-				spare -= extra
-				flex--
+			if grow := min(want[i]-w, spare); grow > 0 {
+				w += grow
+				spare -= grow
 			}
 		}
 		widths = append(widths, w)
+	}
+	for j, i := range idx {
+		if cols[i].width == 0 && spare > 0 {
+			extra := spare / flex
+			widths[j] += extra
+			spare -= extra
+			flex--
+		}
 	}
 	return idx, widths
 }
@@ -175,17 +179,27 @@ func layout(cols []column, width int) (idx []int, widths []int) {
 // View renders the table in width columns and its height in lines; the
 // cursor's row is highlighted when focused.
 func (t *table) View(st *Styles, width int, focused bool) string {
-	idx, widths := layout(t.cols, width)
+	want := make([]int, len(t.cols))
+	for i, c := range t.cols {
+		want[i] = ansi.StringWidth(c.title) + 1
+	}
+	for _, r := range t.rows {
+		for i, c := range r.cells {
+			want[i] = max(want[i], ansi.StringWidth(c))
+		}
+	}
+	idx, widths := layout(t.cols, want, width)
 	var b strings.Builder
 	hdr := make([]string, len(idx))
 	for j, i := range idx {
 		title := t.cols[i].title
 		if i == t.sortCol {
+			// The arrow must show even when the title fills the column.
+			arrow := "↑"
 			if t.desc {
-				title += "↓"
-			} else {
-				title += "↑"
+				arrow = "↓"
 			}
+			title = ansi.Truncate(title, widths[j]-1, "") + arrow
 		}
 		hdr[j] = cell(title, widths[j], t.cols[i].right)
 	}
