@@ -129,14 +129,22 @@ func layout(cols []column, want []int, width int) (idx []int, widths []int) {
 	for i := range cols {
 		idx = append(idx, i)
 	}
+	// A column that never goes may claim a little more than its minimum
+	// when its cells need it, before optional columns are kept.
+	floor := func(i int) int {
+		c := cols[i]
+		switch {
+		case c.width > 0:
+			return c.width
+		case c.drop == 0:
+			return max(c.min, min(want[i], c.min+8))
+		}
+		return c.min
+	}
 	need := func() int {
 		n := len(idx) - 1 // one space between columns
 		for _, i := range idx {
-			if cols[i].width > 0 {
-				n += cols[i].width
-			} else {
-				n += cols[i].min
-			}
+			n += floor(i)
 		}
 		return n
 	}
@@ -157,7 +165,7 @@ func layout(cols []column, want []int, width int) (idx []int, widths []int) {
 		w := cols[i].width
 		if w == 0 {
 			flex++
-			w = cols[i].min
+			w = floor(i)
 			if grow := min(want[i]-w, spare); grow > 0 {
 				w += grow
 				spare -= grow
