@@ -3,6 +3,7 @@ package tui
 import (
 	"context"
 	"net/netip"
+	"regexp"
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -26,3 +27,7 @@ func (f *fakeSource) WatchFlows(ctx context.Context, _ chan<- conntrack.Event) e
 	<-ctx.Done()
 	return nil
 }
+
+// sgrColour matches an SGR sequence that sets a foreground or background
+// colour.
+var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)

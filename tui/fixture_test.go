@@ -18,7 +18,15 @@ import (
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+// -update rewrites the golden files. teatest's golden package may define
+// the flag already; then it is shared.
+func init() {
+	if flag.Lookup("update") == nil {
+		flag.Bool("update", false, "rewrite the golden files in testdata")
+	}
+}
+
+func updating() bool { return flag.Lookup("update").Value.String() == "true" }
 
 // t0 is when the test's first read happens.
 var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
@@ -100,6 +108,11 @@ var errRefused = errors.New(`status API: Get "http://127.0.0.1:10249/kp/v1/statu
 func send(t *testing.T, m *Model, msg tea.Msg) tea.Cmd {
 	t.Helper()
 	_, cmd := m.Update(msg)
+	if _, ok := msg.(tea.KeyPressMsg); !ok {
+		// Only keys navigate; other messages' commands are reads and
+		// ticks, which the tests send themselves.
+		return cmd
+	}
 	for _, next := range immediate(cmd) {
 		if _, ok := next.(showDetailMsg); ok {
 			send(t, m, next)
@@ -176,7 +189,7 @@ func screen(m *Model) string { return ansi.Strip(m.Render()) }
 func golden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", name+".golden")
-	if *update {
+	if updating() {
 		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
 			t.Fatal(err)
 		}
