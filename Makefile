@@ -8,7 +8,12 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build test lint demo demo-down clean
+# make install puts kp in $(DESTDIR)$(PREFIX)/bin with a kp-top link to it
+# (kp answers to that name as kp top).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+
+.PHONY: all build install test lint demo demo-down clean
 
 all: build
 
@@ -16,6 +21,11 @@ all: build
 # fails outright in a checkout owned by another user.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kp
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kp
+	ln -sfn kp $(DESTDIR)$(PREFIX)/bin/kp-top
 
 test:
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi

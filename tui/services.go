@@ -93,7 +93,7 @@ func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
 		conn = math.NaN()
 	}
 	bytes, okb := p.s.bytesRate[k]
-	if !okb {
+	if !okb && !p.s.bytesKnown {
 		bytes = math.NaN()
 	}
 	nodePort := ""

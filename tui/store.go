@@ -72,6 +72,9 @@ type store struct {
 	epInterval map[epKey]uint64 // new connections per endpoint, last interval
 	connRate   map[spKey]float64
 	bytesRate  map[spKey]float64
+	// bytesKnown says two dumps were compared: a Service port missing from
+	// bytesRate then had no bytes, rather than unknown ones.
+	bytesKnown bool
 
 	now time.Time
 }
@@ -170,6 +173,7 @@ func (s *store) applyDump(m snapshotMsg) {
 			s.bytesRate[a.ServicePort] += float64(b-prev) / dt
 		}
 	}
+	s.bytesKnown = !first && dt > 0
 	s.flows, s.prevBytes, s.flowsAt, s.conntrackErr = flows, bytes, m.At, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +61,10 @@ func (tm *tmux) keys(keys ...string) {
 }
 
 func (tm *tmux) screen() string { return tm.run("capture-pane", "-p") }
+
+// sgrColour matches an SGR sequence that sets a foreground or background
+// colour.
+var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)
 
 // kpTopCaptureDir, when set, is where the test writes what kp top showed
 // (the README's screen comes from there).
@@ -130,9 +135,36 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 		e.waitFor(c, "udp to shop/cart:dns answers", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.From != "" })
 		clients = append(clients, c.source().String())
 	}
-	services := wait("the Services view counts the flows", func(s string) error {
-		if l := lineWith(s, "shop/cart:dns"); !regexp.MustCompile(`\s[1-9]\d*\s+\S+\s*$`).MatchString(l) {
-			return fmt.Errorf("shop/cart:dns row %q shows no flows", l)
+	// Steady traffic while the screens are read, so rates are not zero.
+	stop := make(chan struct{})
+	var traffic sync.WaitGroup
+	traffic.Add(1)
+	go func() {
+		defer traffic.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+				_, _ = e.ask(e.w.Client(), "tcp", "10.96.0.40:80")
+			}
+		}
+	}()
+	defer func() { close(stop); traffic.Wait() }()
+
+	// Columns from the right: … READY CONN/S FLOWS BYTES/S.
+	row := regexp.MustCompile(`(\d+)/(\d+)\s+(\S+)\s+(\d+)\s+(\S+)\s*$`)
+	services := wait("the Services view shows rates and flows", func(s string) error {
+		http, dns := row.FindStringSubmatch(lineWith(s, "shop/cart:http")), row.FindStringSubmatch(lineWith(s, "shop/cart:dns"))
+		switch {
+		case http == nil || dns == nil:
+			return fmt.Errorf("no rows for shop/cart:\n%s", s)
+		case http[1] != "3" || http[2] != "3":
+			return fmt.Errorf("shop/cart:http endpoints ready %s/%s, want 3/3", http[1], http[2])
+		case http[3] == "-" || http[3] == "0" || http[5] == "-" || http[5] == "0B":
+			return fmt.Errorf("shop/cart:http shows no new connections/s or bytes/s: %q", http[0])
+		case dns[4] == "0":
+			return fmt.Errorf("shop/cart:dns shows no flows: %q", dns[0])
 		}
 		return nil
 	})
@@ -174,6 +206,21 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The terminal shrinks to 80x24: kp top redraws to fit, footer last.
+	tm.run("resize-window", "-x", "80", "-y", "24")
+	wait("kp top follows the resize", func(s string) error {
+		lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+		if len(lines) != 24 || !strings.Contains(lines[23], "q quit") || !strings.Contains(s, clients[0]) {
+			return fmt.Errorf("not redrawn for 80x24:\n%s", s)
+		}
+		return nil
+	})
+	// NO_COLOR: attributes, but no colour, reach the terminal.
+	if colour := sgrColour.FindString(tm.run("capture-pane", "-p", "-e")); colour != "" {
+		t.Errorf("colour sequence %q on screen under NO_COLOR", colour)
+	}
+
 	tm.keys("q")
 	wait("q quits", has("[exited 0]"))
 
