@@ -169,9 +169,9 @@ func TestSortKeys(t *testing.T) {
 
 func TestCursorStaysOnItsRowAcrossRefreshes(t *testing.T) {
 	m := newTestModel(t, 100, 24)
-	press(t, m, "down")
-	// dns now sorts first by name? No: same names; make dns sort first by
-	// reversing the name order, then refresh.
+	press(t, m, "down") // dns, second by name
+	// Reverse the order (dns moves to the top), then refresh: the cursor
+	// follows dns, not the row number.
 	press(t, m, "N", "N")
 	send(t, m, snapshot(4*time.Second, services(20, 30, 5), flows()))
 	if r := m.services.t.selected(); r == nil || r.cells[svcName] != "kube-system/dns:dns" {
