@@ -5,8 +5,6 @@ import (
 	"math"
 	"strings"
 
-	tea "charm.land/bubbletea/v2"
-
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -46,13 +44,6 @@ func newDetailPage(c *Common, s *store, sp spKey) *detailPage {
 }
 
 func (p *detailPage) name() string { return "service" }
-
-func (p *detailPage) Update(msg tea.Msg) tea.Cmd {
-	if km, ok := msg.(tea.KeyPressMsg); ok {
-		p.navigate(km)
-	}
-	return nil
-}
 
 func (p *detailPage) refresh() {
 	sp, _ := p.s.servicePort(p.sp)

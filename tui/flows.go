@@ -3,9 +3,6 @@ package tui
 import (
 	"math"
 
-	"charm.land/bubbles/v2/key"
-	tea "charm.land/bubbletea/v2"
-
 	"github.com/kpproxy/kp/conntrack"
 )
 
@@ -52,25 +49,13 @@ func flowSorts() []sortKey {
 }
 
 func newFlowsPage(c *Common, s *store) *flowsPage {
-	p := &flowsPage{tablePage{c: c, s: s, sorts: flowSorts()}}
+	p := &flowsPage{tablePage{c: c, s: s, sorts: flowSorts(),
+		detailOf: func(r *row) spKey { return r.id.(flowRowID).sp }}}
 	p.t.cols = flowColumns()
 	return p
 }
 
 func (p *flowsPage) name() string { return "flows" }
-
-func (p *flowsPage) Update(msg tea.Msg) tea.Cmd {
-	km, ok := msg.(tea.KeyPressMsg)
-	if !ok || p.navigate(km) {
-		return nil
-	}
-	if key.Matches(km, p.c.Keys.Enter) {
-		if r := p.t.selected(); r != nil {
-			return showDetail(r.id.(flowRowID).sp)
-		}
-	}
-	return nil
-}
 
 // flowRowID identifies a flow row: its Service port and client.
 type flowRowID struct {
@@ -115,14 +100,9 @@ func flowRow(r conntrack.FlowReport) row {
 }
 
 func (p *flowsPage) View() string {
-	v := p.t.View(p.c.Styles, p.c.Width, true)
-	switch {
-	case p.s.flowsAt.IsZero():
-		return v + "\n" + p.c.Styles.Faint.Render("waiting for the conntrack table…")
-	case len(p.t.rows) == 0 && p.filter != nil:
-		return v + "\n" + p.c.Styles.Faint.Render("(no flow matches the filter)")
-	case len(p.t.rows) == 0:
-		return v + "\n" + p.c.Styles.Faint.Render("(no flows to Services)")
+	waiting := ""
+	if p.s.flowsAt.IsZero() {
+		waiting = "waiting for the conntrack table…"
 	}
-	return v
+	return p.view(waiting, "(no flow matches the filter)", "(no flows to Services)")
 }

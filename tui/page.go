@@ -33,6 +33,21 @@ type tablePage struct {
 	t      table
 	sorts  []sortKey
 	filter *regexp.Regexp
+	// detailOf names the Service port a row drills down to; nil when
+	// enter does nothing.
+	detailOf func(r *row) spKey
+}
+
+// Update moves the cursor, sorts, and drills down on enter.
+func (p *tablePage) Update(msg tea.Msg) tea.Cmd {
+	km, ok := msg.(tea.KeyPressMsg)
+	if !ok || p.navigate(km) || p.detailOf == nil || !key.Matches(km, p.c.Keys.Enter) {
+		return nil
+	}
+	if r := p.t.selected(); r != nil {
+		return showDetail(p.detailOf(r))
+	}
+	return nil
 }
 
 // navigate handles the cursor and sort keys; it reports whether msg was
@@ -76,3 +91,19 @@ func (p *tablePage) keep(cells []string) bool {
 func (p *tablePage) setFilter(re *regexp.Regexp) { p.filter = re }
 func (p *tablePage) sortKeys() []sortKey         { return p.sorts }
 func (p *tablePage) SetSize(w, h int)            { p.t.height = h; p.t.clamp() }
+
+// view draws the table, or says why it is empty: waiting (not read yet)
+// when not "", else noMatch under a filter, else none.
+func (p *tablePage) view(waiting, noMatch, none string) string {
+	if waiting != "" {
+		return p.c.Styles.Faint.Render(waiting)
+	}
+	v := p.t.View(p.c.Styles, p.c.Width, true)
+	switch {
+	case len(p.t.rows) > 0:
+		return v
+	case p.filter != nil:
+		return v + "\n" + p.c.Styles.Faint.Render(noMatch)
+	}
+	return v + "\n" + p.c.Styles.Faint.Render(none)
+}

@@ -5,9 +5,6 @@ import (
 	"math"
 	"strings"
 
-	"charm.land/bubbles/v2/key"
-	tea "charm.land/bubbletea/v2"
-
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -28,7 +25,7 @@ const (
 type servicesPage struct{ tablePage }
 
 func newServicesPage(c *Common, s *store) *servicesPage {
-	p := &servicesPage{tablePage{c: c, s: s}}
+	p := &servicesPage{tablePage{c: c, s: s, detailOf: func(r *row) spKey { return r.id.(spKey) }}}
 	p.t.cols = []column{
 		svcName:      {title: "NAMESPACE/NAME:PORT", min: 14},
 		svcType:      {title: "TYPE", width: 9, drop: 2},
@@ -52,19 +49,6 @@ func newServicesPage(c *Common, s *store) *servicesPage {
 }
 
 func (p *servicesPage) name() string { return "services" }
-
-func (p *servicesPage) Update(msg tea.Msg) tea.Cmd {
-	km, ok := msg.(tea.KeyPressMsg)
-	if !ok || p.navigate(km) {
-		return nil
-	}
-	if key.Matches(km, p.c.Keys.Enter) {
-		if r := p.t.selected(); r != nil {
-			return showDetail(r.id.(spKey))
-		}
-	}
-	return nil
-}
 
 func (p *servicesPage) refresh() {
 	var rows []row
@@ -141,14 +125,9 @@ func addresses(sp statusapi.ServicePort) []string {
 }
 
 func (p *servicesPage) View() string {
+	waiting := ""
 	if p.s.services == nil {
-		return p.c.Styles.Faint.Render("waiting for kp proxy's status API…")
+		waiting = "waiting for kp proxy's status API…"
 	}
-	if len(p.t.rows) == 0 {
-		if p.filter != nil {
-			return p.t.View(p.c.Styles, p.c.Width, true) + "\n" + p.c.Styles.Faint.Render("(no Service port matches the filter)")
-		}
-		return p.t.View(p.c.Styles, p.c.Width, true) + "\n" + p.c.Styles.Faint.Render("(kp proxy has no Service ports)")
-	}
-	return p.t.View(p.c.Styles, p.c.Width, true)
+	return p.view(waiting, "(no Service port matches the filter)", "(kp proxy has no Service ports)")
 }

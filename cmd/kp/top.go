@@ -1,18 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"net/http"
-	"net/netip"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
-	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/tui"
 )
 
@@ -53,7 +47,7 @@ conntrack.`,
 			if o.refresh < 100*time.Millisecond {
 				return fmt.Errorf("--refresh %s: want at least 100ms", o.refresh)
 			}
-			src, err := newTopSource(o)
+			src, err := openNodeSource(o.netns, o.statusAddress)
 			if err != nil {
 				return err
 			}
@@ -71,80 +65,4 @@ conntrack.`,
 		"kp proxy's metrics address (--metrics-bind-address), where its status API is served")
 	fs.DurationVar(&o.refresh, "refresh", 2*time.Second, "how often to read the status API and the conntrack table")
 	return cmd
-}
-
-// topSource reads kp top's data inside one network namespace.
-type topSource struct {
-	fd     int
-	where  string
-	addr   string
-	client *statusapi.Client
-}
-
-func newTopSource(o *topOptions) (*topSource, error) {
-	s := &topSource{where: where(o.netns), addr: o.statusAddress}
-	if o.netns != "" {
-		var err error
-		if s.fd, err = openNetns(o.netns); err != nil {
-			return nil, err
-		}
-	}
-	s.client = &statusapi.Client{
-		BaseURL: "http://" + o.statusAddress,
-		HTTP:    &http.Client{Transport: &http.Transport{DialContext: dialerIn(s.fd), Proxy: nil}},
-	}
-	return s, nil
-}
-
-func (s *topSource) Close() {
-	if s.fd > 0 {
-		unix.Close(s.fd)
-	}
-}
-
-func (s *topSource) hint(err error) error {
-	return fmt.Errorf("%w (is kp proxy running%s, with --metrics-bind-address %s?)", err, s.where, s.addr)
-}
-
-func (s *topSource) Status(ctx context.Context) (*statusapi.Status, error) {
-	st, err := s.client.Status(ctx)
-	if err != nil {
-		return nil, s.hint(err)
-	}
-	return st, nil
-}
-
-func (s *topSource) Services(ctx context.Context) (*statusapi.Services, error) {
-	svcs, err := s.client.Services(ctx, "", "")
-	if err != nil {
-		return nil, s.hint(err)
-	}
-	return svcs, nil
-}
-
-func (s *topSource) LocalAddrs() ([]netip.Addr, error) {
-	var local []netip.Addr
-	err := inNetns(s.fd, func() error {
-		var err error
-		local, err = conntrack.LocalAddrs()
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list local addresses%s: %w", s.where, err)
-	}
-	return local, nil
-}
-
-func (s *topSource) DumpFlows() ([]conntrack.Flow, error) {
-	conn, err := conntrack.Dialer{NetNS: s.fd}.Open()
-	if err != nil {
-		return nil, permissionHint(err)
-	}
-	defer conn.Close()
-	flows, err := conn.Dump()
-	return flows, permissionHint(err)
-}
-
-func (s *topSource) WatchFlows(ctx context.Context, events chan<- conntrack.Event) error {
-	return permissionHint(conntrack.Dialer{NetNS: s.fd}.Watch(ctx, events))
 }
