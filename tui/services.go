@@ -14,7 +14,6 @@ const (
 	svcType
 	svcAddresses
 	svcPort
-	svcNodePort
 	svcEndpoints
 	svcConnRate
 	svcFlows
@@ -27,11 +26,10 @@ type servicesPage struct{ tablePage }
 func newServicesPage(c *Common, s *store) *servicesPage {
 	p := &servicesPage{tablePage{c: c, s: s, detailOf: func(r *row) spKey { return r.id.(spKey) }}}
 	p.t.cols = []column{
-		svcName:      {title: "NAMESPACE/NAME:PORT", min: 14},
+		svcName:      {title: "SERVICE", min: 14},
 		svcType:      {title: "TYPE", width: 9, drop: 2},
 		svcAddresses: {title: "ADDRESSES", min: 10},
-		svcPort:      {title: "PORT", min: 6},
-		svcNodePort:  {title: "NODEPORT", width: 8, drop: 3},
+		svcPort:      {title: "PORT(S)", min: 7},
 		svcEndpoints: {title: "READY", width: 5, right: true},
 		svcConnRate:  {title: "CONN/S", width: 6, right: true},
 		svcFlows:     {title: "FLOWS", width: 5, right: true},
@@ -80,9 +78,10 @@ func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
 	if !okb && !p.s.bytesKnown {
 		bytes = math.NaN()
 	}
-	nodePort := ""
+	// As kubectl get services shows it: port[:nodePort]/protocol.
+	port := fmt.Sprint(sp.Port)
 	if sp.NodePort != 0 {
-		nodePort = fmt.Sprint(sp.NodePort)
+		port += fmt.Sprintf(":%d", sp.NodePort)
 	}
 	nflows := float64(flows[k])
 	flowCell := fmt.Sprint(flows[k])
@@ -96,14 +95,13 @@ func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
 			svcName:      k.String(),
 			svcType:      sp.Type,
 			svcAddresses: strings.Join(addresses(sp), ","),
-			svcPort:      fmt.Sprintf("%d/%s", sp.Port, sp.Protocol),
-			svcNodePort:  nodePort,
+			svcPort:      port + "/" + sp.Protocol,
 			svcEndpoints: fmt.Sprintf("%d/%d", ready, len(sp.Endpoints)),
 			svcConnRate:  rate(conn),
 			svcFlows:     flowCell,
 			svcByteRate:  byteRate(bytes),
 		},
-		nums: []float64{nan, nan, nan, nan, float64(sp.NodePort), float64(ready), orMinus(conn), orMinus(nflows), orMinus(bytes)},
+		nums: []float64{nan, nan, nan, float64(sp.Port), float64(ready), orMinus(conn), orMinus(nflows), orMinus(bytes)},
 	}
 }
 

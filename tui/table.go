@@ -189,7 +189,10 @@ func layout(cols []column, want []int, width int) (idx []int, widths []int) {
 func (t *table) View(st *Styles, width int, focused bool) string {
 	want := make([]int, len(t.cols))
 	for i, c := range t.cols {
-		want[i] = ansi.StringWidth(c.title) + 1
+		want[i] = ansi.StringWidth(c.title)
+		if i == t.sortCol {
+			want[i]++ // the arrow
+		}
 	}
 	for _, r := range t.rows {
 		for i, c := range r.cells {
