@@ -123,10 +123,14 @@ func (s *store) applyServices(m snapshotMsg) {
 	for _, p := range m.Services.ServicePorts {
 		k := keyOf(p)
 		var sum uint64
+		// Without endpoints the rate is 0; with endpoints but no counters
+		// (a backend that does not count) it is unknown.
+		counted := len(p.Endpoints) == 0
 		for _, e := range p.Endpoints {
 			if e.Counters == nil {
 				continue
 			}
+			counted = true
 			ek := epKey{k, endpointAddr(e)}
 			conns[ek] = e.Counters.NewConnections
 			if prev, ok := s.prevConns[ek]; ok && e.Counters.NewConnections >= prev {
@@ -135,7 +139,7 @@ func (s *store) applyServices(m snapshotMsg) {
 				sum += d
 			}
 		}
-		if !first && dt > 0 {
+		if counted && !first && dt > 0 {
 			s.connRate[k] = float64(sum) / dt
 		}
 	}

@@ -54,6 +54,10 @@ func (m *Model) header() []string {
 	if !s.statusAt.IsZero() {
 		top += "  read " + s.statusAt.Format("15:04:05")
 	}
+	if s.status != nil && !s.status.Healthy {
+		// kp proxy's /healthz would fail: its last sync is too old.
+		top += "  NOT HEALTHY"
+	}
 	lines := []string{st.Header.Render(top)}
 
 	crumb := m.current().name()
@@ -81,6 +85,9 @@ func (m *Model) header() []string {
 			what = fmt.Sprintf("status API unreachable, showing the read of %s: ", s.statusAt.Format(time.TimeOnly))
 		}
 		problem(what + s.statusErr.Error() + retry)
+	}
+	if s.services != nil && s.services.CountersError != "" {
+		problem("kp proxy cannot read its per-endpoint counters: " + s.services.CountersError)
 	}
 	if s.conntrackErr != nil {
 		problem("cannot read conntrack: " + s.conntrackErr.Error() + retry)

@@ -27,6 +27,7 @@ func TestViewsMatchGoldenFiles(t *testing.T) {
 		{name: "status_api_down_keeps_last_read", w: 80, h: 24,
 			msgs: []tea.Msg{snapshotMsg{At: t0.Add(4 * time.Second), StatusErr: errRefused, Flows: flows()}}},
 		{name: "nothing_reachable_at_start", w: 80, h: 24},
+		{name: "unhealthy_proxy_without_counters", w: 80, h: 24, msgs: []tea.Msg{unhealthy()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var m *Model
@@ -53,4 +54,13 @@ func TestViewsMatchGoldenFiles(t *testing.T) {
 			golden(t, tc.name, got)
 		})
 	}
+}
+
+// unhealthy is a read where kp proxy's sync is stale and its counters
+// cannot be read.
+func unhealthy() snapshotMsg {
+	m := snapshot(4*time.Second, services(), flows())
+	m.Status.Healthy = false
+	m.Services.CountersError = "list counters: netlink receive: operation not permitted"
+	return m
 }
