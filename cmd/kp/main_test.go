@@ -139,6 +139,13 @@ func TestKpTopNameRunsTop(t *testing.T) {
 	}
 }
 
+func TestKpTopWithoutATerminalSaysWhatToDo(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("top"); code != 1 || !strings.Contains(h.stderr.String(), "kp top needs a terminal: run it with 'kubectl exec -it'") {
+		t.Errorf("exit %d, stderr %q", code, h.stderr.String())
+	}
+}
+
 func TestKubeProxyNameRunsProxy(t *testing.T) {
 	h := newHarness(t)
 	dir := t.TempDir()

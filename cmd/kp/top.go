@@ -2,9 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/tui"
@@ -47,6 +50,9 @@ conntrack.`,
 			if o.refresh < 100*time.Millisecond {
 				return fmt.Errorf("--refresh %s: want at least 100ms", o.refresh)
 			}
+			if !isTerminal(a.stdout) {
+				return fmt.Errorf("kp top needs a terminal: run it with 'kubectl exec -it' or 'ssh -t' (kp flows lists flows without one)")
+			}
 			src, err := openNodeSource(o.netns, o.statusAddress)
 			if err != nil {
 				return err
@@ -65,4 +71,9 @@ conntrack.`,
 		"kp proxy's metrics address (--metrics-bind-address), where its status API is served")
 	fs.DurationVar(&o.refresh, "refresh", 2*time.Second, "how often to read the status API and the conntrack table")
 	return cmd
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
