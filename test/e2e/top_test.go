@@ -86,8 +86,6 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 			{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353, NodePort: 30053},
 		}, Endpoints: eps}
 	e.write("shop.yaml", shop, web(pods[0]))
-	e.startKP()
-	e.answers(e.w.Client(), "tcp", "10.96.0.40:80")
 
 	kp, err := netns.Build("./cmd/kp")
 	if err != nil {
@@ -117,6 +115,18 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 			return nil
 		}
 	}
+
+	// kp top starts before kp proxy: it says so, and keeps trying.
+	wait("kp top says the status API cannot be reached", func(s string) error {
+		flat := strings.Join(strings.Fields(s), " ")
+		if !strings.Contains(flat, "cannot reach kp proxy's status API") || !strings.Contains(flat, "connection refused") ||
+			!strings.Contains(flat, "(retrying every 1s)") {
+			return fmt.Errorf("no clear error on screen:\n%s", s)
+		}
+		return nil
+	})
+	e.startKP()
+	e.answers(e.w.Client(), "tcp", "10.96.0.40:80")
 
 	// The Services view lists the test's Services.
 	wait("the Services view lists the test's Services", has("shop/cart:http", "shop/cart:dns", "e2e/web:http", "e2e/web:dns", "mode nftables"))
