@@ -6,8 +6,8 @@ import (
 	"charm.land/lipgloss/v2"
 )
 
-// Common is what every component shares: styles, the keymap and the size
-// of the area it draws in.
+// Common is what every component shares: styles, the keymap and the
+// terminal's size (each page's own height comes with SetSize).
 type Common struct {
 	Styles *Styles
 	Keys   *KeyMap

@@ -36,8 +36,8 @@ func endpointAddr(e statusapi.Endpoint) string {
 	return netip.AddrPortFrom(a, uint16(e.Port)).String()
 }
 
-// flowKey identifies a conntrack entry by what stays fixed for its life: its
-// original tuple (the ID is reused by the kernel after a destroy).
+// flowKey identifies a conntrack entry by its original tuple (and zone):
+// fixed for the entry's life, and in every dump and event alike.
 type flowKey struct {
 	proto    uint8
 	zone     uint16
