@@ -28,11 +28,19 @@ type tmux struct {
 func startTmux(t *testing.T, w, h int, command string) *tmux {
 	t.Helper()
 	tm := &tmux{t: t, socket: fmt.Sprintf("kp-e2e-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run() })
+	var path string
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run()
+		// kill-server leaves the socket file behind.
+		if path != "" {
+			_ = os.Remove(path)
+		}
+	})
 	// The shell keeps the pane open after the command exits, so its last
 	// words can be read.
 	tm.run("-f", "/dev/null", "new-session", "-d", "-x", fmt.Sprint(w), "-y", fmt.Sprint(h),
 		"sh", "-c", command+`; echo "[exited $?]"; sleep 3600`)
+	path = strings.TrimSpace(tm.run("display-message", "-p", "#{socket_path}"))
 	return tm
 }
 
