@@ -21,5 +21,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/kp /usr/local/bin/kp
+# kp answers to kp-top as kp top: kubectl exec ... -- kp-top
+RUN ln -s kp /usr/local/bin/kp-top
 ENTRYPOINT ["/usr/local/bin/kp"]
 CMD ["proxy", "--help"]

@@ -9,7 +9,12 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build test fuzz lint demo demo-down clean kube-bins
+# make install puts kp in $(DESTDIR)$(PREFIX)/bin with a kp-top link to it
+# (kp answers to that name as kp top).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+
+.PHONY: all build install test fuzz lint demo demo-down clean kube-bins
 
 all: build
 
@@ -17,6 +22,11 @@ all: build
 # fails outright in a checkout owned by another user.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kp
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kp
+	ln -sfn kp $(DESTDIR)$(PREFIX)/bin/kp-top
 
 # The real kube-apiserver, kubectl, kube-proxy and etcd the tests run, built
 # from test/k8s (a nested module) into a cache outside the repository, keyed

@@ -148,6 +148,10 @@ cat <<EOF
 The sandbox is still running: kp (pid $KP_PID) in $NODE, reading $ROOT/manifests/demo
 (edit a file there and kp reloads it).
 
+Watch it live with kp top (Services, each endpoint's share of new connections, flows;
+? for help, q to quit), while you send requests from another terminal:
+  $KP top --netns $NODE
+
 Look inside:
   ip netns exec $NODE nft list ruleset
   ip netns exec $CLIENT $ECHO -dial 10.244.2.1:30080

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/netip"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 type flowsOptions struct {
@@ -84,43 +81,26 @@ or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
 func (a *app) flows(ctx context.Context, o *flowsOptions) ([]conntrack.FlowReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	fd := 0
-	if o.netns != "" {
-		var err error
-		if fd, err = openNetns(o.netns); err != nil {
-			return nil, err
-		}
-		defer unix.Close(fd)
-	}
-	client := &statusapi.Client{
-		BaseURL: "http://" + o.statusAddress,
-		HTTP:    &http.Client{Transport: &http.Transport{DialContext: dialerIn(fd), Proxy: nil}},
-	}
-	svcs, err := client.Services(ctx, o.namespace, o.service)
+	src, err := openNodeSource(o.netns, o.statusAddress)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is kp proxy running%s, with --metrics-bind-address %s? see --status-address)",
-			err, where(o.netns), o.statusAddress)
+		return nil, err
+	}
+	defer src.Close()
+	svcs, err := src.servicesOf(ctx, o.namespace, o.service)
+	if err != nil {
+		return nil, err
 	}
 	st, err := proxy.StateFromServices(svcs)
 	if err != nil {
 		return nil, fmt.Errorf("kp proxy's status API: %w", err)
 	}
-	var local []netip.Addr
-	if err := inNetns(fd, func() error {
-		var err error
-		local, err = conntrack.LocalAddrs()
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("list local addresses%s: %w", where(o.netns), err)
-	}
-	conn, err := conntrack.Dialer{NetNS: fd}.Open()
+	local, err := src.LocalAddrs()
 	if err != nil {
-		return nil, permissionHint(err)
+		return nil, err
 	}
-	defer conn.Close()
-	flows, err := conn.Dump()
+	flows, err := src.DumpFlows()
 	if err != nil {
-		return nil, permissionHint(err)
+		return nil, err
 	}
 	// The status API already filtered the Services; flows of others are
 	// simply not attributed.

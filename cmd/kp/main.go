@@ -145,17 +145,3 @@ DaemonSet can run kp with its arguments unchanged.`,
 	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root
 }
-
-// newTopCommand holds kp top's place (and kp-top's) until it is built.
-func newTopCommand(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:                "top",
-		Short:              "Live view of Services, endpoints and flows (not built yet)",
-		Hidden:             true,
-		DisableFlagParsing: true,
-		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintln(a.stderr, "kp top is not built yet")
-			return errReported
-		},
-	}
-}

@@ -129,11 +129,20 @@ func TestVersionPrintsVersionCommitAndGo(t *testing.T) {
 	}
 }
 
-func TestKpTopNameIsReservedForTop(t *testing.T) {
+func TestKpTopNameRunsTop(t *testing.T) {
 	h := newHarness(t)
-	code := run(context.Background(), h.a, []string{"/usr/local/bin/kp-top", "--anything"})
-	if code != 1 || h.stderr.String() != "kp top is not built yet\n" {
+	// A flag only kp top has, with a value it refuses before it opens the
+	// terminal.
+	code := run(context.Background(), h.a, []string{"/usr/local/bin/kp-top", "--refresh", "1ms"})
+	if code != 1 || !strings.Contains(h.stderr.String(), "--refresh 1ms: want at least 100ms") {
 		t.Errorf("kp-top: exit %d, stderr %q", code, h.stderr.String())
+	}
+}
+
+func TestKpTopWithoutATerminalSaysWhatToDo(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("top"); code != 1 || !strings.Contains(h.stderr.String(), "kp top needs a terminal: run it with 'kubectl exec -it'") {
+		t.Errorf("exit %d, stderr %q", code, h.stderr.String())
 	}
 }
 

@@ -1,0 +1,66 @@
+package tui
+
+import (
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+)
+
+func TestViewsMatchGoldenFiles(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		w, h int
+		keys []string
+		msgs []tea.Msg
+	}{
+		{name: "services_80x24", w: 80, h: 24},
+		{name: "services_120x20", w: 120, h: 20},
+		{name: "services_sorted_by_conn_desc", w: 80, h: 24, keys: []string{"C", "C"}},
+		{name: "services_filter_typing", w: 80, h: 24, keys: []string{"/", "dns"}},
+		{name: "detail_80x24", w: 80, h: 24, keys: []string{"enter"}},
+		{name: "detail_120x30", w: 120, h: 30, keys: []string{"enter"}},
+		{name: "flows_80x24", w: 80, h: 24, keys: []string{":", "flows", "enter"}},
+		{name: "flows_140x24", w: 140, h: 24, keys: []string{":", "flows", "enter"}},
+		{name: "help_80x24", w: 80, h: 24, keys: []string{"?"}},
+		{name: "status_api_down_keeps_last_read", w: 80, h: 24,
+			msgs: []tea.Msg{snapshotMsg{At: t0.Add(4 * time.Second), StatusErr: errRefused, Flows: flows()}}},
+		{name: "nothing_reachable_at_start", w: 80, h: 24},
+		{name: "unhealthy_proxy_without_counters", w: 80, h: 24, msgs: []tea.Msg{unhealthy()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m *Model
+			if tc.name == "nothing_reachable_at_start" {
+				m = New(Config{Refresh: 2 * time.Second})
+				send(t, m, tea.WindowSizeMsg{Width: tc.w, Height: tc.h})
+				send(t, m, snapshotMsg{At: t0, StatusErr: errRefused, FlowsErr: errPermission})
+			} else {
+				m = newTestModel(t, tc.w, tc.h)
+			}
+			press(t, m, tc.keys...)
+			for _, msg := range tc.msgs {
+				send(t, m, msg)
+			}
+			got := screen(m)
+			if n := len(splitLines(got)); n != tc.h {
+				t.Errorf("%d lines, want the terminal's %d", n, tc.h)
+			}
+			for i, l := range splitLines(got) {
+				if ansi.StringWidth(l) > tc.w {
+					t.Errorf("line %d is wider than %d: %q", i, tc.w, l)
+				}
+			}
+			golden(t, tc.name, got)
+		})
+	}
+}
+
+// unhealthy is a read where kp proxy's sync is stale and its counters
+// cannot be read.
+func unhealthy() snapshotMsg {
+	m := snapshot(4*time.Second, services(), flows())
+	m.Status.Healthy = false
+	m.Services.CountersError = "list counters: netlink receive: operation not permitted"
+	return m
+}
