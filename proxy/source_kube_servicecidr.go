@@ -50,7 +50,9 @@ func (k *KubeSource) discoverServiceCIDRs(ctx context.Context) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, apiProbeTimeout)
 	defer cancel()
-	raw, err := rc.Get().AbsPath("/apis", gv).Do(ctx).Raw()
+	// kp's client prefers protobuf, which discovery documents are served in
+	// too: ask for JSON, as client-go's discovery client does.
+	raw, err := rc.Get().AbsPath("/apis", gv).SetHeader("Accept", "application/json").Do(ctx).Raw()
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -59,7 +61,7 @@ func (k *KubeSource) discoverServiceCIDRs(ctx context.Context) (bool, error) {
 	}
 	var list metav1.APIResourceList
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return false, fmt.Errorf("discovery of %s: %w", gv, err)
+		return false, fmt.Errorf("decode: %w", err)
 	}
 	return hasServiceCIDRs(&list), nil
 }

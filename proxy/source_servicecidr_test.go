@@ -74,19 +74,28 @@ func TestServiceCIDRDiscoveryRetriesUntilTheAPIServerAnswers(t *testing.T) {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
 		}
+		if strings.HasPrefix(r.Header.Get("Accept"), "application/vnd.kubernetes.protobuf") {
+			// The real API server answers in the client's first choice.
+			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+			fmt.Fprint(w, "k8s\x00\x0a\x0fAPIResourceList")
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"networking.k8s.io/v1",`+
 			`"resources":[{"name":"servicecidrs","namespaced":false,"kind":"ServiceCIDR","verbs":["list","watch"]}]}`)
 	}))
 	defer srv.Close()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL,
+		ContentConfig: rest.ContentConfig{AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
 	src := NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
 	status := &apiStatus{log: src.log, interval: time.Minute}
-	served, err := src.servesServiceCIDRs(context.Background(), status)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	served, err := src.servesServiceCIDRs(ctx, status)
 	if err != nil || !served {
 		t.Fatalf("servesServiceCIDRs = %v, %v after the API server came up; want true", served, err)
 	}
@@ -99,7 +108,7 @@ func TestServiceCIDRDiscoveryRetriesUntilTheAPIServerAnswers(t *testing.T) {
 	defer old.Close()
 	client, _ = kubernetes.NewForConfig(&rest.Config{Host: old.URL})
 	src = NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
-	if served, err := src.servesServiceCIDRs(context.Background(), status); err != nil || served {
+	if served, err := src.servesServiceCIDRs(ctx, status); err != nil || served {
 		t.Errorf("servesServiceCIDRs on a server without the group = %v, %v; want false, nil", served, err)
 	}
 }
