@@ -19,6 +19,7 @@ import (
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/test/apiserver"
 	"github.com/kpproxy/kp/test/netns"
+	"net/netip"
 )
 
 const programmingCount = "kubeproxy_network_programming_duration_seconds_count"
@@ -363,4 +364,31 @@ func (e *env) nftHandles() map[string]int {
 		e.t.Fatalf("no nftables objects with handles in kp's tables")
 	}
 	return handles
+}
+
+// The API server makes a ServiceCIDR object ("kubernetes") of its
+// --service-cluster-ip-range; kp watches ServiceCIDRs and drops traffic to
+// addresses in them that no Service has.
+func TestKubeUnallocatedAddressesOfTheClustersServiceCIDRsAreDropped(t *testing.T) {
+	k := newKubeEnv(t, 2, apiserver.Options{})
+	pods := k.w.Pods()
+	k.apply(web(pods...))
+	k.startKP()
+	k.answers(k.w.Client(), "tcp", webTCP)
+	for _, c := range []struct{ family, cidr, addr string }{
+		{"ip", netns.ServiceCIDR.String(), "10.96.0.77:80"},
+		{"ip6", netns.ServiceCIDR6.String(), "[fd00:96::77]:80"},
+	} {
+		k.eventually("kp has the ServiceCIDR "+c.cidr, 30*time.Second, func() error {
+			out, err := k.w.NFT("list", "set", c.family, "kp", "service-cidrs")
+			if err != nil || !strings.Contains(out, c.cidr) {
+				return fmt.Errorf("set service-cidrs: %v\n%s", err, out)
+			}
+			return nil
+		})
+		if err := k.dropped(k.w.Client(), "tcp", c.addr); err != nil {
+			t.Errorf("unallocated service address: %v", err)
+		}
+		k.notForwarded(t, netip.MustParseAddrPort(c.addr).Addr())
+	}
 }
