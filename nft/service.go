@@ -91,7 +91,7 @@ func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint, 
 		return v // a single-stack service of the other family
 	}
 	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: sp.Name.String(), proto: protoNumber(sp.Protocol)}
-	sel := proxy.SelectEndpoints(sp, familyEndpoints(f, eps), node)
+	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f.pf, eps), node)
 	noEndpoint := Element{Goto: chainReject}
 	if sel.Usable {
 		noEndpoint = Element{Drop: true}
@@ -124,17 +124,6 @@ func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint, 
 		r.external(clusterChain, localChain, noEndpoint)
 	}
 	return v
-}
-
-// familyEndpoints returns the endpoints of family f.
-func familyEndpoints(f family, eps []proxy.Endpoint) []proxy.Endpoint {
-	var out []proxy.Endpoint
-	for _, e := range eps {
-		if f.pf.Has(e.IP) {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // addrElement is the "address . protocol . port" element of a service

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/netip"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -63,6 +64,20 @@ func SelectEndpoints(sp *ServicePort, eps []Endpoint, node Node) EndpointSelecti
 		sel.Local = readyOrTerminating(eps, func(i int) bool { return eps[i].NodeName == node.Name })
 	}
 	return sel
+}
+
+// Selected reports, for each endpoint of eps, whether some traffic of the
+// port's may be sent to it from node: SelectEndpoints per family, Cluster and
+// Local together.
+func Selected(sp *ServicePort, eps []Endpoint, node Node) map[netip.AddrPort]bool {
+	out := map[netip.AddrPort]bool{}
+	for _, f := range []Family{IPv4, IPv6} {
+		sel := SelectEndpoints(sp, FilterEndpoints(f, eps), node)
+		for _, e := range append(sel.Cluster, sel.Local...) {
+			out[e.AddrPort()] = true
+		}
+	}
+	return out
 }
 
 // UsableEndpoints returns the endpoints that may receive new connections

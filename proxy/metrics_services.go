@@ -111,13 +111,7 @@ func noLocalEndpoints(st *State) map[Family]policyCounts {
 			if len(FilterAddrs(f, sp.ClusterIPs)) == 0 {
 				continue
 			}
-			var eps []Endpoint
-			for _, ep := range st.Endpoints[name] {
-				if f.Has(ep.IP) {
-					eps = append(eps, ep)
-				}
-			}
-			if sel := SelectEndpoints(sp, eps, st.Node); !sel.Usable || len(sel.Local) > 0 {
+			if sel := SelectEndpoints(sp, FilterEndpoints(f, st.Endpoints[name]), st.Node); !sel.Usable || len(sel.Local) > 0 {
 				continue
 			}
 			c := out[f]

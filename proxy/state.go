@@ -72,6 +72,17 @@ func FilterAddrs(f Family, addrs []netip.Addr) []netip.Addr {
 	return out
 }
 
+// FilterEndpoints returns the endpoints of family f, in order.
+func FilterEndpoints(f Family, eps []Endpoint) []Endpoint {
+	var out []Endpoint
+	for _, e := range eps {
+		if f.Has(e.IP) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // FilterPrefixes returns the prefixes of family f, in order.
 func FilterPrefixes(f Family, ps []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix

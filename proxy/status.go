@@ -138,7 +138,7 @@ func servicePortReports(st *State, counters map[EndpointRef]EndpointCounter, cou
 		if (namespace != "" && spn.Namespace != namespace) || (name != "" && spn.Name != name) {
 			continue
 		}
-		out = append(out, servicePortReport(sp, st.Endpoints[spn], counters, counted))
+		out = append(out, servicePortReport(sp, st.Endpoints[spn], st.Node, counters, counted))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]

@@ -14,7 +14,7 @@ import (
 // servicePortReport turns one service port and its endpoints into the
 // status API's form. counted says the backend counts connections: every
 // usable endpoint then gets counters (zero when the kernel has none yet).
-func servicePortReport(sp *ServicePort, eps []Endpoint, counters map[EndpointRef]EndpointCounter, counted bool) statusapi.ServicePort {
+func servicePortReport(sp *ServicePort, eps []Endpoint, node Node, counters map[EndpointRef]EndpointCounter, counted bool) statusapi.ServicePort {
 	r := statusapi.ServicePort{
 		Namespace:              sp.Name.Namespace,
 		Name:                   sp.Name.Name,
@@ -31,10 +31,7 @@ func servicePortReport(sp *ServicePort, eps []Endpoint, counters map[EndpointRef
 		SessionAffinitySeconds: int64(sp.AffinityTimeout / time.Second),
 		Endpoints:              []statusapi.Endpoint{},
 	}
-	usable := map[netip.AddrPort]bool{}
-	for _, e := range UsableEndpoints(eps) {
-		usable[e.AddrPort()] = true
-	}
+	usable := Selected(sp, eps, node)
 	for _, e := range eps {
 		re := statusapi.Endpoint{
 			IP: e.IP.String(), Port: e.Port,

@@ -198,3 +198,21 @@ func TestStateFromServicesRebuildsWhatTheAPIReported(t *testing.T) {
 		t.Errorf("bad endpoint IP: %v", err)
 	}
 }
+
+func TestStatusUsableFollowsTheRulesSelection(t *testing.T) {
+	node := Node{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}
+	ep := func(ip, zone string) Endpoint {
+		return Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, NodeName: "node-b",
+			Zone: zone, ZoneHints: []string{zone}}
+	}
+	sp := &ServicePort{Name: spName("ns", "web", "http", "TCP"), Type: v1.ServiceTypeClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: v1.ProtocolTCP}
+	r := servicePortReport(sp, []Endpoint{ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")}, node, nil, false)
+	got := map[string]bool{}
+	for _, e := range r.Endpoints {
+		got[e.IP] = e.Usable
+	}
+	if !got["10.0.0.1"] || got["10.0.0.2"] {
+		t.Errorf("usable = %v; want only the endpoint hinted for the node's zone", got)
+	}
+}
