@@ -137,6 +137,11 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	if proxies[KP] {
 		base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return slices.Contains(res.Ns, x.N) }), res.Floors...)
 	}
+	for _, n := range res.Ns {
+		if !slices.Contains(base.Ns, n) {
+			base.Ns = append(base.Ns, n)
+		}
+	}
 	base.Elapsed += res.Elapsed
 	return &base
 }
