@@ -146,13 +146,12 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	return &base
 }
 
-// TestBenchSmoke runs the benchmark's pipeline small (N = 100, kp and
-// upstream nftables mode, one of everything) and checks that the report
-// and plot render. It times nothing against any expectation.
+// TestBenchSmoke runs the benchmark's pipeline small (N = 1 and 100, every
+// proxy, one of everything) and checks that the report and plot render. It times nothing against any expectation.
 func TestBenchSmoke(t *testing.T) {
-	netns.Require(t, "nft", "conntrack")
+	netns.Require(t, "nft", "conntrack", "iptables-save")
 	apiserver.Bin(t, apiserver.KubeProxy)
-	cfg := config{Ns: []int{1, 100}, Proxies: []string{KP, UpstreamNFT}, Reps: 1, Changes: 3,
+	cfg := config{Ns: []int{1, 100}, Proxies: Proxies, Reps: 1, Changes: 3,
 		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
 		SyncTimeout: 2 * time.Minute}
 	res := run(t, cfg, nil)
