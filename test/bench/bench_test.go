@@ -93,6 +93,20 @@ func TestBench(t *testing.T) {
 // rerender writes the report of an earlier run again, from its
 // results.json, with -bench.notes added and its command set to -bench.n.
 func rerender(t *testing.T, path string) {
+	res := loadResults(t, path)
+	if *flagNs != "" {
+		res.Command = "make bench BENCH_N=" + *flagNs
+	}
+	if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
+		res.Notes = append(res.Notes, *flagNotes)
+	}
+	if err := writeAll(*flagOut, res); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loadResults reads an earlier run's results.json.
+func loadResults(t *testing.T, path string) *Results {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -101,28 +115,13 @@ func rerender(t *testing.T, path string) {
 	if err := json.Unmarshal(raw, &res); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	if *flagNs != "" {
-		res.Command = "make bench BENCH_N=" + *flagNs
-	}
-	if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
-		res.Notes = append(res.Notes, *flagNotes)
-	}
-	if err := writeAll(*flagOut, &res); err != nil {
-		t.Fatal(err)
-	}
+	return &res
 }
 
 // merged is the earlier run's results at path with every record of res's
 // proxies at res's Ns replaced by res's.
 func merged(t *testing.T, path string, res *Results) *Results {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var base Results
-	if err := json.Unmarshal(raw, &base); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
+	base := loadResults(t, path)
 	proxies := map[string]bool{}
 	for _, f := range res.FullSyncs {
 		proxies[f.Proxy] = true
@@ -143,7 +142,7 @@ func merged(t *testing.T, path string, res *Results) *Results {
 		}
 	}
 	base.Elapsed += res.Elapsed
-	return &base
+	return base
 }
 
 // TestBenchSmoke runs the benchmark's pipeline small (N = 1 and 100, every
