@@ -14,7 +14,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build install test fuzz lint demo demo-down clean kube-bins
+.PHONY: all build install test fuzz lint demo demo-down clean kube-bins bench
 
 all: build
 
@@ -39,6 +39,16 @@ test: kube-bins
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
 	$(GO) test -count=1 -p 2 -timeout 25m ./...
 	$(MAKE) fuzz
+
+# The benchmark of kp against upstream kube-proxy (nftables and iptables
+# modes) against one real kube-apiserver: rewrites test/bench/REPORT.md,
+# bench.svg and results.json. Not part of `make test`, which runs only its
+# smoke (TestBenchSmoke, N = 100). BENCH_N lists the Service counts;
+# BENCH_ARGS passes more flags (e.g. -bench.reps=5, see test/bench).
+BENCH_N    ?= 1,1000,10000,30000
+BENCH_ARGS ?=
+bench: kube-bins
+	$(GO) test -count=1 -timeout 4h -run '^TestBench$$' -v ./test/bench/ -args -bench.n=$(BENCH_N) $(BENCH_ARGS)
 
 # The fuzz target follows arbitrary manifest bytes through the decoder, the
 # change tracker and the nftables backend on its fake kernel; `make test`

@@ -10,6 +10,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Conn is the seam between the backend and the kernel: the netlink
@@ -55,11 +57,55 @@ func keyID(k []byte, end bool) string {
 // own (nsFd 0) or the one nsFd refers to.
 type netlinkConn struct{ nsFd int }
 
-func (c *netlinkConn) open() (*nftables.Conn, error) {
+func (c *netlinkConn) open(ops int) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(ops))}
 	if c.nsFd > 0 {
-		return nftables.New(nftables.WithNetNSFd(c.nsFd))
+		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
 	}
-	return nftables.New()
+	return nftables.New(opts...)
+}
+
+// Per-operation allowances for batchBuffers: a generous bound on one
+// message's bytes (a rule with a 10-way numgen map is well under it) and
+// on the kernel's accounting (truesize) of the acknowledgement it sends
+// back for every message google/nftables sends.
+const (
+	sndBytesPerOp = 2048
+	rcvBytesPerOp = 1024
+	minSockBuffer = 1 << 20
+	maxSockBuffer = 1<<31 - 1
+)
+
+// batchBuffers sizes the netlink socket for a batch of ops messages, as
+// the nft CLI does for its batches. google/nftables sends a whole
+// transaction in one sendmsg, which the kernel refuses (EMSGSIZE) beyond
+// the send buffer (212 kB by default: about 4,000 operations, 100 Services
+// of 10 endpoints), and the kernel queues one acknowledgement per message
+// before kp reads any, which overruns the default receive buffer (ENOBUFS).
+// The *FORCE options need CAP_NET_ADMIN, which kp has anyway; they set
+// limits, not allocations.
+func batchBuffers(ops int) nftables.SockOption {
+	size := func(per int) int { return min(max(ops*per, minSockBuffer), maxSockBuffer) }
+	return func(conn *netlink.Conn) error {
+		raw, err := conn.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		err = raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size(sndBytesPerOp))
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size(rcvBytesPerOp))
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("size the netlink socket for %d operations: %w", ops, serr)
+		}
+		return nil
+	}
 }
 
 func nfTable(f family) *nftables.Table { return &nftables.Table{Name: TableName, Family: f.nf} }
@@ -68,7 +114,7 @@ func (c *netlinkConn) Apply(tx *Transaction) error {
 	if len(tx.ops) == 0 {
 		return nil
 	}
-	conn, err := c.open()
+	conn, err := c.open(len(tx.ops))
 	if err != nil {
 		return fmt.Errorf("open netlink: %w", err)
 	}
@@ -143,17 +189,46 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 				}
 			}
 		}
-		var err error
+		send := conn.SetDeleteElements
 		if o.kind == opAddElement {
-			err = conn.SetAddElements(s, elems)
-		} else {
-			err = conn.SetDeleteElements(s, elems)
+			send = conn.SetAddElements
 		}
-		if err != nil {
-			return fmt.Errorf("elements of %s: %w", o.set.Name, err)
+		for _, chunk := range elementChunks(elems) {
+			if err := send(s, chunk); err != nil {
+				return fmt.Errorf("elements of %s: %w", o.set.Name, err)
+			}
 		}
 	}
 	return nil
+}
+
+// maxElementBytes bounds the estimated size of one element message's list.
+// google/nftables puts all the elements of a call in one nested netlink
+// attribute, whose length is 16 bits: past 64 KiB (about 600 service-ips
+// elements with their comments) the length wraps and the kernel rejects
+// the batch with a misleading error (ENOENT, ERANGE). Half of it leaves
+// room for the estimate's slack.
+const maxElementBytes = 32 << 10
+
+// elementChunks splits elems into runs whose encoding stays under
+// maxElementBytes; each run is one message of the same transaction.
+func elementChunks(elems []nftables.SetElement) [][]nftables.SetElement {
+	var chunks [][]nftables.SetElement
+	start, size := 0, 0
+	for i, e := range elems {
+		// Attribute headers and padding, flags, key, end key, verdict
+		// and comment: 64 bytes covers every fixed part.
+		n := 64 + len(e.Key) + len(e.KeyEnd) + len(e.Comment)
+		if e.VerdictData != nil {
+			n += len(e.VerdictData.Chain)
+		}
+		if size+n > maxElementBytes && i > start {
+			chunks = append(chunks, elems[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	return append(chunks, elems[start:])
 }
 
 func nfSet(t *nftables.Table, s *Set) *nftables.Set {
@@ -181,7 +256,7 @@ func nfChain(t *nftables.Table, c *Chain) *nftables.Chain {
 }
 
 func (c *netlinkConn) Read(f family) (*tableState, error) {
-	conn, err := c.open()
+	conn, err := c.open(0)
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}
@@ -249,7 +324,7 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 }
 
 func (c *netlinkConn) Counters(f family) (map[string]Counter, error) {
-	conn, err := c.open()
+	conn, err := c.open(0)
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -202,5 +203,36 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 	mustSync(t, b, w.state())
 	if listing := nftIn(t, ns, "list", "ruleset"); strings.Contains(listing, "demo/shape") || strings.Contains(listing, "10.96.0.20") {
 		t.Errorf("the deleted Service left objects behind:\n%s", listing)
+	}
+}
+
+// A full sync of many Services is one transaction far larger than a
+// netlink socket's default buffers (4,400 operations for 100 Services of
+// 10 endpoints overran them), and its service-ips elements far more than
+// one netlink attribute holds (64 KiB: about 600 elements); it must still
+// apply, as one transaction, with every Service in the kernel afterwards.
+func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
+	ns, fd := testNetns(t)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld()
+	const services, endpoints = 1000, 10
+	for i := 0; i < services; i++ {
+		eps := make([]string, endpoints)
+		for j := range eps {
+			eps[j] = fmt.Sprintf("10.244.%d.%d:8080", i/25, (i%25)*10+j)
+		}
+		w.addService(spName("demo", fmt.Sprintf("svc-%d", i), "http"),
+			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
+	}
+	mustSync(t, b, w.state())
+	if ops := b.LastTransactionOps(); ops < 20000 {
+		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
+	}
+	listing := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs)
+	if got := strings.Count(listing, " . tcp . 80 "); got != services {
+		t.Errorf("service-ips holds %d of %d Services", got, services)
 	}
 }

@@ -1,0 +1,294 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
+
+// Flags of the real run (make bench); without -bench.n TestBench skips.
+var (
+	flagNs      = flag.String("bench.n", "", "comma-separated Service counts to measure, e.g. 1,1000,10000 (empty: TestBench skips)")
+	flagOut     = flag.String("bench.out", ".", "folder REPORT.md, bench.svg and results.json are written to")
+	flagReps    = flag.Int("bench.reps", 3, "cold starts per proxy and N")
+	flagChanges = flag.Int("bench.changes", 100, "incremental endpoint changes per proxy and N")
+	flagWindow  = flag.Duration("bench.window", 3*time.Second, "data-path measurement window")
+	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
+	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
+	flagProxies = flag.String("bench.proxies", strings.Join(Proxies, ","), "proxies to measure")
+	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
+	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
+	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
+)
+
+// config shapes one run of the pipeline.
+type config struct {
+	Ns        []int
+	Proxies   []string
+	Reps      int           // cold starts per proxy and N
+	Changes   int           // incremental changes per proxy and N (none at N = 1)
+	Window    time.Duration // one data-path window
+	Windows   int
+	Workers   int // data-path load generator's parallel connections
+	Idle      time.Duration
+	FloorReps int
+	// SyncTimeout bounds one cold start: upstream iptables mode at 30,000
+	// Services takes minutes on a busy 2-core machine.
+	SyncTimeout time.Duration
+}
+
+// TestBench is `make bench`: the whole comparison, written to -bench.out.
+func TestBench(t *testing.T) {
+	if *flagRender != "" {
+		rerender(t, *flagRender)
+		return
+	}
+	if *flagNs == "" {
+		t.Skip("benchmark: run with -bench.n (make bench)")
+	}
+	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
+		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute, Proxies: strings.Split(*flagProxies, ",")}
+	for _, s := range strings.Split(*flagNs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			t.Fatalf("-bench.n: %q is not a Service count", s)
+		}
+		cfg.Ns = append(cfg.Ns, n)
+	}
+	// The report is rewritten after every N, so a run cut short still
+	// leaves what it measured.
+	write := func(res *Results) {
+		if *flagMerge != "" {
+			res = merged(t, *flagMerge, res)
+		}
+		res.Command = "make bench BENCH_N=" + *flagNs
+		if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
+			res.Notes = append(res.Notes, *flagNotes)
+		}
+		if err := writeAll(*flagOut, res); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("report written to %s", filepath.Join(*flagOut, "REPORT.md"))
+	}
+	run(t, cfg, write)
+}
+
+// rerender writes the report of an earlier run again, from its
+// results.json, with -bench.notes added and its command set to -bench.n.
+func rerender(t *testing.T, path string) {
+	res := loadResults(t, path)
+	if *flagNs != "" {
+		res.Command = "make bench BENCH_N=" + *flagNs
+	}
+	if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
+		res.Notes = append(res.Notes, *flagNotes)
+	}
+	if err := writeAll(*flagOut, res); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loadResults reads an earlier run's results.json.
+func loadResults(t *testing.T, path string) *Results {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Results
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return &res
+}
+
+// merged is the earlier run's results at path with every record of res's
+// proxies at res's Ns replaced by res's.
+func merged(t *testing.T, path string, res *Results) *Results {
+	base := loadResults(t, path)
+	proxies := map[string]bool{}
+	for _, f := range res.FullSyncs {
+		proxies[f.Proxy] = true
+	}
+	redone := func(proxy string, n int) bool { return proxies[proxy] && slices.Contains(res.Ns, n) }
+	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
+	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
+	// The earlier run's reference (no proxy) stands.
+	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy })
+	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool { return redone(x.Proxy, x.N) }), fresh...)
+	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
+	if proxies[KP] {
+		base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return slices.Contains(res.Ns, x.N) }), res.Floors...)
+	}
+	for _, n := range res.Ns {
+		if !slices.Contains(base.Ns, n) {
+			base.Ns = append(base.Ns, n)
+		}
+	}
+	base.Elapsed += res.Elapsed
+	return base
+}
+
+// TestBenchSmoke runs the benchmark's pipeline small (N = 1 and 100, every
+// proxy, one of everything) and checks that the report and plot render. It times nothing against any expectation.
+func TestBenchSmoke(t *testing.T) {
+	netns.Require(t, "nft", "conntrack", "iptables-save")
+	apiserver.Bin(t, apiserver.KubeProxy)
+	cfg := config{Ns: []int{1, 100}, Proxies: Proxies, Reps: 1, Changes: 3,
+		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
+		SyncTimeout: 2 * time.Minute}
+	res := run(t, cfg, nil)
+	if t.Failed() {
+		return
+	}
+	for _, p := range cfg.Proxies {
+		if got := res.fullSync(p, 100, func(f FullSync) float64 { return float64(f.Elements) }); len(got) != 1 || got[0] < 100 {
+			t.Errorf("%s: full sync at N=100 saw %v Services in the kernel, want 100", p, got)
+		}
+		if got := res.incremental(p, 100, func(i Incremental) float64 { return float64(i.Events) }); len(got) != cfg.Changes {
+			t.Errorf("%s: %d incremental changes measured, want %d", p, len(got), cfg.Changes)
+		}
+		if len(res.dataPath(p, 100)) != 1 {
+			t.Errorf("%s: no data-path measurement at N=100", p)
+		}
+	}
+	if len(res.floor(100)) != 1 {
+		t.Errorf("no nft -f floor at N=100")
+	}
+	dir := t.TempDir()
+	if err := writeAll(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
+	for _, want := range []string{"## Full sync", "## Incremental", "## Data path", "## Kernel floor", "## Idle", "| 100 |", PlotFile} {
+		if !bytes.Contains(report, []byte(want)) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	plot, _ := os.ReadFile(filepath.Join(dir, PlotFile))
+	if err := xml.Unmarshal(plot, new(struct{ XMLName xml.Name })); err != nil {
+		t.Errorf("plot is not well-formed SVG: %v", err)
+	}
+}
+
+// run is the pipeline: for each N, grow the API server's population, then
+// for each proxy in a fresh world: cold starts, idle, floor (kp), data path
+// and incremental changes.
+// after, if set, sees the results after each N.
+func run(t *testing.T, cfg config, after func(*Results)) *Results {
+	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	c := newCluster(t)
+	for _, n := range cfg.Ns {
+		took := c.grow(n)
+		t.Logf("N=%d: API server populated in %v", n, took.Round(time.Millisecond))
+		res.Ns = append(res.Ns, n)
+		for i, proxy := range cfg.Proxies {
+			t.Run(fmt.Sprintf("N=%d/%s", n, proxy), func(t *testing.T) {
+				w, node := c.newWorld(t)
+				c.pointSamples(w, n)
+				if i == 0 {
+					pod := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(podPort))
+					res.DataPaths = append(res.DataPaths, dataPath(w, NoProxy, n, pod, cfg)...)
+				}
+				measureProxy(t, c, w, node, proxy, n, cfg, res)
+			})
+		}
+		res.Elapsed = time.Since(res.Started)
+		if after != nil {
+			after(res)
+		}
+	}
+	res.Elapsed = time.Since(res.Started)
+	return res
+}
+
+func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) {
+	p := newProxy(t, c, w, node, proxy)
+	for rep := 0; rep < cfg.Reps; rep++ {
+		if rep > 0 {
+			p.stop()
+		}
+		fs := p.coldStart(c, n, cfg.SyncTimeout)
+		t.Logf("%s N=%d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
+			proxy, n, fs.Seconds, fs.CPUSeconds, fs.PeakRSS>>20, fs.ChildRSS>>20)
+		res.FullSyncs = append(res.FullSyncs, fs)
+	}
+	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
+	if proxy == KP {
+		res.Floors = append(res.Floors, p.floor(n, cfg.FloorReps)...)
+	}
+	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
+	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+	if n > len(samples(n)) {
+		inc := p.incremental(c, n, cfg.Changes)
+		res.Incrementals = append(res.Incrementals, inc...)
+		if len(inc) > 0 {
+			secs := make([]float64, len(inc))
+			for i, x := range inc {
+				secs[i] = x.Seconds
+			}
+			t.Logf("%s N=%d: endpoint change median %.1f ms, p99 %.1f ms", proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3)
+		}
+	}
+	p.stop()
+}
+
+// writeAll writes REPORT.md, the plot and the raw results into dir.
+func writeAll(dir string, res *Results) error {
+	var report, plot bytes.Buffer
+	if err := WriteReport(&report, res); err != nil {
+		return err
+	}
+	if err := WritePlot(&plot, res); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"REPORT.md": report.Bytes(), PlotFile: plot.Bytes(), "results.json": raw} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// machine describes this machine for the report.
+func machine(t *testing.T) Machine {
+	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b := kbField("/proc/meminfo", "MemTotal:"); b > 0 {
+		m.MemGB = float64(b) / (1 << 30)
+	}
+	if out, err := exec.Command(apiserver.Bin(t, apiserver.KubeProxy), "--version").Output(); err == nil {
+		m.Upstream = strings.TrimSpace(string(out))
+	}
+	return m
+}

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// Workload shape: every Service has one TCP port and endpointsPer ready
+// endpoints. Endpoints live at fake addresses in 172.16.0.0/12 (no route
+// leads anywhere from the node: its default route is the client, which
+// does not forward), except the sampled Services', which point at the
+// current world's real pods.
+const (
+	namespace    = "bench"
+	endpointsPer = 10
+	servicePort  = 80
+	podPort      = 8080
+	// createWorkers bounds the API writes in flight while populating.
+	createWorkers = 16
+)
+
+// cluster is the one API server every proxy of the run reads, populated
+// once per N and reused: only the proxies are restarted.
+type cluster struct {
+	t   *testing.T
+	srv *apiserver.Server
+	api kubernetes.Interface
+
+	mu         sync.Mutex
+	clusterIPs []string // by Service index
+	changes    atomic.Int64
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	srv := apiserver.Start(t, apiserver.Options{})
+	cfg := srv.Instance(0).Config(srv.AdminToken())
+	// Populating tens of thousands of objects: the default 100 QPS would
+	// make the client, not the server, the bottleneck.
+	cfg.QPS, cfg.Burst = 5000, 5000
+	api, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatalf("API client: %v", err)
+	}
+	c := &cluster{t: t, srv: srv, api: api}
+	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if _, err := api.CoreV1().Namespaces().Create(ctx(t), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", namespace, err)
+	}
+	return c
+}
+
+// ctx bounds one API call.
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func serviceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
+
+// fakeEndpoint is endpoint j of Service i: 172.16.0.0 + 10i + j.
+func fakeEndpoint(i, j int) string {
+	v := uint32(172<<24|16<<16) + uint32(i*endpointsPer+j)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
+}
+
+// grow creates Services (and their slices) until there are n, with bounded
+// parallelism, and returns how long it took.
+func (c *cluster) grow(n int) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	c.mu.Lock()
+	have := len(c.clusterIPs)
+	if n > have {
+		c.clusterIPs = append(c.clusterIPs, make([]string, n-have)...)
+	}
+	c.mu.Unlock()
+	next := atomic.Int64{}
+	next.Store(int64(have))
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	for w := 0; w < createWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := c.create(i); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		c.t.Fatalf("populate %d Services: %v", n, firstErr)
+	}
+	return time.Since(start)
+}
+
+func (c *cluster) create(i int) error {
+	name := serviceName(i)
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{
+			Name: "http", Protocol: v1.ProtocolTCP, Port: servicePort,
+		}}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := c.api.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create Service %s/%s: %w", namespace, name, err)
+	}
+	addrs := make([]string, endpointsPer)
+	for j := range addrs {
+		addrs[j] = fakeEndpoint(i, j)
+	}
+	if _, err := c.api.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice(i, addrs), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create EndpointSlice %s/%s: %w", namespace, name, err)
+	}
+	c.mu.Lock()
+	c.clusterIPs[i] = got.Spec.ClusterIP
+	c.mu.Unlock()
+	return nil
+}
+
+// slice is Service i's one EndpointSlice with addrs, stamped with the
+// trigger time the endpointslice controller would set.
+func slice(i int, addrs []string) *discovery.EndpointSlice {
+	name := serviceName(i)
+	ready := true
+	sl := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: namespace,
+			Labels:      map[string]string{discovery.LabelServiceName: name},
+			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)},
+		},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports: []discovery.EndpointPort{{
+			Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(podPort)),
+		}},
+	}
+	for _, a := range addrs {
+		sl.Endpoints = append(sl.Endpoints, discovery.Endpoint{
+			Addresses: []string{a}, Conditions: discovery.EndpointConditions{Ready: &ready},
+		})
+	}
+	return sl
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// setEndpoints replaces Service i's endpoints with addrs. It reads the slice
+// first and returns once the update is sent and acknowledged; sent is the
+// time the update was sent, after the read.
+func (c *cluster) setEndpoints(i int, addrs []string) (sent time.Time, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	slices := c.api.DiscoveryV1().EndpointSlices(namespace)
+	cur, err := slices.Get(ctx, serviceName(i), metav1.GetOptions{})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("get EndpointSlice %s/%s: %w", namespace, serviceName(i), err)
+	}
+	next := slice(i, addrs)
+	next.ResourceVersion = cur.ResourceVersion
+	sent = time.Now()
+	if _, err := slices.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
+		return sent, fmt.Errorf("update EndpointSlice %s/%s: %w", namespace, serviceName(i), err)
+	}
+	return sent, nil
+}
+
+// samples are the Services whose endpoints are real pods: spread over the
+// index range, so both the first and the last written are checked.
+func samples(n int) []int {
+	s := []int{0, n / 4, n / 2, 3 * n / 4, n - 1}
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// pointSamples makes the sampled Services' endpoints the world's pods.
+func (c *cluster) pointSamples(w *netns.World, n int) {
+	c.t.Helper()
+	var addrs []string
+	for _, p := range w.Pods() {
+		addrs = append(addrs, p.IP.String())
+	}
+	for _, i := range samples(n) {
+		if _, err := c.setEndpoints(i, addrs); err != nil {
+			c.t.Fatalf("point sample Service at the pods: %v", err)
+		}
+	}
+}
+
+// changeTarget is the Service the k-th incremental change edits: spread
+// over the range, never a sample (those must keep answering).
+func changeTarget(k, n int) int {
+	s := samples(n)
+	i := (k*7919 + 13) % n
+	for slices.Contains(s, i) {
+		i = (i + 1) % n
+	}
+	return i
+}
+
+// changeOne replaces the first endpoint of Service i with a fresh address
+// (172.31.0.0/16, never used before) and returns when the write was sent.
+func (c *cluster) changeOne(i int) (time.Time, error) {
+	k := c.changes.Add(1)
+	addrs := make([]string, endpointsPer)
+	for j := range addrs {
+		addrs[j] = fakeEndpoint(i, j)
+	}
+	addrs[0] = fmt.Sprintf("172.31.%d.%d", (k>>8)&255, k&255)
+	return c.setEndpoints(i, addrs)
+}
+
+func (c *cluster) clusterIP(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.clusterIPs[i]
+}
+
+// newWorld builds a fresh world with real pods for one proxy, connects its
+// node to the API server and creates its Node object; it returns the node
+// name the proxy must use.
+func (c *cluster) newWorld(t *testing.T) (*netns.World, string) {
+	t.Helper()
+	w := netns.NewWorld(t, netns.Options{Pods: endpointsPer, TCPPorts: []int{podPort}, UDPPorts: []int{5353}})
+	c.srv.Connect(w.Node(), w.PodCIDR())
+	name := fmt.Sprintf("bench-%d", w.Index())
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name}},
+		Spec:       v1.NodeSpec{PodCIDR: w.PodCIDR().String(), PodCIDRs: []string{w.PodCIDR().String()}},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+			{Type: v1.NodeInternalIP, Address: w.NodeIP().String()},
+			{Type: v1.NodeHostName, Address: name},
+		}},
+	}
+	if _, err := c.api.CoreV1().Nodes().Create(ctx(t), node, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create Node %s: %v", name, err)
+	}
+	return w, name
+}

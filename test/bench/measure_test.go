@@ -1,0 +1,315 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// coldStart starts the proxy with n Services in the API server and waits
+// until the kernel holds all of them and the sampled ones answer.
+func (p *proxyRun) coldStart(c *cluster, n int, syncTimeout time.Duration) FullSync {
+	p.t.Helper()
+	start := p.start()
+	pid := p.proc.Pid()
+	res := FullSync{Proxy: p.name, N: n}
+	deadline := start.Add(syncTimeout)
+	nextLog := start.Add(10 * time.Second)
+	for {
+		res.ChildRSS = max(res.ChildRSS, childHWM(pid))
+		if !p.proc.Running() {
+			p.t.Fatalf("%s exited during its full sync: %v\n%s", p.name, p.proc.ExitErr(), tail(p.proc.Log()))
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: not every one of %d Services programmed after %v (kernel holds %d)", p.name, n, syncTimeout, res.Elements)
+		}
+		last := p.lastSync()
+		if time.Now().After(nextLog) {
+			count, err := p.count()
+			p.t.Logf("%s N=%d: waiting for the full sync: last sync %.3f, kernel holds %d (%v)", p.name, n, last, count, err)
+			nextLog = nextLog.Add(10 * time.Second)
+		}
+		if last > 0 {
+			count, err := p.count()
+			if err != nil {
+				p.t.Fatalf("%s: count Services in the kernel: %v", p.name, err)
+			}
+			res.Elements = count
+			if count >= n {
+				// Read again: the sync that completed the set may have
+				// ended after the first read.
+				last = max(last, p.lastSync())
+				res.Seconds = last - float64(start.UnixNano())/1e9
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	st, err := readProc(pid)
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+	res.CPUSeconds, res.PeakRSS = st.cpu, st.hwm
+	p.checkSamples(c, n)
+	return res
+}
+
+// checkSamples sends real TCP connections from the client to each sampled
+// Service and expects a pod to answer.
+func (p *proxyRun) checkSamples(c *cluster, n int) {
+	p.t.Helper()
+	for _, i := range samples(n) {
+		addr := net.JoinHostPort(c.clusterIP(i), fmt.Sprint(servicePort))
+		var reply string
+		var err error
+		for try := 0; try < 20; try++ {
+			if reply, err = netns.Dial(p.w.Client(), "tcp", addr, 2*time.Second); err == nil && strings.HasPrefix(reply, "pod-") {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		if err != nil || !strings.HasPrefix(reply, "pod-") {
+			p.t.Errorf("%s: Service %s at %s does not answer after its full sync: %q %v", p.name, serviceName(i), addr, reply, err)
+		}
+	}
+}
+
+// idle measures the proxy's RSS and CPU over window while nothing changes.
+func (p *proxyRun) idle(n int, window time.Duration) Idle {
+	p.t.Helper()
+	pid := p.proc.Pid()
+	before, err := readProc(pid)
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+	time.Sleep(window)
+	after, err := readProc(pid)
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+	return Idle{Proxy: p.name, N: n, RSS: after.rss, CPUSeconds: after.cpu - before.cpu, Window: window.Seconds()}
+}
+
+// floor loads kp's listed ruleset with nft -f into a fresh namespace reps
+// times.
+func (p *proxyRun) floor(n, reps int) []Floor {
+	p.t.Helper()
+	ruleset, err := p.w.NFT("list", "ruleset")
+	if err != nil {
+		p.t.Fatalf("list kp's ruleset: %v", err)
+	}
+	file := filepath.Join(p.t.TempDir(), "ruleset.nft")
+	if err := os.WriteFile(file, []byte(ruleset), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	ns := netns.NewNamespace(p.t, "floor")
+	var out []Floor
+	for r := 0; r < reps; r++ {
+		if _, err := netns.Exec(ns, "nft", "flush", "ruleset"); err != nil {
+			p.t.Fatalf("floor: %v", err)
+		}
+		start := time.Now()
+		if _, err := netns.Exec(ns, "nft", "-f", file); err != nil {
+			p.t.Fatalf("floor: nft -f of kp's ruleset: %v", err)
+		}
+		out = append(out, Floor{N: n, Seconds: time.Since(start).Seconds(), Lines: strings.Count(ruleset, "\n")})
+	}
+	return out
+}
+
+// connRate opens TCP connections to addr from namespace ns with workers in
+// parallel for window: connect, read the echo server's greeting, reset.
+// It returns connections completed per second and the failures.
+func connRate(ns, addr string, workers int, window time.Duration) (float64, int) {
+	var ok, bad atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(window)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := netns.InNamespace(ns, func() error {
+				d := net.Dialer{Timeout: time.Second}
+				buf := make([]byte, 256)
+				for time.Now().Before(deadline) {
+					c, err := d.Dial("tcp", addr)
+					if err != nil {
+						bad.Add(1)
+						continue
+					}
+					_ = c.SetDeadline(time.Now().Add(time.Second))
+					if _, err := c.Read(buf); err != nil {
+						bad.Add(1)
+					} else {
+						ok.Add(1)
+					}
+					// A reset, not a FIN: no TIME_WAIT to run the client
+					// out of ports, and conntrack forgets the flow at once.
+					_ = c.(*net.TCPConn).SetLinger(0)
+					c.Close()
+				}
+				return nil
+			})
+			if err != nil {
+				bad.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ok.Load()) / time.Since(start).Seconds(), int(bad.Load())
+}
+
+// dataPath measures the connection rate through addr in world w's client,
+// windows times, emptying the node's conntrack table before each.
+func dataPath(w *netns.World, proxy string, n int, addr string, cfg config) []DataPath {
+	var out []DataPath
+	for i := 0; i < cfg.Windows; i++ {
+		flushConntrack(w.Node())
+		rate, errs := connRate(w.Client(), addr, cfg.Workers, cfg.Window)
+		out = append(out, DataPath{Proxy: proxy, N: n, ConnPerSec: rate, Errors: errs})
+	}
+	return out
+}
+
+// monitor is `nft monitor` in a namespace: every line with the time it
+// was read.
+type monitor struct {
+	cmd   *exec.Cmd
+	lines chan monitorLine
+}
+
+type monitorLine struct {
+	text string
+	at   time.Time
+}
+
+func startMonitor(ns string) (*monitor, error) {
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "monitor")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	m := &monitor{cmd: cmd, lines: make(chan monitorLine, 1<<16)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<26)
+		for sc.Scan() {
+			m.lines <- monitorLine{sc.Text(), time.Now()}
+		}
+		close(m.lines)
+	}()
+	return m, nil
+}
+
+func (m *monitor) stop() {
+	_ = m.cmd.Process.Kill()
+	_ = m.cmd.Wait()
+}
+
+// drain discards what was read so far.
+func (m *monitor) drain() {
+	for {
+		select {
+		case <-m.lines:
+		default:
+			return
+		}
+	}
+}
+
+// nextCommit waits for the next "# new generation" line (the kernel
+// committed a transaction) and returns when it came and how many objects
+// the transaction listed before it.
+func (m *monitor) nextCommit(timeout time.Duration) (time.Time, int, error) {
+	events := 0
+	t := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-m.lines:
+			if !ok {
+				return time.Time{}, events, fmt.Errorf("nft monitor exited")
+			}
+			if strings.HasPrefix(l.text, "# new generation") {
+				return l.at, events, nil
+			}
+			if !strings.HasPrefix(l.text, "#") && strings.TrimSpace(l.text) != "" {
+				events++
+			}
+		case <-t:
+			return time.Time{}, events, fmt.Errorf("no transaction within %v", timeout)
+		}
+	}
+}
+
+// incremental changes one endpoint changes times and times each to the
+// kernel's commit.
+func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
+	p.t.Helper()
+	m, err := startMonitor(p.w.Node())
+	if err != nil {
+		p.t.Fatalf("nft monitor: %v", err)
+	}
+	defer m.stop()
+	time.Sleep(500 * time.Millisecond) // let nft monitor subscribe
+	var out []Incremental
+	for k := 0; k < changes; k++ {
+		m.drain()
+		sent, err := c.changeOne(changeTarget(k, n))
+		if err != nil {
+			p.t.Fatalf("%s: %v", p.name, err)
+		}
+		at, events, err := time.Time{}, 0, error(nil)
+		if p.name == UpstreamIPTables {
+			at, err = p.nextSync(sent, time.Minute)
+			events = -1 // unknown: see nextSync
+		} else {
+			at, events, err = m.nextCommit(time.Minute)
+		}
+		if err != nil {
+			p.t.Errorf("%s: change %d at N=%d: %v", p.name, k, n, err)
+			return out
+		}
+		out = append(out, Incremental{Proxy: p.name, N: n, Seconds: at.Sub(sent).Seconds(), Events: events})
+		// Let a sync that writes more than one transaction finish, and
+		// stay clear of the rate limit, before the next change.
+		time.Sleep(250 * time.Millisecond)
+	}
+	return out
+}
+
+// nextSync waits until the proxy's last-sync metric reports a sync that
+// ended after since, and returns when it ended. It stands in for nft
+// monitor with upstream's iptables mode, whose partial syncs nft monitor
+// did not report in the proxy's namespace (iptables-restore's own
+// transactions are reported there in isolation: the cause is not found).
+func (p *proxyRun) nextSync(since time.Time, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if last := p.lastSync(); last > float64(since.UnixNano())/1e9 {
+			return time.Unix(0, int64(last*1e9)), nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Time{}, fmt.Errorf("no sync within %v", timeout)
+}
+
+func tail(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > 30 {
+		lines = lines[len(lines)-30:]
+	}
+	return strings.Join(lines, "\n")
+}

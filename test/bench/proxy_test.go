@@ -1,0 +1,250 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// Addresses every proxy serves on inside its own node namespace.
+const (
+	metricsAddr = "127.0.0.1:10249"
+	healthzAddr = "127.0.0.1:10256"
+)
+
+// Sync periods every proxy gets alike: a short rate limit, so the
+// incremental changes (spaced further apart than it) measure the proxy and
+// not its limiter, and no periodic resync during a measurement.
+const (
+	minSyncPeriod = "100ms"
+	syncPeriod    = "1h"
+)
+
+// proxyRun is one proxy under test in its world.
+type proxyRun struct {
+	t     *testing.T
+	name  string
+	w     *netns.World
+	bin   string
+	args  []string
+	proc  *netns.Process
+	count func() (int, error) // Services programmed in the kernel
+}
+
+// newProxy prepares (does not start) proxy name in world w as node node.
+func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *proxyRun {
+	t.Helper()
+	kubeconfig := c.srv.Kubeconfig(0, c.srv.AdminToken())
+	p := &proxyRun{t: t, name: name, w: w}
+	common := []string{
+		"--kubeconfig", kubeconfig,
+		"--hostname-override", node,
+		"--cluster-cidr", w.PodCIDR().String(),
+		"--healthz-bind-address", healthzAddr,
+		"--metrics-bind-address", metricsAddr,
+	}
+	switch name {
+	case KP:
+		bin, err := netns.Build("./cmd/kp")
+		if err != nil {
+			t.Fatalf("kp does not build: %v", err)
+		}
+		p.bin = bin
+		p.args = append(append([]string{"proxy"}, common...),
+			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
+		p.count = func() (int, error) { return countNFT(w.Node(), "kp") }
+	case UpstreamNFT, UpstreamIPTables:
+		mode := "nftables"
+		p.count = func() (int, error) { return countNFT(w.Node(), "kube-proxy") }
+		if name == UpstreamIPTables {
+			mode = "iptables"
+			p.count = func() (int, error) { return countIPTables(w.Node()) }
+		}
+		p.bin = apiserver.Bin(t, apiserver.KubeProxy)
+		p.args = append(common,
+			"--proxy-mode", mode,
+			// Leave the namespace's conntrack sysctls alone.
+			"--conntrack-max-per-core", "0",
+			"--conntrack-tcp-timeout-established", "0",
+			"--conntrack-tcp-timeout-close-wait", "0",
+			// Upstream's names for the same two periods.
+			"--iptables-min-sync-period", minSyncPeriod, "--iptables-sync-period", syncPeriod)
+	default:
+		t.Fatalf("unknown proxy %q", name)
+	}
+	return p
+}
+
+// start runs the proxy and returns the time just before it was started.
+func (p *proxyRun) start() time.Time {
+	p.t.Helper()
+	at := time.Now()
+	if p.proc == nil {
+		p.proc = netns.StartIn(p.t, p.w.Node(), p.bin, p.args...)
+		return at
+	}
+	if err := p.proc.Start(); err != nil {
+		p.t.Fatalf("restart %s: %v", p.name, err)
+	}
+	return at
+}
+
+// stop stops the proxy and empties its namespace's ruleset and conntrack
+// table, so the next start is cold.
+func (p *proxyRun) stop() {
+	p.t.Helper()
+	if p.proc != nil {
+		if err := p.proc.Stop(); err != nil {
+			p.t.Logf("%s exited: %v", p.name, err)
+		}
+	}
+	if _, err := p.w.NFT("flush", "ruleset"); err != nil {
+		p.t.Fatalf("flush %s's ruleset: %v", p.name, err)
+	}
+	flushConntrack(p.w.Node())
+}
+
+func flushConntrack(ns string) {
+	// conntrack -F reports on stderr even on success; an empty table is
+	// no error worth stopping a benchmark for.
+	_, _ = netns.Exec(ns, "conntrack", "-F")
+}
+
+// lastSync is the proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds
+// for IPv4 (the family of every benchmark Service), 0 before its first sync.
+func (p *proxyRun) lastSync() float64 {
+	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
+	if err != nil || code != 200 {
+		return 0
+	}
+	const name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	var last float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name) || strings.Contains(line, `"IPv6"`) {
+			continue
+		}
+		rest := line[len(name):]
+		if rest != "" && rest[0] != ' ' && rest[0] != '{' {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				last = max(last, v)
+			}
+		}
+	}
+	return last
+}
+
+// countNFT counts the benchmark's Services in table ip <table>'s
+// service-ips verdict map (kp and upstream nftables mode share the name).
+func countNFT(ns, table string) (int, error) {
+	out, err := netns.Exec(ns, "nft", "list", "map", "ip", table, "service-ips")
+	if err != nil {
+		if strings.Contains(out, "No such file") {
+			return 0, nil
+		}
+		return 0, err
+	}
+	return len(serviceElement.FindAllStringIndex(out, -1)), nil
+}
+
+// serviceElement is one benchmark Service port in a service-ips listing:
+// "10.96.3.4 . tcp . 80 : goto …", with or without a comment before the
+// colon.
+var serviceElement = regexp.MustCompile(fmt.Sprintf(` \. tcp \. %d (comment "[^"]*" )?: `, servicePort))
+
+// countIPTables counts the benchmark's Services jumped to from KUBE-SERVICES.
+func countIPTables(ns string) (int, error) {
+	out, err := netns.Exec(ns, "iptables-save", "-t", "nat")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-A KUBE-SERVICES ") && strings.Contains(line, namespace+"/svc-") &&
+			strings.Contains(line, "-j KUBE-SVC-") {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// procStats is what /proc says about a process.
+type procStats struct {
+	cpu      float64 // user+system seconds, with reaped children
+	hwm, rss int64   // bytes
+}
+
+// clockTick is USER_HZ, 100 on every Linux kp runs on.
+const clockTick = 100
+
+func readProc(pid int) (procStats, error) {
+	var s procStats
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	// Fields after the command name (which may hold spaces): state is
+	// field 3; utime, stime, cutime, cstime are 14–17.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	if len(f) < 15 {
+		return s, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	for _, v := range f[11:15] {
+		t, _ := strconv.ParseFloat(v, 64)
+		s.cpu += t / clockTick
+	}
+	s.hwm, s.rss = statusKB(pid, "VmHWM:"), statusKB(pid, "VmRSS:")
+	return s, nil
+}
+
+// statusKB reads one kB field of /proc/PID/status, in bytes (0 if absent).
+func statusKB(pid int, field string) int64 {
+	return kbField(fmt.Sprintf("/proc/%d/status", pid), field)
+}
+
+// kbField reads a "Field:   123 kB" line of a /proc file, in bytes (0 if
+// absent).
+func kbField(file, field string) int64 {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, field) {
+			if f := strings.Fields(line); len(f) >= 2 {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				return v << 10
+			}
+		}
+	}
+	return 0
+}
+
+// childHWM is the largest VmHWM among pid's live children (upstream's nft
+// and iptables-restore helpers), 0 when it has none.
+func childHWM(pid int) int64 {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var peak int64
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, c := range strings.Fields(string(b)) {
+			if id, err := strconv.Atoi(c); err == nil {
+				peak = max(peak, statusKB(id, "VmHWM:"))
+			}
+		}
+	}
+	return peak
+}

@@ -1,0 +1,153 @@
+// Package bench measures kp against upstream kube-proxy (nftables and
+// iptables modes) side by side, in one run, against one real kube-apiserver,
+// each proxy a real process in a network namespace of its own. `make bench`
+// runs it (TestBench with -bench.n) and writes REPORT.md; `make test` runs
+// only TestBenchSmoke, the same pipeline at N = 100, so the code cannot rot.
+// Nothing here asserts a speed: benchmarks are not tests.
+//
+// This file holds the results and their statistics; report.go renders them.
+// The harness that produces them is in the _test.go files.
+package bench
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"time"
+)
+
+// Proxies under test, in report order, and the no-proxy reference of the
+// data path.
+const (
+	KP               = "kp"
+	UpstreamNFT      = "upstream-nft"
+	UpstreamIPTables = "upstream-iptables"
+	NoProxy          = "none (direct to pod)"
+)
+
+// Proxies lists the proxies under test in report order.
+var Proxies = []string{KP, UpstreamNFT, UpstreamIPTables}
+
+// FullSync is one cold start: process start to every Service programmed.
+type FullSync struct {
+	Proxy      string
+	N          int
+	Seconds    float64 // start to the sync that completed the set
+	CPUSeconds float64 // user+system of the proxy and its reaped children
+	PeakRSS    int64   // bytes, VmHWM of the proxy process
+	ChildRSS   int64   // bytes, largest VmHWM seen of a child (nft, iptables-restore)
+	Elements   int     // Services seen programmed in the kernel
+}
+
+// Incremental is one endpoint change through the API server.
+type Incremental struct {
+	Proxy   string
+	N       int
+	Seconds float64 // API write sent to the kernel's commit of the change
+	Events  int     // objects in the transaction, as nft monitor lists them
+}
+
+// Floor is one `nft -f` of kp's listed ruleset into an empty namespace.
+type Floor struct {
+	N       int
+	Seconds float64
+	Lines   int // lines of the ruleset file
+}
+
+// DataPath is one timed window of the connection-rate load generator.
+type DataPath struct {
+	Proxy      string
+	N          int
+	ConnPerSec float64
+	Errors     int
+}
+
+// Idle is a proxy's cost while nothing changes, after its full sync.
+type Idle struct {
+	Proxy      string
+	N          int
+	RSS        int64   // bytes, VmRSS at the end of the window
+	CPUSeconds float64 // over the window
+	Window     float64 // seconds
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	Kernel, CPU, Go, Upstream string
+	Cores                     int
+	MemGB                     float64
+}
+
+// Results is everything one run measured.
+type Results struct {
+	Machine      Machine
+	Started      time.Time
+	Elapsed      time.Duration
+	Ns           []int
+	Endpoints    int // per Service
+	Changes      int // incremental changes per proxy and N
+	Command      string
+	Notes        []string // what was skipped and why, and other caveats
+	FullSyncs    []FullSync
+	Incrementals []Incremental
+	Floors       []Floor
+	DataPaths    []DataPath
+	Idles        []Idle
+}
+
+// Median of xs (NaN when empty).
+func Median(xs []float64) float64 { return Quantile(xs, 0.5) }
+
+// Quantile is the nearest-rank q-quantile of xs (NaN when empty): the
+// smallest value at least a fraction q of the values are at or below.
+func Quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if q == 0.5 && len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// pick gathers one value from every record of proxy at n.
+func pick[T any](records []T, match func(T) bool, value func(T) float64) []float64 {
+	var out []float64
+	for _, r := range records {
+		if match(r) {
+			out = append(out, value(r))
+		}
+	}
+	return out
+}
+
+func (r *Results) fullSync(proxy string, n int, value func(FullSync) float64) []float64 {
+	return pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n }, value)
+}
+
+func (r *Results) incremental(proxy string, n int, value func(Incremental) float64) []float64 {
+	return pick(r.Incrementals, func(f Incremental) bool { return f.Proxy == proxy && f.N == n }, value)
+}
+
+func (r *Results) dataPath(proxy string, n int) []float64 {
+	return pick(r.DataPaths, func(d DataPath) bool { return d.Proxy == proxy && d.N == n },
+		func(d DataPath) float64 { return d.ConnPerSec })
+}
+
+func (r *Results) idle(proxy string, n int, value func(Idle) float64) []float64 {
+	return pick(r.Idles, func(d Idle) bool { return d.Proxy == proxy && d.N == n }, value)
+}
+
+func (r *Results) floor(n int) []float64 {
+	return pick(r.Floors, func(f Floor) bool { return f.N == n }, func(f Floor) float64 { return f.Seconds })
+}
+
+// sortedNs is the distinct Ns measured, ascending.
+func (r *Results) sortedNs() []int {
+	ns := slices.Clone(r.Ns)
+	slices.SortFunc(ns, cmp.Compare)
+	return slices.Compact(ns)
+}
