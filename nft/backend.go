@@ -246,19 +246,3 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	b.tables = nil
 	return nil
 }
-
-// Counters returns the per-endpoint new-connection counters, by endpoint
-// chain name, of both families.
-func (b *Backend) Counters() (map[string]Counter, error) {
-	out := map[string]Counter{}
-	for _, f := range families {
-		cs, err := b.conn.Counters(f)
-		if err != nil {
-			return nil, err
-		}
-		for k, v := range cs {
-			out[k] = v
-		}
-	}
-	return out, nil
-}

@@ -1,13 +1,14 @@
 package nft
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
@@ -22,8 +23,9 @@ type Conn interface {
 	// Read returns what kp's table of family f holds, or nil when the table
 	// does not exist. Chain digests are unknown ("") after a Read.
 	Read(f family) (*tableState, error)
-	// Counters returns the named counters of kp's table of family f.
-	Counters(f family) (map[string]Counter, error)
+	// DNATCounters returns, for those of chains that exist in kp's table
+	// of family f, the counters of their rules that DNAT, summed by target.
+	DNATCounters(f family, chains []string) (map[string]map[netip.AddrPort]Counter, error)
 }
 
 // Counter is a named counter's value.
@@ -114,16 +116,11 @@ func (c *netlinkConn) Apply(tx *Transaction) error {
 	if len(tx.ops) == 0 {
 		return nil
 	}
-	conn, err := c.open(len(tx.ops))
+	msgs, owner, err := c.encodeBatch(tx)
 	if err != nil {
-		return fmt.Errorf("open netlink: %w", err)
+		return err
 	}
-	for i := range tx.ops {
-		if err := c.queue(conn, &tx.ops[i]); err != nil {
-			return err
-		}
-	}
-	if err := conn.Flush(); err != nil {
+	if err := c.sendBatch(tx, msgs, owner); err != nil {
 		return fmt.Errorf("nftables transaction of %d operations: %w", len(tx.ops), err)
 	}
 	return nil
@@ -154,22 +151,6 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 		conn.DelChain(nfChain(t, o.chain))
 	case opAddRule:
 		r := o.rule
-		if len(r.VMap) > 0 {
-			// Keys in network byte order: the rule converts numgen's
-			// output (see numgenVMap), and google/nftables declares every
-			// anonymous set's keys big-endian, so nft lists them right.
-			anon := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true,
-				KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.BigEndian}
-			elems := make([]nftables.SetElement, len(r.VMap))
-			for i, chain := range r.VMap {
-				elems[i] = nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(uint32(i)),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}
-			}
-			if err := conn.AddSet(anon, elems); err != nil {
-				return fmt.Errorf("add anonymous map in chain %s: %w", o.chain.Name, err)
-			}
-			r.lookup.SetName, r.lookup.SetID = anon.Name, anon.ID
-		}
 		var ud []byte
 		if r.Comment != "" {
 			ud = userdata.AppendString(nil, userdata.TypeComment, r.Comment)
@@ -236,9 +217,6 @@ func nfSet(t *nftables.Table, s *Set) *nftables.Set {
 		Interval: s.Interval, Comment: s.Comment, Dynamic: s.Dynamic}
 	if s.VMap {
 		ns.IsMap, ns.DataType = true, nftables.TypeVerdict
-	}
-	if s.HostOrder {
-		ns.KeyByteOrder = binaryutil.NativeEndian
 	}
 	if s.Timeout > 0 {
 		ns.HasTimeout, ns.Timeout = true, s.Timeout
@@ -323,25 +301,66 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 	return st, nil
 }
 
-func (c *netlinkConn) Counters(f family) (map[string]Counter, error) {
-	conn, err := c.open(0)
+func (c *netlinkConn) DNATCounters(f family, chains []string) (map[string]map[netip.AddrPort]Counter, error) {
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if c.nsFd > 0 {
+		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
+	}
+	conn, err := nftables.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}
-	objs, err := conn.GetObjects(nfTable(f))
-	if err != nil {
-		if errors.Is(err, errNoTable) {
-			return nil, nil
+	defer func() { _ = conn.CloseLasting() }()
+	t := nfTable(f)
+	out := map[string]map[netip.AddrPort]Counter{}
+	for _, name := range chains {
+		rules, err := conn.GetRules(t, &nftables.Chain{Name: name, Table: t})
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
+				continue // no such chain (or table) in this family
+			}
+			return nil, fmt.Errorf("list rules of %s %s %s: %w", f.name, TableName, name, err)
 		}
-		return nil, fmt.Errorf("list counters of %s %s: %w", f.name, TableName, err)
-	}
-	out := map[string]Counter{}
-	for _, o := range objs {
-		if co, ok := o.(*nftables.CounterObj); ok {
-			out[co.Name] = Counter{Packets: co.Packets, Bytes: co.Bytes}
+		for _, r := range rules {
+			target, count, ok := dnatCounter(r.Exprs)
+			if !ok {
+				continue
+			}
+			m := out[name]
+			if m == nil {
+				m = map[netip.AddrPort]Counter{}
+				out[name] = m
+			}
+			m[target] = Counter{Packets: m[target].Packets + count.Packets, Bytes: m[target].Bytes + count.Bytes}
 		}
 	}
 	return out, nil
+}
+
+// dnatCounter reads a rule kp wrote with ruleBuilder.counter and dnat: its
+// counter and the address and port it DNATs to.
+func dnatCounter(es []expr.Any) (netip.AddrPort, Counter, bool) {
+	var count *expr.Counter
+	var addr netip.Addr
+	var port uint16
+	for _, e := range es {
+		switch e := e.(type) {
+		case *expr.Counter:
+			count = e
+		case *expr.Immediate:
+			switch {
+			case e.Register == 1:
+				addr, _ = netip.AddrFromSlice(e.Data)
+			case e.Register == 2 && len(e.Data) == 2:
+				port = binary.BigEndian.Uint16(e.Data)
+			}
+		case *expr.NAT:
+			if count != nil && addr.IsValid() && e.Type == expr.NATTypeDestNAT {
+				return netip.AddrPortFrom(addr, port), Counter{Packets: count.Packets, Bytes: count.Bytes}, true
+			}
+		}
+	}
+	return netip.AddrPort{}, Counter{}, false
 }
 
 var errNoTable = errors.New("no such table")

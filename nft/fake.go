@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -271,11 +272,29 @@ func (f *Fake) Read(fam family) (*tableState, error) {
 	return st, nil
 }
 
-func (f *Fake) Counters(fam family) (map[string]Counter, error) {
-	out := map[string]Counter{}
-	if t := f.Tables[fam.name]; t != nil {
-		for c := range t.Counters {
-			out[c] = Counter{}
+// DNATCounters reads the fake's rule texts: every rule with "counter" and
+// "dnat to ADDR:PORT" counts, at zero.
+func (f *Fake) DNATCounters(fam family, chains []string) (map[string]map[netip.AddrPort]Counter, error) {
+	out := map[string]map[netip.AddrPort]Counter{}
+	t := f.Tables[fam.name]
+	if t == nil {
+		return out, nil
+	}
+	for _, name := range chains {
+		for _, r := range t.Chains[name] {
+			_, to, ok := strings.Cut(r, "dnat to ")
+			if !ok || !strings.Contains(r, "counter ") {
+				continue
+			}
+			to, _, _ = strings.Cut(to, " ")
+			ap, err := netip.ParseAddrPort(to)
+			if err != nil {
+				return nil, fmt.Errorf("fake: rule %q: %w", r, err)
+			}
+			if out[name] == nil {
+				out[name] = map[netip.AddrPort]Counter{}
+			}
+			out[name][ap] = Counter{}
 		}
 	}
 	return out, nil

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,6 +68,8 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 			t.Fatalf("%s/%s: the API would accept it, so must kp: %v", d.ns, d.name, err)
 		}
 		for _, sp := range sps {
+			// Session affinity: a set per endpoint, named after it.
+			sp.AffinityTimeout = 3 * time.Hour
 			st.Services[sp.Name] = sp
 			st.Endpoints[sp.Name] = endpoints
 			st.Changed[sp.Name] = struct{}{}
@@ -78,7 +81,7 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 	mustSync(t, b, st)
 
 	for fam, table := range fake.Tables {
-		svcChains, epChains := 0, 0
+		svcChains := 0
 		for name := range table.Chains {
 			if len(name) > maxObjectName {
 				t.Errorf("%s chain name of %d bytes: %s", fam, len(name), name)
@@ -86,11 +89,13 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 			switch {
 			case strings.HasPrefix(name, "svc-"):
 				svcChains++
-			case strings.HasPrefix(name, "ep-"):
-				epChains++
 			}
 		}
+		affinitySets := 0
 		for name := range table.Sets {
+			if strings.HasPrefix(name, "affinity-") {
+				affinitySets++
+			}
 			if len(name) > maxObjectName {
 				t.Errorf("%s set name of %d bytes: %s", fam, len(name), name)
 			}
@@ -101,16 +106,16 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 			}
 		}
 		perFamily := map[string]int{"ip": 1, "ip6": 2}[fam]
-		if svcChains != len(st.Services) || epChains != len(st.Services)*perFamily {
-			t.Errorf("%s: %d service chains and %d endpoint chains for %d service ports with %d endpoints each: names collide",
-				fam, svcChains, epChains, len(st.Services), perFamily)
+		if svcChains != len(st.Services) || affinitySets != len(st.Services)*perFamily {
+			t.Errorf("%s: %d service chains and %d endpoint affinity sets for %d service ports with %d endpoints each: names collide",
+				fam, svcChains, affinitySets, len(st.Services), perFamily)
 		}
 	}
 }
 
 // TestServiceOf5000EndpointsRenders checks a Service with 5,000 endpoints
 // goes into one transaction the fake kernel accepts, every endpoint with
-// its own chain, and that removing one touches little.
+// its own rule, and that removing one touches little.
 func TestServiceOf5000EndpointsRenders(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
@@ -123,20 +128,22 @@ func TestServiceOf5000EndpointsRenders(t *testing.T) {
 	w.addService(web, "10.96.0.10", 80, 30080, eps...)
 	mustSync(t, b, w.state())
 	n := 0
-	for name := range fake.Tables["ip"].Chains {
-		if strings.HasPrefix(name, "ep-demo/big/") {
+	for _, r := range fake.Tables["ip"].Chains["svc-demo/big/tcp/http"] {
+		if strings.Contains(r, "dnat to ") {
 			n++
 		}
 	}
 	if n != 5000 {
-		t.Fatalf("%d endpoint chains, want 5000", n)
+		t.Fatalf("%d endpoint rules, want 5000", n)
 	}
-	if !strings.Contains(fake.Dump(), "numgen random mod 5000") {
+	dump := fake.Dump()
+	if !strings.Contains(dump, "numgen random mod 5000 0 ") || !strings.Contains(dump, "numgen random mod 2 0 ") ||
+		strings.Contains(dump, "numgen random mod 1 ") {
 		t.Error("endpoint selection is not over all 5000 endpoints")
 	}
 	w.setEndpoints(web, eps[1:]...)
 	mustSync(t, b, w.state())
-	if fake.Tables["ip"].Chains["ep-demo/big/tcp/http__10.244.0.1/8080"] != nil {
-		t.Error("the removed endpoint's chain is still there")
+	if strings.Contains(fake.Dump(), "10.244.0.1:8080") {
+		t.Error("the removed endpoint is still there")
 	}
 }

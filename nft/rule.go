@@ -18,11 +18,6 @@ type Rule struct {
 	Exprs   []expr.Any
 	Text    string
 	Comment string
-	// VMap, when set, is an anonymous verdict map from 0..n-1 to "goto
-	// VMap[i]" that the rule looks up; the connection creates it in the
-	// same batch and points lookup at it.
-	VMap   []string
-	lookup *expr.Lookup
 }
 
 // String is the rule in nft syntax, with its comment.
@@ -39,8 +34,6 @@ type ruleBuilder struct {
 	fam   family
 	exprs []expr.Any
 	text  []string
-	vmap  []string
-	look  *expr.Lookup
 }
 
 func newRule(fam family) *ruleBuilder { return &ruleBuilder{fam: fam} }
@@ -52,7 +45,7 @@ func (b *ruleBuilder) add(text string, e ...expr.Any) *ruleBuilder {
 }
 
 func (b *ruleBuilder) build(comment string) Rule {
-	return Rule{Exprs: b.exprs, Text: strings.Join(b.text, " "), Comment: comment, VMap: b.vmap, lookup: b.look}
+	return Rule{Exprs: b.exprs, Text: strings.Join(b.text, " "), Comment: comment}
 }
 
 // Registers for concatenated keys: 32-bit registers are consecutive, and
@@ -185,8 +178,10 @@ func (b *ruleBuilder) masquerade() *ruleBuilder {
 	return b.add("masquerade fully-random", &expr.Masq{FullyRandom: true})
 }
 
-func (b *ruleBuilder) counterObj(name string) *ruleBuilder {
-	return b.add(fmt.Sprintf("counter name %q", name), &expr.Objref{Type: 1 /* NFT_OBJECT_COUNTER */, Name: name})
+// counter counts the packets that reach it, in the rule itself: named
+// counter objects cost the kernel more than the rest of a full sync.
+func (b *ruleBuilder) counter() *ruleBuilder {
+	return b.add("counter", &expr.Counter{})
 }
 
 func (b *ruleBuilder) dnat(proto uint8, to netip.AddrPort) *ruleBuilder {
@@ -203,24 +198,29 @@ func (b *ruleBuilder) dnat(proto uint8, to netip.AddrPort) *ruleBuilder {
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: famNum, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
 }
 
-// numgenVMap spreads over chains: "numgen random mod n vmap { 0 : goto a,
-// ... }". numgen writes a host-order integer; it is converted to network
-// order before the lookup because google/nftables declares the keys of
-// anonymous maps big-endian whatever the caller asks, and nft reads keys by
-// that declaration: without the conversion "nft list" would show 1 as
-// 16777216 and a reloaded listing would never match. nft folds the
-// conversion away when it lists the rule.
-func (b *ruleBuilder) numgenVMap(chains []string) *ruleBuilder {
-	elems := make([]string, len(chains))
-	for i, c := range chains {
-		elems[i] = fmt.Sprintf("%d : goto %s", i, c)
-	}
-	b.vmap = chains
-	b.look = &expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0}
-	return b.add(fmt.Sprintf("numgen random mod %d vmap { %s }", len(chains), strings.Join(elems, ", ")),
-		&expr.Numgen{Register: 1, Modulus: uint32(len(chains)), Type: unix.NFT_NG_RANDOM},
-		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		b.look)
+// numgenIs matches "numgen random mod n v": a random number below n (in
+// host byte order, as numgen writes it) equals v.
+func (b *ruleBuilder) numgenIs(n, v uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("numgen random mod %d %d", n, v),
+		&expr.Numgen{Register: 1, Modulus: n, Type: unix.NFT_NG_RANDOM},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(v)})
+}
+
+// ctStatusDNAT matches "ct status dnat": the connection was DNATed.
+func (b *ruleBuilder) ctStatusDNAT() *ruleBuilder {
+	return b.add("ct status dnat",
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
+}
+
+// addrPairInSet matches "ip saddr . ip daddr @set".
+func (b *ruleBuilder) addrPairInSet(set string) *ruleBuilder {
+	_, n := b.addrOffset(false)
+	return b.add(fmt.Sprintf("%s saddr . %s daddr @%s", b.fam.name, b.fam.name, set),
+		b.loadAddr(true, regAddr), b.loadAddr(false, regFirst+n/4),
+		&expr.Lookup{SourceRegister: regAddr, SetName: set})
 }
 
 // updateSet adds the packet's address to a dynamic set, or refreshes its
@@ -277,3 +277,6 @@ func protoName(p uint8) string {
 	}
 	return fmt.Sprint(p)
 }
+
+// ipsDstNAT is conntrack's IPS_DST_NAT status bit.
+const ipsDstNAT = 1 << 5

@@ -1,7 +1,9 @@
 package nft
 
 import (
+	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -25,10 +27,13 @@ func scaleState(n, m int) *proxy.State {
 	return w.state()
 }
 
+// benchServices sizes the full-sync benchmarks: -args -bench.services=10000.
+var benchServices = flag.Int("bench.services", 1000, "Services (of 10 endpoints) in the full-sync benchmarks")
+
 // BenchmarkFullSync renders and diffs a full sync of 1,000 Services of 10
 // endpoints against the fake kernel: kp's own cost, without netlink.
 func BenchmarkFullSync(b *testing.B) {
-	s := scaleState(1000, 10)
+	s := scaleState(*benchServices, 10)
 	b.ReportAllocs()
 	for b.Loop() {
 		fake := NewFake()
@@ -46,7 +51,7 @@ func BenchmarkFullSync(b *testing.B) {
 // BenchmarkFullSyncKernel is the same full sync into a real table, in a
 // throwaway network namespace.
 func BenchmarkFullSyncKernel(b *testing.B) {
-	s := scaleState(1000, 10)
+	s := scaleState(*benchServices, 10)
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
@@ -98,6 +103,8 @@ func BenchmarkRetainedHeapAfterAFullSync(b *testing.B) {
 // nullConn accepts every transaction and holds nothing.
 type nullConn struct{}
 
-func (nullConn) Apply(*Transaction) error                    { return nil }
-func (nullConn) Read(family) (*tableState, error)            { return nil, nil }
-func (nullConn) Counters(family) (map[string]Counter, error) { return nil, nil }
+func (nullConn) Apply(*Transaction) error         { return nil }
+func (nullConn) Read(family) (*tableState, error) { return nil, nil }
+func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Counter, error) {
+	return nil, nil
+}

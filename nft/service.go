@@ -37,11 +37,7 @@ func endpointID(sp *proxy.ServicePort, ep proxy.Endpoint) string {
 	return fmt.Sprintf("%s__%s/%d", serviceChainBase(sp), strings.ReplaceAll(ep.IP.String(), ":", "."), ep.Port)
 }
 
-// endpointChainName is the endpoint's chain and the name of its counter of
-// new connections; affinitySetName its session affinity set.
-func endpointChainName(sp *proxy.ServicePort, ep proxy.Endpoint) string {
-	return "ep-" + endpointID(sp, ep)
-}
+// affinitySetName is the endpoint's session affinity set.
 func affinitySetName(sp *proxy.ServicePort, ep proxy.Endpoint) string {
 	return "affinity-" + endpointID(sp, ep)
 }
@@ -184,46 +180,60 @@ func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
 	return rules
 }
 
-// policyChain writes the chain of one traffic policy over eps, and the
-// endpoints' chains; it returns the chain's name.
+// policyChain writes the chain of one traffic policy over eps. Endpoints
+// are picked by rules in turn: the i-th of n is taken with probability
+// 1/(n-i) when reached ("numgen random mod n-i 0"), which is uniform over
+// all n, and the last takes what is left. kp does not use upstream's
+// anonymous "numgen vmap" here: the kernel scans every set of the table for
+// each set it creates or looks up by name and for each jump it checks for
+// loops, so a set per service makes a full sync O(N²) in the number of
+// Services (see test/bench/NOTES.md). Rules cost O(endpoints) only on a
+// connection's first packet, as in upstream's iptables mode.
 func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule) string {
 	c := &Chain{Name: name, Rules: first}
-	eChains := make([]string, len(eps))
-	for i, e := range eps {
-		eChains[i] = r.endpointChain(e)
-		if r.sp.AffinityTimeout > 0 {
-			// The client's last endpoint first, while its entry lives.
-			c.Rules = append(c.Rules, newRule(r.f).addrInSet(true, false, affinitySetName(r.sp, e)).
-				verdict(expr.VerdictGoto, eChains[i]).build(r.comment))
+	if r.sp.AffinityTimeout > 0 {
+		// The client's last endpoint first, while its entry lives.
+		for _, e := range eps {
+			c.Rules = append(c.Rules, r.toEndpoint(newRule(r.f).addrInSet(true, false, affinitySetName(r.sp, e)), e))
 		}
 	}
-	c.Rules = append(c.Rules, newRule(r.f).numgenVMap(eChains).build(r.comment))
+	for i, e := range eps {
+		rb := newRule(r.f)
+		if left := len(eps) - i; left > 1 {
+			rb.numgenIs(uint32(left), 0)
+		}
+		c.Rules = append(c.Rules, r.toEndpoint(rb, e))
+	}
 	r.v.chains[name] = c
 	return name
 }
 
-// endpointChain writes one endpoint's chain (shared by both policies'
-// chains), its counter and its affinity set, once.
-func (r *serviceRender) endpointChain(e proxy.Endpoint) string {
-	name := endpointChainName(r.sp, e)
-	if r.v.chains[name] != nil {
-		return name
+// toEndpoint ends rb with sending the connection to e: the client's
+// affinity entry refreshed, a count of new connections (the rule's own
+// counter: NAT chains see a connection's first packet only), DNAT.
+func (r *serviceRender) toEndpoint(rb *ruleBuilder, e proxy.Endpoint) Rule {
+	r.endpointObjects(e)
+	if r.sp.AffinityTimeout > 0 {
+		rb.updateSet(true, affinitySetName(r.sp, e))
 	}
-	c := &Chain{Name: name, Rules: []Rule{
-		// Hairpin: a pod reaching itself through the service must see
-		// the reply come back through the node.
-		newRule(r.f).addrIs(true, false, e.IP).verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
-	}}
+	return rb.counter().dnat(r.proto, e.AddrPort()).build(r.comment)
+}
+
+// endpointObjects declares e's affinity set (shared by both policies'
+// chains), and its hairpin element.
+func (r *serviceRender) endpointObjects(e proxy.Endpoint) {
 	if r.sp.AffinityTimeout > 0 {
 		set := affinitySetName(r.sp, e)
 		r.v.sets[set] = &Set{Name: set, KeyType: r.f.addrType(), Dynamic: true, Timeout: r.sp.AffinityTimeout,
 			Comment: "session affinity of " + r.comment}
-		c.Rules = append(c.Rules, newRule(r.f).updateSet(true, set).build(r.comment))
 	}
-	c.Rules = append(c.Rules, newRule(r.f).counterObj(name).dnat(r.proto, e.AddrPort()).build(r.comment))
-	r.v.chains[name] = c
-	r.v.counters[name] = true
-	return name
+	r.v.addElement(setHairpin, hairpinElement(e.IP))
+}
+
+// hairpinElement is "a . a": a pod at a that reached itself through a
+// service must see the reply come back through the node.
+func hairpinElement(a netip.Addr) Element {
+	return Element{Key: append(a.AsSlice(), a.AsSlice()...), KeyText: keyText(a.String(), a.String())}
 }
 
 // external writes what external traffic (NodePort, externalIPs,

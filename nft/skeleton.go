@@ -21,6 +21,7 @@ const (
 	setClusterCIDRs        = "cluster-cidrs"
 	setClusterIPs          = "cluster-ips"
 	setServiceCIDRs        = "service-cidrs"
+	setHairpin             = "hairpin"
 
 	chainServices        = "services"
 	chainEndpointsCheck  = "service-endpoints-check"
@@ -51,6 +52,8 @@ func staticSets(f family) []*Set {
 			Comment: "service CIDRs: unallocated addresses are dropped"},
 		{Name: setNodePortIPs, KeyType: f.addrType(), Comment: "node addresses NodePorts answer on"},
 		{Name: setClusterCIDRs, KeyType: f.addrType(), Interval: true, Comment: "--cluster-cidr"},
+		{Name: setHairpin, KeyType: nftables.MustConcatSetType(f.addrType(), f.addrType()), Concat: true,
+			Comment: "endpoint . endpoint: a pod that reached itself through a service is masqueraded"},
 	}
 }
 
@@ -78,6 +81,9 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		baseChain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, "prerouting", -100, jumpServices),
 		baseChain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, "output", -100, jumpServices),
 		baseChain("nat-postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, "postrouting", 100,
+			// Hairpin: after DNAT, a source equal to the destination is
+			// a pod whose service connection came back to itself.
+			newRule(f).ctStatusDNAT().addrPairInSet(setHairpin).verdict(expr.VerdictJump, chainMarkMasq).build(""),
 			newRule(f).verdict(expr.VerdictJump, chainMasquerading).build("")),
 		// loadBalancerSourceRanges are checked before DNAT, while the
 		// packet is still addressed to the LoadBalancer IP.

@@ -70,9 +70,6 @@ type Set struct {
 	Concat   bool
 	VMap     bool // a verdict map
 	Interval bool
-	// HostOrder keys are integers in host byte order (numgen's output);
-	// nft needs to be told, or it lists them byte-swapped.
-	HostOrder bool
 	// Dynamic sets are filled by the packet path (update @set) and their
 	// elements expire after Timeout; kp never writes or diffs their
 	// elements (session affinity).
@@ -197,48 +194,65 @@ func (tx *Transaction) Len() int { return len(tx.ops) }
 // String prints the transaction as an nft script, for logs and test output.
 func (tx *Transaction) String() string {
 	var sb strings.Builder
-	for _, o := range tx.ops {
-		t := fmt.Sprintf("%s %s", o.fam.name, TableName)
-		switch o.kind {
-		case opAddTable:
-			fmt.Fprintf(&sb, "add table %s\n", t)
-		case opDelTable:
-			fmt.Fprintf(&sb, "delete table %s\n", t)
-		case opAddSet:
-			kind := "set"
-			if o.set.VMap {
-				kind = "map"
-			}
-			fmt.Fprintf(&sb, "add %s %s %s\n", kind, t, o.set.Name)
-		case opDelSet:
-			fmt.Fprintf(&sb, "delete set %s %s\n", t, o.set.Name)
-		case opAddCounter:
-			fmt.Fprintf(&sb, "add counter %s %s\n", t, o.name)
-		case opDelCounter:
-			fmt.Fprintf(&sb, "delete counter %s %s\n", t, o.name)
-		case opAddChain:
-			fmt.Fprintf(&sb, "add chain %s %s\n", t, o.chain.Name)
-		case opFlushChain:
-			fmt.Fprintf(&sb, "flush chain %s %s\n", t, o.chain.Name)
-		case opDelChain:
-			fmt.Fprintf(&sb, "delete chain %s %s\n", t, o.chain.Name)
-		case opAddRule:
-			fmt.Fprintf(&sb, "add rule %s %s %s\n", t, o.chain.Name, o.rule.String())
-		case opAddElement, opDelElement:
-			verb := "add"
-			if o.kind == opDelElement {
-				verb = "delete"
-			}
-			for _, e := range o.elems {
-				if v := e.value(); v != "" && o.kind == opAddElement {
-					fmt.Fprintf(&sb, "%s element %s %s { %s : %s }\n", verb, t, o.set.Name, e.KeyText, v)
-				} else {
-					fmt.Fprintf(&sb, "%s element %s %s { %s }\n", verb, t, o.set.Name, e.KeyText)
-				}
+	for i := range tx.ops {
+		tx.ops[i].write(&sb)
+	}
+	return sb.String()
+}
+
+// describe is the operation's first line in nft syntax (with the number of
+// elements it holds), for error messages.
+func (o *op) describe() string {
+	var sb strings.Builder
+	o.write(&sb)
+	s, _, _ := strings.Cut(sb.String(), "\n")
+	if len(o.elems) > 1 {
+		s = fmt.Sprintf("%s and %d more elements", s, len(o.elems)-1)
+	}
+	return s
+}
+
+// write prints the operation in nft syntax, one line per element.
+func (o *op) write(sb *strings.Builder) {
+	t := fmt.Sprintf("%s %s", o.fam.name, TableName)
+	switch o.kind {
+	case opAddTable:
+		fmt.Fprintf(sb, "add table %s\n", t)
+	case opDelTable:
+		fmt.Fprintf(sb, "delete table %s\n", t)
+	case opAddSet:
+		kind := "set"
+		if o.set.VMap {
+			kind = "map"
+		}
+		fmt.Fprintf(sb, "add %s %s %s\n", kind, t, o.set.Name)
+	case opDelSet:
+		fmt.Fprintf(sb, "delete set %s %s\n", t, o.set.Name)
+	case opAddCounter:
+		fmt.Fprintf(sb, "add counter %s %s\n", t, o.name)
+	case opDelCounter:
+		fmt.Fprintf(sb, "delete counter %s %s\n", t, o.name)
+	case opAddChain:
+		fmt.Fprintf(sb, "add chain %s %s\n", t, o.chain.Name)
+	case opFlushChain:
+		fmt.Fprintf(sb, "flush chain %s %s\n", t, o.chain.Name)
+	case opDelChain:
+		fmt.Fprintf(sb, "delete chain %s %s\n", t, o.chain.Name)
+	case opAddRule:
+		fmt.Fprintf(sb, "add rule %s %s %s\n", t, o.chain.Name, o.rule.String())
+	case opAddElement, opDelElement:
+		verb := "add"
+		if o.kind == opDelElement {
+			verb = "delete"
+		}
+		for _, e := range o.elems {
+			if v := e.value(); v != "" && o.kind == opAddElement {
+				fmt.Fprintf(sb, "%s element %s %s { %s : %s }\n", verb, t, o.set.Name, e.KeyText, v)
+			} else {
+				fmt.Fprintf(sb, "%s element %s %s { %s }\n", verb, t, o.set.Name, e.KeyText)
 			}
 		}
 	}
-	return sb.String()
 }
 
 // keyText spells a concatenated key as nft does.

@@ -1,0 +1,184 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// google/nftables serializes kp's operations, but kp sends them itself.
+// Its Flush asks the kernel to acknowledge every message and reads the
+// acknowledgements one recvmsg at a time, each into a fresh page: at 10,000
+// Services that is over 200,000 messages, and reading their acks took more
+// of kp's CPU and memory than building the transaction. The kernel reports
+// a failing message whether or not it was asked to acknowledge it, so kp
+// asks only for the last one: its acknowledgement (or the commit's error)
+// arrives after every error of the batch, and ends the reading. At 10,000
+// Services this halves the full sync.
+
+// encodeBatch turns tx into netlink messages: BATCH_BEGIN, the operations'
+// messages, BATCH_END. owner[i] is the index in tx.ops of message i's
+// operation (-1 for the batch markers).
+func (c *netlinkConn) encodeBatch(tx *Transaction) (msgs []netlink.Message, owner []int, err error) {
+	var captured []netlink.Message
+	// Lasting: one in-memory connection for all of tx, not one per Flush.
+	enc, err := nftables.New(nftables.AsLasting(), nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil { // google/nftables reading an ack: the encoder acknowledges
+			return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 20)}}, nil
+		}
+		captured = append(captured, req...)
+		return nil, nil
+	}))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = enc.CloseLasting() }()
+	begin, end := batchMarker(unix.NFNL_MSG_BATCH_BEGIN), batchMarker(unix.NFNL_MSG_BATCH_END)
+	msgs, owner = append(msgs, begin), append(owner, -1)
+	for i := range tx.ops {
+		if err := c.queue(enc, &tx.ops[i]); err != nil {
+			return nil, nil, err
+		}
+		captured = captured[:0]
+		if err := enc.Flush(); err != nil {
+			return nil, nil, fmt.Errorf("encode %s: %w", tx.ops[i].describe(), err)
+		}
+		// Flush wrapped the operation's messages in a batch of their own.
+		for _, m := range captured {
+			if m.Header.Type == begin.Header.Type || m.Header.Type == end.Header.Type {
+				continue
+			}
+			msgs, owner = append(msgs, m), append(owner, i)
+		}
+	}
+	msgs, owner = append(msgs, end), append(owner, -1)
+	for i := range msgs {
+		h := &msgs[i].Header
+		h.Sequence, h.PID, h.Length = uint32(i+1), 0, 0
+		// No echo either: google/nftables asks the kernel to send every
+		// new rule back (to learn its handle, which kp never uses), which
+		// cost the kernel more than adding the rules.
+		h.Flags &^= netlink.Acknowledge | netlink.Echo
+	}
+	if len(msgs) > 2 {
+		msgs[len(msgs)-2].Header.Flags |= netlink.Acknowledge
+	}
+	return msgs, owner, nil
+}
+
+func batchMarker(t uint16) netlink.Message {
+	data := make([]byte, 4) // nfgenmsg: family, version, resource id (big endian)
+	data[1] = unix.NFNETLINK_V0
+	binary.BigEndian.PutUint16(data[2:], unix.NFNL_SUBSYS_NFTABLES)
+	return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(t), Flags: netlink.Request}, Data: data}
+}
+
+// sendBatch sends msgs in one sendmsg and reads the kernel's answer: every
+// failing message's error, then the acknowledgement of the last message
+// (encodeBatch asks for that one only).
+func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner []int) error {
+	cfg := &netlink.Config{}
+	if c.nsFd > 0 {
+		cfg.NetNS = c.nsFd
+	}
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.Close()
+	// Errors come back with the failing message's header only, and the
+	// kernel's explanation when it has one.
+	_ = conn.SetOption(netlink.CapAcknowledge, true)
+	_ = conn.SetOption(netlink.ExtendedAcknowledge, true)
+	if err := batchBuffers(len(tx.ops))(conn); err != nil {
+		return err
+	}
+	if _, err := conn.SendMessages(msgs); err != nil {
+		return fmt.Errorf("send %d messages: %w", len(msgs), err)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		return err
+	}
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	last := msgs[len(msgs)-2].Header.Sequence
+	buf := make([]byte, 64<<10)
+	var errs []error
+	for {
+		var n int
+		var rerr error
+		if err := raw.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return fmt.Errorf("read the kernel's answer: %w", err)
+		}
+		if rerr != nil {
+			return fmt.Errorf("read the kernel's answer: %w", rerr)
+		}
+		replies, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return fmt.Errorf("parse the kernel's answer: %w", err)
+		}
+		for _, m := range replies {
+			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4+unix.NLMSG_HDRLEN {
+				continue
+			}
+			code := -int32(binary.NativeEndian.Uint32(m.Data[:4]))
+			seq := binary.NativeEndian.Uint32(m.Data[4+8:])
+			if code != 0 {
+				errs = append(errs, batchError(tx, owner, seq, syscall.Errno(code), extAckMessage(m)))
+			}
+			if seq == last {
+				return errors.Join(errs...)
+			}
+		}
+	}
+}
+
+// batchError names the operation that failed: which chain, set, rule or
+// element the kernel refused, not only why.
+func batchError(tx *Transaction, owner []int, seq uint32, errno syscall.Errno, why string) error {
+	what := "the transaction"
+	if i := int(seq) - 1; i >= 0 && i < len(owner) && owner[i] >= 0 {
+		what = fmt.Sprintf("operation %d of %d (%s)", owner[i]+1, len(tx.ops), tx.ops[owner[i]].describe())
+	}
+	if why != "" {
+		return fmt.Errorf("%s: %w: %s", what, errno, why)
+	}
+	return fmt.Errorf("%s: %w", what, errno)
+}
+
+// extAckMessage is the kernel's text in an error message's extended
+// acknowledgement (NLMSGERR_ATTR_MSG), if any.
+func extAckMessage(m syscall.NetlinkMessage) string {
+	const flagAckTLVs, attrMsg = 0x200, 1
+	if m.Header.Flags&flagAckTLVs == 0 {
+		return ""
+	}
+	b := m.Data[4+unix.NLMSG_HDRLEN:] // errno, then the capped header
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < 4 || l > len(b) {
+			break
+		}
+		if binary.NativeEndian.Uint16(b[2:])&0x3fff == attrMsg {
+			return strings.TrimRight(string(b[4:l]), "\x00")
+		}
+		next := (l + 3) &^ 3
+		if next > len(b) {
+			break
+		}
+		b = b[next:]
+	}
+	return ""
+}
