@@ -61,7 +61,7 @@ func (c *netlinkConn) encodeBatch(tx *Transaction) (msgs []netlink.Message, owne
 	msgs, owner = append(msgs, end), append(owner, -1)
 	for i := range msgs {
 		h := &msgs[i].Header
-		h.Sequence, h.PID, h.Length = uint32(i+1), 0, 0
+		h.Sequence, h.PID, h.Length = 0, 0, 0 // sendBatch numbers them
 		// No echo either: google/nftables asks the kernel to send every
 		// new rule back (to learn its handle, which kp never uses), which
 		// cost the kernel more than adding the rules.
@@ -80,25 +80,61 @@ func batchMarker(t uint16) netlink.Message {
 	return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(t), Flags: netlink.Request}, Data: data}
 }
 
-// sendBatch sends msgs in one sendmsg and reads the kernel's answer: every
-// failing message's error, then the acknowledgement of the last message
-// (encodeBatch asks for that one only).
-func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner []int) error {
+// batchSocket is the netlink socket transactions go through. It stays
+// open: closing a netfilter netlink socket makes the kernel wait for the
+// release of the previous transaction's objects (an RCU grace period,
+// about 15 ms here), which would double the time of a small sync.
+func (c *netlinkConn) batchSocket() (*netlink.Conn, error) {
+	if c.batch != nil {
+		return c.batch, nil
+	}
 	cfg := &netlink.Config{}
 	if c.nsFd > 0 {
 		cfg.NetNS = c.nsFd
 	}
 	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
 	if err != nil {
-		return fmt.Errorf("open netlink: %w", err)
+		return nil, fmt.Errorf("open netlink: %w", err)
 	}
-	defer conn.Close()
 	// Errors come back with the failing message's header only, and the
 	// kernel's explanation when it has one.
 	_ = conn.SetOption(netlink.CapAcknowledge, true)
 	_ = conn.SetOption(netlink.ExtendedAcknowledge, true)
+	c.batch = conn
+	return conn, nil
+}
+
+// dropBatchSocket closes the socket after a failure, so that nothing the
+// kernel still sends for a batch kp gave up on is read as the next one's.
+func (c *netlinkConn) dropBatchSocket() {
+	if c.batch != nil {
+		_ = c.batch.Close()
+		c.batch = nil
+	}
+}
+
+// sendBatch sends msgs in one sendmsg and reads the kernel's answer: every
+// failing message's error, then the acknowledgement of the last message
+// (encodeBatch asks for that one only).
+func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner []int) (err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn, err := c.batchSocket()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			c.dropBatchSocket()
+		}
+	}()
 	if err := batchBuffers(len(tx.ops))(conn); err != nil {
 		return err
+	}
+	first := c.seq + 1
+	for i := range msgs {
+		c.seq++
+		msgs[i].Header.Sequence = c.seq
 	}
 	if _, err := conn.SendMessages(msgs); err != nil {
 		return fmt.Errorf("send %d messages: %w", len(msgs), err)
@@ -135,8 +171,11 @@ func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner [
 			}
 			code := -int32(binary.NativeEndian.Uint32(m.Data[:4]))
 			seq := binary.NativeEndian.Uint32(m.Data[4+8:])
+			if seq < first || seq > last {
+				continue // not this batch's
+			}
 			if code != 0 {
-				errs = append(errs, batchError(tx, owner, seq, syscall.Errno(code), extAckMessage(m)))
+				errs = append(errs, batchError(tx, owner, int(seq-first), syscall.Errno(code), extAckMessage(m)))
 			}
 			if seq == last {
 				return errors.Join(errs...)
@@ -147,9 +186,9 @@ func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner [
 
 // batchError names the operation that failed: which chain, set, rule or
 // element the kernel refused, not only why.
-func batchError(tx *Transaction, owner []int, seq uint32, errno syscall.Errno, why string) error {
+func batchError(tx *Transaction, owner []int, i int, errno syscall.Errno, why string) error {
 	what := "the transaction"
-	if i := int(seq) - 1; i >= 0 && i < len(owner) && owner[i] >= 0 {
+	if i >= 0 && i < len(owner) && owner[i] >= 0 {
 		what = fmt.Sprintf("operation %d of %d (%s)", owner[i]+1, len(tx.ops), tx.ops[owner[i]].describe())
 	}
 	if why != "" {

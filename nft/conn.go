@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -57,7 +58,13 @@ func keyID(k []byte, end bool) string {
 
 // netlinkConn talks to nf_tables in one network namespace: the process's
 // own (nsFd 0) or the one nsFd refers to.
-type netlinkConn struct{ nsFd int }
+type netlinkConn struct {
+	nsFd int
+
+	mu    sync.Mutex
+	batch *netlink.Conn // see batchSocket
+	seq   uint32
+}
 
 func (c *netlinkConn) open(ops int) (*nftables.Conn, error) {
 	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(ops))}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -107,4 +108,44 @@ func (nullConn) Apply(*Transaction) error         { return nil }
 func (nullConn) Read(family) (*tableState, error) { return nil, nil }
 func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Counter, error) {
 	return nil, nil
+}
+
+// BenchmarkEndpointChangeKernel is one endpoint change (a partial sync)
+// with -bench.services Services of 10 endpoints in a real table: kp's time
+// from a changed State to the kernel's answer.
+func BenchmarkEndpointChangeKernel(b *testing.B) {
+	name := fmt.Sprintf("kp-bench-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		b.Fatalf("%v %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", name).Run()
+	fd, err := unix.Open("/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(fd)
+	be, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := scaleState(*benchServices, 10)
+	if err := be.Sync(b.Context(), s); err != nil {
+		b.Fatal(err)
+	}
+	target := spName("ns", "svc7", "p")
+	eps := s.Endpoints[target]
+	k := 0
+	for b.Loop() {
+		b.StopTimer()
+		k++
+		next := slices.Clone(eps)
+		next[0].IP = netip.AddrFrom4([4]byte{172, 31, byte(k >> 8), byte(k)})
+		s.Endpoints[target] = next
+		s.Generation++
+		s.Changed = map[proxy.ServicePortName]struct{}{target: {}}
+		b.StartTimer()
+		if err := be.Sync(b.Context(), s); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -33,6 +33,11 @@ var (
 	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
 	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
 	flagProxies = flag.String("bench.proxies", strings.Join(Proxies, ","), "proxies to measure")
+	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.reps cold starts, -bench.big.changes changes and -bench.big.timeout (0: no limit)")
+	flagBigReps = flag.Int("bench.big.reps", 1, "upstream's cold starts at N >= -bench.big")
+	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
+	flagBigTime = flag.Duration("bench.big.timeout", 10*time.Minute, "upstream's cold-start time limit at N >= -bench.big")
+	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp alone (0: never)")
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
 	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
@@ -52,6 +57,12 @@ type config struct {
 	// SyncTimeout bounds one cold start: upstream iptables mode at 30,000
 	// Services takes minutes on a busy 2-core machine.
 	SyncTimeout time.Duration
+	// From N = Big on, upstream's proxies (minutes per cold start there)
+	// get BigReps cold starts, BigChanges changes and BigTimeout; from
+	// KPOnly on, only kp runs. 0 turns either off.
+	Big, BigReps, BigChanges int
+	BigTimeout               time.Duration
+	KPOnly                   int
 }
 
 // TestBench is `make bench`: the whole comparison, written to -bench.out.
@@ -64,7 +75,8 @@ func TestBench(t *testing.T) {
 		t.Skip("benchmark: run with -bench.n (make bench)")
 	}
 	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
-		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute, Proxies: strings.Split(*flagProxies, ",")}
+		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute, Proxies: strings.Split(*flagProxies, ","),
+		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, KPOnly: *flagKPOnly}
 	for _, s := range strings.Split(*flagNs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -164,6 +176,10 @@ func TestBenchSmoke(t *testing.T) {
 		if got := res.incremental(p, 100, func(i Incremental) float64 { return float64(i.Events) }); len(got) != cfg.Changes {
 			t.Errorf("%s: %d incremental changes measured, want %d", p, len(got), cfg.Changes)
 		}
+		if got := res.incremental(p, 100, func(i Incremental) float64 { return i.SyncSeconds }); slices.Min(append(got, 0)) < 0 ||
+			(p == KP && slices.Max(append(got, 0)) <= 0) {
+			t.Errorf("%s: sync times per change %v: the duration metric was not read", p, got)
+		}
 		if len(res.dataPath(p, 100)) != 1 {
 			t.Errorf("%s: no data-path measurement at N=100", p)
 		}
@@ -199,6 +215,9 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 		t.Logf("N=%d: API server populated in %v", n, took.Round(time.Millisecond))
 		res.Ns = append(res.Ns, n)
 		for i, proxy := range cfg.Proxies {
+			if proxy != KP && cfg.KPOnly > 0 && n >= cfg.KPOnly {
+				continue
+			}
 			t.Run(fmt.Sprintf("N=%d/%s", n, proxy), func(t *testing.T) {
 				w, node := c.newWorld(t)
 				c.pointSamples(w, n)
@@ -220,14 +239,23 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 
 func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) {
 	p := newProxy(t, c, w, node, proxy)
-	for rep := 0; rep < cfg.Reps; rep++ {
+	reps, changes, timeout := cfg.Reps, cfg.Changes, cfg.SyncTimeout
+	if proxy != KP && cfg.Big > 0 && n >= cfg.Big {
+		reps, changes, timeout = min(reps, cfg.BigReps), min(changes, cfg.BigChanges), cfg.BigTimeout
+	}
+	for rep := 0; rep < reps; rep++ {
 		if rep > 0 {
 			p.stop()
 		}
-		fs := p.coldStart(c, n, cfg.SyncTimeout)
+		fs := p.coldStart(c, n, timeout)
 		t.Logf("%s N=%d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
 			proxy, n, fs.Seconds, fs.CPUSeconds, fs.PeakRSS>>20, fs.ChildRSS>>20)
 		res.FullSyncs = append(res.FullSyncs, fs)
+		if fs.Unfinished {
+			t.Logf("%s N=%d: no other measure (its full sync did not finish)", proxy, n)
+			p.stop()
+			return
+		}
 	}
 	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
 	if proxy == KP {
@@ -236,14 +264,15 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
 	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
 	if n > len(samples(n)) {
-		inc := p.incremental(c, n, cfg.Changes)
+		inc := p.incremental(c, n, changes)
 		res.Incrementals = append(res.Incrementals, inc...)
 		if len(inc) > 0 {
-			secs := make([]float64, len(inc))
+			secs, own := make([]float64, len(inc)), make([]float64, len(inc))
 			for i, x := range inc {
-				secs[i] = x.Seconds
+				secs[i], own[i] = x.Seconds, x.SyncSeconds
 			}
-			t.Logf("%s N=%d: endpoint change median %.1f ms, p99 %.1f ms", proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3)
+			t.Logf("%s N=%d: endpoint change median %.1f ms, p99 %.1f ms; the proxy's own sync median %.2f ms",
+				proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3, Median(own)*1e3)
 		}
 	}
 	p.stop()

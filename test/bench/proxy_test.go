@@ -121,12 +121,24 @@ func flushConntrack(ns string) {
 // lastSync is the proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds
 // for IPv4 (the family of every benchmark Service), 0 before its first sync.
 func (p *proxyRun) lastSync() float64 {
+	return p.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+}
+
+// syncSeconds is the total time the proxy has spent in syncs (IPv4), from
+// kubeproxy_sync_proxy_rules_duration_seconds: upstream and kp both time
+// a sync from its start to the kernel's answer.
+func (p *proxyRun) syncSeconds() float64 {
+	return p.metric("kubeproxy_sync_proxy_rules_duration_seconds_sum")
+}
+
+// metric reads one sample of the proxy's metrics: unlabeled, or the IPv4
+// one; 0 when the proxy does not answer or has no such sample.
+func (p *proxyRun) metric(name string) float64 {
 	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
 	if err != nil || code != 200 {
 		return 0
 	}
-	const name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
-	var last float64
+	var v float64
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, name) || strings.Contains(line, `"IPv6"`) {
 			continue
@@ -136,12 +148,12 @@ func (p *proxyRun) lastSync() float64 {
 			continue
 		}
 		if i := strings.LastIndexByte(line, ' '); i > 0 {
-			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-				last = max(last, v)
+			if x, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				v = max(v, x)
 			}
 		}
 	}
-	return last
+	return v
 }
 
 // countNFT counts the benchmark's Services in table ip <table>'s

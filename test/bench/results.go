@@ -37,6 +37,10 @@ type FullSync struct {
 	PeakRSS    int64   // bytes, VmHWM of the proxy process
 	ChildRSS   int64   // bytes, largest VmHWM seen of a child (nft, iptables-restore)
 	Elements   int     // Services seen programmed in the kernel
+	// Unfinished: the kernel did not hold every Service before the time
+	// limit; Seconds is that limit (a lower bound), and no other measure
+	// of this proxy at this N was taken.
+	Unfinished bool `json:",omitempty"`
 }
 
 // Incremental is one endpoint change through the API server.
@@ -45,6 +49,10 @@ type Incremental struct {
 	N       int
 	Seconds float64 // API write sent to the kernel's commit of the change
 	Events  int     // objects in the transaction, as nft monitor lists them
+	// SyncSeconds is the proxy's own time in syncs for the change (its
+	// sync duration metric): from having the change to the kernel's
+	// answer, without the API server and the watch.
+	SyncSeconds float64
 }
 
 // Floor is one `nft -f` of kp's listed ruleset into an empty namespace.
@@ -124,8 +132,16 @@ func pick[T any](records []T, match func(T) bool, value func(T) float64) []float
 	return out
 }
 
+// fullSync picks the finished cold starts of proxy at n.
 func (r *Results) fullSync(proxy string, n int, value func(FullSync) float64) []float64 {
-	return pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n }, value)
+	return pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && !f.Unfinished }, value)
+}
+
+// unfinished is the longest time limit a cold start of proxy at n ran
+// into, 0 when none did.
+func (r *Results) unfinished(proxy string, n int) float64 {
+	return slices.Max(append(pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && f.Unfinished },
+		func(f FullSync) float64 { return f.Seconds }), 0))
 }
 
 func (r *Results) incremental(proxy string, n int, value func(Incremental) float64) []float64 {
