@@ -81,9 +81,9 @@ func BenchmarkFullSyncKernel(b *testing.B) {
 }
 
 // BenchmarkRetainedHeapAfterAFullSync reports what kp keeps after a full
-// sync of 1,000 × 10 (what the next syncs diff against).
+// sync of -bench.services × 10 (what the next syncs diff against).
 func BenchmarkRetainedHeapAfterAFullSync(b *testing.B) {
-	s := scaleState(1000, 10)
+	s := scaleState(*benchServices, 10)
 	var retained float64
 	for b.Loop() {
 		var before, after runtime.MemStats
