@@ -7,6 +7,7 @@ package nft
 import (
 	"context"
 	"fmt"
+	"github.com/google/nftables/expr"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -146,6 +147,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		b.tables = nil
 		return err
 	}
+	if !full {
+		b.carryCounters(tx)
+	}
 	if err := b.conn.Apply(tx); err != nil {
 		b.tables = nil // unknown now: re-read and reconcile next time
 		return fmt.Errorf("apply nftables transaction: %w", err)
@@ -245,4 +249,47 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	}
 	b.tables = nil
 	return nil
+}
+
+// carryCounters starts the rules of the chains tx rewrites with the counts
+// the old rules had for the same endpoint, so that an endpoint's count of
+// new connections survives a change to its Service's other endpoints. (A
+// full sync after kp restarts starts them from zero.) Connections made
+// between the read and the commit are not counted.
+func (b *Backend) carryCounters(tx *Transaction) {
+	flushed := map[family][]string{}
+	for _, o := range tx.ops {
+		if o.kind == opFlushChain {
+			flushed[o.fam] = append(flushed[o.fam], o.chain.Name)
+		}
+	}
+	for f, names := range flushed {
+		old, err := b.conn.DNATCounters(f, names)
+		if err != nil {
+			b.log.Warn("cannot read the counters of the chains this sync rewrites; they restart from zero", "err", err)
+			continue
+		}
+		for i := range tx.ops {
+			o := &tx.ops[i]
+			if o.kind != opAddRule || o.fam != f || old[o.chain.Name] == nil {
+				continue
+			}
+			target, _, ok := dnatCounter(o.rule.Exprs)
+			if !ok {
+				continue
+			}
+			c, ok := old[o.chain.Name][target]
+			if !ok {
+				continue
+			}
+			// The first rule to the endpoint takes its whole count (with
+			// session affinity two rules DNAT to it).
+			delete(old[o.chain.Name], target)
+			for _, e := range o.rule.Exprs {
+				if ce, ok := e.(*expr.Counter); ok {
+					ce.Packets, ce.Bytes = c.Packets, c.Bytes
+				}
+			}
+		}
+	}
 }

@@ -61,9 +61,10 @@ func keyID(k []byte, end bool) string {
 type netlinkConn struct {
 	nsFd int
 
-	mu    sync.Mutex
-	batch *netlink.Conn // see batchSocket
-	seq   uint32
+	mu     sync.Mutex
+	batch  *netlink.Conn  // see batchSocket
+	reader *nftables.Conn // see readSocket
+	seq    uint32
 }
 
 func (c *netlinkConn) open(ops int) (*nftables.Conn, error) {
@@ -308,18 +309,21 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 	return st, nil
 }
 
-func (c *netlinkConn) DNATCounters(f family, chains []string) (map[string]map[netip.AddrPort]Counter, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting()}
-	if c.nsFd > 0 {
-		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
-	}
-	conn, err := nftables.New(opts...)
+func (c *netlinkConn) DNATCounters(f family, chains []string) (out map[string]map[netip.AddrPort]Counter, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn, err := c.readSocket()
 	if err != nil {
-		return nil, fmt.Errorf("open netlink: %w", err)
+		return nil, err
 	}
-	defer func() { _ = conn.CloseLasting() }()
+	defer func() {
+		if err != nil {
+			_ = c.reader.CloseLasting()
+			c.reader = nil
+		}
+	}()
 	t := nfTable(f)
-	out := map[string]map[netip.AddrPort]Counter{}
+	out = map[string]map[netip.AddrPort]Counter{}
 	for _, name := range chains {
 		rules, err := conn.GetRules(t, &nftables.Chain{Name: name, Table: t})
 		if err != nil {
@@ -342,6 +346,24 @@ func (c *netlinkConn) DNATCounters(f family, chains []string) (map[string]map[ne
 		}
 	}
 	return out, nil
+}
+
+// readSocket is the connection counters are read through; like the batch
+// socket it stays open (see batchSocket).
+func (c *netlinkConn) readSocket() (*nftables.Conn, error) {
+	if c.reader != nil {
+		return c.reader, nil
+	}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if c.nsFd > 0 {
+		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
+	}
+	conn, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	c.reader = conn
+	return conn, nil
 }
 
 // dnatCounter reads a rule kp wrote with ruleBuilder.counter and dnat: its

@@ -325,3 +325,48 @@ func TestKernelRefusedBatchNamesTheOperationAndAppliesNothing(t *testing.T) {
 		t.Errorf("the last operation of an applied batch is missing:\n%s", out)
 	}
 }
+
+// TestKernelCountersSurviveAChangeToOtherEndpoints: an endpoint's count of
+// new connections lives in its rules, which a change to the Service
+// rewrites; the new rules start from the old counts.
+func TestKernelCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
+	ns, fd := testNetns(t)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.state())
+	// Seven connections went to 10.244.1.2 (set by hand: the rule is
+	// replaced with one whose counter starts there).
+	chain := "svc-demo/web/tcp/http"
+	listing := nftIn(t, ns, "-a", "list", "chain", "ip", TableName, chain)
+	var handle string
+	for _, line := range strings.Split(listing, "\n") {
+		if strings.Contains(line, "dnat to 10.244.1.2:8080") {
+			_, handle, _ = strings.Cut(line, "# handle ")
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no rule to 10.244.1.2 in:\n%s", listing)
+	}
+	nftIn(t, ns, "replace", "rule", "ip", TableName, chain, "handle", strings.TrimSpace(handle),
+		"numgen", "random", "mod", "2", "0", "counter", "packets", "7", "bytes", "700", "meta", "l4proto", "tcp", "dnat", "to", "10.244.1.2:8080")
+
+	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st := w.state()
+	mustSync(t, b, st)
+	if !strings.Contains(nftIn(t, ns, "list", "chain", "ip", TableName, chain), "numgen random mod 3 0 counter packets 7 bytes 700") {
+		t.Fatalf("the chain was not rewritten with the old count:\n%s", nftIn(t, ns, "list", "chain", "ip", TableName, chain))
+	}
+	counters, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort("10.244.1.2:8080")}]
+	if got.Packets != 7 || got.Bytes != 700 {
+		t.Errorf("10.244.1.2's count after its Service changed: %+v, want 7 packets, 700 bytes", got)
+	}
+}
