@@ -34,4 +34,7 @@ type Config struct {
 
 	MetricsBindAddress string
 	HealthzBindAddress string
+	// Profiling serves Go's profiles at /debug/pprof/ on the metrics
+	// server (upstream --profiling).
+	Profiling bool
 }

@@ -103,7 +103,7 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	defer serviceHealth.Close()
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
 		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
-		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withStatus(metrics.Handler(), status.Handler())},
+		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withProfiling(cfg.Profiling, withStatus(metrics.Handler(), status.Handler()))},
 	})
 	if err != nil {
 		return err

@@ -250,11 +250,27 @@ func TestRunServesHealthAndMetrics(t *testing.T) {
 	if m := string(get(t, "http://"+cfg.MetricsBindAddress+"/metrics", http.StatusOK)); !strings.Contains(m, `kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} 1`) {
 		t.Errorf("/metrics does not count the first sync as full:\n%s", m)
 	}
+	get(t, "http://"+cfg.MetricsBindAddress+"/debug/pprof/", http.StatusNotFound) // only with --profiling
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := http.Get("http://" + cfg.HealthzBindAddress + "/healthz"); err == nil {
 		t.Error("healthz still answers after Run returned")
+	}
+}
+
+func TestProfilingServesPprofOnTheMetricsServer(t *testing.T) {
+	cfg := testConfig()
+	cfg.MetricsBindAddress, cfg.Profiling = freeAddr(t), true
+	backend := newFakeBackend(0)
+	_, stop := startRun(t, cfg, backend, &fakeSource{})
+	backend.expectSync(t)
+	if got := string(get(t, "http://"+cfg.MetricsBindAddress+"/debug/pprof/", http.StatusOK)); !strings.Contains(got, "goroutine") {
+		t.Errorf("/debug/pprof/ does not list the profiles:\n%s", got)
+	}
+	get(t, "http://"+cfg.MetricsBindAddress+"/proxyMode", http.StatusOK)
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"sync"
 	"time"
@@ -179,6 +180,21 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // withStatus serves the status API's paths from status and everything else
 // from next (the metrics handler).
+// withProfiling adds Go's profiles at /debug/pprof/ when on.
+func withProfiling(on bool, next http.Handler) http.Handler {
+	if !on {
+		return next
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/", next)
+	return mux
+}
+
 func withStatus(next, status http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/kp/", status)

@@ -30,7 +30,6 @@ var ignoredFlags = []struct {
 	{"conntrack-udp-timeout", "duration", "kp leaves conntrack timeouts as they are"},
 	{"conntrack-udp-timeout-stream", "duration", "kp leaves conntrack timeouts as they are"},
 	{"oom-score-adj", "int32", "kp does not change its own OOM score; set it through the pod"},
-	{"profiling", "bool", "kp does not serve /debug/pprof"},
 	{"kube-api-qps", "float32", "kp sets its own API client rate limits"},
 	{"kube-api-burst", "int32", "kp sets its own API client rate limits"},
 	{"kube-api-content-type", "string", "kp chooses the API content type itself"},

@@ -141,7 +141,7 @@ func (f *fileConfig) apply(s *settings) []error {
 		ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
 	}
 	if kc.EnableProfiling {
-		ignore("enableProfiling", "kp does not serve /debug/pprof")
+		s.cfg.Profiling = true
 	}
 	if kc.ShowHiddenMetricsForVersion != "" {
 		ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")

@@ -148,12 +148,12 @@ nftables: {masqueradeBit: 2}
 		{name: "settings that only tune the node are accepted", file: header + `
 conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}
 oomScoreAdj: -999
-enableProfiling: true
 clientConnection: {qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
 detectLocalMode: ClusterCIDR
 iptables: {localhostNodePorts: true}
 ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}
 `, want: func(*proxy.Config) {}},
+		{name: "profiling", file: header + "enableProfiling: true\n", want: func(c *proxy.Config) { c.Profiling = true }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

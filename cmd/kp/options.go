@@ -53,6 +53,7 @@ type proxyOptions struct {
 	configSyncPeriod      time.Duration
 
 	metricsBindAddress string
+	profiling          bool
 	healthzBindAddress string
 
 	compat compatOptions
@@ -99,6 +100,8 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", defaultMetricsBindAddress,
 		"IP address and port of the metrics server ('0.0.0.0:10249' for all IPv4 interfaces). Empty or port 0 disables it.")
+	fs.BoolVar(&o.profiling, "profiling", false,
+		"Serve Go's profiles at /debug/pprof/ on the metrics server, as upstream does.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
 
@@ -263,6 +266,9 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 			fail("metrics-bind-address", o.metricsBindAddress, err)
 		}
 		s.cfg.MetricsBindAddress = o.metricsBindAddress
+	}
+	if changed("profiling") {
+		s.cfg.Profiling = o.profiling
 	}
 	if changed("healthz-bind-address") {
 		if err := checkBindAddress(o.healthzBindAddress); err != nil {

@@ -93,11 +93,12 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 			want: func(c *proxy.Config) { c.MetricsBindAddress, c.HealthzBindAddress = "[::1]:10249", "[::]:10256" }},
 		{name: "kubeconfig and master are kept", args: []string{"--kubeconfig", "/k", "--master", "https://api:6443"},
 			want: func(c *proxy.Config) { c.Kubeconfig, c.Master = "/k", "https://api:6443" }},
+		{name: "profiling", args: []string{"--profiling"}, want: func(c *proxy.Config) { c.Profiling = true }},
 		{name: "iptables mode answers NodePorts on every IP", args: []string{"--proxy-mode", "iptables"},
 			modes: []proxy.Mode{proxy.ModeIPTables},
 			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
 		{name: "harmless kube-proxy flags change nothing", args: []string{
-			"--conntrack-max-per-core=0", "--conntrack-min", "131072", "--oom-score-adj=-999", "--profiling",
+			"--conntrack-max-per-core=0", "--conntrack-min", "131072", "--oom-score-adj=-999",
 			"--kube-api-qps", "20", "--feature-gates", "NFTablesProxyMode=true,AllAlpha=false",
 			"--detect-local-mode", "ClusterCIDR", "--bind-address", "0.0.0.0", "--v", "2", "--log-flush-frequency", "5s"},
 			want: func(*proxy.Config) {}},
