@@ -23,10 +23,63 @@ import (
 // arrives after every error of the batch, and ends the reading. At 10,000
 // Services this halves the full sync.
 
-// encodeBatch turns tx into netlink messages: BATCH_BEGIN, the operations'
-// messages, BATCH_END. owner[i] is the index in tx.ops of message i's
-// operation (-1 for the batch markers).
-func (c *netlinkConn) encodeBatch(tx *Transaction) (msgs []netlink.Message, owner []int, err error) {
+// batch is a transaction as the bytes of its netlink messages, ready to
+// send: BATCH_BEGIN, the operations' messages, BATCH_END. The bytes are
+// kept in chunks, sent as one message vector, so a large batch is never
+// copied to grow.
+type batch struct {
+	chunks [][]byte
+	// at[i] is where message i starts: chunk index and offset; owner[i]
+	// the index in tx.ops of its operation (-1 for the batch markers).
+	at    []msgAt
+	owner []int
+	size  int
+}
+
+type msgAt struct{ chunk, off int }
+
+const (
+	nlmsgHdrLen = unix.NLMSG_HDRLEN
+	chunkBytes  = 1 << 20
+)
+
+// add appends one message (header then data, padded to 4 bytes).
+func (b *batch) add(typ uint16, flags uint16, data []byte, owner int) {
+	n := nlmsgHdrLen + len(data)
+	padded := (n + 3) &^ 3
+	if len(b.chunks) == 0 || cap(b.chunks[len(b.chunks)-1])-len(b.chunks[len(b.chunks)-1]) < padded {
+		b.chunks = append(b.chunks, make([]byte, 0, max(chunkBytes, padded)))
+	}
+	c := len(b.chunks) - 1
+	buf := b.chunks[c]
+	b.at, b.owner = append(b.at, msgAt{c, len(buf)}), append(b.owner, owner)
+	var h [nlmsgHdrLen]byte
+	binary.NativeEndian.PutUint32(h[0:], uint32(n))
+	binary.NativeEndian.PutUint16(h[4:], typ)
+	binary.NativeEndian.PutUint16(h[6:], flags)
+	// Sequence and port ID (bytes 8-15) are set by sendBatch.
+	buf = append(append(buf, h[:]...), data...)
+	buf = append(buf, make([]byte, padded-n)...)
+	b.chunks[c] = buf
+	b.size += padded
+}
+
+func (b *batch) len() int { return len(b.at) }
+
+// header is message i's nlmsghdr.
+func (b *batch) header(i int) []byte {
+	a := b.at[i]
+	return b.chunks[a.chunk][a.off : a.off+nlmsgHdrLen]
+}
+
+// setSeq numbers message i.
+func (b *batch) setSeq(i int, seq uint32) { binary.NativeEndian.PutUint32(b.header(i)[8:], seq) }
+
+// encodeBatch encodes tx. It asks the kernel to acknowledge only the last
+// operation's message, and to echo nothing: google/nftables asks for every
+// new rule to be sent back (to learn its handle, which kp never uses),
+// which cost the kernel more than adding the rules.
+func (c *netlinkConn) encodeBatch(tx *Transaction) (*batch, error) {
 	var captured []netlink.Message
 	// Lasting: one in-memory connection for all of tx, not one per Flush.
 	enc, err := nftables.New(nftables.AsLasting(), nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
@@ -37,47 +90,38 @@ func (c *netlinkConn) encodeBatch(tx *Transaction) (msgs []netlink.Message, owne
 		return nil, nil
 	}))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer func() { _ = enc.CloseLasting() }()
-	begin, end := batchMarker(unix.NFNL_MSG_BATCH_BEGIN), batchMarker(unix.NFNL_MSG_BATCH_END)
-	msgs, owner = append(msgs, begin), append(owner, -1)
+	nfgen := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0} // family, version, resource id (big endian)
+	binary.BigEndian.PutUint16(nfgen[2:], unix.NFNL_SUBSYS_NFTABLES)
+	b := &batch{}
+	b.add(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, nfgen, -1)
+	last := -1
 	for i := range tx.ops {
 		if err := c.queue(enc, &tx.ops[i]); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		captured = captured[:0]
 		if err := enc.Flush(); err != nil {
-			return nil, nil, fmt.Errorf("encode %s: %w", tx.ops[i].describe(), err)
+			return nil, fmt.Errorf("encode %s: %w", tx.ops[i].describe(), err)
 		}
 		// Flush wrapped the operation's messages in a batch of their own.
 		for _, m := range captured {
-			if m.Header.Type == begin.Header.Type || m.Header.Type == end.Header.Type {
+			if t := uint16(m.Header.Type); t == unix.NFNL_MSG_BATCH_BEGIN || t == unix.NFNL_MSG_BATCH_END {
 				continue
 			}
-			msgs, owner = append(msgs, m), append(owner, i)
+			flags := uint16(m.Header.Flags &^ (netlink.Acknowledge | netlink.Echo))
+			last = b.len()
+			b.add(uint16(m.Header.Type), flags, m.Data, i)
 		}
 	}
-	msgs, owner = append(msgs, end), append(owner, -1)
-	for i := range msgs {
-		h := &msgs[i].Header
-		h.Sequence, h.PID, h.Length = 0, 0, 0 // sendBatch numbers them
-		// No echo either: google/nftables asks the kernel to send every
-		// new rule back (to learn its handle, which kp never uses), which
-		// cost the kernel more than adding the rules.
-		h.Flags &^= netlink.Acknowledge | netlink.Echo
+	if last >= 0 {
+		h := b.header(last)
+		binary.NativeEndian.PutUint16(h[6:], binary.NativeEndian.Uint16(h[6:])|unix.NLM_F_ACK)
 	}
-	if len(msgs) > 2 {
-		msgs[len(msgs)-2].Header.Flags |= netlink.Acknowledge
-	}
-	return msgs, owner, nil
-}
-
-func batchMarker(t uint16) netlink.Message {
-	data := make([]byte, 4) // nfgenmsg: family, version, resource id (big endian)
-	data[1] = unix.NFNETLINK_V0
-	binary.BigEndian.PutUint16(data[2:], unix.NFNL_SUBSYS_NFTABLES)
-	return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(t), Flags: netlink.Request}, Data: data}
+	b.add(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, nfgen, -1)
+	return b, nil
 }
 
 // batchSocket is the netlink socket transactions go through. It stays
@@ -116,7 +160,7 @@ func (c *netlinkConn) dropBatchSocket() {
 // sendBatch sends msgs in one sendmsg and reads the kernel's answer: every
 // failing message's error, then the acknowledgement of the last message
 // (encodeBatch asks for that one only).
-func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner []int) (err error) {
+func (c *netlinkConn) sendBatch(tx *Transaction, b *batch) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	conn, err := c.batchSocket()
@@ -132,21 +176,28 @@ func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner [
 		return err
 	}
 	first := c.seq + 1
-	for i := range msgs {
+	for i := range b.len() {
 		c.seq++
-		msgs[i].Header.Sequence = c.seq
-	}
-	if _, err := conn.SendMessages(msgs); err != nil {
-		return fmt.Errorf("send %d messages: %w", len(msgs), err)
-	}
-	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
-		return err
+		b.setSeq(i, c.seq)
 	}
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return err
 	}
-	last := msgs[len(msgs)-2].Header.Sequence
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		_, serr = unix.SendmsgBuffers(int(fd), b.chunks, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return fmt.Errorf("send %d messages: %w", b.len(), err)
+	}
+	if serr != nil {
+		return fmt.Errorf("send %d messages (%d bytes): %w", b.len(), b.size, serr)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		return err
+	}
+	last := first + uint32(b.len()) - 2 // the last operation's message
 	buf := make([]byte, 64<<10)
 	var errs []error
 	for {
@@ -175,7 +226,7 @@ func (c *netlinkConn) sendBatch(tx *Transaction, msgs []netlink.Message, owner [
 				continue // not this batch's
 			}
 			if code != 0 {
-				errs = append(errs, batchError(tx, owner, int(seq-first), syscall.Errno(code), extAckMessage(m)))
+				errs = append(errs, batchError(tx, b.owner, int(seq-first), syscall.Errno(code), extAckMessage(m)))
 			}
 			if seq == last {
 				return errors.Join(errs...)

@@ -124,11 +124,11 @@ func (c *netlinkConn) Apply(tx *Transaction) error {
 	if len(tx.ops) == 0 {
 		return nil
 	}
-	msgs, owner, err := c.encodeBatch(tx)
+	b, err := c.encodeBatch(tx)
 	if err != nil {
 		return err
 	}
-	if err := c.sendBatch(tx, msgs, owner); err != nil {
+	if err := c.sendBatch(tx, b); err != nil {
 		return fmt.Errorf("nftables transaction of %d operations: %w", len(tx.ops), err)
 	}
 	return nil
