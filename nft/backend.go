@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables/expr"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
@@ -155,8 +156,13 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		return fmt.Errorf("apply nftables transaction: %w", err)
 	}
 	b.lastOps, b.lastFullSync, b.lastNodePortIPs = tx.Len(), full, npIPs
+	b.forgetRules(s, full)
 	if full {
 		b.lastFull = b.now()
+		// A full sync's garbage is the size of the whole ruleset, many
+		// times what kp keeps: give it back now rather than keep it
+		// until the runtime's scavenger gets to it.
+		debug.FreeOSMemory()
 	}
 	b.log.Debug("nftables sync", "full", full, "operations", tx.Len(), "changed", len(s.Changed))
 	return nil
@@ -289,6 +295,25 @@ func (b *Backend) carryCounters(tx *Transaction) {
 				if ce, ok := e.(*expr.Counter); ok {
 					ce.Packets, ce.Bytes = c.Packets, c.Bytes
 				}
+			}
+		}
+	}
+}
+
+// forgetRules drops the rules of the chains kp keeps for the service ports
+// this sync rendered: the next syncs only need those chains' names (to
+// delete them), and the rules are most of the memory a ruleset takes.
+func (b *Backend) forgetRules(s *proxy.State, full bool) {
+	for _, book := range b.tables {
+		if full {
+			for _, v := range book.owned {
+				v.forgetRules()
+			}
+			continue
+		}
+		for name := range s.Changed {
+			if v := book.owned[name]; v != nil {
+				v.forgetRules()
 			}
 		}
 	}

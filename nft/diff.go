@@ -1,5 +1,7 @@
 package nft
 
+import "slices"
+
 import "strings"
 
 // diff appends to tx what turns the kernel's table (model) into want, for the
@@ -56,6 +58,11 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		tx.delSet(f, s)
 		tx.addSet(f, s)
 	}
+	rules := 0
+	for _, c := range rewrite {
+		rules += len(c.Rules)
+	}
+	tx.ops = slices.Grow(tx.ops, rules) // a full sync adds 100,000s: grow once
 	for _, c := range rewrite {
 		for i := range c.Rules {
 			tx.addRule(f, c, &c.Rules[i])

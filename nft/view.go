@@ -56,6 +56,13 @@ func (v *view) mergeObjects(o *view) {
 	}
 }
 
+// forgetRules replaces v's chains with their names and hooks alone.
+func (v *view) forgetRules() {
+	for name, c := range v.chains {
+		v.chains[name] = &Chain{Name: c.Name, Hook: c.Hook}
+	}
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	ks := make([]string, 0, len(m))
 	for k := range m {
