@@ -235,6 +235,22 @@ func (m *monitor) drain() {
 	}
 }
 
+// subscribed returns once nft monitor reports a transaction made for the
+// purpose in ns: before that, it may not be listening yet.
+func (m *monitor) subscribed(ns string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if out, err := netns.Exec(ns, "nft", "add table ip kp-bench-probe; delete table ip kp-bench-probe"); err != nil {
+			return fmt.Errorf("probe transaction: %v: %s", err, out)
+		}
+		if _, _, err := m.nextCommit(time.Second); err == nil {
+			m.drain()
+			return nil
+		}
+	}
+	return fmt.Errorf("reported no transaction for a minute")
+}
+
 // nextCommit waits for the next "# new generation" line (the kernel
 // committed a transaction) and returns when it came and how many objects
 // the transaction listed before it.
@@ -259,34 +275,44 @@ func (m *monitor) nextCommit(timeout time.Duration) (time.Time, int, error) {
 	}
 }
 
-// incremental changes one endpoint changes times and times each to the
-// kernel's commit.
+// incremental changes one endpoint changes times. Each change is timed to
+// the end of the proxy's sync (its last-sync metric, which both proxies set
+// after the kernel answered) and by the proxy's own sync time (its sync
+// duration metric); its size is what nft monitor lists (N <= monitorMaxN).
 func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
 	p.t.Helper()
-	m, err := startMonitor(p.w.Node())
-	if err != nil {
-		p.t.Fatalf("nft monitor: %v", err)
+	var m *monitor
+	if n <= monitorMaxN && p.name != UpstreamIPTables {
+		var err error
+		if m, err = startMonitor(p.w.Node()); err != nil {
+			p.t.Fatalf("nft monitor: %v", err)
+		}
+		defer m.stop()
+		if err := m.subscribed(p.w.Node()); err != nil {
+			p.t.Fatalf("nft monitor: %v", err)
+		}
 	}
-	defer m.stop()
-	time.Sleep(500 * time.Millisecond) // let nft monitor subscribe
 	var out []Incremental
 	for k := 0; k < changes; k++ {
-		m.drain()
+		if m != nil {
+			m.drain()
+		}
 		synced := p.syncSeconds()
 		sent, err := c.changeOne(changeTarget(k, n))
 		if err != nil {
 			p.t.Fatalf("%s: %v", p.name, err)
 		}
-		at, events, err := time.Time{}, 0, error(nil)
-		if p.name == UpstreamIPTables {
-			at, err = p.nextSync(sent, time.Minute)
-			events = -1 // unknown: see nextSync
-		} else {
-			at, events, err = m.nextCommit(time.Minute)
-		}
+		at, err := p.nextSync(sent, time.Minute)
 		if err != nil {
 			p.t.Errorf("%s: change %d at N=%d: %v", p.name, k, n, err)
 			return out
+		}
+		events := -1 // not measured
+		if m != nil {
+			if _, events, err = m.nextCommit(10 * time.Second); err != nil {
+				p.t.Errorf("%s: change %d at N=%d: nft monitor: %v", p.name, k, n, err)
+				events = -1
+			}
 		}
 		// Let a sync that writes more than one transaction finish, and
 		// stay clear of the rate limit, before the next change.
@@ -298,10 +324,7 @@ func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
 }
 
 // nextSync waits until the proxy's last-sync metric reports a sync that
-// ended after since, and returns when it ended. It stands in for nft
-// monitor with upstream's iptables mode, whose partial syncs nft monitor
-// did not report in the proxy's namespace (iptables-restore's own
-// transactions are reported there in isolation: the cause is not found).
+// ended after since, and returns when it ended.
 func (p *proxyRun) nextSync(since time.Time, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {

@@ -90,11 +90,12 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("\n")
 
 	p("## Incremental: one endpoint changed\n\n")
-	p("One endpoint address of one Service replaced through the API server; time from sending the write to the\n")
-	p("kernel's commit of the proxy's transaction (`nft monitor`'s \"new generation\" line in the proxy's namespace),\n")
-	p("so API server and watch latency are included alike for every proxy. Size: objects the transaction added or\n")
-	p("removed (rules, chains, set and map elements), as `nft monitor` lists them. For upstream-iptables the end is its\n")
-	p("`kubeproxy_sync_proxy_rules_last_timestamp_seconds` instead (see NOTES.md), and the size is not measured.\n\n")
+	p("One endpoint address of one Service replaced through the API server; time from sending the write to the end\n")
+	p("of the proxy's sync that applied it (its `kubeproxy_sync_proxy_rules_last_timestamp_seconds`, set after the\n")
+	p("kernel answered), so API server and watch latency are included alike for every proxy. Size: objects the\n")
+	p("transaction added or removed (rules, chains, set and map elements), as `nft monitor` lists them, at N up to\n")
+	p("%s (beyond, nft monitor falls behind; a change's size does not depend on N); not measured for\n", fmtN(monitorMaxN))
+	p("upstream-iptables.\n\n")
 	inc := func(q float64, of func(Incremental) float64) func(string, int) []float64 {
 		return func(proxy string, n int) []float64 {
 			v := r.incremental(proxy, n, of)

@@ -167,3 +167,9 @@ func (r *Results) sortedNs() []int {
 	slices.SortFunc(ns, cmp.Compare)
 	return slices.Compact(ns)
 }
+
+// monitorMaxN is the largest N at which the size of each change is read
+// from nft monitor: past it, nft monitor (which re-reads the ruleset to
+// print what changed) falls behind by seconds and misses its subscription.
+// A change's size does not depend on N.
+const monitorMaxN = 1000
