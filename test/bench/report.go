@@ -96,34 +96,27 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("transaction added or removed (rules, chains, set and map elements), as `nft monitor` lists them, at N up to\n")
 	p("%s (beyond, nft monitor falls behind; a change's size does not depend on N); not measured for\n", fmtN(monitorMaxN))
 	p("upstream-iptables.\n\n")
-	inc := func(q float64, of func(Incremental) float64) func(string, int) []float64 {
+	inc := func(of func(Incremental) float64) func(string, int) []float64 {
 		return func(proxy string, n int) []float64 {
-			v := r.incremental(proxy, n, of)
-			v = slices.DeleteFunc(v, func(x float64) bool { return x <= 0 }) // not measured
-			if len(v) == 0 {
-				return nil
-			}
-			return []float64{Quantile(v, q)}
+			// <= 0: not measured
+			return slices.DeleteFunc(r.incremental(proxy, n, of), func(x float64) bool { return x <= 0 })
 		}
 	}
+	p99 := func(v []float64) float64 { return Quantile(v, 0.99) }
 	e2e := func(i Incremental) float64 { return i.Seconds }
 	own := func(i Incremental) float64 { return i.SyncSeconds }
-	proxyTable(b, r, "Median latency, API write to kernel commit", fmtSeconds, inc(0.5, e2e))
-	proxyTable(b, r, "p99 latency, API write to kernel commit", fmtSeconds, inc(0.99, e2e))
+	proxyTable(b, r, "Median latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e))
+	proxyTableOf(b, r, "p99 latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e), p99)
 	p("The proxy's own time for the change: the growth of its `kubeproxy_sync_proxy_rules_duration_seconds_sum`\n")
 	p("(both proxies time a sync from its start to the kernel's answer), so without the API server and the watch.\n\n")
-	proxyTable(b, r, "Median sync time per change, proxy to kernel", fmtSeconds, inc(0.5, own))
-	proxyTable(b, r, "p99 sync time per change, proxy to kernel", fmtSeconds, inc(0.99, own))
+	proxyTable(b, r, "Median sync time per change, proxy to kernel", fmtSeconds, inc(own))
+	proxyTableOf(b, r, "p99 sync time per change, proxy to kernel", fmtSeconds, inc(own), p99)
 	proxyTable(b, r, "Objects written per change (median)", fmtCount,
 		func(proxy string, n int) []float64 {
 			v := r.incremental(proxy, n, func(i Incremental) float64 { return float64(i.Events) })
-			v = slices.DeleteFunc(v, func(x float64) bool { return x < 0 }) // unknown
-			if len(v) == 0 {
-				return nil
-			}
-			return []float64{Median(v)}
+			return slices.DeleteFunc(v, func(x float64) bool { return x < 0 }) // unknown
 		})
-	p("Changes per cell: %d.\n\n", r.Changes)
+	p("\"runs\" is the number of changes.\n\n")
 
 	p("## Data path: new TCP connections per second through one ClusterIP\n\n")
 	p("A Go load generator in the client namespace opens, reads the echo server's greeting on, and resets (SO_LINGER 0)\n")
@@ -153,6 +146,12 @@ func WriteReport(w io.Writer, r *Results) error {
 // proxyTable writes one table: a row per N, the median of each proxy's
 // values, and kp's ratio to each upstream mode.
 func proxyTable(b *strings.Builder, r *Results, title string, format func(float64) string, values func(string, int) []float64) {
+	proxyTableOf(b, r, title, format, values, Median)
+}
+
+// proxyTableOf is proxyTable with reduce (a median, a quantile) in place of
+// the median; "runs" counts the values reduced.
+func proxyTableOf(b *strings.Builder, r *Results, title string, format func(float64) string, values func(string, int) []float64, reduce func([]float64) float64) {
 	fmt.Fprintf(b, "**%s**\n\n| N | kp | upstream-nft | upstream-iptables | kp / upstream-nft | kp / upstream-iptables | runs |\n", title)
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
 	rows := 0
@@ -161,7 +160,7 @@ func proxyTable(b *strings.Builder, r *Results, title string, format func(float6
 		runs := 0
 		for i, proxy := range Proxies {
 			v := values(proxy, n)
-			med[i] = Median(v)
+			med[i] = reduce(v)
 			runs = max(runs, len(v))
 		}
 		if runs == 0 {
