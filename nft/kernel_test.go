@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -369,4 +370,64 @@ func TestKernelCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
 	if got.Packets != 7 || got.Bytes != 700 {
 		t.Errorf("10.244.1.2's count after its Service changed: %+v, want 7 packets, 700 bytes", got)
 	}
+}
+
+// TestKernelFullSyncReplacesTheEarlierLayout: kp before this version
+// picked endpoints through a per-service anonymous numgen vmap into
+// endpoint chains with named counters. A kp upgraded in place must remove
+// all of it in its first sync, and leave the table as a fresh kp writes it.
+func TestKernelFullSyncReplacesTheEarlierLayout(t *testing.T) {
+	ns, fd := testNetns(t)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	// What a fresh kp writes, for comparison.
+	fresh, freshFd := testNetns(t)
+	b0, err := NewInNamespace(testConfig(), nil, freshFd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b0, w.state())
+	want := nftIn(t, fresh, "list", "ruleset")
+
+	old := t.TempDir() + "/old.nft"
+	script := `table ip kp {
+	counter ep-demo/web/tcp/http__10.244.1.2/8080 {
+	}
+	counter ep-demo/web/tcp/http__10.244.1.3/8080 {
+	}
+	chain ep-demo/web/tcp/http__10.244.1.2/8080 {
+		ip saddr 10.244.1.2 meta mark set meta mark | 0x4000
+		counter name "ep-demo/web/tcp/http__10.244.1.2/8080" meta l4proto tcp dnat to 10.244.1.2:8080
+	}
+	chain ep-demo/web/tcp/http__10.244.1.3/8080 {
+		counter name "ep-demo/web/tcp/http__10.244.1.3/8080" meta l4proto tcp dnat to 10.244.1.3:8080
+	}
+	chain svc-demo/web/tcp/http {
+		numgen random mod 2 vmap { 0 : goto ep-demo/web/tcp/http__10.244.1.2/8080, 1 : goto ep-demo/web/tcp/http__10.244.1.3/8080 }
+	}
+}
+`
+	if err := os.WriteFile(old, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftIn(t, ns, "-f", old)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, w.state())
+	// The same objects (a listing's order is the order of creation).
+	if got := nftIn(t, ns, "list", "ruleset"); !slices.Equal(sortedLines(got), sortedLines(want)) {
+		t.Errorf("after the first sync over the earlier layout:\n%s\nwant what a fresh kp writes:\n%s", got, want)
+	}
+}
+
+func sortedLines(s string) []string {
+	lines := strings.Split(s, "\n")
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	slices.Sort(lines)
+	return lines
 }
