@@ -37,7 +37,7 @@ type tableState struct {
 	chains   map[string]string            // chain name → digest ("" = unknown: rewrite)
 	sets     map[string]string            // named sets and maps → Set.digest
 	elements map[string]map[string]string // set → hex(key) → Element.value (not for dynamic sets)
-	counters map[string]bool
+	counters map[string]bool              // named counters: kp writes none, an earlier kp's are deleted
 }
 
 func newTableState() *tableState {
@@ -67,8 +67,10 @@ type netlinkConn struct {
 	seq    uint32
 }
 
-func (c *netlinkConn) open(ops int) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(ops))}
+// open is a connection for one read of the kernel's table (its buffers
+// sized above the defaults, for large dumps).
+func (c *netlinkConn) open() (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(0))}
 	if c.nsFd > 0 {
 		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
 	}
@@ -76,9 +78,9 @@ func (c *netlinkConn) open(ops int) (*nftables.Conn, error) {
 }
 
 // Per-operation allowances for batchBuffers: a generous bound on one
-// message's bytes (a rule with a 10-way numgen map is well under it) and
-// on the kernel's accounting (truesize) of the acknowledgement it sends
-// back for every message google/nftables sends.
+// message's bytes and on the kernel's accounting (truesize) of an error it
+// sends back (kp asks for one acknowledgement per batch, but every failing
+// message is answered).
 const (
 	sndBytesPerOp = 2048
 	rcvBytesPerOp = 1024
@@ -90,8 +92,8 @@ const (
 // the nft CLI does for its batches. google/nftables sends a whole
 // transaction in one sendmsg, which the kernel refuses (EMSGSIZE) beyond
 // the send buffer (212 kB by default: about 4,000 operations, 100 Services
-// of 10 endpoints), and the kernel queues one acknowledgement per message
-// before kp reads any, which overruns the default receive buffer (ENOBUFS).
+// of 10 endpoints), and a batch that fails everywhere queues an error per
+// message before kp reads any, which overruns the default receive buffer.
 // The *FORCE options need CAP_NET_ADMIN, which kp has anyway; they set
 // limits, not allocations.
 func batchBuffers(ops int) nftables.SockOption {
@@ -147,8 +149,6 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 		}
 	case opDelSet:
 		conn.DelSet(nfSet(t, o.set))
-	case opAddCounter:
-		conn.AddObj(&nftables.CounterObj{Table: t, Name: o.name})
 	case opDelCounter:
 		conn.DeleteObject(&nftables.CounterObj{Table: t, Name: o.name})
 	case opAddChain:
@@ -242,7 +242,7 @@ func nfChain(t *nftables.Table, c *Chain) *nftables.Chain {
 }
 
 func (c *netlinkConn) Read(f family) (*tableState, error) {
-	conn, err := c.open(0)
+	conn, err := c.open()
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
 	}
@@ -327,6 +327,8 @@ func (c *netlinkConn) DNATCounters(f family, chains []string) (out map[string]ma
 	for _, name := range chains {
 		rules, err := conn.GetRules(t, &nftables.Chain{Name: name, Table: t})
 		if err != nil {
+			// google/nftables formats the errno into its error (%v):
+			// errors.Is cannot see it.
 			if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
 				continue // no such chain (or table) in this family
 			}

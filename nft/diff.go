@@ -10,7 +10,7 @@ import "strings"
 // succeeds (the caller re-reads the kernel when it does not).
 //
 // Order matters within the one batch, which the kernel checks as it goes:
-// what a rule or element names (chains, sets, counters) exists before it;
+// what a rule or element names (chains, sets) exists before it;
 // a set declared anew (its timeout changed) is deleted only after the rules
 // naming it are flushed; references to a chain or set go before it does.
 func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
@@ -28,13 +28,6 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		}
 		model.sets[name] = s.digest()
 	}
-	for _, name := range sortedKeys(want.counters) {
-		if !model.counters[name] {
-			tx.addCounter(f, name)
-			model.counters[name] = true
-		}
-	}
-
 	// A chain that exists is flushed and rewritten in the same batch, so
 	// packets see either its old or its new rules, never none. Chains that
 	// name a replaced set are rewritten whatever their digest.

@@ -25,7 +25,7 @@ import (
 
 // testNetns creates a network namespace for one test and deletes it when the
 // test ends, whatever the outcome. It returns the name and an open fd.
-func testNetns(t *testing.T) (string, int) {
+func testNetns(t testing.TB) (string, int) {
 	t.Helper()
 	netns.Require(t, "nft")
 	b := make([]byte, 4)
@@ -43,6 +43,18 @@ func testNetns(t *testing.T) (string, int) {
 	return name, fd
 }
 
+// kernelBackend is a backend in a test namespace of its own; it returns
+// the namespace's name and fd too.
+func kernelBackend(t testing.TB) (string, int, *Backend) {
+	t.Helper()
+	ns, fd := testNetns(t)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, fd, b
+}
+
 func nftIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
@@ -53,11 +65,7 @@ func nftIn(t *testing.T, ns string, args ...string) string {
 }
 
 func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
-	ns, fd := testNetns(t)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, fd, b := kernelBackend(t)
 	if err := b.Probe(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -156,11 +164,7 @@ func TestKernelCleanupTouchesNothingElse(t *testing.T) {
 // name, sets declared anew after the rules naming them are flushed), and
 // after the Service goes nothing of it may stay.
 func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
-	ns, fd := testNetns(t)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, _, b := kernelBackend(t)
 	w := newWorld()
 	name := spName("demo", "shape", "http")
 	w.addService(spName("demo", "other", ""), "10.96.0.99", 80, 0, "10.244.9.9:80")
@@ -226,11 +230,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 // one netlink attribute holds (64 KiB: about 600 elements); it must still
 // apply, as one transaction, with every Service in the kernel afterwards.
 func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
-	ns, fd := testNetns(t)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, _, b := kernelBackend(t)
 	w := newWorld()
 	const services, endpoints = 1000, 10
 	for i := 0; i < services; i++ {
@@ -258,11 +258,7 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 // one set per Service makes a full sync quadratic: upstream's per-service
 // "numgen vmap" took kp 433 s at 10,000 Services.
 func TestKernelSetsDoNotGrowWithServices(t *testing.T) {
-	_, fd := testNetns(t)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, fd, b := kernelBackend(t)
 	conn, err := nftables.New(nftables.WithNetNSFd(fd))
 	if err != nil {
 		t.Fatal(err)
@@ -331,11 +327,7 @@ func TestKernelRefusedBatchNamesTheOperationAndAppliesNothing(t *testing.T) {
 // new connections lives in its rules, which a change to the Service
 // rewrites; the new rules start from the old counts.
 func TestKernelCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
-	ns, fd := testNetns(t)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, _, b := kernelBackend(t)
 	w := newWorld()
 	web := spName("demo", "web", "http")
 	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
@@ -377,16 +369,12 @@ func TestKernelCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
 // endpoint chains with named counters. A kp upgraded in place must remove
 // all of it in its first sync, and leave the table as a fresh kp writes it.
 func TestKernelFullSyncReplacesTheEarlierLayout(t *testing.T) {
-	ns, fd := testNetns(t)
+	ns, _, b := kernelBackend(t) // it reads the kernel at its first sync
 	w := newWorld()
 	web := spName("demo", "web", "http")
 	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
 	// What a fresh kp writes, for comparison.
-	fresh, freshFd := testNetns(t)
-	b0, err := NewInNamespace(testConfig(), nil, freshFd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fresh, _, b0 := kernelBackend(t)
 	mustSync(t, b0, w.state())
 	want := nftIn(t, fresh, "list", "ruleset")
 
@@ -412,10 +400,6 @@ func TestKernelFullSyncReplacesTheEarlierLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	nftIn(t, ns, "-f", old)
-	b, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		t.Fatal(err)
-	}
 	mustSync(t, b, w.state())
 	// The same objects (a listing's order is the order of creation).
 	if got := nftIn(t, ns, "list", "ruleset"); !slices.Equal(sortedLines(got), sortedLines(want)) {

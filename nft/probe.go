@@ -13,7 +13,7 @@ import (
 // table with a verdict map and a numgen dispatch and deletes it again in the
 // same transaction, so nothing is left behind whatever the outcome.
 func (b *Backend) Probe(ctx context.Context) error {
-	conn, err := (&netlinkConn{nsFd: b.probeNsFd}).open(0)
+	conn, err := (&netlinkConn{nsFd: b.probeNsFd}).open()
 	if err != nil {
 		return fmt.Errorf("nftables probe: open netlink: %w", err)
 	}

@@ -114,20 +114,7 @@ func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Co
 // with -bench.services Services of 10 endpoints in a real table: kp's time
 // from a changed State to the kernel's answer.
 func BenchmarkEndpointChangeKernel(b *testing.B) {
-	name := fmt.Sprintf("kp-bench-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("%v %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", name).Run()
-	fd, err := unix.Open("/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(fd)
-	be, err := NewInNamespace(testConfig(), nil, fd)
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, _, be := kernelBackend(b)
 	s := scaleState(*benchServices, 10)
 	if err := be.Sync(b.Context(), s); err != nil {
 		b.Fatal(err)

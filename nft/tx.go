@@ -125,7 +125,6 @@ const (
 	opAddTable opKind = iota
 	opAddSet
 	opDelSet
-	opAddCounter
 	opAddChain
 	opFlushChain
 	opAddRule
@@ -158,9 +157,6 @@ func (tx *Transaction) addSet(f family, s *Set) {
 }
 func (tx *Transaction) delSet(f family, s *Set) {
 	tx.ops = append(tx.ops, op{kind: opDelSet, fam: f, set: s})
-}
-func (tx *Transaction) addCounter(f family, n string) {
-	tx.ops = append(tx.ops, op{kind: opAddCounter, fam: f, name: n})
 }
 func (tx *Transaction) delCounter(f family, n string) {
 	tx.ops = append(tx.ops, op{kind: opDelCounter, fam: f, name: n})
@@ -228,8 +224,6 @@ func (o *op) write(sb *strings.Builder) {
 		fmt.Fprintf(sb, "add %s %s %s\n", kind, t, o.set.Name)
 	case opDelSet:
 		fmt.Fprintf(sb, "delete set %s %s\n", t, o.set.Name)
-	case opAddCounter:
-		fmt.Fprintf(sb, "add counter %s %s\n", t, o.name)
 	case opDelCounter:
 		fmt.Fprintf(sb, "delete counter %s %s\n", t, o.name)
 	case opAddChain:

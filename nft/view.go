@@ -8,7 +8,7 @@ type view struct {
 	chains   map[string]*Chain
 	sets     map[string]*Set
 	elements map[string]map[string]Element // set → keyID → element
-	counters map[string]bool
+	counters map[string]bool               // only in scopes: an earlier kp's named counters, to delete
 }
 
 func newView() *view {
