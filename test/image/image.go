@@ -51,7 +51,9 @@ type Entry struct {
 func Dir(p string) Entry { return Entry{Path: p, Mode: fs.ModeDir | 0o755} }
 
 // Symlink is a symbolic link entry at p pointing to target.
-func Symlink(p, target string) Entry { return Entry{Path: p, Mode: fs.ModeSymlink | 0o777, Link: target} }
+func Symlink(p, target string) Entry {
+	return Entry{Path: p, Mode: fs.ModeSymlink | 0o777, Link: target}
+}
 
 // File is a regular file entry with the content of a host file.
 func File(p, source string) Entry { return Entry{Path: p, Source: source} }
