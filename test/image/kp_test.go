@@ -299,3 +299,29 @@ func TestKPImageHasNoDanglingLinksDocsOrScripts(t *testing.T) {
 		}
 	}
 }
+
+func TestALibraryMissingFromThePackagesIsAnErrorNamingWhoNeedsIt(t *testing.T) {
+	kpImage(t) // fills the package cache, or skips without apt
+	cache, err := debCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range kpPackages {
+		names = append(names, p.Name)
+	}
+	tree, err := fetchDebs(cache, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, f := range tree.files {
+		if f.pkg == "libmnl0" {
+			delete(tree.files, p)
+		}
+	}
+	nft := "/usr/sbin/xtables-nft-multi"
+	_, err = libraryClosure(tree, map[string]string{nft: tree.files[nft].host})
+	if err == nil || !strings.Contains(err.Error(), "libmnl.so.0") {
+		t.Errorf("closure without libmnl0: error %v, want one naming libmnl.so.0", err)
+	}
+}
