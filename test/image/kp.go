@@ -109,8 +109,9 @@ func WithCache(dir string) KPOption { return func(o *kpOptions) { o.cache = dir 
 //	         manager and no shell in the image); empty /run and /tmp
 //	layer 1: /usr/local/bin/kp and the kp-top link to it
 //
-// with ENTRYPOINT ["/usr/local/bin/kp"] and CMD ["proxy", "--help"]. The
-// userland layer changes only when the Debian packages do. A failure to
+// with ENTRYPOINT ["/usr/local/bin/kp"] and CMD ["proxy", "--help"]. For a
+// static kp, the userland layer changes only when the Debian packages do. A
+// failure to
 // download them wraps ErrDownload.
 //
 //	img, err := image.KP("bin/kp", "kp.local/kp:dev")
