@@ -111,8 +111,7 @@ func WithCache(dir string) KPOption { return func(o *kpOptions) { o.cache = dir 
 //
 // with ENTRYPOINT ["/usr/local/bin/kp"] and CMD ["proxy", "--help"]. For a
 // static kp, the userland layer changes only when the Debian packages do. A
-// failure to
-// download them wraps ErrDownload.
+// failure to download them wraps ErrDownload.
 //
 //	img, err := image.KP("bin/kp", "kp.local/kp:dev")
 //	...
