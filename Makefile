@@ -14,7 +14,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build install test fuzz lint demo demo-down clean kube-bins bench
+.PHONY: all build image install test fuzz lint demo demo-down clean kube-bins bench
 
 all: build
 
@@ -22,6 +22,18 @@ all: build
 # fails outright in a checkout owned by another user.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kp
+
+# kp's container image without Docker or a registry: bin/kp, the kp-top link
+# and the iptables (both backends) and ipset tools from Debian 12 packages
+# (apt-get download; cached in $KP_IMAGE_CACHE, default ~/.cache/kp-image),
+# written by test/image/cmd/kp-image as a Docker-format tarball that
+# `ctr -n k8s.io images import`, `docker load` and `kind load image-archive`
+# take. The same image as the Dockerfile's. Prints the tarball's path, the
+# image's digest and the size. IMAGE names it.
+IMAGE       ?= kp.local/kp:$(VERSION)
+IMAGE_TAR   := bin/kp-image.tar
+image: build
+	$(GO) run ./test/image/cmd/kp-image -kp $(BIN) -ref $(IMAGE) -o $(IMAGE_TAR)
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin

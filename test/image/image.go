@@ -35,8 +35,9 @@ var epoch = time.Unix(0, 0).UTC()
 type Entry struct {
 	// Path is the absolute path in the image, e.g. /usr/local/bin/kp.
 	Path string
-	// Mode holds the permission bits, plus fs.ModeDir for a directory or
-	// fs.ModeSymlink for a link. Zero means 0644 for a file (0755 when
+	// Mode holds the permission bits (and fs.ModeSetuid, fs.ModeSetgid,
+	// fs.ModeSticky), plus fs.ModeDir for a directory or fs.ModeSymlink for
+	// a link. Zero means 0644 for a file (0755 when
 	// Source is executable), 0755 for a directory.
 	Mode fs.FileMode
 	// Source is a host file whose content the entry takes; Data is the
@@ -198,7 +199,7 @@ func layerTar(entries []Entry) ([]byte, error) {
 		case e.Mode&fs.ModeSymlink != 0:
 			hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeSymlink, e.Link, 0o777
 		case e.Mode.IsDir():
-			hdr.Typeflag, hdr.Mode = tar.TypeDir, int64(perm(e.Mode, 0o755))
+			hdr.Typeflag, hdr.Mode = tar.TypeDir, int64(perm(e.Mode, 0o755))|special(e.Mode)
 			hdr.Name += "/"
 		default:
 			body = e.Data
@@ -218,7 +219,7 @@ func layerTar(entries []Entry) ([]byte, error) {
 					return nil, fmt.Errorf("%s: %w", p, err)
 				}
 			}
-			hdr.Typeflag, hdr.Mode, hdr.Size = tar.TypeReg, int64(perm(e.Mode, def)), int64(len(body))
+			hdr.Typeflag, hdr.Mode, hdr.Size = tar.TypeReg, int64(perm(e.Mode, def))|special(e.Mode), int64(len(body))
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)
@@ -239,4 +240,20 @@ func perm(m, def fs.FileMode) fs.FileMode {
 		return p
 	}
 	return def
+}
+
+// special returns m's setuid, setgid and sticky bits as tar mode bits (a
+// sticky /tmp, for one).
+func special(m fs.FileMode) int64 {
+	var bits int64
+	if m&fs.ModeSetuid != 0 {
+		bits |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		bits |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		bits |= 0o1000
+	}
+	return bits
 }
