@@ -52,6 +52,8 @@ type Options struct {
 	// NodePortRange is --service-node-port-range ("" keeps the API
 	// server's default, 30000-32767).
 	NodePortRange string
+	// FeatureGates is --feature-gates ("" keeps the release's defaults).
+	FeatureGates string
 }
 
 // Server is etcd plus one or more kube-apiserver instances in a namespace
@@ -169,6 +171,9 @@ func Start(t testing.TB, opts Options) *Server {
 		}
 		if opts.NodePortRange != "" {
 			args = append(args, "--service-node-port-range", opts.NodePortRange)
+		}
+		if opts.FeatureGates != "" {
+			args = append(args, "--feature-gates", opts.FeatureGates)
 		}
 		if i > 0 {
 			// Instances share an address but not a port; two lease

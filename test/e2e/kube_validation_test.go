@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -23,12 +24,15 @@ import (
 // port names of 63 characters, an EndpointSlice name of 253), a Service name
 // starting with a digit (RelaxedServiceNameValidation, on by default in
 // 1.36), TCP, UDP and SCTP on the same port numbers, ports 1 and 65535, and
-// NodePorts outside the default range (the range is the API server's flag).
-// TCP and UDP answer with real packets; SCTP (no sockets in this kernel)
-// is checked as rules.
+// NodePorts outside the default range (the range is the API server's flag),
+// and addresses and source ranges in the legacy forms the API server admits
+// without StrictIPCIDRValidation (off before 1.36, and what it stored then
+// stays). TCP and UDP answer with real packets; SCTP (no sockets in this
+// kernel) is checked as rules.
 func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
-	k := newKubeEnv(t, 2, apiserver.Options{NodePortRange: "10000-65535"})
-	pods := k.w.Pods()
+	k := newKubeEnv(t, 3, apiserver.Options{NodePortRange: "10000-65535", FeatureGates: "StrictIPCIDRValidation=false"})
+	all := k.w.Pods()
+	pods, outside := all[:2], all[2] // outside: a client outside the legacy Service's source ranges
 	label := func(c string) string { return c + strings.Repeat("0", 61) + c } // 63 characters
 	longNS := label("n")
 	if _, err := k.api.CoreV1().Namespaces().Create(k.ctx(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: longNS}}, metav1.CreateOptions{}); err != nil {
@@ -73,6 +77,7 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 		t.Fatalf("slice name of %d characters", len(sliceName))
 	}
 
+	node := nodeName
 	for _, s := range services {
 		svc := &v1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: s.name},
@@ -88,7 +93,6 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 				NodePort: p.nodePort, TargetPort: intstr.FromInt32(p.target)})
 			slice.Ports = append(slice.Ports, discovery.EndpointPort{Name: &p.name, Protocol: &p.proto, Port: &p.target})
 		}
-		node := nodeName
 		for _, pod := range pods {
 			slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{Addresses: []string{pod.IP.String()}, NodeName: &node})
 		}
@@ -99,6 +103,44 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 			t.Fatalf("the API server refused EndpointSlice %s/%s: %v", s.ns, s.sliceName, err)
 		}
 	}
+	// Legacy forms: leading zeros (read as decimal, as upstream's
+	// ParseIPSloppy reads them), host bits set in a source range.
+	sloppy := func(a netip.Addr) string {
+		b := a.As4()
+		return fmt.Sprintf("%03d.%03d.%03d.%03d", b[0], b[1], b[2], b[3])
+	}
+	const legacyLB, legacyExt = "10.96.200.3", "10.96.201.3"
+	legacy := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "e2e", Name: "legacy"},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeLoadBalancer, ClusterIP: "10.96.0.73", ClusterIPs: []string{"10.96.0.73"},
+			ExternalIPs:              []string{sloppy(netip.MustParseAddr(legacyExt))},
+			LoadBalancerSourceRanges: []string{" " + sloppy(k.w.ClientIP()) + "/032 ", "10.255.1.7/24"},
+			Ports:                    []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+	created, err := k.api.CoreV1().Services("e2e").Create(k.ctx(), legacy, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the API server (StrictIPCIDRValidation off) refused the legacy forms: %v", err)
+	}
+	vip := v1.LoadBalancerIPModeVIP
+	created.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: sloppy(netip.MustParseAddr(legacyLB)), IPMode: &vip}}
+	if _, err := k.api.CoreV1().Services("e2e").UpdateStatus(k.ctx(), created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the API server refused a load balancer ingress IP with leading zeros: %v", err)
+	}
+	legacySlice := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "e2e", Name: "legacy-1", Labels: map[string]string{
+			discovery.LabelServiceName: "legacy", discovery.LabelManagedBy: "e2e.kp.test"}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr[int32](8080)}},
+	}
+	for _, pod := range pods {
+		legacySlice.Endpoints = append(legacySlice.Endpoints, discovery.Endpoint{Addresses: []string{sloppy(pod.IP)}, NodeName: &node})
+	}
+	if _, err := k.api.DiscoveryV1().EndpointSlices("e2e").Create(k.ctx(), legacySlice, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the API server refused endpoint addresses with leading zeros: %v", err)
+	}
+
 	k.startKP()
 
 	// Real packets: every TCP and UDP port of the 63-character names, on
@@ -116,6 +158,11 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 		}
 	}
 	k.answers(k.w.Client(), "tcp", "10.96.0.72:80", names...)
+	k.answers(k.w.Client(), "tcp", legacyLB+":80", names...)
+	k.answers(outside.NS, "tcp", legacyExt+":80", names...)
+	if err := k.dropped(outside.NS, "tcp", legacyLB+":80"); err != nil {
+		t.Errorf("a client outside the legacy source ranges: %v", err)
+	}
 
 	// Every port is in kp's status API, with its endpoints, and SCTP's are
 	// in the rules.
@@ -179,3 +226,5 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+func ptr[T any](v T) *T { return &v }
