@@ -32,7 +32,8 @@ import (
 func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 	k := newKubeEnv(t, 3, apiserver.Options{NodePortRange: "10000-65535", FeatureGates: "StrictIPCIDRValidation=false"})
 	all := k.w.Pods()
-	pods, outside := all[:2], all[2] // outside: a client outside the legacy Service's source ranges
+	// outside is a client outside the legacy Service's source ranges.
+	pods, outside := all[:2], all[2]
 	label := func(c string) string { return c + strings.Repeat("0", 61) + c } // 63 characters
 	longNS := label("n")
 	if _, err := k.api.CoreV1().Namespaces().Create(k.ctx(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: longNS}}, metav1.CreateOptions{}); err != nil {
