@@ -171,6 +171,15 @@ func TestServiceFieldsNoAPIServerAcceptsAreRefusedByField(t *testing.T) {
 		{name: "source range with a length past the family", mut: func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33"} }, wantField: "spec.loadBalancerSourceRanges[0]"},
 		{name: "source range without a length", mut: func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0"} }, wantField: "spec.loadBalancerSourceRanges[0]"},
 		{name: "source range octet above 255", mut: func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.256/32"} }, wantField: "spec.loadBalancerSourceRanges[0]"},
+		{
+			// Not a Service the API server admits (several ports, one
+			// unnamed): from manifests, the two would name the same chains.
+			name: "an unnamed port and a port named by its number",
+			mut: func(s *v1.Service) {
+				s.Spec.Ports = []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}, {Name: "80", Port: 8080, Protocol: v1.ProtocolTCP}}
+			},
+			wantField: "spec.ports[1].name",
+		},
 		{name: "external IP octet above 255 after leading zeros", mut: func(s *v1.Service) { s.Spec.ExternalIPs = []string{"10.0.0.0256"} }, wantField: "spec.externalIPs[0]"},
 	}
 	for _, tt := range tests {

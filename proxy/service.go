@@ -71,6 +71,7 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 
 	var out []*ServicePort
 	seen := make(map[ServicePortName]int, len(svc.Spec.Ports))
+	objNames := make(map[ServicePortName]int, len(svc.Spec.Ports))
 	for i, p := range svc.Spec.Ports {
 		field := fmt.Sprintf("spec.ports[%d]", i)
 		proto, err := parseProtocol(p.Protocol)
@@ -96,7 +97,22 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 			c.fail(field+".name", fmt.Errorf("port name %q with protocol %s already used by spec.ports[%d]", p.Name, proto, j))
 			continue
 		}
+		// Backends name a port's kernel objects by its name, or by its
+		// number when it has none, so a port named "80" and an unnamed port
+		// 80 of one protocol would share them. The API server never admits
+		// both (a Service of several ports must name every one); manifests
+		// could, and the second is refused.
+		label := p.Name
+		if label == "" {
+			label = strconv.Itoa(int(p.Port))
+		}
+		objKey := ServicePortName{NamespacedName: c.name, Port: label, Protocol: proto}
+		if j, dup := objNames[objKey]; dup {
+			c.fail(field+".name", fmt.Errorf("port %q with protocol %s would share its name with spec.ports[%d] (an unnamed port is named by its number; name every port of a Service with several)", label, proto, j))
+			continue
+		}
 		seen[spn] = i
+		objNames[objKey] = i
 		sp := base
 		sp.Name = spn
 		sp.Port = p.Port
