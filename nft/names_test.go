@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,11 +18,15 @@ import (
 // names: NFT_NAME_MAXLEN (256) bytes including the terminating NUL.
 const maxObjectName = 255
 
+// commentRE finds the comments of a rule in nft syntax.
+var commentRE = regexp.MustCompile(`comment "([^"]*)"`)
+
 // TestObjectNamesAreUniqueAndFitTheKernel renders Services whose names
 // would collide under a hash or truncation, at the longest lengths the
-// API allows (namespace and name 63 characters, port name 15, SCTP, the
+// API allows (namespace, name and port name 63 characters, SCTP, the
 // longest IPv6 endpoint), and checks on the fake kernel that every Service
-// and endpoint got its own chain, and every name fits.
+// and endpoint got its own chain, every name fits, and every comment fits
+// the nft CLI (TestKernelLongestNamesLoadListAndReload: the real kernel).
 func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 	long := strings.Repeat("x", 62)
 	ns1, ns2 := long+"a", long+"b" // differ only in the last character
@@ -36,9 +41,9 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 		}
 		return out
 	}
-	maxPort := "p" + strings.Repeat("0", 14) // 15 characters
+	maxPort := "p" + strings.Repeat("0", 62) // 63 characters, a DNS-1123 label
 	defs := []svcDef{
-		{ns1, long + "a", portsOf(maxPort, "p"+strings.Repeat("0", 13)+"1")},
+		{ns1, long + "a", portsOf(maxPort, "p"+strings.Repeat("0", 61)+"1")},
 		{ns1, long + "b", portsOf(maxPort)},
 		{ns2, long + "a", portsOf(maxPort)},
 		// "a-b/c" and "a/b-c": a naive join with "-" would collide.
@@ -82,9 +87,16 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 
 	for fam, table := range fake.Tables {
 		svcChains := 0
-		for name := range table.Chains {
+		for name, rules := range table.Chains {
 			if len(name) > maxObjectName {
 				t.Errorf("%s chain name of %d bytes: %s", fam, len(name), name)
+			}
+			for _, r := range rules {
+				for _, m := range commentRE.FindAllStringSubmatch(r, -1) {
+					if len(m[1]) > maxComment {
+						t.Errorf("%s chain %s: comment of %d bytes: %s", fam, name, len(m[1]), m[1])
+					}
+				}
 			}
 			switch {
 			case strings.HasPrefix(name, "svc-"):
@@ -98,6 +110,14 @@ func TestObjectNamesAreUniqueAndFitTheKernel(t *testing.T) {
 			}
 			if len(name) > maxObjectName {
 				t.Errorf("%s set name of %d bytes: %s", fam, len(name), name)
+			}
+			if c := table.Sets[name].Comment; len(c) > maxComment {
+				t.Errorf("%s set %s: comment of %d bytes: %s", fam, name, len(c), c)
+			}
+			for _, e := range table.Elements[name] {
+				if len(e.Comment) > maxComment {
+					t.Errorf("%s set %s: element comment of %d bytes: %s", fam, name, len(e.Comment), e.Comment)
+				}
 			}
 		}
 		for name := range table.Counters {

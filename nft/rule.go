@@ -45,7 +45,27 @@ func (b *ruleBuilder) add(text string, e ...expr.Any) *ruleBuilder {
 }
 
 func (b *ruleBuilder) build(comment string) Rule {
-	return Rule{Exprs: b.exprs, Text: strings.Join(b.text, " "), Comment: comment}
+	return Rule{Exprs: b.exprs, Text: strings.Join(b.text, " "), Comment: fitComment(comment)}
+}
+
+// maxComment is the nft CLI's limit on a comment (NFTNL_UDATA_COMMENT_MAXLEN,
+// 128 bytes). The kernel stores longer ones, but `nft -f` refuses a file that
+// holds one ("comment too long"), so a listing of kp's table would not
+// reload. A Service port's name reaches 191 bytes (namespace, name and port
+// name of 63 characters each).
+const maxComment = 128
+
+// fitComment fits s into an nft comment: a longer one keeps its start and its
+// end (the namespace, and the port name) around "...". The full name is in
+// the object names (chains, sets), which the kernel allows 255 bytes.
+func fitComment(s string) string {
+	if len(s) <= maxComment {
+		return s
+	}
+	const dots = "..."
+	head := (maxComment - len(dots)) / 2
+	tail := maxComment - len(dots) - head
+	return s[:head] + dots + s[len(s)-tail:]
 }
 
 // Registers for concatenated keys: 32-bit registers are consecutive, and

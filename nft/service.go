@@ -86,7 +86,7 @@ func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint, 
 	if len(clusterIPs) == 0 {
 		return v // a single-stack service of the other family
 	}
-	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: sp.Name.String(), proto: protoNumber(sp.Protocol)}
+	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: protoNumber(sp.Protocol)}
 	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f.pf, eps), node)
 	noEndpoint := Element{Goto: chainReject}
 	if sel.Usable {
@@ -225,7 +225,7 @@ func (r *serviceRender) endpointObjects(e proxy.Endpoint) {
 	if r.sp.AffinityTimeout > 0 {
 		set := affinitySetName(r.sp, e)
 		r.v.sets[set] = &Set{Name: set, KeyType: r.f.addrType(), Dynamic: true, Timeout: r.sp.AffinityTimeout,
-			Comment: "session affinity of " + r.comment}
+			Comment: fitComment("session affinity of " + r.sp.Name.String())}
 	}
 	r.v.addElement(setHairpin, hairpinElement(e.IP))
 }
@@ -312,7 +312,7 @@ func (r *serviceRender) external1(a netip.Addr, chain string, hasEndpoints bool,
 func (r *serviceRender) firewall(lbIPs []netip.Addr, ranges []netip.Prefix) {
 	name := firewallName(r.sp)
 	r.v.sets[name] = &Set{Name: name, KeyType: r.f.addrType(), Interval: true,
-		Comment: "loadBalancerSourceRanges of " + r.comment}
+		Comment: fitComment("loadBalancerSourceRanges of " + r.sp.Name.String())}
 	r.v.elements[name] = map[string]Element{}
 	for _, e := range prefixElements(ranges) {
 		r.v.addElement(name, e)

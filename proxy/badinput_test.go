@@ -131,8 +131,8 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 			objects: func(s Sink) {
 				addService(s, testService("ns", "web", func(s *v1.Service) {
 					s.Spec.Ports = append(s.Spec.Ports,
-						v1.ServicePort{Name: "80", Port: 8080, Protocol: v1.ProtocolTCP},
-						v1.ServicePort{Name: "a-very-long-port-name", Port: 8081, Protocol: v1.ProtocolTCP})
+						v1.ServicePort{Name: "Web/80", Port: 8080, Protocol: v1.ProtocolTCP},
+						v1.ServicePort{Name: "p" + strings.Repeat("x", 63), Port: 8081, Protocol: v1.ProtocolTCP})
 				}))
 				addService(s, testService("ns", strings.Repeat("x", 64)))
 				addService(s, testService("Bad/NS", "web"))

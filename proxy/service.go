@@ -71,6 +71,7 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 
 	var out []*ServicePort
 	seen := make(map[ServicePortName]int, len(svc.Spec.Ports))
+	objNames := make(map[ServicePortName]int, len(svc.Spec.Ports))
 	for i, p := range svc.Spec.Ports {
 		field := fmt.Sprintf("spec.ports[%d]", i)
 		proto, err := parseProtocol(p.Protocol)
@@ -79,7 +80,10 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 			continue
 		}
 		if p.Name != "" {
-			if msgs := validation.IsValidPortName(p.Name); len(msgs) > 0 {
+			// The API server checks a Service port's name as a DNS-1123
+			// label (63 characters); the 15-character IANA service name
+			// (IsValidPortName) is the rule for container ports only.
+			if msgs := validation.IsDNS1123Label(p.Name); len(msgs) > 0 {
 				c.fail(field+".name", fmt.Errorf("%q: %s", p.Name, strings.Join(msgs, "; ")))
 				continue
 			}
@@ -93,7 +97,22 @@ func ServicePortsFromService(svc *v1.Service) ([]*ServicePort, error) {
 			c.fail(field+".name", fmt.Errorf("port name %q with protocol %s already used by spec.ports[%d]", p.Name, proto, j))
 			continue
 		}
+		// Backends name a port's kernel objects by its name, or by its
+		// number when it has none, so a port named "80" and an unnamed port
+		// 80 of one protocol would share them. The API server never admits
+		// both (a Service of several ports must name every one); manifests
+		// could, and the second is refused.
+		label := p.Name
+		if label == "" {
+			label = strconv.Itoa(int(p.Port))
+		}
+		objKey := ServicePortName{NamespacedName: c.name, Port: label, Protocol: proto}
+		if j, dup := objNames[objKey]; dup {
+			c.fail(field+".name", fmt.Errorf("port %q with protocol %s would share its name with spec.ports[%d] (an unnamed port is named by its number; name every port of a Service with several)", label, proto, j))
+			continue
+		}
 		seen[spn] = i
+		objNames[objKey] = i
 		sp := base
 		sp.Name = spn
 		sp.Port = p.Port
@@ -135,13 +154,18 @@ func (c *serviceConverter) fail(field string, err error) {
 // checked: manifests skip the API server, and backends build kernel object
 // names from these (nftables chain names are limited to 255 bytes and
 // must be unique; "/" or quotes in a name would break both).
+//
+// Both are DNS-1123 labels. A Service name was a DNS-1035 label (no leading
+// digit) until the RelaxedServiceNameValidation gate, on by default since
+// Kubernetes 1.36, let it be any DNS-1123 label: kp accepts the wider rule,
+// which holds every name either API server version admits.
 func (c *serviceConverter) validNames() bool {
 	ok := true
 	if msgs := validation.IsDNS1123Label(c.name.Namespace); len(msgs) > 0 {
 		c.fail("metadata.namespace", fmt.Errorf("%q: %s", c.name.Namespace, strings.Join(msgs, "; ")))
 		ok = false
 	}
-	if msgs := validation.IsDNS1035Label(c.name.Name); len(msgs) > 0 {
+	if msgs := validation.IsDNS1123Label(c.name.Name); len(msgs) > 0 {
 		c.fail("metadata.name", fmt.Errorf("%q: %s", c.name.Name, strings.Join(msgs, "; ")))
 		ok = false
 	}
@@ -230,12 +254,12 @@ func (c *serviceConverter) sourceRanges() []netip.Prefix {
 	}
 	var out []netip.Prefix
 	for i, s := range raw {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		p, err := parsePrefix(strings.TrimSpace(s))
 		if err != nil {
 			c.fail(fmt.Sprintf("%s[%d]", field, i), err)
 			continue
 		}
-		out = append(out, p.Masked())
+		out = append(out, p)
 	}
 	return out
 }
@@ -331,15 +355,18 @@ func checkPort(p int32) error {
 	return nil
 }
 
-// parseIP parses an IP address the way upstream's ParseIPSloppy does: IPv4
-// octets with leading zeros (still present in objects stored before the API
-// server rejected them) are read as decimal. IPv4-mapped IPv6 addresses are
-// unmapped, so every IPv4 address has one form. Zones are rejected.
+// parseIP parses an IP address the way upstream's ParseIPSloppy does, which
+// is what the API server's legacy IP fields (clusterIPs, externalIPs,
+// load balancer ingress, endpoint addresses) accept unless its
+// StrictIPCIDRValidation gate is on, and what objects stored before that
+// gate still hold: IPv4 octets with leading zeros are read as decimal.
+// IPv4-mapped IPv6 addresses are unmapped, so every IPv4 address has one
+// form. Zones are rejected.
 func parseIP(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		var ok bool
-		if a, ok = parseIPv4Sloppy(s); !ok {
+		if a, ok = parseIPSloppy(s); !ok {
 			return netip.Addr{}, fmt.Errorf("invalid IP address %q", s)
 		}
 	}
@@ -349,6 +376,24 @@ func parseIP(s string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
+// parseIPSloppy reads what netip refuses and ParseIPSloppy accepts: leading
+// zeros in an IPv4 address, alone or as the dotted tail of an IPv6 one
+// ("::ffff:010.1.2.3").
+func parseIPSloppy(s string) (netip.Addr, bool) {
+	colon := strings.LastIndexByte(s, ':')
+	if colon < 0 {
+		return parseIPv4Sloppy(s)
+	}
+	v4, ok := parseIPv4Sloppy(s[colon+1:])
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s[:colon+1] + v4.String())
+	return a, err == nil
+}
+
+// parseIPv4Sloppy reads d.d.d.d where each part is decimal digits (as many as
+// the writer liked) of a value up to 255, as ParseIPSloppy does.
 func parseIPv4Sloppy(s string) (netip.Addr, bool) {
 	parts := strings.Split(s, ".")
 	if len(parts) != 4 {
@@ -356,16 +401,63 @@ func parseIPv4Sloppy(s string) (netip.Addr, bool) {
 	}
 	var b [4]byte
 	for i, p := range parts {
-		if p == "" || len(p) > 3 {
+		if p == "" || strings.TrimLeft(p, "0123456789") != "" {
 			return netip.Addr{}, false
 		}
-		n, err := strconv.ParseUint(p, 10, 8)
-		if err != nil {
-			return netip.Addr{}, false
+		n := 0
+		for _, d := range p {
+			if n = n*10 + int(d-'0'); n > 255 {
+				return netip.Addr{}, false
+			}
 		}
 		b[i] = byte(n)
 	}
 	return netip.AddrFrom4(b), true
+}
+
+// parsePrefix parses a CIDR the way the API server's legacy CIDR fields
+// (loadBalancerSourceRanges and its annotation) accept it when not strict,
+// as objects stored before StrictIPCIDRValidation may still hold it:
+// leading zeros in the address (see parseIP) or in the length, and host
+// bits set ("10.0.0.1/8" is 10.0.0.0/8). The result is masked. An
+// IPv4-mapped IPv6 prefix of length 96 or more is the IPv4 prefix it maps,
+// as upstream kube-proxy reads it.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return unmapPrefix(p)
+	}
+	addr, length, ok := strings.Cut(s, "/")
+	bad := fmt.Errorf("invalid CIDR %q", s)
+	if !ok || length == "" || strings.TrimLeft(length, "0123456789") != "" || len(length) > 5 {
+		return netip.Prefix{}, bad
+	}
+	bits, _ := strconv.Atoi(length)
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		var sloppy bool
+		if a, sloppy = parseIPSloppy(addr); !sloppy {
+			return netip.Prefix{}, bad
+		}
+	}
+	if a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("invalid CIDR %q: zones are not allowed", s)
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return netip.Prefix{}, bad
+	}
+	return unmapPrefix(p)
+}
+
+func unmapPrefix(p netip.Prefix) (netip.Prefix, error) {
+	if p.Addr().Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("invalid CIDR %q: zones are not allowed", p)
+	}
+	p = p.Masked()
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96), nil
+	}
+	return p, nil
 }
 
 func familyOf(a netip.Addr) Family {

@@ -49,6 +49,11 @@ type Options struct {
 	// ServiceCIDRs is --service-cluster-ip-range (default: netns.ServiceCIDR
 	// and netns.ServiceCIDR6, dual-stack).
 	ServiceCIDRs []netip.Prefix
+	// NodePortRange is --service-node-port-range ("" keeps the API
+	// server's default, 30000-32767).
+	NodePortRange string
+	// FeatureGates is --feature-gates ("" keeps the release's defaults).
+	FeatureGates string
 }
 
 // Server is etcd plus one or more kube-apiserver instances in a namespace
@@ -163,6 +168,12 @@ func Start(t testing.TB, opts Options) *Server {
 			"--service-cluster-ip-range", strings.Join(cidrs, ","),
 			"--profiling=false",
 			"--v", "0",
+		}
+		if opts.NodePortRange != "" {
+			args = append(args, "--service-node-port-range", opts.NodePortRange)
+		}
+		if opts.FeatureGates != "" {
+			args = append(args, "--feature-gates", opts.FeatureGates)
 		}
 		if i > 0 {
 			// Instances share an address but not a port; two lease
