@@ -206,6 +206,14 @@ func (s *Server) Addr() netip.Addr { return s.addr }
 // CA is the PEM certificate clients must trust.
 func (s *Server) CA() []byte { return s.pki.caPEM }
 
+// CAFile is the CA certificate's PEM file, for programs that take a path
+// (kube-controller-manager's --root-ca-file).
+func (s *Server) CAFile() string { return s.pki.caFile }
+
+// ServiceAccountKeyFile is the private key service account tokens are
+// signed with: kube-controller-manager's --service-account-private-key-file.
+func (s *Server) ServiceAccountKeyFile() string { return s.pki.saKey }
+
 // AdminToken authenticates as AdminUser (system:masters).
 func (s *Server) AdminToken() string { return s.adminToken }
 

@@ -36,6 +36,11 @@ func SweepStale() []error {
 	return errs
 }
 
+// Stale lists the entries of dir named prefix+PID-… whose PID is not a
+// test process that was running when the entry was made: what a killed run
+// left. Other harnesses (test/cluster) sweep their own leftovers with it.
+func Stale(dir, prefix string) []string { return staleEntries(dir, prefix) }
+
 // staleEntries lists the entries of dir named prefix+PID-… whose PID is not
 // a process that was running when the entry was made.
 func staleEntries(dir, prefix string) []string {
