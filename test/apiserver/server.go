@@ -49,6 +49,9 @@ type Options struct {
 	// ServiceCIDRs is --service-cluster-ip-range (default: netns.ServiceCIDR
 	// and netns.ServiceCIDR6, dual-stack).
 	ServiceCIDRs []netip.Prefix
+	// ExtraArgs are more kube-apiserver flags, after the harness's own
+	// (a repeated flag's last value wins).
+	ExtraArgs []string
 }
 
 // Server is etcd plus one or more kube-apiserver instances in a namespace
@@ -164,6 +167,7 @@ func Start(t testing.TB, opts Options) *Server {
 			"--profiling=false",
 			"--v", "0",
 		}
+		args = append(args, opts.ExtraArgs...)
 		if i > 0 {
 			// Instances share an address but not a port; two lease
 			// reconcilers would fight over the kubernetes Service's
