@@ -220,6 +220,16 @@ func (c *Cluster) Client() kubernetes.Interface { return c.API.Client() }
 // and returns its combined output.
 func (c *Cluster) Kubectl(args ...string) (string, error) { return c.API.Kubectl(args...) }
 
+// KubectlCommand is the command line that runs kubectl as the admin with
+// args, for a test that runs it itself: in a terminal (kubectl exec -it
+// under tmux), in the background, or with its own stdin.
+func (c *Cluster) KubectlCommand(args ...string) []string {
+	c.t.Helper()
+	kubeconfig := c.API.Kubeconfig(0, c.API.AdminToken())
+	return append([]string{"ip", "netns", "exec", c.API.NS(), apiserver.Bin(c.t, apiserver.Kubectl),
+		"--kubeconfig", kubeconfig}, args...)
+}
+
 // Node returns the node named name, or nil.
 func (c *Cluster) Node(name string) *Node {
 	for _, n := range c.Nodes {

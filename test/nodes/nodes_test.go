@@ -104,6 +104,11 @@ const (
 )
 
 func TestKpOnRealNodes(t *testing.T) {
+	// Teardown's duration, for the README: the first cleanup registered
+	// runs last.
+	var teardown time.Time
+	t.Cleanup(func() { t.Logf("cluster torn down in %v", time.Since(teardown).Round(100*time.Millisecond)) })
+	start := time.Now()
 	kpBin, err := netns.BuildStatic("./cmd/kp")
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +117,7 @@ func TestKpOnRealNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("kp and echo built in %v", time.Since(start).Round(100*time.Millisecond))
 	c := cluster.Start(t, cluster.Options{Nodes: 2, Images: []image.Image{
 		echo, cluster.KPImage(kpBin, kpImage), cluster.KPImage(kpBin, kpImage2),
 	}})
@@ -120,9 +126,10 @@ func TestKpOnRealNodes(t *testing.T) {
 		if t.Failed() {
 			dumpKP(t, c)
 		}
+		teardown = time.Now()
 	})
 
-	start := time.Now()
+	start = time.Now()
 	if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e")); err != nil {
 		t.Fatalf("kubectl apply -k (manifests/ with the test's image and addresses): %v\n%s", err, out)
 	}
@@ -173,6 +180,10 @@ func TestKpOnRealNodes(t *testing.T) {
 			logs, err := c.Kubectl("logs", "-n", "kube-system", p.Name)
 			if err != nil {
 				t.Errorf("kubectl logs %s: %v\n%s", p.Name, err, logs)
+			}
+			// The check below means something only if kp logs levels.
+			if !strings.Contains(logs, "level=INFO") && !strings.Contains(logs, `"level":"INFO"`) {
+				t.Errorf("kp pod %s logged no INFO line; its logs:\n%s", p.Name, logs)
 			}
 			for _, l := range strings.Split(logs, "\n") {
 				if strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
@@ -308,6 +319,34 @@ func TestKpOnRealNodes(t *testing.T) {
 		if out, err := c.Kubectl("exec", "-n", "kube-system", kp, "--", "kp-top", "--help"); err != nil || !strings.Contains(out, "Usage") {
 			t.Errorf("kubectl exec %s -- kp-top --help: %v\n%s", kp, err, out)
 		}
+	})
+
+	t.Run("kp top runs in a kp pod through kubectl exec -it and shows the Service", func(t *testing.T) {
+		netns.Require(t, "tmux")
+		loop := startLoop(fromClient(clusterIP))
+		defer loop.Stop()
+		kp := kpPodOn(t, c, n2.Name)
+		argv := c.KubectlCommand("exec", "-it", "-n", "kube-system", kp, "--", "kp-top", "--refresh", "1s")
+		tm := startTmux(t, 120, 30, strings.Join(argv, " "))
+		var screen string
+		waitFor(t, "kp top in pod "+kp+" to show Service default/web", time.Minute, func() string {
+			screen = tm.screen()
+			if strings.Contains(screen, "[exited") {
+				t.Fatalf("kubectl exec -it %s -- kp-top exited:\n%s", kp, screen)
+			}
+			if strings.Contains(screen, "web") && strings.Contains(screen, "default") {
+				return ""
+			}
+			return "screen:\n" + screen
+		})
+		tm.keys("q")
+		waitFor(t, "kp top to quit on q", 30*time.Second, func() string {
+			screen = tm.screen()
+			if strings.Contains(screen, "[exited 0]") {
+				return ""
+			}
+			return "screen:\n" + screen
+		})
 	})
 
 	t.Run("a rolling update of kp loses no connection", func(t *testing.T) {
