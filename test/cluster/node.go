@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -347,11 +346,12 @@ func DialFrom(nsPath, network, addr string, timeout time.Duration) (string, erro
 	return strings.TrimSuffix(line, "\n"), nil
 }
 
-// shimSockets lists the sockets containerd's shims listen on, in the
-// shared /run/containerd/s: they outlive a shim that is killed.
-func (n *Node) shimSockets() []string {
+// shimSockets lists the sockets containerd's shims listen on in network
+// namespace ns (a node's), in the shared /run/containerd/s: a killed shim
+// leaves its socket there.
+func shimSockets(ns string) []string {
 	var socks []string
-	_ = netns.InNamespace(n.NS, func() error {
+	_ = netns.InNamespace(ns, func() error {
 		b, err := os.ReadFile("/proc/thread-self/net/unix")
 		if err != nil {
 			return err
@@ -367,47 +367,21 @@ func (n *Node) shimSockets() []string {
 	return socks
 }
 
-// destroy removes everything the node made outside its namespace: kills
-// every process in its cgroups, unmounts and removes its folder, removes
-// its cgroups, the shims' sockets and the CNI results libcni cached.
+// destroy removes everything the node made outside its namespace (see
+// removeNodeLeftovers).
 func (n *Node) destroy() error {
 	if n.NS == "" || n.Dir == "" {
 		return nil
 	}
-	// The kubelet and containerd were stopped by their own cleanups; the
-	// shims and the containers are still running.
-	socks := n.shimSockets()
-	var sandboxes []string
-	if entries, err := os.ReadDir(filepath.Join(n.criStateDir(), "sandboxes")); err == nil {
-		for _, e := range entries {
-			sandboxes = append(sandboxes, e.Name())
-		}
-	}
-	var errs []error
+	// The kubelet and containerd were stopped by their own cleanups (unless
+	// the node failed half-way); the shims and the containers still run.
 	if n.Kubelet != nil {
 		n.Kubelet.Kill()
 	}
 	if n.Containerd != nil {
 		n.Containerd.Kill()
 	}
-	if err := removeNodeLeftovers(n.NS); err != nil {
-		errs = append(errs, err)
-	}
-	for _, s := range socks {
-		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	cached, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", n.NS+"-*"))
-	for _, id := range sandboxes {
-		cached = append(cached, filepath.Join("/var/lib/cni/results", "cni-loopback-"+id+"-lo"))
-	}
-	for _, f := range cached {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return removeNodeLeftovers(n.NS)
 }
 
 // tail returns the last n lines of s.

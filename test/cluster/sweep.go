@@ -56,11 +56,26 @@ func SweepStale() []error {
 	return errs
 }
 
-// removeNodeLeftovers kills the processes of node ns's cgroup, unmounts
-// and removes its folder and removes its cgroups.
+// removeNodeLeftovers removes what node namespace ns made outside it:
+// kills every process in its cgroups (containerd's shims and the
+// containers outlive the kubelet and containerd), unmounts and removes its
+// folder, removes its cgroups, the shims' sockets and the CNI results
+// libcni cached in /var/lib/cni/results.
 func removeNodeLeftovers(ns string) error {
 	rel := "/" + ns
 	dir := filepath.Join(stateRoot, ns)
+	// While the shims live, their sockets show in the node's namespace
+	// (if it is still there: a sweep comes before netns's own).
+	var socks []string
+	if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
+		socks = shimSockets(ns)
+	}
+	cached, _ := filepath.Glob(filepath.Join(cniResults, ns+"-*"))
+	if entries, err := os.ReadDir(filepath.Join(dir, "containerd", "state", "io.containerd.grpc.v1.cri", "sandboxes")); err == nil {
+		for _, e := range entries {
+			cached = append(cached, filepath.Join(cniResults, "cni-loopback-"+e.Name()+"-lo"))
+		}
+	}
 	var errs []error
 	if err := killCgroup(rel); err != nil {
 		errs = append(errs, err)
@@ -75,5 +90,14 @@ func removeNodeLeftovers(ns string) error {
 	if err := removeCgroup(rel); err != nil {
 		errs = append(errs, err)
 	}
+	for _, f := range append(socks, cached...) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
+
+// cniResults is where libcni caches each attachment's result: containerd
+// 1.6 does not move it.
+const cniResults = "/var/lib/cni/results"

@@ -37,13 +37,19 @@ func saveSysctls() (restore func() error, err error) {
 	saved.mu.Lock()
 	defer saved.mu.Unlock()
 	if saved.users == 0 {
-		values := map[string]string{}
-		for _, k := range kubeletSysctls {
-			b, err := os.ReadFile(sysctlPath(k))
-			if err != nil {
-				return nil, fmt.Errorf("save sysctl %s: %w", k, err)
+		// Another test process running clusters (go test -p runs packages
+		// in parallel) may have kubelets running that already rewrote the
+		// settings: its record holds the machine's own values.
+		values := otherProcessSysctls()
+		if values == nil {
+			values = map[string]string{}
+			for _, k := range kubeletSysctls {
+				b, err := os.ReadFile(sysctlPath(k))
+				if err != nil {
+					return nil, fmt.Errorf("save sysctl %s: %w", k, err)
+				}
+				values[k] = strings.TrimSpace(string(b))
 			}
-			values[k] = strings.TrimSpace(string(b))
 		}
 		b, _ := json.Marshal(values)
 		file := filepath.Join(stateRoot, fmt.Sprintf("%s%d-sysctls.json", prefix, os.Getpid()))
@@ -73,6 +79,28 @@ func saveSysctls() (restore func() error, err error) {
 		})
 		return err
 	}, nil
+}
+
+// otherProcessSysctls returns the settings another live test process
+// saved, or nil. (Stale records were restored and removed by SweepStale
+// before.)
+func otherProcessSysctls() map[string]string {
+	files, _ := filepath.Glob(filepath.Join(stateRoot, prefix+"*-sysctls.json"))
+	mine := fmt.Sprintf("%s%d-", prefix, os.Getpid())
+	for _, f := range files {
+		if strings.HasPrefix(filepath.Base(f), mine) {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var values map[string]string
+		if json.Unmarshal(b, &values) == nil && len(values) == len(kubeletSysctls) {
+			return values
+		}
+	}
+	return nil
 }
 
 func writeSysctls(values map[string]string) error {
