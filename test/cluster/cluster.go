@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -129,6 +130,8 @@ func Start(t testing.TB, opts Options) *Cluster {
 		// Node ranges are given by the harness (it writes each node's CNI
 		// configuration before the kubelet starts).
 		"--allocate-node-cidrs=false",
+		// Its default is under /usr/libexec, which it would create.
+		"--flex-volume-plugin-dir", filepath.Join(c.dir, "flex-volume"),
 		"--controllers", "*",
 		"--v", "0",
 	)

@@ -152,6 +152,19 @@ spec:
 	if after := readSysctls(t); otherProcessSysctls() == nil && !equal(before, after) {
 		t.Errorf("kernel settings not restored: before %v, after %v", before, after)
 	}
+	// Nor anything at the paths the kubelet, the shims and libcni fix.
+	if otherProcessSysctls() == nil {
+		for _, d := range sharedDirs {
+			if _, err := os.Lstat(d); err == nil {
+				t.Errorf("%s survived the last cluster", d)
+			}
+		}
+	}
+	for _, d := range []string{"/usr/libexec/kubernetes/kubelet-plugins", "/etc/cni/net.d", "/var/log/pods"} {
+		if _, err := os.Lstat(d); err == nil {
+			t.Logf("%s exists (a kubelet or CNI default path the harness should not use)", d)
+		}
+	}
 }
 
 func equal(a, b map[string]string) bool {

@@ -90,12 +90,46 @@ func removeNodeLeftovers(ns string) error {
 	if err := removeCgroup(rel); err != nil {
 		errs = append(errs, err)
 	}
+	// The kubelet links every container's log into /var/log/containers
+	// (a path it does not let one change).
+	if links, err := os.ReadDir(containerLogLinks); err == nil {
+		for _, l := range links {
+			p := filepath.Join(containerLogLinks, l.Name())
+			if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, dir+"/") {
+				cached = append(cached, p)
+			}
+		}
+	}
 	for _, f := range append(socks, cached...) {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// containerLogLinks is where kubelets link their containers' logs.
+const containerLogLinks = "/var/log/containers"
+
+// sharedDirs are what the kubelet, containerd's shims and libcni make at
+// fixed paths, whatever their configuration (the kubelets of all nodes
+// share the device plugin socket); children first. They are removed (the
+// folders when empty) after the last cluster on the machine is gone.
+var sharedDirs = []string{
+	"/run/containerd/s", "/run/containerd",
+	"/var/lib/kubelet/device-plugins/kubelet.sock", "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+	"/var/lib/kubelet/device-plugins", "/var/lib/kubelet",
+	cniResults, "/var/lib/cni",
+	containerLogLinks,
+	stateRoot,
+}
+
+// removeSharedDirs removes the sharedDirs: folders only when empty, so
+// one still in use (a system containerd's) stays.
+func removeSharedDirs() {
+	for _, d := range sharedDirs {
+		_ = os.Remove(d)
+	}
 }
 
 // cniResults is where libcni caches each attachment's result: containerd

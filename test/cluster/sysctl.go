@@ -76,6 +76,9 @@ func saveSysctls() (restore func() error, err error) {
 			if err == nil {
 				os.Remove(saved.file)
 			}
+			if otherProcessSysctls() == nil {
+				removeSharedDirs()
+			}
 		})
 		return err
 	}, nil
