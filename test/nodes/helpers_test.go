@@ -2,7 +2,6 @@ package nodes
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpproxy/kp/test/cluster"
-	"github.com/kpproxy/kp/test/netns"
 )
 
 // waitFor polls cond every 250 ms until it returns "" (done) and fails the
@@ -48,72 +46,15 @@ func apply(t *testing.T, c *cluster.Cluster, manifest string) {
 	}
 }
 
-// kpOverlay writes a kustomization that takes the repository's manifests/
-// as they are and sets what a user sets for their cluster: the image, the
-// cluster's pod range and the API server's address. It returns its folder,
-// for kubectl apply -k.
+// kpOverlay writes the kustomization of manifests/ with the test's image
+// and addresses (see cluster.KPOverlay) and returns its folder.
 func kpOverlay(t *testing.T, c *cluster.Cluster, imageTag string) string {
 	t.Helper()
-	root, err := netns.ModuleRoot()
+	dir, err := c.KPOverlay(imageTag)
 	if err != nil {
-		t.Fatal(err)
-	}
-	manifests := filepath.Join(root, "manifests")
-	cm, err := os.ReadFile(filepath.Join(manifests, "configmap.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The ConfigMap's two files with the cluster's values, replaced whole
-	// by a strategic merge patch (JSON is YAML).
-	config, kubeconfig := configMapFile(t, string(cm), "config.conf"), configMapFile(t, string(cm), "kubeconfig.conf")
-	if !strings.Contains(config, `clusterCIDR: ""`) || !strings.Contains(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443") {
-		t.Fatalf("manifests/configmap.yaml changed shape: no clusterCIDR \"\" or CONTROL-PLANE-ENDPOINT:6443 to set")
-	}
-	config = strings.Replace(config, `clusterCIDR: ""`, fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
-	kubeconfig = strings.Replace(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443", c.API.Instance(0).Addr.String(), 1)
-	patch, _ := json.Marshal(map[string]any{
-		"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]any{"name": "kp", "namespace": "kube-system"},
-		"data":     map[string]string{"config.conf": config, "kubeconfig.conf": kubeconfig},
-	})
-	dir := t.TempDir()
-	rel, err := filepath.Rel(dir, manifests)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-images:
-  - name: ghcr.io/kpproxy/kp
-    newName: kp.local/kp
-    newTag: %s
-patches:
-  - patch: '%s'
-`, rel, imageTag, strings.ReplaceAll(string(patch), "'", "''"))
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// configMapFile cuts one file (a block scalar under data:) out of a
-// ConfigMap's YAML, without its indentation.
-func configMapFile(t *testing.T, yaml, name string) string {
-	t.Helper()
-	_, rest, ok := strings.Cut(yaml, "\n  "+name+": |\n")
-	if !ok {
-		t.Fatalf("manifests/configmap.yaml: no data %s", name)
-	}
-	var b strings.Builder
-	for _, l := range strings.Split(rest, "\n") {
-		if l != "" && !strings.HasPrefix(l, "    ") {
-			break
-		}
-		b.WriteString(strings.TrimPrefix(l, "    ") + "\n")
-	}
-	return strings.TrimRight(b.String(), "\n") + "\n"
 }
 
 // attempt is one new connection of a client loop.

@@ -380,35 +380,11 @@ func TestKpOnRealNodes(t *testing.T) {
 // node and no other.
 func waitKP(t *testing.T, c *cluster.Cluster, image string) {
 	t.Helper()
-	waitFor(t, "a Ready kp pod with image "+image+" on every node", 3*time.Minute, func() string {
-		pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
-		if err != nil {
-			return err.Error()
-		}
-		var state []string
-		ready := map[string]bool{}
-		for _, p := range pods.Items {
-			ok := p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == image && isReady(&p)
-			state = append(state, fmt.Sprintf("%s on %s: %s %s ready=%v deleting=%v", p.Name, p.Spec.NodeName,
-				p.Spec.Containers[0].Image, p.Status.Phase, isReady(&p), p.DeletionTimestamp != nil))
-			if ok {
-				ready[p.Spec.NodeName] = true
-			}
-		}
-		if len(ready) == len(c.Nodes) && len(pods.Items) == len(c.Nodes) {
-			return ""
-		}
-		return fmt.Sprintf("%d pods: %s", len(pods.Items), strings.Join(state, "; "))
-	})
-}
-
-func isReady(p *v1.Pod) bool {
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == v1.PodReady {
-			return cond.Status == v1.ConditionTrue
-		}
+	start := time.Now()
+	if err := c.WaitKP(image, 3*time.Minute); err != nil {
+		t.Fatal(err)
 	}
-	return false
+	t.Logf("a Ready kp pod with image %s on every node: after %v", image, time.Since(start).Round(100*time.Millisecond))
 }
 
 func kpPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
@@ -440,7 +416,7 @@ func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
 	}
 	var out []v1.Pod
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && isReady(&p) {
+		if p.DeletionTimestamp == nil && cluster.PodReady(&p) {
 			out = append(out, p)
 		}
 	}
@@ -456,7 +432,7 @@ func webReady(t *testing.T, c *cluster.Cluster, n int) string {
 	}
 	ready := 0
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && isReady(&p) {
+		if p.DeletionTimestamp == nil && cluster.PodReady(&p) {
 			ready++
 		}
 	}
@@ -471,7 +447,7 @@ func podReady(t *testing.T, c *cluster.Cluster, name string) string {
 	if err != nil {
 		return err.Error()
 	}
-	if !isReady(p) {
+	if !cluster.PodReady(p) {
 		return fmt.Sprintf("pod %s: %s, not ready", name, p.Status.Phase)
 	}
 	return ""
