@@ -14,7 +14,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build image install test fuzz lint demo demo-down clean kube-bins bench
+.PHONY: all build image install test fuzz lint demo demo-down clean kube-bins bench conformance
 
 all: build
 
@@ -63,6 +63,16 @@ BENCH_N    ?= 1,1000,10000,30000
 BENCH_ARGS ?=
 bench: kube-bins
 	$(GO) test -count=1 -timeout 4h -run '^TestBench$$' -v ./test/bench/ -args -bench.n=$(BENCH_N) $(BENCH_ARGS)
+
+# Upstream's own Services tests (e2e.test v1.36.3 under ginkgo, 4 parallel
+# processes) on a real 3-node cluster, once with upstream kube-proxy in
+# nftables mode and once with kp's DaemonSet, each on a fresh cluster:
+# rewrites test/conformance/REPORT.md and results.json, keeps the logs in
+# bin/conformance/. About 25 minutes on 2 cores. Not part of `make test`.
+# CONFORMANCE_MODES picks columns (e.g. kp-nftables).
+CONFORMANCE_MODES ?=
+conformance: kube-bins
+	KP_CONFORMANCE=1 KP_CONFORMANCE_MODES=$(CONFORMANCE_MODES) $(GO) test -count=1 -timeout 3h -run '^TestConformance$$' -v ./test/conformance/
 
 # The fuzz target follows arbitrary manifest bytes through the decoder, the
 # change tracker and the nftables backend on its fake kernel; `make test`

@@ -1,0 +1,69 @@
+package conformance
+
+import (
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var testSkips = []SkipRule{{Pattern: `\[Disruptive\]`, Reason: "breaks the cluster"}}
+
+func TestParseGinkgoKeepsFocusedSpecsWithTheirStatesAndReasons(t *testing.T) {
+	tests, seconds, suiteFailure, err := ParseGinkgo(filepath.Join("testdata", "ginkgo-report.json"), focus, testSkips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Result{
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]": {State: Passed, Seconds: 12.5},
+		"[sig-network] Services should be able to up and down services": {State: Failed, Seconds: 30,
+			Reason: "service not reachable\nline 2", Location: "test/e2e/network/service.go:1234"},
+		"[sig-network] Services should work after restarting kube-proxy [Disruptive]": {State: Skipped, Reason: "breaks the cluster"},
+		"[sig-network] Services should have session affinity work for LoadBalancer service": {State: Skipped,
+			Reason: "Only supported for providers [gce gke]"},
+		"[sig-network] Services should time out": {State: Failed, Seconds: 900, Reason: "timed out"},
+	}
+	if !reflect.DeepEqual(tests, want) {
+		t.Errorf("tests =\n%#v\nwant\n%#v", tests, want)
+	}
+	if seconds != 600 || suiteFailure != "" {
+		t.Errorf("seconds %v, suite failure %q; want 600, none", seconds, suiteFailure)
+	}
+}
+
+func TestSetReplacesOneColumnAndRegressionsCompareWithTheBaseline(t *testing.T) {
+	r := &Results{Focus: focus, Skips: testSkips}
+	r.Set(Run{Mode: "kp-nftables", Started: time.Unix(0, 0)}, map[string]Result{
+		"a": {State: Failed, Reason: "x"}, "b": {State: Passed}, "old": {State: Passed},
+	})
+	r.Set(Run{Mode: Baseline}, map[string]Result{"a": {State: Passed}, "b": {State: Passed}, "c": {State: Skipped, Reason: "breaks the cluster"}})
+	if got := []string{r.Runs[0].Mode, r.Runs[1].Mode}; got[0] != Baseline || got[1] != "kp-nftables" {
+		t.Errorf("columns %v; want the baseline first", got)
+	}
+	if got := r.Regressions()["kp-nftables"]; !reflect.DeepEqual(got, []string{"a"}) {
+		t.Errorf("regressions %v; want [a]", got)
+	}
+	// A new kp run replaces its column: "old" is gone, "a" passes.
+	r.Set(Run{Mode: "kp-nftables"}, map[string]Result{"a": {State: Passed}, "b": {State: Passed}})
+	var names []string
+	for _, tc := range r.Tests {
+		names = append(names, tc.Name)
+	}
+	if !reflect.DeepEqual(names, []string{"a", "b", "c"}) {
+		t.Errorf("tests %v; want [a b c]", names)
+	}
+	if reg := r.Regressions(); len(reg) != 0 {
+		t.Errorf("regressions %v; want none", reg)
+	}
+	if r.Runs[1].Totals[Passed] != 2 {
+		t.Errorf("kp totals %v", r.Runs[1].Totals)
+	}
+	md := r.Markdown()
+	for _, s := range []string{"| upstream-nftables | kp-nftables |", "| a | passed (0s) | passed (0s) |",
+		"| c | skipped (S1) | – |", "- kp-nftables: none.", "| S1 | `\\[Disruptive\\]` | breaks the cluster |"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q:\n%s", s, md)
+		}
+	}
+}
