@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // artifacts are what the conformance run needs besides the cluster's own
@@ -35,12 +36,21 @@ func cached(t *testing.T) artifacts {
 		e2eTest: filepath.Join(root, "conformance-kube-v1.36.3-ginkgo-v2.28.1", "e2e.test"),
 		ginkgo:  filepath.Join(root, "conformance-kube-v1.36.3-ginkgo-v2.28.1", "ginkgo"),
 	}
-	dirs, _ := filepath.Glob(filepath.Join(root, "images-kube-v1.36.3-coredns-v1.15.0-*"))
-	if len(dirs) != 1 {
-		t.Fatalf("want one images folder under %s, found %v (make test-images)", root, dirs)
+	// The folder's name ends in a digest of the sources: the newest
+	// complete one.
+	lists, _ := filepath.Glob(filepath.Join(root, "images-kube-v1.36.3-coredns-v1.15.0-*", "images.txt"))
+	var dir string
+	var newest time.Time
+	for _, l := range lists {
+		if st, err := os.Stat(l); err == nil && st.ModTime().After(newest) {
+			dir, newest = filepath.Dir(l), st.ModTime()
+		}
 	}
-	a.corefile = filepath.Join(dirs[0], "Corefile")
-	f, err := os.Open(filepath.Join(dirs[0], "images.txt"))
+	if dir == "" {
+		t.Fatalf("no images under %s (make test-images)", root)
+	}
+	a.corefile = filepath.Join(dir, "Corefile")
+	f, err := os.Open(filepath.Join(dir, "images.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +62,16 @@ func cached(t *testing.T) artifacts {
 		if len(fields) != 3 {
 			continue
 		}
-		a.tarballs = append(a.tarballs, filepath.Join(dirs[0], fields[2]))
-		if fields[0] == "coredns" {
+		tarball := filepath.Join(dir, fields[2])
+		switch fields[0] {
+		case "coredns":
 			a.coredns = fields[1]
+		case "agnhost":
+			if tarball, err = shAsBash(t.TempDir(), tarball, fields[1]); err != nil {
+				t.Fatalf("agnhost: %v", err)
+			}
 		}
+		a.tarballs = append(a.tarballs, tarball)
 	}
 	for _, p := range append([]string{a.e2eTest, a.ginkgo, a.corefile}, a.tarballs...) {
 		if _, err := os.Stat(p); err != nil {
