@@ -14,17 +14,41 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// shAsBash writes, into dir, the image of tarball (reference ref) with one
-// more layer in which /bin/sh is bash, and returns the new tarball's path.
+// wgetShim is /usr/bin/wget in the fixed agnhost image: the forms of wget
+// upstream's network tests use (-q, -O -, -qO-, -T seconds), done by curl.
+const wgetShim = `#!/bin/bash
+# kp test/conformance: busybox-static's wget crashes (SIGSEGV) in this image;
+# the forms upstream's tests use, done by curl, quiet as wget -q.
+timeout=900
+urls=()
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-q | -O- | -qO-) ;;
+	-O) shift ;;
+	-T) shift; timeout=$1 ;;
+	-T*) timeout=${1#-T} ;;
+	*) urls+=("$1") ;;
+	esac
+	shift
+done
+exec curl -s -f -m "$timeout" "${urls[@]}"
+`
+
+// fixAgnhost writes, into dir, the image of tarball (reference ref) with
+// one more layer, and returns the new tarball's path. Two faults of the
+// agnhost image built from Debian's busybox-static, each of which fails
+// upstream's tests whatever the proxy, are mended there:
 //
-// Why: the agnhost image's /bin/sh is Debian's busybox-static, built with
-// FEATURE_SH_STANDALONE: its shell runs its own applets before PATH, so
-// `sh -c "… | nc -v -t -w 2 host port"`, how upstream's Services tests
-// probe a Service, runs busybox's nc (no -v, no -t) instead of the image's
-// /usr/bin/nc (OpenBSD netcat) and every such probe fails, whatever the
-// proxy. Upstream's agnhost (Alpine) has a busybox without that option.
-// bash is in the image and finds nc by PATH.
-func shAsBash(dir, path, ref string) (string, error) {
+//   - its /bin/sh is busybox, built with FEATURE_SH_STANDALONE: the shell
+//     runs its own applets before PATH, so `sh -c "… | nc -v -t -w 2 host
+//     port"`, how the Services tests probe a Service, runs busybox's nc
+//     (no -v, no -t) instead of the image's /usr/bin/nc (OpenBSD netcat).
+//     Upstream's agnhost (Alpine) has a busybox without that option. In
+//     the layer /bin/sh is the image's bash, which finds nc by PATH;
+//   - its wget applet dies of SIGSEGV before it sends anything (after
+//     getuid); the tests call wget from host-network pods. In the layer
+//     /usr/bin/wget is a script that asks the image's curl.
+func fixAgnhost(dir, path, ref string) (string, error) {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return "", err
@@ -38,6 +62,12 @@ func shAsBash(dir, path, ref string) (string, error) {
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/sh", Linkname: "bash", Mode: 0o777}); err != nil {
 		return "", err
 	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/wget", Mode: 0o755, Size: int64(len(wgetShim))}); err != nil {
+		return "", err
+	}
+	if _, err := tw.Write([]byte(wgetShim)); err != nil {
+		return "", err
+	}
 	if err := tw.Close(); err != nil {
 		return "", err
 	}
@@ -48,7 +78,7 @@ func shAsBash(dir, path, ref string) (string, error) {
 		return "", err
 	}
 	out, err := mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{
-		CreatedBy: "kp test/conformance: /bin/sh is bash (busybox-static's shell prefers its applets to PATH)",
+		CreatedBy: "kp test/conformance: /bin/sh is bash, wget is curl (busybox-static's shell prefers its applets, its wget crashes)",
 	}})
 	if err != nil {
 		return "", err

@@ -67,7 +67,7 @@ func cached(t *testing.T) artifacts {
 		case "coredns":
 			a.coredns = fields[1]
 		case "agnhost":
-			if tarball, err = shAsBash(t.TempDir(), tarball, fields[1]); err != nil {
+			if tarball, err = fixAgnhost(t.TempDir(), tarball, fields[1]); err != nil {
 				t.Fatalf("agnhost: %v", err)
 			}
 		}
