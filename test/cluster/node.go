@@ -108,8 +108,10 @@ func (n *Node) inCgroup(path string, args ...string) (string, []string) {
 func (n *Node) startContainerd() {
 	t := n.c.t
 	t.Helper()
-	// One bridge per node; host-local IPAM keeps its leases in the node's
-	// folder (the default, /var/lib/cni/networks, is shared by the host).
+	// One bridge per node, and the portmap plugin for pods' hostPorts
+	// (its iptables rules live in the node's namespace); host-local IPAM
+	// keeps its leases in the node's folder (the default,
+	// /var/lib/cni/networks, is shared by the host).
 	// The network is named after the namespace, so what libcni caches
 	// under /var/lib/cni/results is recognisably this node's.
 	cni := fmt.Sprintf(`{
@@ -118,6 +120,8 @@ func (n *Node) startContainerd() {
   "plugins": [{
     "type": "bridge", "bridge": "cbr0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}
+  }, {
+    "type": "portmap", "capabilities": {"portMappings": true}
   }]
 }
 `, n.NS, n.PodCIDR.String(), filepath.Join(n.Dir, "cni", "ipam"))
