@@ -128,6 +128,15 @@ func (r *Results) Markdown() string {
 		p("- proxy: %s\n- cluster: %s\n- tests: %s\n", run.Proxy, run.Cluster, run.Ginkgo)
 		p("- started %s; cluster, proxy and DNS up in %s; tests took %s\n", run.Started.UTC().Format(time.RFC3339),
 			dur(run.SetupSeconds), dur(run.Seconds))
+		notRun := 0
+		for _, t := range r.Tests {
+			if res, ok := t.Results[run.Mode]; ok && res.Reason == NotRun {
+				notRun++
+			}
+		}
+		if notRun > 0 {
+			p("- **interrupted**: %d tests did not run (counted as skipped)\n", notRun)
+		}
 		if run.SuiteFailure != "" {
 			p("- the suite's own setup or teardown failed:\n\n  ```\n")
 			for _, l := range strings.Split(strings.TrimSpace(run.SuiteFailure), "\n") {

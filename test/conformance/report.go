@@ -26,6 +26,10 @@ const (
 	Skipped = "skipped"
 )
 
+// NotRun is the reason of a test the run ended before (it was
+// interrupted).
+const NotRun = "not run: the run was interrupted before it"
+
 // SkipRule is one pattern given to ginkgo's --skip, with why the test
 // cannot run here.
 type SkipRule struct {
@@ -147,7 +151,7 @@ func ParseGinkgo(path string, focus string, skips []SkipRule) (tests map[string]
 				}
 			}
 			if res.State == Skipped && res.Reason == "" {
-				res.Reason = "not run (the suite ended before it)"
+				res.Reason = NotRun
 			}
 			tests[name] = res
 		}
