@@ -40,9 +40,11 @@ install: build
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kp
 	ln -sfn kp $(DESTDIR)$(PREFIX)/bin/kp-top
 
-# The real kube-apiserver, kubectl, kube-proxy and etcd the tests run, built
-# from test/k8s (a nested module) into a cache outside the repository, keyed
-# by their versions: about 10 minutes cold on 2 cores, a second when cached.
+# The real kube-apiserver, kubectl, kube-proxy, etcd and, for the real-node
+# tests, kube-controller-manager, kube-scheduler and kubelet, built from
+# test/k8s (a nested module) into a cache outside the repository, keyed by
+# their versions: about 15 minutes cold on 2 cores (the three node binaries
+# add 3-6 minutes to the API server's 10), a second when cached.
 # KP_KUBE_CACHE moves the cache (default ~/.cache/kp-test).
 kube-bins:
 	GO=$(GO) bash test/k8s/build.sh

@@ -17,6 +17,11 @@ const (
 	Kubectl       = "kubectl"
 	KubeProxy     = "kube-proxy"
 	Etcd          = "etcd"
+	// The rest of a control plane and a node, for the real-node tests
+	// (test/cluster).
+	KubeControllerManager = "kube-controller-manager"
+	KubeScheduler         = "kube-scheduler"
+	Kubelet               = "kubelet"
 )
 
 // BinDir is where test/k8s/build.sh puts the binaries: $KP_KUBE_CACHE, else

@@ -54,6 +54,9 @@ type Options struct {
 	NodePortRange string
 	// FeatureGates is --feature-gates ("" keeps the release's defaults).
 	FeatureGates string
+	// ExtraArgs are more kube-apiserver flags, after the harness's own
+	// (a repeated flag's last value wins).
+	ExtraArgs []string
 }
 
 // Server is etcd plus one or more kube-apiserver instances in a namespace
@@ -175,6 +178,7 @@ func Start(t testing.TB, opts Options) *Server {
 		if opts.FeatureGates != "" {
 			args = append(args, "--feature-gates", opts.FeatureGates)
 		}
+		args = append(args, opts.ExtraArgs...)
 		if i > 0 {
 			// Instances share an address but not a port; two lease
 			// reconcilers would fight over the kubernetes Service's
@@ -216,6 +220,14 @@ func (s *Server) Addr() netip.Addr { return s.addr }
 
 // CA is the PEM certificate clients must trust.
 func (s *Server) CA() []byte { return s.pki.caPEM }
+
+// CAFile is the CA certificate's PEM file, for programs that take a path
+// (kube-controller-manager's --root-ca-file).
+func (s *Server) CAFile() string { return s.pki.caFile }
+
+// ServiceAccountKeyFile is the private key service account tokens are
+// signed with: kube-controller-manager's --service-account-private-key-file.
+func (s *Server) ServiceAccountKeyFile() string { return s.pki.saKey }
 
 // AdminToken authenticates as AdminUser (system:masters).
 func (s *Server) AdminToken() string { return s.adminToken }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes and etcd binaries the tests run against
-# (kube-apiserver, kubectl, kube-proxy, etcd) into a cache directory keyed by
-# their versions, and does nothing when that directory is already complete.
+# (kube-apiserver, kubectl, kube-proxy, etcd; kube-controller-manager,
+# kube-scheduler and kubelet for the real-node tests) into a cache directory
+# keyed by their versions, and does nothing when that directory is already
+# complete. A directory holding only some of them (made before a binary was
+# added to the list) keeps those and gets the missing ones built.
 #
 #   test/k8s/build.sh            # build if missing, print the directory
 #   KP_KUBE_CACHE=/dir build.sh  # cache root (default: $XDG_CACHE_HOME or ~/.cache, then kp-test)
@@ -19,7 +22,8 @@ kube_version="$("$go" list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(cd etcd && "$go" list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 root="${KP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kp-test}"
 dir="$root/kube-${kube_version}-etcd-${etcd_version}"
-bins=(kube-apiserver kubectl kube-proxy etcd)
+kube_bins=(kube-apiserver kube-proxy kubectl kube-controller-manager kube-scheduler kubelet)
+bins=("${kube_bins[@]}" etcd)
 
 complete=1
 for b in "${bins[@]}"; do [ -x "$dir/$b" ] || complete=0; done
@@ -32,6 +36,9 @@ mkdir -p "$root"
 tmp="$(mktemp -d "$root/.build.XXXXXX")"
 chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
+for b in "${bins[@]}"; do
+	if [ -x "$dir/$b" ]; then cp -p "$dir/$b" "$tmp/$b"; fi
+done
 
 # The version stamps make /version (and kubectl version) report the release
 # instead of v0.0.0-master.
@@ -44,18 +51,21 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 export CGO_ENABLED=0
-for b in kube-apiserver kube-proxy kubectl; do
+for b in "${kube_bins[@]}"; do
+	[ -x "$tmp/$b" ] && continue
 	start=$SECONDS
 	echo "build.sh: building $b $kube_version" >&2
 	"$go" build -trimpath -ldflags "$ldflags" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
 	echo "build.sh: $b built in $((SECONDS - start))s" >&2
 done
-start=$SECONDS
-echo "build.sh: building etcd $etcd_version" >&2
-# go build, not go install: etcd's server module has replace directives,
-# which go install refuses.
-(cd etcd && "$go" build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
-echo "build.sh: etcd built in $((SECONDS - start))s" >&2
+if [ ! -x "$tmp/etcd" ]; then
+	start=$SECONDS
+	echo "build.sh: building etcd $etcd_version" >&2
+	# go build, not go install: etcd's server module has replace directives,
+	# which go install refuses.
+	(cd etcd && "$go" build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
+	echo "build.sh: etcd built in $((SECONDS - start))s" >&2
+fi
 
 rm -rf "$dir"
 mv "$tmp" "$dir"

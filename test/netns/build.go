@@ -54,11 +54,29 @@ func Build(pkg string) (string, error) {
 	}
 	build.mu.Unlock()
 
-	b.once.Do(func() { b.path, b.err = goBuild(pkg) })
+	b.once.Do(func() { b.path, b.err = goBuild(pkg, false) })
 	return b.path, b.err
 }
 
-func goBuild(pkg string) (string, error) {
+// BuildStatic is Build for binaries that go into container images: built
+// with CGO_ENABLED=0, so they need no C library, and named NAME-static.
+func BuildStatic(pkg string) (string, error) {
+	build.mu.Lock()
+	if build.bins == nil {
+		build.bins = map[string]*built{}
+	}
+	b := build.bins["static:"+pkg]
+	if b == nil {
+		b = &built{}
+		build.bins["static:"+pkg] = b
+	}
+	build.mu.Unlock()
+
+	b.once.Do(func() { b.path, b.err = goBuild(pkg, true) })
+	return b.path, b.err
+}
+
+func goBuild(pkg string, static bool) (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
@@ -75,6 +93,11 @@ func goBuild(pkg string) (string, error) {
 	}
 	out := filepath.Join(dir, filepath.Base(pkg))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
+	if static {
+		out += "-static"
+		cmd = exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
 	cmd.Dir = root
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, msg)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ type Process struct {
 	path    string
 	args    []string
 	logPath string
+	netOnly bool // entered with nsenter --net, keeping the mount namespace
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -34,6 +36,21 @@ type Process struct {
 // if the test failed, when t ends.
 func StartIn(t testing.TB, ns, path string, args ...string) *Process {
 	t.Helper()
+	return startIn(t, ns, false, path, args)
+}
+
+// StartInNet is StartIn for programs that must share the test process's
+// mount namespace, such as a kubelet and its container runtime, each of
+// which must see the mounts the other makes: ip netns exec gives the
+// program a mount namespace of its own (to mount the namespace's /sys), so
+// StartInNet enters only the network namespace, with nsenter --net.
+func StartInNet(t testing.TB, ns, path string, args ...string) *Process {
+	t.Helper()
+	return startIn(t, ns, true, path, args)
+}
+
+func startIn(t testing.TB, ns string, netOnly bool, path string, args []string) *Process {
+	t.Helper()
 	dir := t.TempDir() // before our Cleanup, so the log still exists when it runs
 	p := &Process{
 		Name:    filepath.Base(path),
@@ -41,6 +58,7 @@ func StartIn(t testing.TB, ns, path string, args ...string) *Process {
 		path:    path,
 		args:    args,
 		logPath: filepath.Join(dir, filepath.Base(path)+".log"),
+		netOnly: netOnly,
 	}
 	if err := p.start(); err != nil {
 		t.Fatalf("start %s in %s: %v", p.Name, ns, err)
@@ -64,10 +82,14 @@ func (p *Process) start() error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "=== %s: ip netns exec %s %s %q\n", time.Now().Format(time.RFC3339Nano), p.NS, p.path, p.args)
-
-	// ip netns exec execs the program in place, so the pid is the program's.
-	cmd := exec.Command("ip", append([]string{"netns", "exec", p.NS, p.path}, p.args...)...)
+	// ip netns exec and nsenter both exec the program in place, so the pid
+	// is the program's.
+	argv := append([]string{"ip", "netns", "exec", p.NS, p.path}, p.args...)
+	if p.netOnly {
+		argv = append([]string{"nsenter", "--net=" + filepath.Join(netnsDir, p.NS), "--", p.path}, p.args...)
+	}
+	fmt.Fprintf(logf, "=== %s: %s %q\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv[:len(argv)-len(p.args)], " "), p.args)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	// Pdeathsig fires when the *thread* that forked the child exits. The

@@ -36,6 +36,11 @@ func SweepStale() []error {
 	return errs
 }
 
+// Stale lists the entries of dir named prefix+PID-… whose PID is not a
+// test process that was running when the entry was made: what a killed run
+// left. Other harnesses (test/cluster) sweep their own leftovers with it.
+func Stale(dir, prefix string) []string { return staleEntries(dir, prefix) }
+
 // staleEntries lists the entries of dir named prefix+PID-… whose PID is not
 // a process that was running when the entry was made.
 func staleEntries(dir, prefix string) []string {
@@ -63,14 +68,15 @@ func staleEntries(dir, prefix string) []string {
 	return stale
 }
 
-// alive reports whether pid is a process that started before created.
+// alive reports whether pid is a process that started before created. A
+// killed test process nobody reaped yet (a zombie) is not alive.
 func alive(pid int, created time.Time) bool {
 	if pid == os.Getpid() {
 		return true
 	}
 	started, err := processStart(pid)
 	if err != nil {
-		return false // gone
+		return false // gone or a zombie
 	}
 	return !started.After(created.Add(time.Second))
 }
@@ -85,6 +91,9 @@ func processStart(pid int) (time.Time, error) {
 	f := strings.Fields(string(stat[i+1:]))
 	if len(f) < 20 {
 		return time.Time{}, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return time.Time{}, fmt.Errorf("process %d is dead (state %s)", pid, f[0])
 	}
 	ticks, err := strconv.ParseInt(f[19], 10, 64) // field 22: starttime
 	if err != nil {

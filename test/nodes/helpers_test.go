@@ -1,0 +1,207 @@
+package nodes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpproxy/kp/test/cluster"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// waitFor polls cond every 250 ms until it returns "" (done) and fails the
+// test after timeout with what was awaited and cond's last answer.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	for {
+		last := cond()
+		if last == "" {
+			t.Logf("%s: after %v", what, time.Since(start).Round(100*time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s; still: %s", timeout, what, last)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// apply writes manifest to a file and kubectl applies it.
+func apply(t *testing.T, c *cluster.Cluster, manifest string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl("apply", "-f", f); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+}
+
+// kpOverlay writes a kustomization that takes the repository's manifests/
+// as they are and sets what a user sets for their cluster: the image, the
+// cluster's pod range and the API server's address. It returns its folder,
+// for kubectl apply -k.
+func kpOverlay(t *testing.T, c *cluster.Cluster, imageTag string) string {
+	t.Helper()
+	root, err := netns.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifests := filepath.Join(root, "manifests")
+	cm, err := os.ReadFile(filepath.Join(manifests, "configmap.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ConfigMap's two files with the cluster's values, replaced whole
+	// by a strategic merge patch (JSON is YAML).
+	config, kubeconfig := configMapFile(t, string(cm), "config.conf"), configMapFile(t, string(cm), "kubeconfig.conf")
+	if !strings.Contains(config, `clusterCIDR: ""`) || !strings.Contains(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443") {
+		t.Fatalf("manifests/configmap.yaml changed shape: no clusterCIDR \"\" or CONTROL-PLANE-ENDPOINT:6443 to set")
+	}
+	config = strings.Replace(config, `clusterCIDR: ""`, fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
+	kubeconfig = strings.Replace(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443", c.API.Instance(0).Addr.String(), 1)
+	patch, _ := json.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "kp", "namespace": "kube-system"},
+		"data":     map[string]string{"config.conf": config, "kubeconfig.conf": kubeconfig},
+	})
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, manifests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+images:
+  - name: ghcr.io/kpproxy/kp
+    newName: kp.local/kp
+    newTag: %s
+patches:
+  - patch: '%s'
+`, rel, imageTag, strings.ReplaceAll(string(patch), "'", "''"))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// configMapFile cuts one file (a block scalar under data:) out of a
+// ConfigMap's YAML, without its indentation.
+func configMapFile(t *testing.T, yaml, name string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(yaml, "\n  "+name+": |\n")
+	if !ok {
+		t.Fatalf("manifests/configmap.yaml: no data %s", name)
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(rest, "\n") {
+		if l != "" && !strings.HasPrefix(l, "    ") {
+			break
+		}
+		b.WriteString(strings.TrimPrefix(l, "    ") + "\n")
+	}
+	return strings.TrimRight(b.String(), "\n") + "\n"
+}
+
+// attempt is one new connection of a client loop.
+type attempt struct {
+	at    time.Time
+	reply string // the echo server's name, when it answered
+	err   error
+}
+
+// clientLoop opens new connections to addr, one after the other, from a
+// network namespace, until stopped: what a Service's clients do.
+type clientLoop struct {
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
+	log  []attempt
+}
+
+// startLoop dials with dial every 50 ms; it stops by itself after 10
+// minutes whatever happens.
+func startLoop(dial func() (string, error)) *clientLoop {
+	l := &clientLoop{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		end := time.After(10 * time.Minute)
+		for {
+			at := time.Now()
+			reply, err := dial()
+			name, _, _ := strings.Cut(reply, " ")
+			l.mu.Lock()
+			l.log = append(l.log, attempt{at: at, reply: name, err: err})
+			l.mu.Unlock()
+			select {
+			case <-l.stop:
+				return
+			case <-end:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return l
+}
+
+// Stop ends the loop and returns every attempt.
+func (l *clientLoop) Stop() []attempt {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+	return l.attempts()
+}
+
+func (l *clientLoop) attempts() []attempt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]attempt(nil), l.log...)
+}
+
+// since returns the attempts started at or after t.
+func since(as []attempt, t time.Time) []attempt {
+	var out []attempt
+	for _, a := range as {
+		if !a.at.Before(t) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// failures lists the failed attempts, for a message.
+func failures(as []attempt) []string {
+	var out []string
+	for _, a := range as {
+		if a.err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", a.at.Format("15:04:05.000"), a.err))
+		}
+	}
+	return out
+}
+
+// ctx is a context for one API call.
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+var _ = metav1.Now

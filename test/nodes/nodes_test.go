@@ -1,0 +1,596 @@
+package nodes
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
+	"github.com/kpproxy/kp/test/cluster"
+	"github.com/kpproxy/kp/test/image"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
+
+// The workload: echo servers behind a ClusterIP and a NodePort Service,
+// spread over the nodes, and a client pod pinned to node-2.
+const workload = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      terminationGracePeriodSeconds: 5
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector:
+            matchLabels: {app: web}
+      containers:
+        - name: echo
+          image: kp.local/echo:e2e
+          imagePullPolicy: Never
+          args: ["-name", "$(POD_NAME)", "-listen", ":8080"]
+          env:
+            - name: POD_NAME
+              valueFrom:
+                fieldRef: {fieldPath: metadata.name}
+          ports:
+            - containerPort: 8080
+          readinessProbe:
+            tcpSocket: {port: 8080}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+spec:
+  selector: {app: web}
+  ports:
+    - port: 80
+      targetPort: 8080
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-np
+  namespace: default
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports:
+    - port: 80
+      targetPort: 8080
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: client
+  namespace: default
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: node-2
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: echo
+      image: kp.local/echo:e2e
+      imagePullPolicy: Never
+      args: ["-name", "client", "-listen", ":9000"]
+`
+
+const (
+	kpImage  = "kp.local/kp:e2e"
+	kpImage2 = "kp.local/kp:e2e-2"
+)
+
+func TestKpOnRealNodes(t *testing.T) {
+	// Teardown's duration, for the README: the first cleanup registered
+	// runs last.
+	var teardown time.Time
+	t.Cleanup(func() { t.Logf("cluster torn down in %v", time.Since(teardown).Round(100*time.Millisecond)) })
+	start := time.Now()
+	kpBin, err := netns.BuildStatic("./cmd/kp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo, err := cluster.EchoImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kp and echo built in %v", time.Since(start).Round(100*time.Millisecond))
+	c := cluster.Start(t, cluster.Options{Nodes: 2, Images: []image.Image{
+		echo, cluster.KPImage(kpBin, kpImage), cluster.KPImage(kpBin, kpImage2),
+	}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpKP(t, c)
+		}
+		teardown = time.Now()
+	})
+
+	start = time.Now()
+	if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e")); err != nil {
+		t.Fatalf("kubectl apply -k (manifests/ with the test's image and addresses): %v\n%s", err, out)
+	}
+	waitKP(t, c, kpImage)
+	t.Logf("kp Ready on every node %v after kubectl apply -k", time.Since(start).Round(100*time.Millisecond))
+
+	start = time.Now()
+	apply(t, c, workload)
+	waitFor(t, "Deployment web to have 2 ready pods and pod client to run", 3*time.Minute, func() string {
+		if s := webReady(t, c, 2); s != "" {
+			return s
+		}
+		return podReady(t, c, "client")
+	})
+	t.Logf("workload ready %v after kubectl apply", time.Since(start).Round(100*time.Millisecond))
+	client, err := c.Client().CoreV1().Pods("default").Get(ctx(t), "client", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientNS, err := n2.PodNetns(netip.MustParseAddr(client.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := c.Client().CoreV1().Services("default").Get(ctx(t), "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np, err := c.Client().CoreV1().Services("default").Get(ctx(t), "web-np", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterIP := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String()
+	nodePort := func(n *cluster.Node) string {
+		return netip.AddrPortFrom(n.IP, uint16(np.Spec.Ports[0].NodePort)).String()
+	}
+	fromClient := func(addr string) func() (string, error) {
+		return func() (string, error) { return cluster.DialFrom(clientNS, "tcp", addr, 5*time.Second) }
+	}
+
+	t.Run("kp pods are ready, pass their probes and log no error", func(t *testing.T) {
+		pods := kpPods(t, c)
+		for _, p := range pods {
+			for _, cs := range p.Status.ContainerStatuses {
+				if !cs.Ready || cs.RestartCount != 0 {
+					t.Errorf("kp pod %s on %s: ready %v, restarts %d", p.Name, p.Spec.NodeName, cs.Ready, cs.RestartCount)
+				}
+			}
+			logs, err := c.Kubectl("logs", "-n", "kube-system", p.Name)
+			if err != nil {
+				t.Errorf("kubectl logs %s: %v\n%s", p.Name, err, logs)
+			}
+			// The check below means something only if kp logs levels.
+			if !strings.Contains(logs, "level=INFO") && !strings.Contains(logs, `"level":"INFO"`) {
+				t.Errorf("kp pod %s logged no INFO line; its logs:\n%s", p.Name, logs)
+			}
+			for _, l := range strings.Split(logs, "\n") {
+				if strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
+					t.Errorf("kp pod %s on %s logged an error: %s", p.Name, p.Spec.NodeName, l)
+				}
+			}
+		}
+	})
+
+	t.Run("a Service answers from a pod on the other node and from the nodes", func(t *testing.T) {
+		want := webPods(t, c)
+		if len(want) != 2 || want[0].Spec.NodeName == want[1].Spec.NodeName {
+			t.Fatalf("web pods not one per node: %v", podsOnNodes(want))
+		}
+		names := podNames(want)
+		// From the client pod on node-2, the ClusterIP reaches both, one of
+		// them on node-1 (pod to pod across nodes, through kp's DNAT).
+		seen(t, "ClusterIP "+clusterIP+" from pod client on node-2", fromClient(clusterIP), names)
+		seen(t, "NodePort of node-1 from pod client on node-2", fromClient(nodePort(n1)), names)
+		for _, n := range c.Nodes {
+			seen(t, "ClusterIP from "+n.Name+" itself", func() (string, error) {
+				return n.Dial("tcp", clusterIP, 5*time.Second)
+			}, names)
+			other := n1
+			if n == n1 {
+				other = n2
+			}
+			seen(t, "NodePort of "+other.Name+" from "+n.Name, func() (string, error) {
+				return n.Dial("tcp", nodePort(other), 5*time.Second)
+			}, names)
+		}
+	})
+
+	t.Run("scaling the Deployment up and down is followed", func(t *testing.T) {
+		if out, err := c.Kubectl("scale", "deployment", "web", "--replicas=4"); err != nil {
+			t.Fatalf("kubectl scale: %v\n%s", err, out)
+		}
+		waitFor(t, "Deployment web to have 4 ready pods", 2*time.Minute, func() string { return webReady(t, c, 4) })
+		four := podNames(webPods(t, c))
+		seen(t, "the 4 pods through the ClusterIP from pod client", fromClient(clusterIP), four)
+
+		if out, err := c.Kubectl("scale", "deployment", "web", "--replicas=2"); err != nil {
+			t.Fatalf("kubectl scale: %v\n%s", err, out)
+		}
+		waitFor(t, "Deployment web to be back to 2 pods", 2*time.Minute, func() string { return webReady(t, c, 2) })
+		two := podNames(webPods(t, c))
+		waitFor(t, "kp on node-2 to program only the 2 remaining endpoints", time.Minute, func() string {
+			return usableEndpoints(t, n2, 2)
+		})
+		answered := map[string]int{}
+		for i := 0; i < 40; i++ {
+			reply, err := fromClient(clusterIP)()
+			if err != nil {
+				t.Errorf("connection %d after scaling down: %v", i, err)
+				continue
+			}
+			name, _, _ := strings.Cut(reply, " ")
+			answered[name]++
+		}
+		for name := range answered {
+			if !slices.Contains(two, name) {
+				t.Errorf("pod %s, removed by scaling down, still answers: %v (remaining %v)", name, answered, two)
+			}
+		}
+	})
+
+	t.Run("a pod deleted mid-traffic costs no new connection once its endpoint is gone", func(t *testing.T) {
+		pods := webPods(t, c)
+		var victim v1.Pod
+		for _, p := range pods {
+			if p.Spec.NodeName == n1.Name {
+				victim = p
+			}
+		}
+		if victim.Name == "" {
+			t.Fatalf("no web pod on node-1: %v", podsOnNodes(pods))
+		}
+		loop := startLoop(fromClient(clusterIP))
+		time.Sleep(2 * time.Second)
+		if err := c.Client().CoreV1().Pods("default").Delete(ctx(t), victim.Name, metav1.DeleteOptions{}); err != nil {
+			loop.Stop()
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		var programmed time.Time
+		waitFor(t, "kp on node-2 to stop sending to deleted pod "+victim.Name, time.Minute, func() string {
+			s := endpointUsable(t, n2, victim.Status.PodIP)
+			if s == "" {
+				programmed = time.Now()
+			}
+			return s
+		})
+		time.Sleep(3 * time.Second)
+		as := loop.Stop()
+		after := since(as, programmed)
+		t.Logf("%d connections, %d failed; endpoint removal programmed %v after the delete; %d connections after it",
+			len(as), len(failures(as)), programmed.Sub(deleted).Round(10*time.Millisecond), len(after))
+		if f := failures(after); len(f) > 0 {
+			t.Errorf("%d of %d new connections failed after the endpoint removal was programmed:\n%s",
+				len(f), len(after), strings.Join(f, "\n"))
+		}
+		for _, a := range after {
+			if a.reply == victim.Name {
+				t.Errorf("deleted pod %s answered at %s, after its endpoint removal was programmed", victim.Name, a.at.Format("15:04:05.000"))
+			}
+		}
+		if len(after) < 10 {
+			t.Errorf("only %d connections after the removal: the loop did not run", len(after))
+		}
+		waitFor(t, "Deployment web to replace the deleted pod", 2*time.Minute, func() string { return webReady(t, c, 2) })
+	})
+
+	t.Run("kp flows in a kp pod lists the client's flows", func(t *testing.T) {
+		for i := 0; i < 5; i++ {
+			if _, err := fromClient(clusterIP)(); err != nil {
+				t.Fatalf("connection from pod client: %v", err)
+			}
+		}
+		kp := kpPodOn(t, c, n2.Name)
+		out, err := c.Kubectl("exec", "-n", "kube-system", kp, "--", "kp", "flows", "-n", "default")
+		if err != nil {
+			t.Fatalf("kubectl exec %s -- kp flows: %v\n%s", kp, err, out)
+		}
+		var found bool
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "default/web ") && strings.Contains(l, client.Status.PodIP) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("kp flows on node-2 lists no flow of default/web from pod client (%s):\n%s", client.Status.PodIP, out)
+		}
+		if out, err := c.Kubectl("exec", "-n", "kube-system", kp, "--", "kp-top", "--help"); err != nil || !strings.Contains(out, "Usage") {
+			t.Errorf("kubectl exec %s -- kp-top --help: %v\n%s", kp, err, out)
+		}
+	})
+
+	t.Run("kp top runs in a kp pod through kubectl exec -it and shows the Service", func(t *testing.T) {
+		netns.Require(t, "tmux")
+		loop := startLoop(fromClient(clusterIP))
+		defer loop.Stop()
+		kp := kpPodOn(t, c, n2.Name)
+		argv := c.KubectlCommand("exec", "-it", "-n", "kube-system", kp, "--", "kp-top", "--refresh", "1s")
+		tm := startTmux(t, 120, 30, strings.Join(argv, " "))
+		var screen string
+		waitFor(t, "kp top in pod "+kp+" to show Service default/web", time.Minute, func() string {
+			screen = tm.screen()
+			if strings.Contains(screen, "[exited") {
+				t.Fatalf("kubectl exec -it %s -- kp-top exited:\n%s", kp, screen)
+			}
+			if strings.Contains(screen, "web") && strings.Contains(screen, "default") {
+				return ""
+			}
+			return "screen:\n" + screen
+		})
+		tm.keys("q")
+		waitFor(t, "kp top to quit on q", 30*time.Second, func() string {
+			screen = tm.screen()
+			if strings.Contains(screen, "[exited 0]") {
+				return ""
+			}
+			return "screen:\n" + screen
+		})
+	})
+
+	t.Run("a rolling update of kp loses no connection", func(t *testing.T) {
+		viaClusterIP := startLoop(fromClient(clusterIP))
+		viaNodePort := startLoop(func() (string, error) { return n1.Dial("tcp", nodePort(n2), 5*time.Second) })
+		time.Sleep(2 * time.Second)
+		start := time.Now()
+		if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e-2")); err != nil {
+			viaClusterIP.Stop()
+			viaNodePort.Stop()
+			t.Fatalf("kubectl apply -k with image tag e2e-2: %v\n%s", err, out)
+		}
+		waitKP(t, c, kpImage2)
+		t.Logf("DaemonSet kp rolled over %d nodes in %v", len(c.Nodes), time.Since(start).Round(100*time.Millisecond))
+		time.Sleep(2 * time.Second)
+		for name, l := range map[string]*clientLoop{
+			"pod client on node-2 to ClusterIP " + clusterIP: viaClusterIP,
+			"node-1 to NodePort " + nodePort(n2):             viaNodePort,
+		} {
+			as := l.Stop()
+			if f := failures(as); len(f) > 0 {
+				t.Errorf("%s: %d of %d new connections failed during the rolling update:\n%s", name, len(f), len(as), strings.Join(f, "\n"))
+			} else {
+				t.Logf("%s: %d new connections, none failed", name, len(as))
+			}
+		}
+	})
+}
+
+// waitKP waits until the DaemonSet runs one Ready kp pod of image on every
+// node and no other.
+func waitKP(t *testing.T, c *cluster.Cluster, image string) {
+	t.Helper()
+	waitFor(t, "a Ready kp pod with image "+image+" on every node", 3*time.Minute, func() string {
+		pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
+		if err != nil {
+			return err.Error()
+		}
+		var state []string
+		ready := map[string]bool{}
+		for _, p := range pods.Items {
+			ok := p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == image && isReady(&p)
+			state = append(state, fmt.Sprintf("%s on %s: %s %s ready=%v deleting=%v", p.Name, p.Spec.NodeName,
+				p.Spec.Containers[0].Image, p.Status.Phase, isReady(&p), p.DeletionTimestamp != nil))
+			if ok {
+				ready[p.Spec.NodeName] = true
+			}
+		}
+		if len(ready) == len(c.Nodes) && len(pods.Items) == len(c.Nodes) {
+			return ""
+		}
+		return fmt.Sprintf("%d pods: %s", len(pods.Items), strings.Join(state, "; "))
+	})
+}
+
+func isReady(p *v1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == v1.PodReady {
+			return cond.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func kpPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
+	t.Helper()
+	pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+func kpPodOn(t *testing.T, c *cluster.Cluster, node string) string {
+	t.Helper()
+	for _, p := range kpPods(t, c) {
+		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+			return p.Name
+		}
+	}
+	t.Fatalf("no kp pod on %s", node)
+	return ""
+}
+
+// webPods lists the web pods that are Ready and not terminating.
+func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
+	t.Helper()
+	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []v1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && isReady(&p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// webReady says how far web is from n Ready pods and no other ("" when
+// there).
+func webReady(t *testing.T, c *cluster.Cluster, n int) string {
+	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		return err.Error()
+	}
+	ready := 0
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && isReady(&p) {
+			ready++
+		}
+	}
+	if ready == n && len(pods.Items) == n {
+		return ""
+	}
+	return fmt.Sprintf("%d pods, %d ready: %v", len(pods.Items), ready, podsOnNodes(pods.Items))
+}
+
+func podReady(t *testing.T, c *cluster.Cluster, name string) string {
+	p, err := c.Client().CoreV1().Pods("default").Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	if !isReady(p) {
+		return fmt.Sprintf("pod %s: %s, not ready", name, p.Status.Phase)
+	}
+	return ""
+}
+
+func podNames(pods []v1.Pod) []string {
+	var names []string
+	for _, p := range pods {
+		names = append(names, p.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func podsOnNodes(pods []v1.Pod) []string {
+	var s []string
+	for _, p := range pods {
+		s = append(s, fmt.Sprintf("%s@%s(%s,%s)", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Status.Phase))
+	}
+	return s
+}
+
+// seen dials until every one of want has answered (and nothing else has),
+// failing the test after a minute.
+func seen(t *testing.T, what string, dial func() (string, error), want []string) {
+	t.Helper()
+	got := map[string]bool{}
+	var lastErr error
+	waitFor(t, what+" to be answered by each of "+strings.Join(want, ", "), time.Minute, func() string {
+		for i := 0; i < 10; i++ {
+			reply, err := dial()
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			name, _, _ := strings.Cut(reply, " ")
+			if !slices.Contains(want, name) {
+				t.Errorf("%s: answered by %q, not one of %v", what, name, want)
+			}
+			got[name] = true
+		}
+		var missing []string
+		for _, w := range want {
+			if !got[w] {
+				missing = append(missing, w)
+			}
+		}
+		if len(missing) == 0 {
+			return ""
+		}
+		return fmt.Sprintf("no answer yet from %v (last error: %v)", missing, lastErr)
+	})
+}
+
+// kpServices reads default/web from the status API of kp on node n (in the
+// node's namespace, where the hostNetwork pod serves it on loopback).
+func kpServices(n *cluster.Node) (*statusapi.Services, error) {
+	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249/kp/v1/services?namespace=default&service=web", 3*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("status API: %d %s", code, body)
+	}
+	var s statusapi.Services
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		return nil, fmt.Errorf("status API: %w", err)
+	}
+	return &s, nil
+}
+
+// usableEndpoints says how far kp on n is from sending web's traffic to
+// exactly want endpoints.
+func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
+	s, err := kpServices(n)
+	if err != nil {
+		return err.Error()
+	}
+	var usable []string
+	for _, sp := range s.ServicePorts {
+		for _, ep := range sp.Endpoints {
+			if ep.Usable {
+				usable = append(usable, ep.IP)
+			}
+		}
+	}
+	if len(usable) == want {
+		return ""
+	}
+	return fmt.Sprintf("usable endpoints %v", usable)
+}
+
+// endpointUsable says whether kp on n still sends web's traffic to ip (""
+// when it does not).
+func endpointUsable(t *testing.T, n *cluster.Node, ip string) string {
+	s, err := kpServices(n)
+	if err != nil {
+		return err.Error()
+	}
+	for _, sp := range s.ServicePorts {
+		for _, ep := range sp.Endpoints {
+			if ep.IP == ip && ep.Usable {
+				return fmt.Sprintf("endpoint %s usable (ready %v, terminating %v)", ip, ep.Ready, ep.Terminating)
+			}
+		}
+	}
+	return ""
+}
+
+// dumpKP logs the kp pods' logs and descriptions, for a failure.
+func dumpKP(t *testing.T, c *cluster.Cluster) {
+	pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
+	if err != nil {
+		t.Logf("kp pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		logs, _ := c.Kubectl("logs", "-n", "kube-system", p.Name, "--tail=60")
+		desc, _ := c.Kubectl("describe", "pod", "-n", "kube-system", p.Name)
+		t.Logf("--- kp pod %s on %s ---\n%s\n--- logs ---\n%s", p.Name, p.Spec.NodeName, desc, logs)
+	}
+}
