@@ -119,7 +119,7 @@ func TestKpOnRealNodes(t *testing.T) {
 	}
 	t.Logf("kp and echo built in %v", time.Since(start).Round(100*time.Millisecond))
 	c := cluster.Start(t, cluster.Options{Nodes: 2, Images: []image.Image{
-		echo, cluster.KPImage(kpBin, kpImage), cluster.KPImage(kpBin, kpImage2),
+		echo, cluster.KPImage(t, kpBin, kpImage), cluster.KPImage(t, kpBin, kpImage2),
 	}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	t.Cleanup(func() {
