@@ -315,3 +315,23 @@ func unmountUnder(t *testing.T, dir string) {
 		}
 	}
 }
+
+func TestConformanceBinariesReportThePinnedVersions(t *testing.T) {
+	kube, err := KubeVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		bin  string
+		args []string
+		want string
+	}{
+		{E2ETest, []string{"--version"}, kube},
+		{Ginkgo, []string{"version"}, "Ginkgo Version 2."},
+	} {
+		out, err := exec.Command(ConformanceBin(t, c.bin), c.args...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s %s: %v, output (want %q):\n%s", c.bin, strings.Join(c.args, " "), err, c.want, out)
+		}
+	}
+}
