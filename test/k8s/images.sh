@@ -86,8 +86,9 @@ timed "agnhost (k8s.io/kubernetes $kube_version)" \
 timed pause "$go" build -trimpath -ldflags "-s -w" -o "$tmp/bin/pause" ./images/pause
 timed mkimage bash -c 'cd "$0" && "$1" build -trimpath -o "$2" ./test/image/mkimage' "$repo" "$go" "$tmp/mkimage"
 
-# busybox-static from Debian: downloaded, not installed (it would replace
-# the host's busybox). Root's cache is not readable by apt's sandbox user.
+# busybox-static from Debian: downloaded and unpacked, not installed (it
+# conflicts with Debian's busybox, which a host may have). apt's sandbox user
+# cannot write into root's cache, hence APT::Sandbox::User.
 busybox_deb() {
 	mkdir -p "$tmp/deb"
 	(cd "$tmp/deb" && apt-get download -q -o APT::Sandbox::User=root busybox-static >&2)
