@@ -8,6 +8,7 @@ package images
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -112,6 +113,21 @@ func KubeVersion() (string, error) {
 		return "", err
 	}
 	return requiredVersion(filepath.Join(repo, "test/k8s/go.mod"), "k8s.io/kubernetes")
+}
+
+// Import loads imgs into the containerd at address (its gRPC socket), in
+// the k8s.io namespace the CRI plugin, and so kubelet, reads images from,
+// with the ctr at ctrPath. Pods then name them by Ref with
+// imagePullPolicy: Never (or IfNotPresent and a tag other than latest).
+func Import(ctx context.Context, ctrPath, address string, imgs ...Image) error {
+	for _, img := range imgs {
+		out, err := exec.CommandContext(ctx, ctrPath, "--address", address, "--namespace", "k8s.io",
+			"images", "import", img.Tarball).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("import %s into containerd at %s: %w: %s", img.Ref, address, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
 }
 
 // Dir is where images.sh puts the images:

@@ -202,10 +202,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 			t.Fatalf("containerd did not answer on %s in 20 s: %v", sock, err)
 		}
 	}
-	for _, img := range imgs {
-		if out, err := run("images", "import", img.Tarball); err != nil {
-			t.Errorf("ctr images import %s: %v\n%s", img.Tarball, err, out)
-		}
+	if err := Import(ctx, ctr, sock, imgs...); err != nil {
+		t.Fatal(err)
 	}
 	out, err := run("images", "ls", "-q")
 	if err != nil {
