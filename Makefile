@@ -39,9 +39,9 @@ kube-bins:
 # import`: a minimal CoreDNS (kp.local/coredns) and agnhost, busybox and pause
 # under the names upstream's e2e framework uses. Same cache as kube-bins,
 # keyed by versions and a hash of their sources; see test/k8s/images.sh for
-# the host tools it needs. About 2.5 minutes after kube-bins (whose packages
-# agnhost shares; CoreDNS alone took 15 min from an empty build cache on a
-# loaded 2-core machine), a second when cached.
+# the host tools it needs. 2–3 minutes after kube-bins (whose packages
+# agnhost shares) plus CoreDNS's first build (5.5 min of 2 cores from an empty
+# build cache, 320 s of CPU); under a second when cached.
 test-images:
 	GO=$(GO) bash test/k8s/images.sh
 
