@@ -12,6 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kpproxy/kp/test/images"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -29,7 +30,7 @@ func TestCrashHelper(t *testing.T) {
 	c := Start(t, Options{Nodes: 1})
 	manifest := filepath.Join(t.TempDir(), "pod.yaml")
 	if err := os.WriteFile(manifest, []byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: sleeper\nspec:\n"+
-		"  containers:\n    - name: pause\n      image: "+PauseRef+"\n      imagePullPolicy: Never\n"), 0o644); err != nil {
+		"  containers:\n    - name: pause\n      image: "+images.Get(t, images.Pause).Ref+"\n      imagePullPolicy: Never\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.Kubectl("apply", "-f", manifest); err != nil {

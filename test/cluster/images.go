@@ -11,26 +11,9 @@ import (
 	"github.com/kpproxy/kp/test/netns"
 )
 
-// Image references of the images the harness builds. Dotted names:
-// containerd would turn a bare "pause" into docker.io/library/pause.
-const (
-	PauseRef = "kp.local/pause:e2e"
-	EchoRef  = "kp.local/echo:e2e"
-)
-
-// PauseImage is the sandbox image every node's containerd runs each pod's
-// namespaces in: test/pause, built statically.
-func PauseImage() (image.Image, error) {
-	bin, err := netns.BuildStatic("./test/pause")
-	if err != nil {
-		return image.Image{}, err
-	}
-	return image.Image{
-		Ref:        PauseRef,
-		Layers:     [][]image.Entry{{image.File("/pause", bin)}},
-		Entrypoint: []string{"/pause"},
-	}, nil
-}
+// EchoRef names the workload image the harness builds. A dotted name:
+// containerd would turn a bare "echo" into docker.io/library/echo.
+const EchoRef = "kp.local/echo:e2e"
 
 // EchoImage is the workload image: test/echo (a static binary, at /echo),
 // which answers every connection with its -name and the client's address.

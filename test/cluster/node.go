@@ -164,7 +164,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = %q
     max_conf_num = 1
-`, d("containerd/root"), d("containerd/state"), n.Socket(), d("containerd/opt"), PauseRef, d("runc"), d("cni/net.d"))
+`, d("containerd/root"), d("containerd/state"), n.Socket(), d("containerd/opt"), n.c.pauseRef, d("runc"), d("cni/net.d"))
 	if err := os.WriteFile(d("containerd.toml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}

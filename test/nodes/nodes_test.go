@@ -276,7 +276,7 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 			return s
 		})
-		time.Sleep(3 * time.Second)
+		loop.WaitSince(programmed, 20, 30*time.Second)
 		as := loop.Stop()
 		after := since(as, programmed)
 		t.Logf("%d connections, %d failed; endpoint removal programmed %v after the delete; %d connections after it",
