@@ -153,9 +153,13 @@ func Start(t testing.TB, opts Options) *Cluster {
 	// the kubelet and upstream's tests agree on it.
 	pause := images.Get(t, images.Pause)
 	c.pauseRef = pause.Ref
-	tarball, err := writeImages(c.dir, opts.Images...)
-	if err != nil {
-		t.Fatalf("cluster: %v", err)
+	tarballs := []string{pause.Tarball}
+	if len(opts.Images) > 0 {
+		tarball, err := writeImages(c.dir, opts.Images...)
+		if err != nil {
+			t.Fatalf("cluster: %v", err)
+		}
+		tarballs = append(tarballs, tarball)
 	}
 	for i := 1; i <= opts.Nodes; i++ {
 		n := &Node{
@@ -166,7 +170,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		c.Nodes = append(c.Nodes, n)
 		n.prepare()
 		n.startContainerd()
-		for _, tb := range []string{pause.Tarball, tarball} {
+		for _, tb := range tarballs {
 			if err := n.ImportImages(tb); err != nil {
 				t.Fatalf("cluster: %v", err)
 			}

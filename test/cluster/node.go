@@ -316,18 +316,24 @@ func inNetns(path string, fn func() error) error {
 	return nsenter.Run(h, fn)
 }
 
+// DialConnFrom opens a connection from inside the network namespace file
+// nsPath (a pod's, see PodNetns); it stays in that namespace for its life.
+func DialConnFrom(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
+	h, err := vnetns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("enter %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	return nsenter.DialContext(h)(ctx, network, addr)
+}
+
 // DialFrom asks an echo server at addr from inside the network namespace
 // file nsPath (a pod's, see PodNetns) and returns its reply line; the
 // exchange is netns.Dial's.
 func DialFrom(nsPath, network, addr string, timeout time.Duration) (string, error) {
-	h, err := vnetns.GetFromPath(nsPath)
-	if err != nil {
-		return "", fmt.Errorf("enter %s: %w", nsPath, err)
-	}
-	defer h.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c, err := nsenter.DialContext(h)(ctx, network, addr)
+	c, err := DialConnFrom(ctx, nsPath, network, addr)
 	if err != nil {
 		return "", err
 	}

@@ -349,6 +349,10 @@ func TestKpOnRealNodes(t *testing.T) {
 		})
 	})
 
+	t.Run("cluster DNS answers through its ClusterIP and a replaced DNS pod loses no query", func(t *testing.T) {
+		testClusterDNS(t, c, clientNS)
+	})
+
 	t.Run("a rolling update of kp loses no connection", func(t *testing.T) {
 		viaClusterIP := startLoop(fromClient(clusterIP))
 		viaNodePort := startLoop(func() (string, error) { return n1.Dial("tcp", nodePort(n2), 5*time.Second) })
@@ -432,9 +436,13 @@ func kpPodOn(t *testing.T, c *cluster.Cluster, node string) string {
 }
 
 // webPods lists the web pods that are Ready and not terminating.
-func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
+func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod { return podsOf(t, c, "default", "app=web") }
+
+// podsOf lists the pods of namespace ns matching selector that are Ready and
+// not terminating.
+func podsOf(t *testing.T, c *cluster.Cluster, ns, selector string) []v1.Pod {
 	t.Helper()
-	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
+	pods, err := c.Client().CoreV1().Pods(ns).List(ctx(t), metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +458,13 @@ func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
 // webReady says how far web is from n Ready pods and no other ("" when
 // there).
 func webReady(t *testing.T, c *cluster.Cluster, n int) string {
-	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
+	return podsReady(t, c, "default", "app=web", n)
+}
+
+// podsReady says how far the pods of namespace ns matching selector are
+// from n Ready pods and no other ("" when there).
+func podsReady(t *testing.T, c *cluster.Cluster, ns, selector string, n int) string {
+	pods, err := c.Client().CoreV1().Pods(ns).List(ctx(t), metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return err.Error()
 	}
@@ -528,8 +542,9 @@ func seen(t *testing.T, what string, dial func() (string, error), want []string)
 
 // kpServices reads default/web from the status API of kp on node n (in the
 // node's namespace, where the hostNetwork pod serves it on loopback).
-func kpServices(n *cluster.Node) (*statusapi.Services, error) {
-	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249/kp/v1/services?namespace=default&service=web", 3*time.Second)
+func kpServices(n *cluster.Node, namespace, service string) (*statusapi.Services, error) {
+	url := fmt.Sprintf("http://127.0.0.1:10249/kp/v1/services?namespace=%s&service=%s", namespace, service)
+	code, body, err := netns.HTTPGet(n.NS, url, 3*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -546,7 +561,7 @@ func kpServices(n *cluster.Node) (*statusapi.Services, error) {
 // usableEndpoints says how far kp on n is from sending web's traffic to
 // exactly want endpoints.
 func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
-	s, err := kpServices(n)
+	s, err := kpServices(n, "default", "web")
 	if err != nil {
 		return err.Error()
 	}
@@ -567,7 +582,7 @@ func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
 // endpointUsable says whether kp on n still sends web's traffic to ip (""
 // when it does not).
 func endpointUsable(t *testing.T, n *cluster.Node, ip string) string {
-	s, err := kpServices(n)
+	s, err := kpServices(n, "default", "web")
 	if err != nil {
 		return err.Error()
 	}
