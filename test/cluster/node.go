@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -338,18 +337,7 @@ func DialFrom(nsPath, network, addr string, timeout time.Duration) (string, erro
 		return "", err
 	}
 	defer c.Close()
-	deadline, _ := ctx.Deadline()
-	_ = c.SetDeadline(deadline)
-	if strings.HasPrefix(network, "udp") {
-		if _, err := c.Write([]byte("?\n")); err != nil {
-			return "", err
-		}
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return "", fmt.Errorf("read reply from %s %s: %w", network, addr, err)
-	}
-	return strings.TrimSuffix(line, "\n"), nil
+	return netns.Ask(ctx, c)
 }
 
 // shimSockets lists the sockets containerd's shims listen on in network

@@ -7,7 +7,6 @@
 package images
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -16,10 +15,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kpproxy/kp/test/apiserver"
 )
 
 // The images images.sh builds.
@@ -112,7 +112,7 @@ func KubeVersion() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return requiredVersion(filepath.Join(repo, "test/k8s/go.mod"), "k8s.io/kubernetes")
+	return apiserver.RequiredVersion(filepath.Join(repo, "test/k8s/go.mod"), "k8s.io/kubernetes")
 }
 
 // Import loads imgs into the containerd at address (its gRPC socket), in
@@ -140,11 +140,11 @@ func Dir() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	kube, err := requiredVersion(filepath.Join(repo, "test/k8s/go.mod"), "k8s.io/kubernetes")
+	kube, err := apiserver.RequiredVersion(filepath.Join(repo, "test/k8s/go.mod"), "k8s.io/kubernetes")
 	if err != nil {
 		return "", err
 	}
-	coredns, err := requiredVersion(filepath.Join(repo, "test/k8s/coredns/go.mod"), "github.com/coredns/coredns")
+	coredns, err := apiserver.RequiredVersion(filepath.Join(repo, "test/k8s/coredns/go.mod"), "github.com/coredns/coredns")
 	if err != nil {
 		return "", err
 	}
@@ -152,7 +152,7 @@ func Dir() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	root, err := cacheRoot()
+	root, err := apiserver.CacheRoot()
 	if err != nil {
 		return "", err
 	}
@@ -167,15 +167,15 @@ func ConformanceDir() (string, error) {
 		return "", err
 	}
 	gomod := filepath.Join(repo, "test/k8s/go.mod")
-	kube, err := requiredVersion(gomod, "k8s.io/kubernetes")
+	kube, err := apiserver.RequiredVersion(gomod, "k8s.io/kubernetes")
 	if err != nil {
 		return "", err
 	}
-	ginkgo, err := requiredVersion(gomod, "github.com/onsi/ginkgo/v2")
+	ginkgo, err := apiserver.RequiredVersion(gomod, "github.com/onsi/ginkgo/v2")
 	if err != nil {
 		return "", err
 	}
-	root, err := cacheRoot()
+	root, err := apiserver.CacheRoot()
 	if err != nil {
 		return "", err
 	}
@@ -265,51 +265,11 @@ func readList(dir string) ([]Image, error) {
 	return imgs, nil
 }
 
-// cacheRoot is the scripts' cache root: $KP_KUBE_CACHE, else the user's
-// cache directory plus kp-test.
-func cacheRoot() (string, error) {
-	if root := os.Getenv("KP_KUBE_CACHE"); root != "" {
-		return root, nil
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("images: cache root: %w", err)
-	}
-	return filepath.Join(cache, "kp-test"), nil
-}
-
-// repoRoot finds the repository from this source file, or from the module
-// root when the file's path is not usable (a -trimpath build).
+// repoRoot is the repository: test/k8s's grandparent.
 func repoRoot() (string, error) {
-	if _, file, _, ok := runtime.Caller(0); ok {
-		dir := filepath.Join(filepath.Dir(file), "..", "..")
-		if _, err := os.Stat(filepath.Join(dir, "test/k8s/go.mod")); err == nil {
-			return dir, nil
-		}
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("images: find the repository: go env GOMOD: %w", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
-}
-
-// requiredVersion reads module's version from a go.mod's require lines.
-func requiredVersion(gomod, module string) (string, error) {
-	f, err := os.Open(gomod)
+	k8s, err := apiserver.K8sModuleDir()
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "require "))
-		if len(fields) >= 2 && fields[0] == module {
-			return fields[1], nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	return "", fmt.Errorf("%s: no require line for %s", gomod, module)
+	return filepath.Dir(filepath.Dir(k8s)), nil
 }
