@@ -18,6 +18,7 @@ import (
 	"github.com/kpproxy/kp/test/cluster"
 	"github.com/kpproxy/kp/test/image"
 	"github.com/kpproxy/kp/test/netns"
+	"github.com/kpproxy/kp/test/tmux"
 )
 
 func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
@@ -327,10 +328,10 @@ func TestKpOnRealNodes(t *testing.T) {
 		defer loop.Stop()
 		kp := kpPodOn(t, c, n2.Name)
 		argv := c.KubectlCommand("exec", "-it", "-n", "kube-system", kp, "--", "kp-top", "--refresh", "1s")
-		tm := startTmux(t, 120, 30, strings.Join(argv, " "))
+		tm := tmux.Start(t, 120, 30, strings.Join(argv, " "))
 		var screen string
 		waitFor(t, "kp top in pod "+kp+" to show Service default/web", time.Minute, func() string {
-			screen = tm.screen()
+			screen = tm.Screen()
 			if strings.Contains(screen, "[exited") {
 				t.Fatalf("kubectl exec -it %s -- kp-top exited:\n%s", kp, screen)
 			}
@@ -339,9 +340,9 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 			return "screen:\n" + screen
 		})
-		tm.keys("q")
+		tm.Keys("q")
 		waitFor(t, "kp top to quit on q", 30*time.Second, func() string {
-			screen = tm.screen()
+			screen = tm.Screen()
 			if strings.Contains(screen, "[exited 0]") {
 				return ""
 			}
