@@ -155,14 +155,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster, clientNS string) {
 		if err != nil {
 			return err.Error()
 		}
-		var usable []string
-		for _, sp := range s.ServicePorts {
-			for _, ep := range sp.Endpoints {
-				if ep.Usable {
-					usable = append(usable, ep.IP)
-				}
-			}
-		}
+		usable := usableIPs(s)
 		if len(usable) != len(s.ServicePorts) || slices.ContainsFunc(usable, func(ip string) bool { return ip != pods[0].Status.PodIP }) {
 			return fmt.Sprintf("usable endpoints %v of %d ports; new pod %s", usable, len(s.ServicePorts), pods[0].Status.PodIP)
 		}

@@ -566,6 +566,16 @@ func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
 	if err != nil {
 		return err.Error()
 	}
+	usable := usableIPs(s)
+	if len(usable) == want {
+		return ""
+	}
+	return fmt.Sprintf("usable endpoints %v", usable)
+}
+
+// usableIPs lists the endpoints kp sends new connections to, one entry per
+// service port and endpoint.
+func usableIPs(s *statusapi.Services) []string {
 	var usable []string
 	for _, sp := range s.ServicePorts {
 		for _, ep := range sp.Endpoints {
@@ -574,10 +584,7 @@ func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
 			}
 		}
 	}
-	if len(usable) == want {
-		return ""
-	}
-	return fmt.Sprintf("usable endpoints %v", usable)
+	return usable
 }
 
 // endpointUsable says whether kp on n still sends web's traffic to ip (""
