@@ -29,27 +29,37 @@ const (
 // the versions test/k8s pins. Deriving the name from the pins means a version
 // bump builds and uses new binaries, never stale ones.
 func BinDir() (string, error) {
-	k8sDir, err := k8sModuleDir()
+	k8sDir, err := K8sModuleDir()
 	if err != nil {
 		return "", err
 	}
-	kube, err := requiredVersion(filepath.Join(k8sDir, "go.mod"), "k8s.io/kubernetes")
+	kube, err := RequiredVersion(filepath.Join(k8sDir, "go.mod"), "k8s.io/kubernetes")
 	if err != nil {
 		return "", err
 	}
-	etcd, err := requiredVersion(filepath.Join(k8sDir, "etcd", "go.mod"), "go.etcd.io/etcd/server/v3")
+	etcd, err := RequiredVersion(filepath.Join(k8sDir, "etcd", "go.mod"), "go.etcd.io/etcd/server/v3")
 	if err != nil {
 		return "", err
 	}
-	root := os.Getenv("KP_KUBE_CACHE")
-	if root == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("kube binaries: %w", err)
-		}
-		root = filepath.Join(cache, "kp-test")
+	root, err := CacheRoot()
+	if err != nil {
+		return "", err
 	}
 	return filepath.Join(root, fmt.Sprintf("kube-%s-etcd-%s", kube, etcd)), nil
+}
+
+// CacheRoot is where make kube-bins, test-images and conformance-bins keep
+// what they build: $KP_KUBE_CACHE, else the user's cache directory plus
+// kp-test.
+func CacheRoot() (string, error) {
+	if root := os.Getenv("KP_KUBE_CACHE"); root != "" {
+		return root, nil
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("kube binaries: cache root: %w", err)
+	}
+	return filepath.Join(cache, "kp-test"), nil
 }
 
 // Bin returns the path of one cached binary (KubeAPIServer, Kubectl,
@@ -72,9 +82,10 @@ func Bin(t testing.TB, name string) string {
 	return path
 }
 
-// k8sModuleDir finds test/k8s from this source file, or from the module
-// root when the file's path is not usable (a -trimpath build).
-func k8sModuleDir() (string, error) {
+// K8sModuleDir finds test/k8s (the nested module the test binaries and
+// images are built from) from this source file, or from the module root
+// when the file's path is not usable (a -trimpath build).
+func K8sModuleDir() (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok {
 		dir := filepath.Join(filepath.Dir(file), "..", "k8s")
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
@@ -88,8 +99,8 @@ func k8sModuleDir() (string, error) {
 	return filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "test", "k8s"), nil
 }
 
-// requiredVersion reads module's version from a go.mod's require lines.
-func requiredVersion(gomod, module string) (string, error) {
+// RequiredVersion reads module's version from a go.mod's require lines.
+func RequiredVersion(gomod, module string) (string, error) {
 	f, err := os.Open(gomod)
 	if err != nil {
 		return "", err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kpproxy/kp/test/apiserver"
 	"github.com/kpproxy/kp/test/image"
+	"github.com/kpproxy/kp/test/images"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -57,8 +58,9 @@ type Cluster struct {
 	Nodes             []*Node
 	ClusterCIDR       netip.Prefix
 
-	t   testing.TB
-	dir string
+	t        testing.TB
+	dir      string
+	pauseRef string // every node's sandbox image
 }
 
 // Start brings a cluster up and waits until every node is Ready and the
@@ -147,13 +149,17 @@ func Start(t testing.TB, opts Options) *Cluster {
 		}
 	})
 
-	pause, err := PauseImage()
-	if err != nil {
-		t.Fatalf("cluster: %v", err)
-	}
-	tarball, err := writeImages(c.dir, append([]image.Image{pause}, opts.Images...)...)
-	if err != nil {
-		t.Fatalf("cluster: %v", err)
+	// The sandbox image is the e2e suite's pause (make test-images), so
+	// the kubelet and upstream's tests agree on it.
+	pause := images.Get(t, images.Pause)
+	c.pauseRef = pause.Ref
+	tarballs := []string{pause.Tarball}
+	if len(opts.Images) > 0 {
+		tarball, err := writeImages(c.dir, opts.Images...)
+		if err != nil {
+			t.Fatalf("cluster: %v", err)
+		}
+		tarballs = append(tarballs, tarball)
 	}
 	for i := 1; i <= opts.Nodes; i++ {
 		n := &Node{
@@ -164,8 +170,10 @@ func Start(t testing.TB, opts Options) *Cluster {
 		c.Nodes = append(c.Nodes, n)
 		n.prepare()
 		n.startContainerd()
-		if err := n.ImportImages(tarball); err != nil {
-			t.Fatalf("cluster: %v", err)
+		for _, tb := range tarballs {
+			if err := n.ImportImages(tb); err != nil {
+				t.Fatalf("cluster: %v", err)
+			}
 		}
 	}
 	// Each node routes the others' pod ranges to them over the bridge.

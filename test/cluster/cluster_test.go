@@ -12,6 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kpproxy/kp/test/images"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -80,7 +81,7 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
     - name: pause
-      image: `+PauseRef+`
+      image: `+images.Get(t, images.Pause).Ref+`
       imagePullPolicy: Never
 `), 0o644); err != nil {
 		t.Fatal(err)

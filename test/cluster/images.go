@@ -1,34 +1,19 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"testing"
 
 	"github.com/kpproxy/kp/test/image"
 	"github.com/kpproxy/kp/test/netns"
 )
 
-// Image references of the images the harness builds. Dotted names:
-// containerd would turn a bare "pause" into docker.io/library/pause.
-const (
-	PauseRef = "kp.local/pause:e2e"
-	EchoRef  = "kp.local/echo:e2e"
-)
-
-// PauseImage is the sandbox image every node's containerd runs each pod's
-// namespaces in: test/pause, built statically.
-func PauseImage() (image.Image, error) {
-	bin, err := netns.BuildStatic("./test/pause")
-	if err != nil {
-		return image.Image{}, err
-	}
-	return image.Image{
-		Ref:        PauseRef,
-		Layers:     [][]image.Entry{{image.File("/pause", bin)}},
-		Entrypoint: []string{"/pause"},
-	}, nil
-}
+// EchoRef names the workload image the harness builds. A dotted name:
+// containerd would turn a bare "echo" into docker.io/library/echo.
+const EchoRef = "kp.local/echo:e2e"
 
 // EchoImage is the workload image: test/echo (a static binary, at /echo),
 // which answers every connection with its -name and the client's address.
@@ -44,20 +29,20 @@ func EchoImage() (image.Image, error) {
 	}, nil
 }
 
-// KPImage is kp's image for the tests: the static kp binary at
-// /usr/local/bin/kp, kp-top linking to it, kp as the entrypoint.
-//
-// A stand-in until the project's own image builder (make image) lands:
-// swap this one function for it. kp's nftables mode needs no other file.
-func KPImage(binary, ref string) image.Image {
-	return image.Image{
-		Ref: ref,
-		Layers: [][]image.Entry{{
-			image.File("/usr/local/bin/kp", binary),
-			image.Symlink("/usr/local/bin/kp-top", "kp"),
-		}},
-		Entrypoint: []string{"/usr/local/bin/kp"},
+// KPImage is kp's image as `make image` builds it (image.KP: the binary,
+// kp-top, and the iptables and ipset tools from Debian's packages), named
+// ref. Without apt's lists or the network the packages cannot be fetched:
+// the test is skipped then, and fails under CI.
+func KPImage(t testing.TB, binary, ref string) image.Image {
+	t.Helper()
+	img, err := image.KP(binary, ref)
+	if errors.Is(err, image.ErrDownload) && os.Getenv("CI") == "" {
+		t.Skipf("skipped: kp's image: %v", err)
 	}
+	if err != nil {
+		t.Fatalf("kp's image: %v", err)
+	}
+	return img
 }
 
 // writeImages writes imgs into one Docker tarball in dir and returns its

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -168,7 +167,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = %q
     max_conf_num = 1
-`, d("containerd/root"), d("containerd/state"), n.Socket(), d("containerd/opt"), PauseRef, d("runc"), d("cni/net.d"))
+`, d("containerd/root"), d("containerd/state"), n.Socket(), d("containerd/opt"), n.c.pauseRef, d("runc"), d("cni/net.d"))
 	if err := os.WriteFile(d("containerd.toml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -320,34 +319,29 @@ func inNetns(path string, fn func() error) error {
 	return nsenter.Run(h, fn)
 }
 
+// DialConnFrom opens a connection from inside the network namespace file
+// nsPath (a pod's, see PodNetns); it stays in that namespace for its life.
+func DialConnFrom(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
+	h, err := vnetns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("enter %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	return nsenter.DialContext(h)(ctx, network, addr)
+}
+
 // DialFrom asks an echo server at addr from inside the network namespace
 // file nsPath (a pod's, see PodNetns) and returns its reply line; the
 // exchange is netns.Dial's.
 func DialFrom(nsPath, network, addr string, timeout time.Duration) (string, error) {
-	h, err := vnetns.GetFromPath(nsPath)
-	if err != nil {
-		return "", fmt.Errorf("enter %s: %w", nsPath, err)
-	}
-	defer h.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c, err := nsenter.DialContext(h)(ctx, network, addr)
+	c, err := DialConnFrom(ctx, nsPath, network, addr)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
-	deadline, _ := ctx.Deadline()
-	_ = c.SetDeadline(deadline)
-	if strings.HasPrefix(network, "udp") {
-		if _, err := c.Write([]byte("?\n")); err != nil {
-			return "", err
-		}
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return "", fmt.Errorf("read reply from %s %s: %w", network, addr, err)
-	}
-	return strings.TrimSuffix(line, "\n"), nil
+	return netns.Ask(ctx, c)
 }
 
 // shimSockets lists the sockets containerd's shims listen on in network

@@ -53,6 +53,12 @@ func SweepStale() []error {
 			errs = append(errs, err)
 		}
 	}
+	saved.mu.Lock()
+	idle := saved.users == 0
+	saved.mu.Unlock()
+	if len(stale) > 0 && idle && otherProcessSysctls() == nil {
+		removeSharedDirs()
+	}
 	return errs
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,61 +13,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/test/netns"
+	"github.com/kpproxy/kp/test/tmux"
 )
-
-// tmux is one tmux server of the test's own (its own socket), running one
-// command in a terminal of a fixed size.
-type tmux struct {
-	t      *testing.T
-	socket string
-}
-
-// startTmux runs command in a detached w×h terminal; the server is killed
-// when the test ends, pass or fail.
-func startTmux(t *testing.T, w, h int, command string) *tmux {
-	t.Helper()
-	tm := &tmux{t: t, socket: fmt.Sprintf("kp-e2e-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	var path string
-	t.Cleanup(func() {
-		_ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run()
-		// kill-server leaves the socket file behind.
-		if path != "" {
-			_ = os.Remove(path)
-		}
-	})
-	// The shell keeps the pane open after the command exits, so its last
-	// words can be read.
-	tm.run("-f", "/dev/null", "new-session", "-d", "-x", fmt.Sprint(w), "-y", fmt.Sprint(h),
-		"sh", "-c", command+`; echo "[exited $?]"; sleep 3600`)
-	path = strings.TrimSpace(tm.run("display-message", "-p", "#{socket_path}"))
-	return tm
-}
-
-func (tm *tmux) run(args ...string) string {
-	tm.t.Helper()
-	out, err := exec.Command("tmux", append([]string{"-L", tm.socket}, args...)...).CombinedOutput()
-	if err != nil {
-		tm.t.Fatalf("tmux %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// keys types keys as tmux send-keys names them (Enter, Escape, or text).
-func (tm *tmux) keys(keys ...string) {
-	tm.t.Helper()
-	for _, k := range keys {
-		if k == "Enter" || k == "Escape" {
-			tm.run("send-keys", k)
-		} else {
-			tm.run("send-keys", "-l", k)
-		}
-		// kp top reads an Escape followed at once by a letter as alt+letter,
-		// as every terminal program does.
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func (tm *tmux) screen() string { return tm.run("capture-pane", "-p") }
 
 // sgrColour matches an SGR sequence that sets a foreground or background
 // colour.
@@ -99,13 +45,13 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm := startTmux(t, 100, 30, fmt.Sprintf("NO_COLOR=1 %s top --netns %s --status-address %s --refresh 1s",
+	tm := tmux.Start(t, 100, 30, fmt.Sprintf("NO_COLOR=1 %s top --netns %s --status-address %s --refresh 1s",
 		kp, e.w.Node(), metricsAddr))
 	wait := func(what string, cond func(screen string) error) string {
 		t.Helper()
 		var last string
 		e.eventually(what, 30*time.Second, func() error {
-			last = tm.screen()
+			last = tm.Screen()
 			if strings.Contains(last, "[exited") && !strings.Contains(what, "quits") {
 				t.Fatalf("kp top exited:\n%s", last)
 			}
@@ -189,14 +135,14 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 
 	// Filter down to the HTTP port and open it: every endpoint has a
 	// non-zero share of the new connections since kp began counting.
-	tm.keys("/", "cart:http", "Enter")
+	tm.Keys("/", "cart:http", "Enter")
 	wait("the filter leaves one Service port", func(s string) error {
 		if strings.Contains(s, "e2e/web") || !strings.Contains(s, "filter /cart:http/") {
 			return fmt.Errorf("filter not applied:\n%s", s)
 		}
 		return nil
 	})
-	tm.keys("Enter")
+	tm.Keys("Enter")
 	detail := wait("the detail view shows every endpoint with a share", func(s string) error {
 		if !strings.Contains(s, "shop/cart:http  TCP  NodePort  port 80  nodePort 30080") {
 			return fmt.Errorf("not the detail of shop/cart:http:\n%s", s)
@@ -212,9 +158,9 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	})
 
 	// Back, then the flows view: the UDP clients' flows, live.
-	tm.keys("Escape")
+	tm.Keys("Escape")
 	wait("esc goes back to the Services view", has("<services>"))
-	tm.keys(":", "flows", "Enter")
+	tm.Keys(":", "flows", "Enter")
 	flows := wait("the flows view lists the test's live connections", func(s string) error {
 		for _, c := range clients {
 			l := lineWith(s, c)
@@ -226,7 +172,7 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	})
 
 	// The terminal shrinks to 80x24: kp top redraws to fit, footer last.
-	tm.run("resize-window", "-x", "80", "-y", "24")
+	tm.Run("resize-window", "-x", "80", "-y", "24")
 	wait("kp top follows the resize", func(s string) error {
 		lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 		if len(lines) != 24 || !strings.Contains(lines[23], "q quit") || !strings.Contains(s, clients[0]) {
@@ -235,11 +181,11 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 		return nil
 	})
 	// NO_COLOR: attributes, but no colour, reach the terminal.
-	if colour := sgrColour.FindString(tm.run("capture-pane", "-p", "-e")); colour != "" {
+	if colour := sgrColour.FindString(tm.Run("capture-pane", "-p", "-e")); colour != "" {
 		t.Errorf("colour sequence %q on screen under NO_COLOR", colour)
 	}
 
-	tm.keys("q")
+	tm.Keys("q")
 	wait("q quits", has("[exited 0]"))
 
 	if dir := os.Getenv(kpTopCaptureDir); dir != "" {

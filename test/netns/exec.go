@@ -72,8 +72,17 @@ func Dial(ns, network, addr string, timeout time.Duration) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	deadline, _ := ctx.Deadline()
-	_ = c.SetDeadline(deadline)
+	return Ask(ctx, c)
+}
+
+// Ask asks the echo server at the other end of c (dialed from anywhere) for
+// its reply line, within ctx's deadline: for UDP one datagram is sent and
+// one reply awaited.
+func Ask(ctx context.Context, c net.Conn) (string, error) {
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(deadline)
+	}
+	network, addr := c.RemoteAddr().Network(), c.RemoteAddr().String()
 	if strings.HasPrefix(network, "udp") {
 		if _, err := c.Write([]byte("?\n")); err != nil {
 			return "", err

@@ -110,6 +110,16 @@ func (l *clientLoop) Stop() []attempt {
 	return l.attempts()
 }
 
+// WaitSince waits until n attempts that started at or after t have ended,
+// or timeout passes. An attempt in flight at t (one dialing a pod that is
+// going away, until its timeout) delays the loop, not the count.
+func (l *clientLoop) WaitSince(t time.Time, n int, timeout time.Duration) {
+	end := time.Now().Add(timeout)
+	for len(since(l.attempts(), t)) < n && time.Now().Before(end) {
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func (l *clientLoop) attempts() []attempt {
 	l.mu.Lock()
 	defer l.mu.Unlock()

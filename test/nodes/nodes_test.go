@@ -1,12 +1,9 @@
 package nodes
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/netip"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +11,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/cluster"
 	"github.com/kpproxy/kp/test/image"
 	"github.com/kpproxy/kp/test/netns"
+	"github.com/kpproxy/kp/test/tmux"
 )
 
 func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
@@ -119,7 +116,7 @@ func TestKpOnRealNodes(t *testing.T) {
 	}
 	t.Logf("kp and echo built in %v", time.Since(start).Round(100*time.Millisecond))
 	c := cluster.Start(t, cluster.Options{Nodes: 2, Images: []image.Image{
-		echo, cluster.KPImage(kpBin, kpImage), cluster.KPImage(kpBin, kpImage2),
+		echo, cluster.KPImage(t, kpBin, kpImage), cluster.KPImage(t, kpBin, kpImage2),
 	}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	t.Cleanup(func() {
@@ -276,7 +273,7 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 			return s
 		})
-		time.Sleep(3 * time.Second)
+		loop.WaitSince(programmed, 20, 30*time.Second)
 		as := loop.Stop()
 		after := since(as, programmed)
 		t.Logf("%d connections, %d failed; endpoint removal programmed %v after the delete; %d connections after it",
@@ -327,10 +324,10 @@ func TestKpOnRealNodes(t *testing.T) {
 		defer loop.Stop()
 		kp := kpPodOn(t, c, n2.Name)
 		argv := c.KubectlCommand("exec", "-it", "-n", "kube-system", kp, "--", "kp-top", "--refresh", "1s")
-		tm := startTmux(t, 120, 30, strings.Join(argv, " "))
+		tm := tmux.Start(t, 120, 30, strings.Join(argv, " "))
 		var screen string
 		waitFor(t, "kp top in pod "+kp+" to show Service default/web", time.Minute, func() string {
-			screen = tm.screen()
+			screen = tm.Screen()
 			if strings.Contains(screen, "[exited") {
 				t.Fatalf("kubectl exec -it %s -- kp-top exited:\n%s", kp, screen)
 			}
@@ -339,14 +336,18 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 			return "screen:\n" + screen
 		})
-		tm.keys("q")
+		tm.Keys("q")
 		waitFor(t, "kp top to quit on q", 30*time.Second, func() string {
-			screen = tm.screen()
+			screen = tm.Screen()
 			if strings.Contains(screen, "[exited 0]") {
 				return ""
 			}
 			return "screen:\n" + screen
 		})
+	})
+
+	t.Run("cluster DNS answers through its ClusterIP and a replaced DNS pod loses no query", func(t *testing.T) {
+		testClusterDNS(t, c, clientNS)
 	})
 
 	t.Run("a rolling update of kp loses no connection", func(t *testing.T) {
@@ -374,199 +375,4 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 		}
 	})
-}
-
-// waitKP waits until the DaemonSet runs one Ready kp pod of image on every
-// node and no other.
-func waitKP(t *testing.T, c *cluster.Cluster, image string) {
-	t.Helper()
-	start := time.Now()
-	if err := c.WaitKP(image, 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("a Ready kp pod with image %s on every node: after %v", image, time.Since(start).Round(100*time.Millisecond))
-}
-
-func kpPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
-	t.Helper()
-	pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pods.Items
-}
-
-func kpPodOn(t *testing.T, c *cluster.Cluster, node string) string {
-	t.Helper()
-	for _, p := range kpPods(t, c) {
-		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
-			return p.Name
-		}
-	}
-	t.Fatalf("no kp pod on %s", node)
-	return ""
-}
-
-// webPods lists the web pods that are Ready and not terminating.
-func webPods(t *testing.T, c *cluster.Cluster) []v1.Pod {
-	t.Helper()
-	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []v1.Pod
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && cluster.PodReady(&p) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// webReady says how far web is from n Ready pods and no other ("" when
-// there).
-func webReady(t *testing.T, c *cluster.Cluster, n int) string {
-	pods, err := c.Client().CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=web"})
-	if err != nil {
-		return err.Error()
-	}
-	ready := 0
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && cluster.PodReady(&p) {
-			ready++
-		}
-	}
-	if ready == n && len(pods.Items) == n {
-		return ""
-	}
-	return fmt.Sprintf("%d pods, %d ready: %v", len(pods.Items), ready, podsOnNodes(pods.Items))
-}
-
-func podReady(t *testing.T, c *cluster.Cluster, name string) string {
-	p, err := c.Client().CoreV1().Pods("default").Get(ctx(t), name, metav1.GetOptions{})
-	if err != nil {
-		return err.Error()
-	}
-	if !cluster.PodReady(p) {
-		return fmt.Sprintf("pod %s: %s, not ready", name, p.Status.Phase)
-	}
-	return ""
-}
-
-func podNames(pods []v1.Pod) []string {
-	var names []string
-	for _, p := range pods {
-		names = append(names, p.Name)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func podsOnNodes(pods []v1.Pod) []string {
-	var s []string
-	for _, p := range pods {
-		s = append(s, fmt.Sprintf("%s@%s(%s,%s)", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Status.Phase))
-	}
-	return s
-}
-
-// seen dials until every one of want has answered (and nothing else has),
-// failing the test after a minute.
-func seen(t *testing.T, what string, dial func() (string, error), want []string) {
-	t.Helper()
-	got := map[string]bool{}
-	var lastErr error
-	waitFor(t, what+" to be answered by each of "+strings.Join(want, ", "), time.Minute, func() string {
-		for i := 0; i < 10; i++ {
-			reply, err := dial()
-			if err != nil {
-				lastErr = err
-				continue
-			}
-			name, _, _ := strings.Cut(reply, " ")
-			if !slices.Contains(want, name) {
-				t.Errorf("%s: answered by %q, not one of %v", what, name, want)
-			}
-			got[name] = true
-		}
-		var missing []string
-		for _, w := range want {
-			if !got[w] {
-				missing = append(missing, w)
-			}
-		}
-		if len(missing) == 0 {
-			return ""
-		}
-		return fmt.Sprintf("no answer yet from %v (last error: %v)", missing, lastErr)
-	})
-}
-
-// kpServices reads default/web from the status API of kp on node n (in the
-// node's namespace, where the hostNetwork pod serves it on loopback).
-func kpServices(n *cluster.Node) (*statusapi.Services, error) {
-	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249/kp/v1/services?namespace=default&service=web", 3*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	if code != 200 {
-		return nil, fmt.Errorf("status API: %d %s", code, body)
-	}
-	var s statusapi.Services
-	if err := json.Unmarshal([]byte(body), &s); err != nil {
-		return nil, fmt.Errorf("status API: %w", err)
-	}
-	return &s, nil
-}
-
-// usableEndpoints says how far kp on n is from sending web's traffic to
-// exactly want endpoints.
-func usableEndpoints(t *testing.T, n *cluster.Node, want int) string {
-	s, err := kpServices(n)
-	if err != nil {
-		return err.Error()
-	}
-	var usable []string
-	for _, sp := range s.ServicePorts {
-		for _, ep := range sp.Endpoints {
-			if ep.Usable {
-				usable = append(usable, ep.IP)
-			}
-		}
-	}
-	if len(usable) == want {
-		return ""
-	}
-	return fmt.Sprintf("usable endpoints %v", usable)
-}
-
-// endpointUsable says whether kp on n still sends web's traffic to ip (""
-// when it does not).
-func endpointUsable(t *testing.T, n *cluster.Node, ip string) string {
-	s, err := kpServices(n)
-	if err != nil {
-		return err.Error()
-	}
-	for _, sp := range s.ServicePorts {
-		for _, ep := range sp.Endpoints {
-			if ep.IP == ip && ep.Usable {
-				return fmt.Sprintf("endpoint %s usable (ready %v, terminating %v)", ip, ep.Ready, ep.Terminating)
-			}
-		}
-	}
-	return ""
-}
-
-// dumpKP logs the kp pods' logs and descriptions, for a failure.
-func dumpKP(t *testing.T, c *cluster.Cluster) {
-	pods, err := c.Client().CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{LabelSelector: "k8s-app=kp"})
-	if err != nil {
-		t.Logf("kp pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
-		logs, _ := c.Kubectl("logs", "-n", "kube-system", p.Name, "--tail=60")
-		desc, _ := c.Kubectl("describe", "pod", "-n", "kube-system", p.Name)
-		t.Logf("--- kp pod %s on %s ---\n%s\n--- logs ---\n%s", p.Name, p.Spec.NodeName, desc, logs)
-	}
 }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds what running upstream's e2e suite (conformance, [sig-network]) takes:
+# e2e.test (`go test -c k8s.io/kubernetes/test/e2e`) and the ginkgo CLI that
+# runs it in parallel, at the versions this module pins, into a cache
+# directory; does nothing when that directory is already complete. Only
+# `make conformance` needs them, never `make test`.
+#
+#   test/k8s/conformance-bins.sh         # build if missing, print the directory
+#   test/k8s/conformance-bins.sh --dir   # only print the directory
+#   KP_KUBE_CACHE=/dir ...               # cache root (default: $XDG_CACHE_HOME or ~/.cache, then kp-test)
+#
+# The directory is conformance-kube-VERSION-ginkgo-VERSION; test/images
+# derives the same name. go.sum holds e2e.test's test-only imports through
+# tools_conformance.go.
+set -euo pipefail
+
+go="${GO:-go}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+kube_version="$("$go" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+ginkgo_version="$("$go" list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)"
+root="${KP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kp-test}"
+dir="$root/conformance-kube-${kube_version}-ginkgo-${ginkgo_version}"
+bins=(e2e.test ginkgo)
+
+if [ "${1:-}" = --dir ]; then
+	echo "$dir"
+	exit 0
+fi
+complete=1
+for b in "${bins[@]}"; do [ -x "$dir/$b" ] || complete=0; done
+if [ "$complete" = 1 ]; then
+	echo "$dir"
+	exit 0
+fi
+
+mkdir -p "$root"
+tmp="$(mktemp -d "$root/.conformance.XXXXXX")"
+chmod 755 "$tmp"
+trap 'rm -rf "$tmp"' EXIT
+
+# The same version stamps as build.sh: the suite logs and checks them
+# against the API server's.
+major="${kube_version#v}"; major="${major%%.*}"
+minor="${kube_version#v*.}"; minor="${minor%%.*}"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+	ldflags+=" -X $pkg.gitTreeState=clean"
+done
+
+export CGO_ENABLED=0
+start=$SECONDS
+echo "conformance-bins.sh: building ginkgo $ginkgo_version" >&2
+"$go" build -trimpath -ldflags "-s -w" -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+echo "conformance-bins.sh: ginkgo built in $((SECONDS - start))s" >&2
+start=$SECONDS
+echo "conformance-bins.sh: building e2e.test $kube_version" >&2
+"$go" test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+echo "conformance-bins.sh: e2e.test built in $((SECONDS - start))s" >&2
+
+rm -rf "$dir"
+mv "$tmp" "$dir"
+trap - EXIT
+echo "$dir"
