@@ -3,9 +3,17 @@ package conformance
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"path/filepath"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -47,7 +55,11 @@ exec curl -s -f -m "$timeout" "${urls[@]}"
 //     the layer /bin/sh is the image's bash, which finds nc by PATH;
 //   - its wget applet dies of SIGSEGV before it sends anything (after
 //     getuid); the tests call wget from host-network pods. In the layer
-//     /usr/bin/wget is a script that asks the image's curl.
+//     /usr/bin/wget is a script that asks the image's curl;
+//   - it lacks /localhost.crt and /localhost.key, upstream's, with which
+//     `agnhost porter` serves its TLS ports (SERVE_TLS_PORT_*): the
+//     Proxy test's https cases were refused. The layer has a self-signed
+//     pair for localhost.
 func fixAgnhost(dir, path, ref string) (string, error) {
 	tag, err := name.NewTag(ref)
 	if err != nil {
@@ -68,6 +80,21 @@ func fixAgnhost(dir, path, ref string) (string, error) {
 	if _, err := tw.Write([]byte(wgetShim)); err != nil {
 		return "", err
 	}
+	crt, key, err := localhostPair()
+	if err != nil {
+		return "", err
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{"localhost.crt", crt}, {"localhost.key", key}} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: 0o644, Size: int64(len(f.data))}); err != nil {
+			return "", err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return "", err
+		}
+	}
 	if err := tw.Close(); err != nil {
 		return "", err
 	}
@@ -78,7 +105,7 @@ func fixAgnhost(dir, path, ref string) (string, error) {
 		return "", err
 	}
 	out, err := mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{
-		CreatedBy: "kp test/conformance: /bin/sh is bash, wget is curl (busybox-static's shell prefers its applets, its wget crashes)",
+		CreatedBy: "kp test/conformance: /bin/sh is bash, wget is curl (busybox-static's shell prefers its applets, its wget crashes); /localhost.crt and .key for porter's TLS ports",
 	}})
 	if err != nil {
 		return "", err
@@ -88,4 +115,32 @@ func fixAgnhost(dir, path, ref string) (string, error) {
 		return "", fmt.Errorf("write %s: %w", dst, err)
 	}
 	return dst, nil
+}
+
+// localhostPair is a self-signed certificate for localhost and its key,
+// PEM-encoded.
+func localhostPair() (crt, key []byte, err error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		DNSNames:     []string{"localhost"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
 }
