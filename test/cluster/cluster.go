@@ -71,7 +71,7 @@ type Cluster struct {
 // kube-bins; a failure under CI).
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	netns.Require(t, "nsenter", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+	netns.Require(t, "nsenter", "unshare", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		skip := t.Skipf
 		if os.Getenv("CI") != "" {

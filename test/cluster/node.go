@@ -172,7 +172,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		t.Fatal(err)
 	}
 	path, args := n.inCgroup("/usr/bin/containerd", "--config", d("containerd.toml"), "--log-level", "warn")
-	n.Containerd = netns.StartInNet(t, n.NS, path, args...)
+	// containerd gets a UTS namespace of its own, named after the node:
+	// hostNetwork pods share the UTS namespace of the runtime that starts
+	// them, so they see the node's name as their hostname (as on a real
+	// node), not the machine's.
+	args = append([]string{"--uts", "/bin/sh", "-c", `hostname "$0" && exec "$@"`, n.Name, path}, args...)
+	n.Containerd = netns.StartInNet(t, n.NS, "/usr/bin/unshare", args...)
 	n.Containerd.Name = "containerd"
 	deadline := time.Now().Add(time.Minute)
 	for {
