@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,9 @@ var modes = []mode{
 // those columns (the others' results stay in the report);
 // KP_CONFORMANCE_FOCUS narrows the tests further (a regular expression,
 // for debugging one test: its run is not written to the report);
-// KP_CONFORMANCE_RENDER=1 only writes REPORT.md again from results.json.
+// KP_CONFORMANCE_RENDER=1 only writes REPORT.md again from results.json;
+// KP_CONFORMANCE_MERGE=why with KP_CONFORMANCE_FOCUS puts the focused
+// tests' new results into their column, noting why they were rerun.
 func TestConformance(t *testing.T) {
 	if os.Getenv("KP_CONFORMANCE") != "1" {
 		t.Skip("skipped: upstream's Services tests take tens of minutes; make conformance runs them (KP_CONFORMANCE=1)")
@@ -109,7 +112,24 @@ func TestConformance(t *testing.T) {
 			}
 			run, tests := runMode(t, m, art, out, debugFocus)
 			if debugFocus != "" {
-				t.Logf("KP_CONFORMANCE_FOCUS set: the report is not rewritten")
+				note := os.Getenv("KP_CONFORMANCE_MERGE")
+				if note == "" {
+					t.Logf("KP_CONFORMANCE_FOCUS set: the report is not rewritten")
+					return
+				}
+				var names []string
+				for name, res := range tests {
+					names = append(names, fmt.Sprintf("%s (%s)", name, res.State))
+				}
+				sort.Strings(names)
+				note = fmt.Sprintf("%s, %d tests (%s): %s", run.Started.UTC().Format("2006-01-02 15:04 UTC"), len(tests),
+					strings.Join(names, "; "), note)
+				if err := results.Merge(m.name, tests, note); err != nil {
+					t.Fatal(err)
+				}
+				if err := results.Write(filepath.Join(here, "results.json"), filepath.Join(here, "REPORT.md")); err != nil {
+					t.Fatal(err)
+				}
 				return
 			}
 			results.Set(run, tests)

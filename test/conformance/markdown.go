@@ -137,6 +137,9 @@ func (r *Results) Markdown() string {
 		if notRun > 0 {
 			p("- **interrupted**: %d tests did not run (counted as skipped)\n", notRun)
 		}
+		for _, note := range run.Reruns {
+			p("- rerun: %s\n", note)
+		}
 		if run.SuiteFailure != "" {
 			p("- the suite's own setup or teardown failed:\n\n  ```\n")
 			for _, l := range strings.Split(strings.TrimSpace(run.SuiteFailure), "\n") {

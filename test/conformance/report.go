@@ -61,6 +61,9 @@ type Run struct {
 	// SuiteFailure is set when the suite's setup or teardown failed.
 	SuiteFailure string         `json:"suiteFailure,omitempty"`
 	Totals       map[string]int `json:"totals"`
+	// Reruns say which tests of the column a later, focused run replaced,
+	// when and why.
+	Reruns []string `json:"reruns,omitempty"`
 }
 
 // Test is one spec of e2e.test, by its full text.
@@ -232,6 +235,37 @@ func (r *Results) Set(run Run, tests map[string]Result) {
 	}
 	r.Tests = slices.DeleteFunc(r.Tests, func(t Test) bool { return len(t.Results) == 0 })
 	sort.Slice(r.Tests, func(i, j int) bool { return r.Tests[i].Name < r.Tests[j].Name })
+}
+
+// Merge puts the results of a focused rerun into the column of mode: those
+// tests' results are replaced, the others stay, and the column notes it.
+func (r *Results) Merge(mode string, tests map[string]Result, note string) error {
+	i := slices.IndexFunc(r.Runs, func(o Run) bool { return o.Mode == mode })
+	if i < 0 {
+		return fmt.Errorf("no column %s to merge a rerun into", mode)
+	}
+	byName := map[string]int{}
+	for j := range r.Tests {
+		byName[r.Tests[j].Name] = j
+	}
+	for name, res := range tests {
+		j, ok := byName[name]
+		if !ok {
+			r.Tests = append(r.Tests, Test{Name: name, Results: map[string]Result{}})
+			j = len(r.Tests) - 1
+		}
+		r.Tests[j].Results[mode] = res
+	}
+	sort.Slice(r.Tests, func(a, b int) bool { return r.Tests[a].Name < r.Tests[b].Name })
+	run := &r.Runs[i]
+	run.Totals = map[string]int{}
+	for _, t := range r.Tests {
+		if res, ok := t.Results[mode]; ok {
+			run.Totals[res.State]++
+		}
+	}
+	run.Reruns = append(run.Reruns, note)
+	return nil
 }
 
 func columnLess(a, b string) bool {

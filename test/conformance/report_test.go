@@ -67,3 +67,21 @@ func TestSetReplacesOneColumnAndRegressionsCompareWithTheBaseline(t *testing.T) 
 		}
 	}
 }
+
+func TestMergeReplacesOnlyTheRerunTestsOfOneColumn(t *testing.T) {
+	r := &Results{}
+	r.Set(Run{Mode: Baseline}, map[string]Result{"a": {State: Passed}, "b": {State: Passed}})
+	r.Set(Run{Mode: "kp-nftables"}, map[string]Result{"a": {State: Failed}, "b": {State: Passed}})
+	if err := r.Merge("kp-nftables", map[string]Result{"a": {State: Passed}}, "after a fix"); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Tests[0].Results["kp-nftables"].State; got != Passed {
+		t.Errorf("a in kp-nftables: %s; want passed", got)
+	}
+	if got := r.Runs[1]; got.Totals[Passed] != 2 || got.Totals[Failed] != 0 || len(got.Reruns) != 1 {
+		t.Errorf("kp-nftables run after the merge: %+v", got)
+	}
+	if err := r.Merge("kp-ipvs", nil, ""); err == nil {
+		t.Error("merge into a column that does not exist: no error")
+	}
+}
