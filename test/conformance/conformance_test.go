@@ -59,7 +59,7 @@ type mode struct {
 
 var modes = []mode{
 	{name: "upstream-nftables", proxy: "kube-proxy v1.36.3 --proxy-mode=nftables, a process per node", deploy: startKubeProxy},
-	{name: "kp-nftables", proxy: "kp (this commit) mode nftables, the DaemonSet of manifests/", deploy: deployKP},
+	{name: "kp-nftables", proxy: "mode nftables, the DaemonSet of manifests/", deploy: deployKP},
 }
 
 // TestConformance runs upstream's Services tests once per mode (each on a
@@ -196,9 +196,13 @@ func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, 
 	if suiteFailure != "" {
 		t.Errorf("%s: the suite's setup or teardown failed:\n%s", m.name, suiteFailure)
 	}
+	proxy := m.proxy
+	if strings.HasPrefix(m.name, "kp-") {
+		proxy = fmt.Sprintf("kp %s: %s", gitDescribe(), m.proxy)
+	}
 	run := Run{
 		Mode:  m.name,
-		Proxy: m.proxy,
+		Proxy: proxy,
 		Cluster: fmt.Sprintf("%d nodes; kube-apiserver, kube-controller-manager, kube-scheduler, kubelet v1.36.3; "+
 			"containerd %s, runc, bridge CNI; CoreDNS v1.15.0 as kube-dns (%s); host kernel %s",
 			nodes, containerdVersion(), cluster.ClusterDNS, kernel()),
@@ -312,4 +316,14 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// gitDescribe names the commit kp was built from (with -dirty when the
+// tree has changes).
+func gitDescribe() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "(unknown commit)"
+	}
+	return strings.TrimSpace(string(out))
 }
