@@ -3,7 +3,6 @@ package nft
 import (
 	"context"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -64,13 +63,5 @@ func TestKernelLongestNamesLoadListAndReload(t *testing.T) {
 			}
 		}
 	}
-	ns2, _ := testNetns(t)
-	path := t.TempDir() + "/ruleset.nft"
-	if err := os.WriteFile(path, []byte(listing), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	nftIn(t, ns2, "-f", path)
-	if reloaded := nftIn(t, ns2, "list", "ruleset"); reloaded != listing {
-		t.Errorf("the listing does not reload to itself:\n--- kp wrote ---\n%s\n--- reloaded ---\n%s", listing, reloaded)
-	}
+	requireReloads(t, listing)
 }

@@ -109,15 +109,7 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 	}
 	// What kp wrote must load back with the nft CLI: the listing is a
 	// faithful, parseable description (operators debug with it).
-	ns2, _ := testNetns(t)
-	path := t.TempDir() + "/ruleset.nft"
-	if err := os.WriteFile(path, []byte(listing), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	nftIn(t, ns2, "-f", path)
-	if reloaded := nftIn(t, ns2, "list", "ruleset"); reloaded != listing {
-		t.Errorf("the listing does not reload to itself:\n--- kp wrote ---\n%s\n--- reloaded ---\n%s", listing, reloaded)
-	}
+	requireReloads(t, listing)
 
 	// Partial sync against the real kernel, then a new backend (kp
 	// restarted) reconciling over the existing table.
@@ -414,4 +406,20 @@ func sortedLines(s string) []string {
 	}
 	slices.Sort(lines)
 	return lines
+}
+
+// requireReloads checks that an nft listing of kp's ruleset loads back with
+// the nft CLI, into a fresh namespace, and lists there the same: the listing
+// is a faithful, parseable description (operators debug with it).
+func requireReloads(t *testing.T, listing string) {
+	t.Helper()
+	ns, _ := testNetns(t)
+	path := t.TempDir() + "/ruleset.nft"
+	if err := os.WriteFile(path, []byte(listing), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftIn(t, ns, "-f", path)
+	if reloaded := nftIn(t, ns, "list", "ruleset"); reloaded != listing {
+		t.Errorf("the listing does not reload to itself:\n--- kp wrote ---\n%s\n--- reloaded ---\n%s", listing, reloaded)
+	}
 }
