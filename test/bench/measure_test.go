@@ -282,7 +282,7 @@ func (m *monitor) nextCommit(timeout time.Duration) (time.Time, int, error) {
 func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
 	p.t.Helper()
 	var m *monitor
-	if n <= monitorMaxN && p.name != UpstreamIPTables {
+	if n <= monitorMaxN && !isIPTables(p.name) {
 		var err error
 		if m, err = startMonitor(p.w.Node()); err != nil {
 			p.t.Fatalf("nft monitor: %v", err)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,21 +53,23 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		"--metrics-bind-address", metricsAddr,
 	}
 	switch name {
-	case KP:
-		bin, err := netns.Build("./cmd/kp")
-		if err != nil {
-			t.Fatalf("kp does not build: %v", err)
-		}
-		p.bin = bin
+	case KP, KPIPTables:
+		p.bin = kpBin(t)
 		p.args = append(append([]string{"proxy"}, common...),
 			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
 		p.count = func() (int, error) { return countNFT(w.Node(), "kp") }
+		if name == KPIPTables {
+			// The backend upstream's iptables mode gets here too: Debian's
+			// `iptables` is iptables-nft (Machine.IPTables says so).
+			p.args = append(p.args, "--proxy-mode", "iptables", "--iptables-backend", "nft")
+			p.count = func() (int, error) { return countIPTables(w.Node(), "iptables-nft-save", "KP-") }
+		}
 	case UpstreamNFT, UpstreamIPTables:
 		mode := "nftables"
 		p.count = func() (int, error) { return countNFT(w.Node(), "kube-proxy") }
 		if name == UpstreamIPTables {
 			mode = "iptables"
-			p.count = func() (int, error) { return countIPTables(w.Node()) }
+			p.count = func() (int, error) { return countIPTables(w.Node(), "iptables-save", "KUBE-") }
 		}
 		p.bin = apiserver.Bin(t, apiserver.KubeProxy)
 		p.args = append(common,
@@ -97,8 +100,38 @@ func (p *proxyRun) start() time.Time {
 	return at
 }
 
-// stop stops the proxy and empties its namespace's ruleset and conntrack
-// table, so the next start is cold.
+// kpBin builds kp once per test binary (netns.Build caches it).
+func kpBin(t *testing.T) string {
+	t.Helper()
+	bin, err := netns.Build("./cmd/kp")
+	if err != nil {
+		t.Fatalf("kp does not build: %v", err)
+	}
+	return bin
+}
+
+// kpLacksIPTablesMode says why kp cannot run kp-iptables's command line
+// ("" when it can): until legacy/iptables is built, kp refuses the mode, or
+// the flag, before it reads any kubeconfig. It asks in a namespace of its
+// own, with a kubeconfig that does not exist, so that a kp that has the
+// mode stops at once without touching any firewall.
+func kpLacksIPTablesMode(t *testing.T) string {
+	t.Helper()
+	ns := netns.NewNamespace(t, "probe")
+	out, _ := netns.Exec(ns, kpBin(t), "proxy", "--proxy-mode", "iptables", "--iptables-backend", "nft",
+		"--kubeconfig", filepath.Join(t.TempDir(), "none"), "--hostname-override", "probe")
+	for _, refusal := range []string{"not implemented", "unknown flag"} {
+		if strings.Contains(out, refusal) {
+			return strings.TrimSpace(tail(out))
+		}
+	}
+	return ""
+}
+
+// stop stops the proxy and empties its namespace's ruleset (nftables, with
+// iptables-nft's tables, and iptables-legacy's tables) and conntrack table,
+// so the next start is cold. It checks that the kernel then holds none of
+// the proxy's Services.
 func (p *proxyRun) stop() {
 	p.t.Helper()
 	if p.proc != nil {
@@ -109,7 +142,35 @@ func (p *proxyRun) stop() {
 	if _, err := p.w.NFT("flush", "ruleset"); err != nil {
 		p.t.Fatalf("flush %s's ruleset: %v", p.name, err)
 	}
+	if err := flushLegacy(p.w.Node()); err != nil {
+		p.t.Fatalf("after %s: %v", p.name, err)
+	}
+	if n, err := p.count(); err != nil || n != 0 {
+		p.t.Fatalf("after %s stopped and its namespace was flushed, the kernel still holds %d of its Services (%v)", p.name, n, err)
+	}
 	flushConntrack(p.w.Node())
+}
+
+// flushLegacy empties and deletes the chains of every iptables-legacy table
+// (IPv4 and IPv6) that exists in namespace ns. nft flush ruleset does not
+// reach them: they live in x_tables, not nf_tables. The kernel lists a
+// namespace's legacy tables in /proc/net/ip_tables_names (and
+// ip6_tables_names) once something used them; listing them loads nothing.
+func flushLegacy(ns string) error {
+	for names, bin := range map[string]string{"ip_tables_names": "iptables-legacy", "ip6_tables_names": "ip6tables-legacy"} {
+		out, err := netns.Exec(ns, "cat", "/proc/net/"+names)
+		if err != nil {
+			return fmt.Errorf("list legacy tables: %w", err)
+		}
+		for _, table := range strings.Fields(out) {
+			for _, op := range []string{"-F", "-X"} {
+				if out, err := netns.Exec(ns, bin, "-w", "-t", table, op); err != nil {
+					return fmt.Errorf("%s -t %s %s: %w: %s", bin, table, op, err, out)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func flushConntrack(ns string) {
@@ -174,20 +235,60 @@ func countNFT(ns, table string) (int, error) {
 // colon.
 var serviceElement = regexp.MustCompile(fmt.Sprintf(` \. tcp \. %d (comment "[^"]*" )?: `, servicePort))
 
-// countIPTables counts the benchmark's Services jumped to from KUBE-SERVICES.
-func countIPTables(ns string) (int, error) {
-	out, err := netns.Exec(ns, "iptables-save", "-t", "nat")
+// countIPTables counts the benchmark's Services in the nat table as save
+// (iptables-save, iptables-nft-save, ...) lists it in namespace ns, for the
+// chains under prefix (KUBE- for upstream, KP- for kp).
+func countIPTables(ns, save, prefix string) (int, error) {
+	out, err := netns.Exec(ns, save, "-t", "nat")
 	if err != nil {
 		return 0, err
 	}
+	return iptablesServices(out, prefix), nil
+}
+
+// iptablesServices counts, in an iptables-save listing of the nat table,
+// the Service chains (prefix+"SVC-") that some other chain jumps to and that
+// lead to a benchmark endpoint: a DNAT to port podPort, in the chain itself
+// or in an endpoint chain (prefix+"SEP-") it jumps to. Judging by the
+// endpoints rather than by comments or by the chain that dispatches to the
+// Service holds for upstream's flat KUBE-SERVICES list and for kp's
+// dispatch tree alike, and leaves the API server's own Service (its
+// endpoint is not on podPort) out.
+func iptablesServices(save, prefix string) int {
+	svc, sep := prefix+"SVC-", prefix+"SEP-"
+	endpoint := fmt.Sprintf(":%d ", podPort)
+	dnats := map[string]bool{}     // chains holding a benchmark DNAT
+	jumps := map[string][]string{} // Service chain -> chains it jumps to
+	reached := map[string]bool{}   // Service chains jumped to from outside
+	for _, line := range strings.Split(save, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "-A" {
+			continue
+		}
+		chain := f[1]
+		if i := strings.Index(line, "--to-destination "); i >= 0 && strings.Contains(line[i:]+" ", endpoint) {
+			dnats[chain] = true
+		}
+		for i := 2; i+1 < len(f); i++ {
+			if f[i] != "-j" && f[i] != "-g" {
+				continue
+			}
+			target := f[i+1]
+			if strings.HasPrefix(chain, svc) {
+				jumps[chain] = append(jumps[chain], target)
+			}
+			if strings.HasPrefix(target, svc) && target != chain && !strings.HasPrefix(chain, sep) {
+				reached[target] = true
+			}
+		}
+	}
 	n := 0
-	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, "-A KUBE-SERVICES ") && strings.Contains(line, namespace+"/svc-") &&
-			strings.Contains(line, "-j KUBE-SVC-") {
+	for chain := range reached {
+		if dnats[chain] || slices.ContainsFunc(jumps[chain], func(t string) bool { return strings.HasPrefix(t, sep) && dnats[t] }) {
 			n++
 		}
 	}
-	return n, nil
+	return n
 }
 
 // procStats is what /proc says about a process.

@@ -1,5 +1,5 @@
-// Package bench measures kp against upstream kube-proxy (nftables and
-// iptables modes) side by side, in one run, against one real kube-apiserver,
+// Package bench measures kp (its nftables and iptables modes) against
+// upstream kube-proxy (nftables and iptables modes) side by side, in one run, against one real kube-apiserver,
 // each proxy a real process in a network namespace of its own. `make bench`
 // runs it (TestBench with -bench.n) and writes REPORT.md; `make test` runs
 // only TestBenchSmoke, the same pipeline at N = 100, so the code cannot rot.
@@ -19,14 +19,32 @@ import (
 // Proxies under test, in report order, and the no-proxy reference of the
 // data path.
 const (
-	KP               = "kp"
+	KP               = "kp" // kp's nftables mode, its default
 	UpstreamNFT      = "upstream-nft"
+	KPIPTables       = "kp-iptables" // kp --proxy-mode iptables --iptables-backend nft
 	UpstreamIPTables = "upstream-iptables"
 	NoProxy          = "none (direct to pod)"
 )
 
-// Proxies lists the proxies under test in report order.
-var Proxies = []string{KP, UpstreamNFT, UpstreamIPTables}
+// Proxies lists the proxies under test in report order: each of kp's modes
+// next to upstream's same mode.
+var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables}
+
+// isKP says whether proxy is one of kp's modes: those are never cut short
+// by the limits set for upstream at large N (-bench.big).
+func isKP(proxy string) bool { return proxy == KP || proxy == KPIPTables }
+
+// isIPTables says whether proxy writes through iptables-restore, whose
+// transactions nft monitor does not report in the proxy's namespace.
+func isIPTables(proxy string) bool { return proxy == KPIPTables || proxy == UpstreamIPTables }
+
+// comparison is one ratio the report shows: a kp mode over an upstream one.
+type comparison struct{ kp, upstream string }
+
+// comparisons are the ratios of the report, like for like first.
+var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}}
+
+func (c comparison) String() string { return c.kp + " / " + c.upstream }
 
 // FullSync is one cold start: process start to every Service programmed.
 type FullSync struct {
@@ -82,8 +100,12 @@ type Idle struct {
 // Machine describes where the run happened.
 type Machine struct {
 	Kernel, CPU, Go, Upstream string
-	Cores                     int
-	MemGB                     float64
+	// IPTables is what the `iptables` command is here (its version and
+	// the update-alternatives link): the backend upstream's iptables mode
+	// writes through.
+	IPTables string `json:",omitempty"`
+	Cores    int
+	MemGB    float64
 }
 
 // Results is everything one run measured.
@@ -135,6 +157,39 @@ func pick[T any](records []T, match func(T) bool, value func(T) float64) []float
 // fullSync picks the finished cold starts of proxy at n.
 func (r *Results) fullSync(proxy string, n int, value func(FullSync) float64) []float64 {
 	return pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && !f.Unfinished }, value)
+}
+
+// proxies is Proxies without those of which r holds no cold start, in
+// report order.
+func (r *Results) proxies() []string {
+	var out []string
+	for _, p := range Proxies {
+		if slices.ContainsFunc(r.FullSyncs, func(f FullSync) bool { return f.Proxy == p }) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// has says whether r holds a cold start of proxy at n, finished or not.
+func (r *Results) has(proxy string, n int) bool {
+	return slices.ContainsFunc(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n })
+}
+
+// peakRSS is the median of proxy's peak RSS at n, the process's and its
+// largest child's (iptables-restore, nft) together. When no cold start
+// finished but one ran into its time limit, it is the largest peak seen
+// until then, and bound is set: the true peak is at least that.
+func (r *Results) peakRSS(proxy string, n int) (v float64, bound bool) {
+	total := func(f FullSync) float64 { return float64(f.PeakRSS + f.ChildRSS) }
+	if done := r.fullSync(proxy, n, total); len(done) > 0 {
+		return Median(done), false
+	}
+	seen := pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && f.Unfinished }, total)
+	if len(seen) == 0 {
+		return math.NaN(), false
+	}
+	return slices.Max(seen), true
 }
 
 // unfinished is the longest time limit a cold start of proxy at n ran
