@@ -2,7 +2,10 @@ package bench
 
 import (
 	"math"
+	"strings"
 	"testing"
+
+	"github.com/kpproxy/kp/test/netns"
 )
 
 func TestQuantileIsNearestRankAndMedianAveragesTheMiddlePair(t *testing.T) {
@@ -90,6 +93,35 @@ COMMIT
 	} {
 		if got := iptablesServices(c.save, c.prefix); got != c.want {
 			t.Errorf("%s: %d Services, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestFlushLegacyLeavesNoLegacyChainOrRule(t *testing.T) {
+	netns.Require(t, "iptables-legacy", "iptables-legacy-save", "ip6tables-legacy", "ip6tables-legacy-save")
+	ns := netns.NewNamespace(t, "legacy")
+	for _, cmd := range [][]string{
+		{"iptables-legacy", "-w", "-t", "nat", "-N", "KP-SERVICES"},
+		{"iptables-legacy", "-w", "-t", "nat", "-A", "PREROUTING", "-j", "KP-SERVICES"},
+		{"iptables-legacy", "-w", "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "DROP"},
+		{"ip6tables-legacy", "-w", "-t", "nat", "-N", "KP-SERVICES"},
+	} {
+		if out, err := netns.Exec(ns, cmd...); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	if err := flushLegacy(ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, save := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		out, err := netns.Exec(ns, save)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "-A ") || strings.HasPrefix(line, ":KP-") {
+				t.Errorf("%s still lists %q after flushLegacy:\n%s", save, line, out)
+			}
 		}
 	}
 }
