@@ -343,10 +343,18 @@ func kbField(file, field string) int64 {
 	return 0
 }
 
-// childHWM is the largest VmHWM among pid's live children (upstream's nft
-// and iptables-restore helpers), 0 when it has none.
+// childHWM is the largest VmHWM among pid's live children (nft and
+// iptables-restore helpers), 0 when it has none. A child that still runs
+// pid's own program has not reached its exec yet: Go starts a command with
+// vfork (the child shares the parent's memory, so /proc shows the parent's
+// VmHWM) and a fork copies the parent's high-water mark; either would count
+// the proxy's memory as its helper's, so such a child is skipped.
 func childHWM(pid int) int64 {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	self, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return 0
+	}
 	var peak int64
 	for _, f := range tasks {
 		b, err := os.ReadFile(f)
@@ -354,9 +362,14 @@ func childHWM(pid int) int64 {
 			continue
 		}
 		for _, c := range strings.Fields(string(b)) {
-			if id, err := strconv.Atoi(c); err == nil {
-				peak = max(peak, statusKB(id, "VmHWM:"))
+			id, err := strconv.Atoi(c)
+			if err != nil {
+				continue
 			}
+			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", id)); err != nil || exe == self {
+				continue
+			}
+			peak = max(peak, statusKB(id, "VmHWM:"))
 		}
 	}
 	return peak
