@@ -88,6 +88,9 @@ func WriteReport(w io.Writer, r *Results) error {
 		p("| %s | %.0f | %s | %s | %s | %d |\n", fmtN(n), Median(lines), fmtSeconds(Median(fl)), fmtSeconds(kp),
 			fmtRatio(kp/Median(fl)), len(fl))
 	}
+	if len(r.Floors) == 0 {
+		p("| (not measured: only with kp's nftables mode) | | | | | |\n")
+	}
 	p("\n")
 
 	p("## Incremental: one endpoint changed\n\n")
