@@ -121,7 +121,7 @@ func TestDetectReadsTheKernel(t *testing.T) {
 		return fl, reason
 	}
 	if fl, reason := detect(); fl != FlavorNFT {
-		t.Errorf("emptySave namespace: Detect = %s (%s), want nft", fl, reason)
+		t.Errorf("empty namespace: Detect = %s (%s), want nft", fl, reason)
 	}
 	restoreIn(t, ns, flavorFamily{FlavorLegacy, proxy.IPv4}, "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
 	if fl, reason := detect(); fl != FlavorLegacy || !strings.Contains(reason, "KUBE-SERVICES") {
