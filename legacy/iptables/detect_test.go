@@ -23,7 +23,7 @@ func tableText(table string, chains []string, rules ...string) string {
 }
 
 var (
-	emptySave       = tableText("filter", []string{"INPUT", "FORWARD", "OUTPUT"})
+	emptySave   = tableText("filter", []string{"INPUT", "FORWARD", "OUTPUT"})
 	kubeletHint = tableText("mangle", []string{"PREROUTING", "KUBE-IPTABLES-HINT"})
 	canary      = tableText("mangle", []string{"PREROUTING", "KUBE-KUBELET-CANARY"})
 	kubeProxy   = tableText("nat", []string{"PREROUTING", "KUBE-SERVICES"}, "-A PREROUTING -j KUBE-SERVICES")
