@@ -51,6 +51,11 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		"--cluster-cidr", w.PodCIDR().String(),
 		"--healthz-bind-address", healthzAddr,
 		"--metrics-bind-address", metricsAddr,
+		// Leave the namespace's conntrack sysctls alone (kp has upstream's
+		// flags for them since issue 18).
+		"--conntrack-max-per-core", "0",
+		"--conntrack-tcp-timeout-established", "0",
+		"--conntrack-tcp-timeout-close-wait", "0",
 	}
 	switch name {
 	case KP, KPIPTables:
@@ -74,10 +79,6 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		p.bin = apiserver.Bin(t, apiserver.KubeProxy)
 		p.args = append(common,
 			"--proxy-mode", mode,
-			// Leave the namespace's conntrack sysctls alone.
-			"--conntrack-max-per-core", "0",
-			"--conntrack-tcp-timeout-established", "0",
-			"--conntrack-tcp-timeout-close-wait", "0",
 			// Upstream's names for the same two periods.
 			"--iptables-min-sync-period", minSyncPeriod, "--iptables-sync-period", syncPeriod)
 	default:
