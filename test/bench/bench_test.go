@@ -151,9 +151,7 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy })
 	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool { return redone(x.Proxy, x.N) }), fresh...)
 	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
-	if proxies[KP] {
-		base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return slices.Contains(res.Ns, x.N) }), res.Floors...)
-	}
+	base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return redone(x.proxy(), x.N) }), res.Floors...)
 	for _, n := range res.Ns {
 		if !slices.Contains(base.Ns, n) {
 			base.Ns = append(base.Ns, n)
@@ -195,8 +193,10 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("%s: no data-path measurement at N=100", p)
 		}
 	}
-	if len(res.floor(100)) != 1 {
-		t.Errorf("no nft -f floor at N=100")
+	for _, p := range []string{KP, KPIPTables} {
+		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
+			t.Errorf("%s: %d kernel floors at N=100, want 1", p, len(got))
+		}
 	}
 	dir := t.TempDir()
 	if err := writeAll(dir, res); err != nil {
@@ -219,7 +219,7 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 // run is the pipeline: for each N, grow the API server's population, then
-// for each proxy in a fresh world: cold starts, idle, floor (kp), data path
+// for each proxy in a fresh world: cold starts, idle, floor (kp's modes), data path
 // and incremental changes.
 // after, if set, sees the results after each N.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
@@ -273,8 +273,11 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 		}
 	}
 	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
-	if proxy == KP {
+	switch proxy {
+	case KP:
 		res.Floors = append(res.Floors, p.floor(n, cfg.FloorReps)...)
+	case KPIPTables:
+		res.Floors = append(res.Floors, p.iptablesFloor(n, cfg.FloorReps)...)
 	}
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
 	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)

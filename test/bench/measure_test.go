@@ -131,6 +131,36 @@ func (p *proxyRun) floor(n, reps int) []Floor {
 	return out
 }
 
+// iptablesFloor loads kp-iptables's ruleset, as iptables-nft-save lists it
+// in kp's namespace after its full sync, with iptables-nft-restore into a
+// fresh namespace reps times: what the kernel and iptables-nft take for
+// those rules, whoever renders them.
+func (p *proxyRun) iptablesFloor(n, reps int) []Floor {
+	p.t.Helper()
+	ruleset, err := netns.Exec(p.w.Node(), "iptables-nft-save")
+	if err != nil {
+		p.t.Fatalf("list kp-iptables's ruleset: %v", err)
+	}
+	file := filepath.Join(p.t.TempDir(), "ruleset.iptables")
+	if err := os.WriteFile(file, []byte(ruleset), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	ns := netns.NewNamespace(p.t, "floor")
+	var out []Floor
+	for r := 0; r < reps; r++ {
+		if _, err := netns.Exec(ns, "nft", "flush", "ruleset"); err != nil {
+			p.t.Fatalf("floor: %v", err)
+		}
+		start := time.Now()
+		// Without --noflush: each table of the file replaces the table.
+		if out, err := netns.Exec(ns, "iptables-nft-restore", file); err != nil {
+			p.t.Fatalf("floor: iptables-nft-restore of kp-iptables's ruleset: %v: %s", err, out)
+		}
+		out = append(out, Floor{Proxy: KPIPTables, N: n, Seconds: time.Since(start).Seconds(), Lines: strings.Count(ruleset, "\n")})
+	}
+	return out
+}
+
 // connRate opens TCP connections to addr from namespace ns with workers in
 // parallel for window: connect, read the echo server's greeting, reset.
 // It returns connections completed per second and the failures.

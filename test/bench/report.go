@@ -74,24 +74,7 @@ func WriteReport(w io.Writer, r *Results) error {
 	proxyTable(b, r, "Peak RSS of its largest child (nft / iptables-restore), sampled", fmtBytes,
 		fs(func(f FullSync) float64 { return float64(f.ChildRSS) }))
 
-	p("## Kernel floor: `nft -f` of kp's ruleset\n\n")
-	p("kp's ruleset as `nft list ruleset` prints it in kp's namespace after its full sync, loaded with `nft -f` into\n")
-	p("a fresh namespace (nft's parsing included): what any proxy needs at least to get those rules into the kernel.\n\n")
-	p("| N | ruleset lines | nft -f | kp full sync | kp / floor | runs |\n|---:|---:|---:|---:|---:|---:|\n")
-	for _, n := range r.sortedNs() {
-		fl := r.floor(n)
-		if len(fl) == 0 {
-			continue
-		}
-		lines := pick(r.Floors, func(f Floor) bool { return f.N == n }, func(f Floor) float64 { return float64(f.Lines) })
-		kp := Median(r.fullSync(KP, n, func(f FullSync) float64 { return f.Seconds }))
-		p("| %s | %.0f | %s | %s | %s | %d |\n", fmtN(n), Median(lines), fmtSeconds(Median(fl)), fmtSeconds(kp),
-			fmtRatio(kp/Median(fl)), len(fl))
-	}
-	if len(r.Floors) == 0 {
-		p("| (not measured: only with kp's nftables mode) | | | | | |\n")
-	}
-	p("\n")
+	writeFloors(b, r)
 
 	p("## Incremental: one endpoint changed\n\n")
 	p("One endpoint address of one Service replaced through the API server; time from sending the write to the end\n")
@@ -136,6 +119,44 @@ func WriteReport(w io.Writer, r *Results) error {
 	proxyTable(b, r, "CPU per second idle", fmtSeconds, idle(func(i Idle) float64 { return i.CPUSeconds / i.Window }))
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeFloors writes, for each kp mode the run measured, its full sync
+// against the time its loading tool and the kernel take for the same
+// ruleset in an empty namespace.
+func writeFloors(b *strings.Builder, r *Results) {
+	for _, f := range []struct{ proxy, tool, title, text string }{
+		{KP, "nft -f", "`nft -f` of kp's ruleset",
+			"kp's ruleset as `nft list ruleset` prints it in kp's namespace after its full sync, loaded with `nft -f` into\n" +
+				"a fresh namespace (nft's parsing included): what any proxy needs at least to get those rules into the kernel."},
+		{KPIPTables, "iptables-nft-restore", "`iptables-nft-restore` of kp-iptables's ruleset",
+			"kp-iptables's ruleset as `iptables-nft-save` prints it in its namespace after its full sync, loaded with\n" +
+				"`iptables-nft-restore` into a fresh namespace: what the iptables-nft backend needs at least for those rules,\n" +
+				"whoever renders them (upstream's iptables mode writes through the same binary here)."},
+	} {
+		if !slices.Contains(r.proxies(), f.proxy) {
+			continue
+		}
+		fmt.Fprintf(b, "## Kernel floor: %s\n\n%s\n\n", f.title, f.text)
+		tableHead(b, []string{"N", "ruleset lines", f.tool, f.proxy + " full sync", f.proxy + " / floor", "runs"})
+		rows := 0
+		for _, n := range r.sortedNs() {
+			fl := r.floor(f.proxy, n)
+			if len(fl) == 0 {
+				continue
+			}
+			rows++
+			lines := pick(r.Floors, func(x Floor) bool { return x.proxy() == f.proxy && x.N == n },
+				func(x Floor) float64 { return float64(x.Lines) })
+			full := Median(r.fullSync(f.proxy, n, func(x FullSync) float64 { return x.Seconds }))
+			tableRow(b, []string{fmtN(n), fmt.Sprintf("%.0f", Median(lines)), fmtSeconds(Median(fl)), fmtSeconds(full),
+				fmtRatio(full / Median(fl)), fmt.Sprint(len(fl))})
+		}
+		if rows == 0 {
+			tableRow(b, []string{"(not measured)", "", "", "", "", ""})
+		}
+		b.WriteString("\n")
+	}
 }
 
 // proxyTable writes one table: a row per N, the median of each proxy's

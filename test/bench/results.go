@@ -73,11 +73,24 @@ type Incremental struct {
 	SyncSeconds float64
 }
 
-// Floor is one `nft -f` of kp's listed ruleset into an empty namespace.
+// Floor is one load of a kp mode's ruleset, as its listing tool prints it,
+// into an empty namespace: `nft -f` for kp, iptables-nft-restore for
+// kp-iptables.
 type Floor struct {
+	// Proxy is the kp mode whose ruleset was loaded; "" is kp (runs from
+	// before kp-iptables).
+	Proxy   string `json:",omitempty"`
 	N       int
 	Seconds float64
 	Lines   int // lines of the ruleset file
+}
+
+// proxy is the kp mode of f.
+func (f Floor) proxy() string {
+	if f.Proxy == "" {
+		return KP
+	}
+	return f.Proxy
 }
 
 // DataPath is one timed window of the connection-rate load generator.
@@ -212,8 +225,8 @@ func (r *Results) idle(proxy string, n int, value func(Idle) float64) []float64 
 	return pick(r.Idles, func(d Idle) bool { return d.Proxy == proxy && d.N == n }, value)
 }
 
-func (r *Results) floor(n int) []float64 {
-	return pick(r.Floors, func(f Floor) bool { return f.N == n }, func(f Floor) float64 { return f.Seconds })
+func (r *Results) floor(proxy string, n int) []float64 {
+	return pick(r.Floors, func(f Floor) bool { return f.proxy() == proxy && f.N == n }, func(f Floor) float64 { return f.Seconds })
 }
 
 // sortedNs is the distinct Ns measured, ascending.

@@ -72,7 +72,7 @@ func writeTargets(b *strings.Builder, r *Results, n int) {
 	sec := func(f FullSync) float64 { return f.Seconds }
 	kp := Median(r.fullSync(KP, n, sec))
 	nft := Median(r.fullSync(UpstreamNFT, n, sec))
-	floor := Median(r.floor(n))
+	floor := Median(r.floor(KP, n))
 	inc := Median(slices.DeleteFunc(r.incremental(KP, n, func(i Incremental) float64 { return i.SyncSeconds }),
 		func(x float64) bool { return x <= 0 }))
 	rss := func(p string) float64 {
