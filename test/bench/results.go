@@ -79,7 +79,10 @@ type Incremental struct {
 type Floor struct {
 	// Proxy is the kp mode whose ruleset was loaded; "" is kp (runs from
 	// before kp-iptables).
-	Proxy   string `json:",omitempty"`
+	Proxy string `json:",omitempty"`
+	// NoFlush: loaded with iptables-nft-restore --noflush, as a proxy
+	// that shares the tables with others must (both iptables modes do).
+	NoFlush bool `json:",omitempty"`
 	N       int
 	Seconds float64
 	Lines   int // lines of the ruleset file
@@ -225,8 +228,12 @@ func (r *Results) idle(proxy string, n int, value func(Idle) float64) []float64 
 	return pick(r.Idles, func(d Idle) bool { return d.Proxy == proxy && d.N == n }, value)
 }
 
-func (r *Results) floor(proxy string, n int) []float64 {
-	return pick(r.Floors, func(f Floor) bool { return f.proxy() == proxy && f.N == n }, func(f Floor) float64 { return f.Seconds })
+func (r *Results) floor(proxy string, n int) []float64 { return r.floorOf(proxy, n, false) }
+
+// floorOf is floor, of the loads with --noflush when noFlush is set.
+func (r *Results) floorOf(proxy string, n int, noFlush bool) []float64 {
+	return pick(r.Floors, func(f Floor) bool { return f.proxy() == proxy && f.N == n && f.NoFlush == noFlush },
+		func(f Floor) float64 { return f.Seconds })
 }
 
 // sortedNs is the distinct Ns measured, ascending.
