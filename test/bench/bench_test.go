@@ -205,7 +205,7 @@ func TestBenchSmoke(t *testing.T) {
 	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
 	want := []string{"## Full sync", "## Incremental", "## Data path", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
 	if slices.Contains(cfg.Proxies, KPIPTables) {
-		want = append(want, "| kp-iptables |", "## Targets (issue 13")
+		want = append(want, "| kp-iptables |", "## Targets (issue 13", "iptables-nft-restore --noflush |")
 	}
 	for _, want := range want {
 		if !bytes.Contains(report, []byte(want)) {
