@@ -62,6 +62,7 @@ func TestEveryImageLoadsUnderItsRefAndItsProgramsRun(t *testing.T) {
 			{[]string{"/agnhost", "--help"}, "netexec"},
 			{[]string{"/bin/sh", "-c", "curl --version; nc -h 2>&1; dig -v 2>&1; ip -V; bash -c 'echo bash ok'"}, "bash ok"},
 			{[]string{"/coredns", "-version"}, "CoreDNS-"},
+			{[]string{"getent", "passwd", "user-defined-in-image"}, "user-defined-in-image:x:1000"},
 			// What mends the busybox-static base for upstream's tests:
 			// sh is bash (busybox's would run its own nc), wget is
 			// curl (busybox's crashes), porter's TLS pair.

@@ -5,9 +5,11 @@
 #   the tools the e2e suite runs in agnhost pods besides agnhost (upstream's
 #     image is Alpine with them installed): curl (the Services tests call
 #     it 13 times), OpenBSD netcat (busybox's nc has no -v, -u or -z), dig,
-#     nslookup, ip and bash. They are the host's binaries with the shared
-#     libraries they load, at the same paths: Debian 12 packages curl,
-#     netcat-openbsd, bind9-dnsutils, iproute2, bash;
+#     nslookup, ip, bash and getent (musl's in Alpine; the DNS tests' agnhost
+#     querier reads /etc/hosts through it). They are the host's binaries
+#     with the shared libraries they load, at the same paths: Debian 12
+#     packages curl, netcat-openbsd, bind9-dnsutils, iproute2, bash,
+#     libc-bin;
 #   agnhost's own, shaped like upstream's image, and what mends the
 #     busybox-static base for upstream's tests (below).
 mkdir -p "$out/bin"
@@ -17,7 +19,7 @@ timed "agnhost (k8s.io/kubernetes $kube_version)" \
 tools_layer() {
 	local t="$out/stage/tools" src dst lib pair
 	for pair in /usr/bin/curl:curl /usr/bin/nc:nc.openbsd /usr/bin/dig:dig /usr/bin/nslookup:nslookup \
-		/sbin/ip:ip /bin/bash:bash; do
+		/sbin/ip:ip /bin/bash:bash /usr/bin/getent:getent; do
 		dst="${pair%%:*}"
 		if ! src="$(command -v "${pair#*:}")"; then
 			echo "images.sh: ${pair#*:} is not installed (apt-get install curl netcat-openbsd bind9-dnsutils iproute2)" >&2
