@@ -126,8 +126,10 @@ for name in "${images[@]}"; do
 		. "images/$name.sh"
 		trap - EXIT
 	)
+	# A run in another worktree may have finished the same image first:
+	# mv -T refuses to replace its (non-empty) directory.
 	rm -rf "${built_in[$name]}"
-	mv "$out" "${built_in[$name]}"
+	mv -T "$out" "${built_in[$name]}" 2>/dev/null || rm -rf "$out"
 	echo "images.sh: $name (${ref[$name]}) done in $((SECONDS - start))s" >&2
 done
 
