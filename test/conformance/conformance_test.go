@@ -18,9 +18,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 
-// focus chooses upstream's tests: the Services tests, and every
-// sig-network conformance test.
-const focus = `\[sig-network\] Services|\[sig-network\].*\[Conformance\]`
+// focus chooses upstream's tests: those of sig-network that a node proxy
+// decides (Services, KubeProxy, Conntrack, the Networking granular checks,
+// topology, traffic distribution, Service CIDRs), and every sig-network
+// conformance test.
+const focus = `\[sig-network\] (Services|KubeProxy|Conntrack|Networking|Topology|Traffic Distribution|Service CIDRs|ServiceCIDR)|` +
+	`\[sig-network\].*\[Conformance\]`
 
 // skips are what cannot exist on this machine's clusters, each with why.
 // A test that passes with upstream kube-proxy and fails with kp is a kp bug,
@@ -54,8 +57,12 @@ type mode struct {
 }
 
 var modes = []mode{
-	{name: "upstream-nftables", proxy: "kube-proxy v1.36.3 --proxy-mode=nftables, a process per node", deploy: startKubeProxy},
-	{name: "kp-nftables", proxy: "mode nftables, the DaemonSet of manifests/", deploy: deployKP},
+	{name: "upstream-nftables", proxy: "kube-proxy v1.36.3 --proxy-mode=nftables, a process per node", deploy: startKubeProxy("nftables")},
+	{name: "kp-nftables", proxy: "mode nftables, the DaemonSet of manifests/", deploy: deployKP("nftables")},
+	{name: "upstream-iptables", proxy: "kube-proxy v1.36.3 --proxy-mode=iptables (iptables-nft, Debian's default), a process per node",
+		deploy: startKubeProxy("iptables")},
+	{name: "kp-iptables", proxy: "mode iptables (backend chosen as iptables-wrapper does), the DaemonSet of manifests/ with mode: iptables",
+		deploy: deployKP("iptables")},
 }
 
 // TestConformance runs upstream's Services tests once per mode (each on a
