@@ -42,6 +42,10 @@ type mode struct {
 	// syncFailures is the mode's own upstream failure counter, which a
 	// healthy run keeps at 0.
 	syncFailures string
+	// nodePortsOnEveryIP: without --nodeport-addresses, NodePorts answer
+	// on every IP of the node (upstream's iptables mode), not only on its
+	// primary IPs (upstream's nftables mode).
+	nodePortsOnEveryIP bool
 }
 
 var (
@@ -49,11 +53,13 @@ var (
 		args:         []string{"--proxy-mode", "nftables"},
 		syncFailures: `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}`}
 	modeIPTablesNFT = mode{name: "iptables-nft", proxyMode: "iptables", backend: "nft",
-		args:         []string{"--proxy-mode", "iptables", "--iptables-backend", "nft"},
-		syncFailures: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`}
+		args:               []string{"--proxy-mode", "iptables", "--iptables-backend", "nft"},
+		syncFailures:       `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`,
+		nodePortsOnEveryIP: true}
 	modeIPTablesLegacy = mode{name: "iptables-legacy", proxyMode: "iptables", backend: "legacy",
-		args:         []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy"},
-		syncFailures: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`}
+		args:               []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy"},
+		syncFailures:       `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`,
+		nodePortsOnEveryIP: true}
 
 	// allModes is every mode that claims the Service features.
 	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy}
