@@ -198,25 +198,24 @@ func ruleLine(rules string, words ...string) string {
 	return ""
 }
 
-// noKPRules reports nil when the node holds nothing of kp in this mode:
-// no kp table (nftables), no KP- chain or jump in either family of the
-// backend (iptables).
-func (e *env) noKPRules() error {
-	if !e.mode.iptables() {
-		out, err := e.w.NFT("list", "tables")
+// noKPRules reports nil when the node holds nothing of kp in this env's
+// mode.
+func (e *env) noKPRules() error { return noKPRules(e.w, e.mode) }
+
+// noKPRules reports nil when w's node holds nothing of kp in mode m: no kp
+// table (nftables), no KP- chain or jump in either family of m's backend
+// (iptables).
+func noKPRules(w *netns.World, m mode) error {
+	if !m.iptables() {
+		out, err := w.NFT("list", "tables")
 		if err != nil {
 			return err
 		}
-		if strings.Contains(out, " kp\n") || strings.HasSuffix(strings.TrimSpace(out), " kp") {
-			return fmt.Errorf("kp's tables are still there:\n%s", out)
+		if regexp.MustCompile(`(?m)^table ip6? kp$`).MatchString(out) {
+			return fmt.Errorf("kp's nftables tables are still there:\n%s", out)
 		}
 		return nil
 	}
-	return noKPChains(e.w, e.mode)
-}
-
-// noKPChains checks the iptables-save of both families of m's backend.
-func noKPChains(w *netns.World, m mode) error {
 	for _, family := range []string{"ip", "ip6"} {
 		out, err := w.Exec(w.Node(), m.save(family))
 		if err != nil {
