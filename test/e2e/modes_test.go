@@ -5,20 +5,24 @@ package e2e
 // and what differs between modes (kp's flags, how to read its rules, where
 // the kernel keeps session affinity) sits behind the env methods below.
 //
-// Single-mode on purpose (nftables only), each with its reason next to it:
-//   - the folder source's tests (TestEditedManifestTakesEffectWithoutRestart,
+// Single-mode on purpose (nftables only; KP_E2E_MODES without nftables
+// skips them), each for its reason:
+//   - they prove a source, which feeds every mode the same State: the
+//     folder's (TestEditedManifestTakesEffectWithoutRestart,
 //     TestBrokenManifestLeavesOtherServicesWorking) and the API server's
 //     (TestKubeServicesAndSlicesWrittenThroughClientGoReachTheTraffic,
-//     TestKubeStartedWhileAPIServerIsDown…, TestKubeNodeZoneLabelChangeIsPickedUp,
-//     TestKubeKubernetesServiceReachesTheAPIServerFromPods, the manifests and
-//     RBAC tests): they prove a source, which feeds every mode the same State;
-//   - TestKubeAPIServerOutageDropsNoConnection… and
-//     TestKubeServicesOfAnotherProxyAndHeadlessServicesAreIgnored read nft
-//     object handles and sets; what they prove of the source is mode-free;
+//     TestKubeStartedWhileAPIServerIsDownWaitsRetriesAndRecovers,
+//     TestKubeNodeZoneLabelChangeIsPickedUp,
+//     TestKubeKubernetesServiceReachesTheAPIServerFromPods), and the
+//     manifests and RBAC tests (kube_manifests_test.go);
+//   - they read nftables objects for what they prove of the source:
+//     TestKubeAPIServerOutageDropsNoConnectionAndChangesMadeMeanwhileLandAfter
+//     (nft handles: nothing rewritten across an outage; serial, 2 minutes)
+//     and TestKubeServicesOfAnotherProxyAndHeadlessServicesAreIgnored;
 //   - TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal: the TUI
-//     reads the status API and conntrack, never a backend
-//     (TestStatusAPIReportsSyncsEndpointsAndNewConnections and
-//     TestKpFlowsShowsTheConnectionsTheTestMade prove those per mode).
+//     reads the status API and conntrack, never a backend, and those are
+//     proven per mode (TestStatusAPIReportsSyncsEndpointsAndNewConnections,
+//     TestKpFlowsShowsTheConnectionsTheTestMade).
 
 import (
 	"bufio"
