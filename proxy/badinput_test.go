@@ -127,6 +127,18 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 			wantWeb: "10.0.0.1:8080 10.0.0.2:8080",
 		},
 		{
+			name: "a slice without the service-name label is someone else's: ignored, not logged",
+			objects: func(s Sink) {
+				addService(s, testService("ns", "web"))
+				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}))
+				addSlice(s, testSlice("ns", "mirrored-1", "", []string{"10.0.0.7"}, func(sl *discovery.EndpointSlice) {
+					delete(sl.Labels, discovery.LabelServiceName)
+					sl.Labels[discovery.LabelManagedBy] = "endpointslicemirroring-controller.k8s.io"
+				}))
+			},
+			wantWeb: "10.0.0.1:8080",
+		},
+		{
 			name: "Service and port names the API would refuse (they name kernel objects)",
 			objects: func(s Sink) {
 				addService(s, testService("ns", "web", func(s *v1.Service) {

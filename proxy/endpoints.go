@@ -68,9 +68,11 @@ type slicePort struct {
 	port     int32
 }
 
-// parseEndpointSlice validates a slice. It returns nil for slices a node
-// proxy ignores (FQDN slices, headless Services', another proxy's), and
-// nil with an error for slices that name no Service.
+// parseEndpointSlice validates a slice. It returns nil, and no error, for
+// slices a node proxy ignores: FQDN slices, headless Services', another
+// proxy's, and slices without the kubernetes.io/service-name label, which
+// belong to someone else (mirroring controllers, other tools) and which
+// upstream kube-proxy ignores as quietly.
 func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 	obj := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
 	var errs []error
@@ -97,8 +99,7 @@ func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 	}
 	svcName := s.Labels[discovery.LabelServiceName]
 	if svcName == "" {
-		fail("metadata.labels["+discovery.LabelServiceName+"]", errors.New("missing: the slice belongs to no Service"))
-		return nil, errs
+		return nil, nil
 	}
 	info := &sliceInfo{name: s.Name, service: types.NamespacedName{Namespace: s.Namespace, Name: svcName}}
 

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // RunOptions are what Run needs besides the Config.
@@ -18,6 +20,8 @@ type RunOptions struct {
 	// Collectors are registered with the metrics server's registry (an
 	// observer's own metrics, for instance).
 	Collectors []prometheus.Collector
+	// Sysctls are the node settings made at start, for the status API.
+	Sysctls []statusapi.Sysctl
 }
 
 // SyncObserver is told about every successful sync, after the backend

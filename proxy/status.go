@@ -29,6 +29,14 @@ type Status struct {
 	lastSync  *statusapi.Sync
 	lastError *statusapi.SyncError
 	counts    statusapi.SyncCounts
+	sysctls   []statusapi.Sysctl
+}
+
+// SetSysctls records the node settings made at start.
+func (s *Status) SetSysctls(sysctls []statusapi.Sysctl) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sysctls = append([]statusapi.Sysctl(nil), sysctls...)
 }
 
 // NewStatus returns an empty Status for a proxy running backend on node.
@@ -82,6 +90,7 @@ func (s *Status) Report() *statusapi.Status {
 		StartTime:  s.start,
 		Now:        s.clk.Now(),
 		Syncs:      s.counts,
+		Sysctls:    append([]statusapi.Sysctl(nil), s.sysctls...),
 	}
 	if s.health != nil {
 		r.Healthy = s.health.Healthy()

@@ -22,13 +22,6 @@ import (
 var ignoredFlags = []struct {
 	name, kind, reason string
 }{
-	{"conntrack-max-per-core", "int32", "kp leaves the conntrack table size as it is"},
-	{"conntrack-min", "int32", "kp leaves the conntrack table size as it is"},
-	{"conntrack-tcp-timeout-established", "duration", "kp leaves conntrack timeouts as they are"},
-	{"conntrack-tcp-timeout-close-wait", "duration", "kp leaves conntrack timeouts as they are"},
-	{"conntrack-tcp-be-liberal", "bool", "kp leaves conntrack's TCP window tracking as it is"},
-	{"conntrack-udp-timeout", "duration", "kp leaves conntrack timeouts as they are"},
-	{"conntrack-udp-timeout-stream", "duration", "kp leaves conntrack timeouts as they are"},
 	{"oom-score-adj", "int32", "kp does not change its own OOM score; set it through the pod"},
 	{"kube-api-qps", "float32", "kp sets its own API client rate limits"},
 	{"kube-api-burst", "int32", "kp sets its own API client rate limits"},

@@ -205,10 +205,8 @@ func (f *fileConfig) apply(s *settings) []error {
 	if kc.OOMScoreAdj != nil {
 		ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
 	}
-	ct := kc.Conntrack
-	if ct.MaxPerCore != nil || ct.Min != nil || ct.TCPEstablishedTimeout != nil || ct.TCPCloseWaitTimeout != nil ||
-		ct.TCPBeLiberal || ct.UDPTimeout.Duration != 0 || ct.UDPStreamTimeout.Duration != 0 {
-		ignore("conntrack", "kp leaves conntrack's sysctls as they are")
+	for _, err := range applyConntrackSection(kc.Conntrack, s) {
+		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
 	}
 
 	if d := kc.ConfigSyncPeriod.Duration; d != 0 {

@@ -185,10 +185,9 @@ func TestConfigFileLoggingAppliesUnlessFlagsSetIt(t *testing.T) {
 }
 
 func TestConfigFileIgnoredSettingsAreLogged(t *testing.T) {
-	path := writeFile(t, "kube-proxy.yaml", header+"conntrack: {maxPerCore: 0}\noomScoreAdj: -999\n")
+	path := writeFile(t, "kube-proxy.yaml", header+"oomScoreAdj: -999\n")
 	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
 	for _, want := range []string{
-		fmt.Sprintf(`setting="conntrack in %s" reason="kp leaves conntrack's sysctls as they are"`, path),
 		fmt.Sprintf(`setting="oomScoreAdj in %s"`, path),
 	} {
 		if !strings.Contains(h.stderr.String(), want) {

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -50,6 +51,8 @@ type app struct {
 	backends      map[proxy.Mode]backendFactory
 	newKubeClient func(kubeconfig, master string) (kubernetes.Interface, error)
 	runProxy      func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error
+	// tuner writes conntrack sysctls (tests point it at a folder).
+	tuner conntrack.Tuner
 
 	logOpts logOptions // bound to the root's persistent flags
 	log     *slog.Logger
@@ -142,6 +145,6 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.addFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root
 }

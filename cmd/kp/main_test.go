@@ -47,6 +47,9 @@ type harness struct {
 	sources        []proxy.Source
 	opts           proxy.RunOptions
 	runProxy       func(ctx context.Context) error
+	// procSys is the folder the app's conntrack tuner writes to instead
+	// of /proc/sys (the unit tests run in the host's namespace).
+	procSys string
 }
 
 func newHarness(t *testing.T) *harness {
@@ -57,6 +60,8 @@ func newHarness(t *testing.T) *harness {
 	h.a.hostname = func() (string, error) { return " Node-A.Example ", nil }
 	h.a.getenv = func(k string) string { return h.env[k] }
 	h.a.backends = map[proxy.Mode]backendFactory{proxy.ModeNFTables: h.nft.factory()}
+	h.procSys = fakeProcSys(t)
+	h.a.tuner = conntrack.Tuner{ProcSys: h.procSys, SysModule: filepath.Join(h.procSys, "module"), NumCPU: func() int { return 4 }}
 	h.a.newKubeClient = func(kubeconfig, master string) (kubernetes.Interface, error) {
 		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
 		return nil, nil
@@ -291,4 +296,30 @@ func TestNFTablesModeCleansConntrackAfterSyncs(t *testing.T) {
 	if len(h.opts.Collectors) == 0 {
 		t.Error("the cleaner's metrics are not registered")
 	}
+}
+
+// fakeProcSys is a /proc/sys with the conntrack sysctls at a Debian
+// kernel's defaults, and a /sys/module for the hash size under module/.
+func fakeProcSys(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	files := map[string]string{
+		"net/netfilter/nf_conntrack_max":                     "262144",
+		"net/netfilter/nf_conntrack_tcp_timeout_established": "432000",
+		"net/netfilter/nf_conntrack_tcp_timeout_close_wait":  "60",
+		"net/netfilter/nf_conntrack_tcp_be_liberal":          "0",
+		"net/netfilter/nf_conntrack_udp_timeout":             "30",
+		"net/netfilter/nf_conntrack_udp_timeout_stream":      "120",
+		"module/nf_conntrack/parameters/hashsize":            "65536",
+	}
+	for name, v := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

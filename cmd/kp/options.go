@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -56,7 +57,8 @@ type proxyOptions struct {
 	profiling          bool
 	healthzBindAddress string
 
-	compat compatOptions
+	conntrack conntrackOptions
+	compat    compatOptions
 }
 
 func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
@@ -105,13 +107,16 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
 
+	o.conntrack.addFlags(fs)
 	o.compat.addFlags(fs)
 }
 
 // settings is everything kp proxy resolved from flags and the config file.
 type settings struct {
 	cfg proxy.Config
-	log logOptions
+	// conntrack is what kp sets in the node's conntrack at start.
+	conntrack conntrack.Tuning
+	log       logOptions
 	// modeFrom says where the mode came from, for "not implemented" errors.
 	modeFrom string
 	// bindAddressV6 is an IPv6 unspecified --bind-address, which moves the
@@ -138,8 +143,9 @@ func defaultSettings() settings {
 			MetricsBindAddress: defaultMetricsBindAddress,
 			HealthzBindAddress: defaultHealthzBindAddress,
 		},
-		log:      defaultLogOptions(),
-		modeFrom: "the default mode " + string(proxy.ModeNFTables),
+		conntrack: conntrack.DefaultTuning(),
+		log:       defaultLogOptions(),
+		modeFrom:  "the default mode " + string(proxy.ModeNFTables),
 	}
 }
 
@@ -284,6 +290,7 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 		s.log.verbosity = logFlags.verbosity
 	}
 
+	errs = append(errs, o.conntrack.apply(fs, s)...)
 	errs = append(errs, o.compat.apply(fs, s)...)
 	return errs
 }

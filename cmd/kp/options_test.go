@@ -116,9 +116,9 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 }
 
 func TestIgnoredFlagsAreLogged(t *testing.T) {
-	_, h := runProxyWith(t, t.TempDir(), nil, "--conntrack-max-per-core=0", "--oom-score-adj=-999")
+	_, h := runProxyWith(t, t.TempDir(), nil, "--kube-api-qps=20", "--oom-score-adj=-999")
 	for _, want := range []string{
-		`msg="ignoring kube-proxy setting" setting=--conntrack-max-per-core reason="kp leaves the conntrack table size as it is"`,
+		`msg="ignoring kube-proxy setting" setting=--kube-api-qps reason="kp sets its own API client rate limits"`,
 		`setting=--oom-score-adj`,
 	} {
 		if !strings.Contains(h.stderr.String(), want) {

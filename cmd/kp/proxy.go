@@ -96,7 +96,9 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
-	err = a.runProxy(ctx, cfg, a.runOptions(cfg, backend, sources))
+	opts := a.runOptions(cfg, backend, sources)
+	opts.Sysctls = a.tuneConntrack(s)
+	err = a.runProxy(ctx, cfg, opts)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil
 	}

@@ -42,6 +42,20 @@ type Status struct {
 	// programmed.
 	ServicePorts int `json:"servicePorts"`
 	Endpoints    int `json:"endpoints"`
+
+	// Sysctls are the node settings kp was configured to make at start
+	// (conntrack's, as upstream's --conntrack-* flags) and the values in
+	// force after it tried.
+	Sysctls []Sysctl `json:"sysctls,omitempty"`
+}
+
+// Sysctl is one node setting kp was asked to make.
+type Sysctl struct {
+	Name  string `json:"name"`  // net.netfilter.nf_conntrack_tcp_timeout_close_wait
+	Want  string `json:"want"`  // the configured value
+	Value string `json:"value"` // the value in force
+	// Error says why kp could not set it (a read-only /proc/sys, say).
+	Error string `json:"error,omitempty"`
 }
 
 // Sync describes one successful sync.

@@ -168,6 +168,10 @@ func Start(t testing.TB, opts Options) *Server {
 			"--service-account-key-file", s.pki.saPub,
 			"--service-account-signing-key-file", s.pki.saKey,
 			"--authorization-mode", "RBAC",
+			// As every kubeadm or kind cluster: node agents such as kp's
+			// sysctl init container and upstream's [Privileged] e2e pods
+			// run privileged.
+			"--allow-privileged=true",
 			"--service-cluster-ip-range", strings.Join(cidrs, ","),
 			"--profiling=false",
 			"--v", "0",

@@ -43,6 +43,13 @@ func (c *Cluster) KPOverlay(imageTag string) (string, error) {
 		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no clusterCIDR \"\" or CONTROL-PLANE-ENDPOINT:6443 to set")
 	}
 	config = strings.Replace(config, `clusterCIDR: ""`, fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
+	// A test node is a network namespace, where the kernel lets only the
+	// initial namespace set nf_conntrack_max: leave the table's size, as
+	// the upstream kube-proxy of these tests does (--conntrack-max-per-core=0).
+	if !strings.Contains(config, "maxPerCore: 32768") {
+		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no conntrack maxPerCore: 32768 to set to 0")
+	}
+	config = strings.Replace(config, "maxPerCore: 32768", "maxPerCore: 0", 1)
 	kubeconfig = strings.Replace(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443", c.API.Instance(0).Addr.String(), 1)
 	patch, _ := json.Marshal(map[string]any{
 		"apiVersion": "v1", "kind": "ConfigMap",

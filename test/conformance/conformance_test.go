@@ -35,10 +35,6 @@ var skips = []SkipRule{
 	{Pattern: `SCTP`, Reason: "this machine's kernel has no SCTP sockets (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP) " +
 		"fails with EPROTONOSUPPORT, and it loads no modules); the test also enters the machine's own mount " +
 		"namespace from a privileged hostPID pod"},
-	{Pattern: `\[sig-network\] DNS should (provide DNS for (the cluster|services|pods for|ExternalName)|` +
-		`provide /etc/hosts entries|resolve DNS of partial qualified names for services)`,
-		Reason: "their querier pod runs registry.k8s.io/e2e-test-images/glibc-dns-testing, which this machine does " +
-			"not build: pulling it needs the network, and each test waits 15 minutes for it. The DNS tests on agnhost run"},
 }
 
 // nodes is the cluster's size: tests that spread pods over nodes, or
@@ -178,7 +174,8 @@ func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, 
 		}
 	}
 	m.deploy(t, c, out)
-	deployDNS(t, c, art)
+	// Two replicas, spread over the nodes, as kubeadm deploys it.
+	cluster.DeployDNS(t, c, cluster.DNSOptions{Replicas: 2})
 	setup := time.Since(start)
 	t.Logf("%s: cluster, proxy and DNS up in %v", m.name, setup.Round(time.Second))
 

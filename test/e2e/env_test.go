@@ -83,6 +83,9 @@ func (e *env) kpArgs(extra ...string) []string {
 		"--healthz-bind-address", healthzAddr,
 		"--metrics-bind-address", metricsAddr,
 		"--min-sync-period", "100ms",
+		// The node is a network namespace, where only the initial one may
+		// set nf_conntrack_max (upstream's test harnesses pass the same).
+		"--conntrack-max-per-core", "0",
 		"-v", "2",
 	)
 	return append(args, extra...)

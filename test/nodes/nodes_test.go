@@ -186,6 +186,22 @@ func TestKpOnRealNodes(t *testing.T) {
 				if strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
 					t.Errorf("kp pod %s on %s logged an error: %s", p.Name, p.Spec.NodeName, l)
 				}
+				// The init container set the sysctls; kp, without a
+				// writable /proc/sys, finds them in force.
+				if strings.Contains(l, "conntrack sysctl") {
+					t.Errorf("kp pod %s on %s: the proxy container had a sysctl to set: %s", p.Name, p.Spec.NodeName, l)
+				}
+			}
+			// The privileged init container (kp sysctl) set upstream's
+			// conntrack timeouts in the node's namespace.
+			initLogs, err := c.Kubectl("logs", "-n", "kube-system", p.Name, "-c", "sysctl")
+			if err != nil {
+				t.Errorf("kubectl logs %s -c sysctl: %v\n%s", p.Name, err, initLogs)
+			}
+			if got, err := c.Node(p.Spec.NodeName).Exec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"); err != nil ||
+				strings.TrimSpace(got) != "3600" {
+				t.Errorf("node %s: nf_conntrack_tcp_timeout_close_wait %q (%v), want 3600 from the init container; its logs:\n%s",
+					p.Spec.NodeName, got, err, initLogs)
 			}
 		}
 	})
