@@ -19,6 +19,8 @@ package e2e
 //     TestKubeAPIServerOutageDropsNoConnectionAndChangesMadeMeanwhileLandAfter
 //     (nft handles: nothing rewritten across an outage; serial, 2 minutes)
 //     and TestKubeServicesOfAnotherProxyAndHeadlessServicesAreIgnored;
+//   - the conntrack sysctl tests (sysctl_test.go): kp sets them at start,
+//     before and whatever the mode;
 //   - TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal: the TUI
 //     reads the status API and conntrack, never a backend, and those are
 //     proven per mode (TestStatusAPIReportsSyncsEndpointsAndNewConnections,
