@@ -258,7 +258,7 @@ func (r *serviceRender) externalChain(clusterChain, localChain, external string)
 			r.rule("route LOCAL traffic for "+r.name+" external destinations", "-m addrtype --src-type LOCAL -j "+clusterChain))
 	}
 	if external != "" {
-		c.Rules = append(c.Rules, r.rule("", "-j "+external))
+		c.Rules = append(c.Rules, r.rule(r.name, "-j "+external))
 	}
 	r.out.chains = append(r.out.chains, c)
 }
