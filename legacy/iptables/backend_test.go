@@ -168,7 +168,7 @@ func TestRenderFollowsUpstreamSemantics(t *testing.T) {
 		{"others dropped in filter", `-A KP-PROXY-FIREWALL -m comment --comment "demo/lb:https traffic not accepted by ` + fwChainName(lb) + `" -m tcp -p tcp -d 203.0.113.7 --dport 443 -j DROP`},
 		{"ETP Local: pods reach every endpoint", `-s 10.244.0.0/16 -j ` + svcChainName(lb)},
 		{"ETP Local: the node too, masqueraded", `-m addrtype --src-type LOCAL -j KP-MARK-MASQ`},
-		{"ETP Local: the rest to local endpoints", `-A ` + extChainName(lb) + ` -j ` + svlChainName(lb)},
+		{"ETP Local: the rest to local endpoints", `-A ` + extChainName(lb) + ` -m comment --comment "demo/lb:https" -j ` + svlChainName(lb)},
 		{"health check node port accepted", `--dport 32000 -j ACCEPT`},
 		{"affinity checked", `-m recent --name ` + sepChainName(sticky, w.st.Endpoints[sticky.Name][0]) + ` --rcheck --seconds 10800 --reap`},
 		{"affinity set", `-m recent --name ` + sepChainName(sticky, w.st.Endpoints[sticky.Name][0]) + ` --set -m tcp -p tcp -j DNAT`},

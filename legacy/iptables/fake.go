@@ -34,6 +34,7 @@ type FakeTable struct {
 	Chains   []string
 	Rules    map[string][]string
 	Counters map[string][]SavedRule // optional: counters per rule, set by tests
+	index    map[string]bool        // Chains as a set; nil until needed
 }
 
 var builtinChains = map[Table][]string{
@@ -63,7 +64,15 @@ func (t *FakeTable) clone() *FakeTable {
 	return c
 }
 
-func (t *FakeTable) has(chain string) bool { return slices.Contains(t.Chains, chain) }
+func (t *FakeTable) has(chain string) bool {
+	if t.index == nil {
+		t.index = map[string]bool{}
+		for _, c := range t.Chains {
+			t.index[c] = true
+		}
+	}
+	return t.index[chain]
+}
 
 func (f *Fake) Restore(_ context.Context, data []byte) error {
 	f.Inputs = append(f.Inputs, slices.Clone(data))
@@ -98,6 +107,7 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 			name := strings.Fields(line[1:])[0]
 			if !cur.has(name) {
 				cur.Chains = append(cur.Chains, name)
+				cur.index[name] = true
 			}
 			if !slices.Contains(builtinChains[curName], name) {
 				delete(cur.Rules, name)
@@ -124,6 +134,7 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 					return refuse("cannot delete chain " + chain)
 				}
 				cur.Chains = slices.DeleteFunc(cur.Chains, func(c string) bool { return c == chain })
+				delete(cur.index, chain)
 			default:
 				return refuse("unknown command " + op)
 			}
