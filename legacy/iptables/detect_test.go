@@ -23,7 +23,7 @@ func tableText(table string, chains []string, rules ...string) string {
 }
 
 var (
-	empty       = tableText("filter", []string{"INPUT", "FORWARD", "OUTPUT"})
+	emptySave   = tableText("filter", []string{"INPUT", "FORWARD", "OUTPUT"})
 	kubeletHint = tableText("mangle", []string{"PREROUTING", "KUBE-IPTABLES-HINT"})
 	canary      = tableText("mangle", []string{"PREROUTING", "KUBE-KUBELET-CANARY"})
 	kubeProxy   = tableText("nat", []string{"PREROUTING", "KUBE-SERVICES"}, "-A PREROUTING -j KUBE-SERVICES")
@@ -39,7 +39,7 @@ type fakeSaves map[string]string
 func (f fakeSaves) save(_ context.Context, fl Flavor, fam proxy.Family) ([]byte, error) {
 	out, ok := f[string(fl)+"/"+fam.String()]
 	if !ok {
-		out = empty
+		out = emptySave
 	}
 	if out == "missing" {
 		return nil, &MissingBinaryError{Binary: saveBinary(fl, fam)}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/kpproxy/kp/proxy"
@@ -64,34 +65,60 @@ func (e *ProbeError) Unwrap() error { return e.Err }
 // KP-PROBE-<pid> of nat and filter that is deleted again. The error names
 // the first feature the kernel refused, or the package to install.
 func Probe(ctx context.Context, fl Flavor, f proxy.Family) error {
-	return probe(ctx, fl, f, probeRules)
-}
-
-func probe(ctx context.Context, fl Flavor, f proxy.Family, rules []probeRule) error {
 	for _, bin := range []string{restoreBinary(fl, f), saveBinary(fl, f)} {
 		if _, err := lookBinary(bin); err != nil {
 			return err
 		}
 	}
-	r := NewRunner(fl, f)
-	chain := fmt.Sprintf("KP-PROBE-%d", os.Getpid())
-	input, features := probeInput(chain, f, rules)
-	err := r.Restore(ctx, input)
-	if derr := removeProbeChain(ctx, r, chain); derr != nil {
-		err = errors.Join(err, fmt.Errorf("remove probe chain: %w", derr))
-	}
+	return probe(ctx, NewRunner(fl, f), fmt.Sprintf("KP-PROBE-%d", os.Getpid()), probeRules)
+}
+
+// probe tries rules in chain through r, in one restore; when the kernel
+// refuses a table's block without naming the rule, rule by rule.
+func probe(ctx context.Context, r Runner, chain string, rules []probeRule) error {
+	feature, err := tryProbe(ctx, r, chain, rules)
 	if err == nil {
 		return nil
 	}
-	var re *RestoreError
-	if errors.As(err, &re) && re.Line > 0 && re.Line <= len(features) && features[re.Line-1] != "" {
-		return &ProbeError{Flavor: fl, Family: f, Feature: features[re.Line-1], Err: err}
+	if feature == "" {
+		// iptables-legacy names the COMMIT line when the kernel refuses a
+		// table at commit (a module missing from the kernel); iptables-nft
+		// names the rule. Find the rule by trying them one at a time.
+		for _, p := range rules {
+			if f, e := tryProbe(ctx, r, chain, []probeRule{p}); e != nil {
+				if f == "" {
+					f = p.feature
+				}
+				return &ProbeError{Flavor: r.Flavor(), Family: r.Family(), Feature: f, Err: e}
+			}
+		}
+		var re *RestoreError
+		if !errors.As(err, &re) {
+			return fmt.Errorf("probe iptables-%s (%s): %w", r.Flavor(), r.Family(), err)
+		}
+		feature = "the features together, though each alone passes"
 	}
-	return fmt.Errorf("probe iptables-%s (%s): %w", fl, f, err)
+	return &ProbeError{Flavor: r.Flavor(), Family: r.Family(), Feature: feature, Err: err}
 }
 
-// probeInput is the restore input that declares chain in nat and filter and
-// fills it with rules, and for each input line (0-based) the feature
+// tryProbe restores rules in chain and removes the chain again. On a
+// refusal, feature is the one of the line iptables-restore named, "" when
+// it named none or a COMMIT.
+func tryProbe(ctx context.Context, r Runner, chain string, rules []probeRule) (feature string, err error) {
+	input, features := probeInput(chain, r.Family(), rules)
+	err = r.Restore(ctx, input)
+	var re *RestoreError
+	if errors.As(err, &re) && re.Line > 0 && re.Line <= len(features) && re.Text != "COMMIT" {
+		feature = features[re.Line-1]
+	}
+	if derr := removeProbeChain(ctx, r, chain); derr != nil {
+		err = errors.Join(err, fmt.Errorf("remove probe chain %s: %w", chain, derr))
+	}
+	return feature, err
+}
+
+// probeInput is the restore input that declares chain in the tables of rules
+// and fills it with them, and for each input line (0-based) the feature
 // it probes.
 func probeInput(chain string, f proxy.Family, rules []probeRule) ([]byte, []string) {
 	dest := "192.0.2.1:80"
@@ -106,6 +133,9 @@ func probeInput(chain string, f proxy.Family, rules []probeRule) ([]byte, []stri
 		features = append(features, feature)
 	}
 	for _, t := range []Table{TableNAT, TableFilter} {
+		if !slices.ContainsFunc(rules, func(p probeRule) bool { return p.table == t }) {
+			continue
+		}
 		line("the "+string(t)+" table", "*"+string(t))
 		line("the "+string(t)+" table", ":"+chain+" - [0:0]")
 		for _, p := range rules {

@@ -54,7 +54,10 @@ func TestProbeNamesTheRefusedFeature(t *testing.T) {
 		t.Run(ff.String(), func(t *testing.T) {
 			before := saveIn(t, ns, ff, TableNAT) + saveIn(t, ns, ff, TableFilter)
 			var err error
-			inNS(t, ns, func() error { err = probe(context.Background(), ff.Flavor, ff.Family, rules); return nil })
+			inNS(t, ns, func() error {
+				err = probe(context.Background(), NewRunner(ff.Flavor, ff.Family), "KP-PROBE-TEST", rules)
+				return nil
+			})
 			var pe *ProbeError
 			if !errors.As(err, &pe) || pe.Feature != "the bogus match" || pe.Flavor != ff.Flavor || pe.Family != ff.Family {
 				t.Fatalf("probe = %v, want a ProbeError naming the bogus match", err)
@@ -75,5 +78,49 @@ func TestProbeWithoutBinariesNamesThePackage(t *testing.T) {
 	err := Probe(context.Background(), FlavorLegacy, proxy.IPv4)
 	if err == nil || !strings.Contains(err.Error(), "iptables-legacy-restore") || !strings.Contains(err.Error(), `package "iptables"`) {
 		t.Errorf("Probe = %v, want an error naming the binary and the package", err)
+	}
+}
+
+// commitRefuser is a Runner whose kernel refuses, at COMMIT as
+// iptables-legacy reports it, any table block that holds a rule with
+// "--missing-module".
+type commitRefuser struct{ restores int }
+
+func (c *commitRefuser) Flavor() Flavor       { return FlavorLegacy }
+func (c *commitRefuser) Family() proxy.Family { return proxy.IPv4 }
+func (c *commitRefuser) Save(context.Context, Table, bool) ([]byte, error) {
+	return []byte("*nat\nCOMMIT\n"), nil
+}
+
+func (c *commitRefuser) Restore(_ context.Context, data []byte) error {
+	c.restores++
+	lines := strings.Split(string(data), "\n")
+	bad := false
+	for i, l := range lines {
+		bad = bad || strings.Contains(l, "--missing-module")
+		if l == "COMMIT" && bad {
+			return &RestoreError{Flavor: FlavorLegacy, Family: proxy.IPv4, Line: i + 1, Text: l, Stderr: "iptables-restore: line N failed"}
+		}
+		if l == "COMMIT" {
+			bad = false
+		}
+	}
+	return nil
+}
+
+func TestProbeFindsTheFeatureARefusedCommitHides(t *testing.T) {
+	rules := []probeRule{
+		{"fine 1", TableNAT, "-j RETURN"},
+		{"the missing module", TableNAT, "-m x --missing-module"},
+		{"fine 2", TableFilter, "-j RETURN"},
+	}
+	r := &commitRefuser{}
+	err := probe(context.Background(), r, "KP-PROBE-1", rules)
+	var pe *ProbeError
+	if !errors.As(err, &pe) || pe.Feature != "the missing module" {
+		t.Fatalf("probe = %v, want a ProbeError naming the missing module", err)
+	}
+	if r.restores != 3 {
+		t.Errorf("%d restores, want 3: all at once, then rule by rule up to the refused one", r.restores)
 	}
 }
