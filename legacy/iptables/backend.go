@@ -329,5 +329,6 @@ func writeRouteLocalnet() error {
 // defaultCleanup is the plumbing's Cleanup (every KP- chain, both flavors
 // and families).
 func defaultCleanup(ctx context.Context, log *slog.Logger) error {
-	return errors.New("iptables cleanup is not built yet")
+	_, err := Cleanup(ctx, log)
+	return err
 }
