@@ -145,7 +145,12 @@ func (in *input) line(s string, owner proxy.ServicePortName, chain string) {
 
 func (in *input) empty() bool { return in.changes == 0 }
 
-// restoreInput writes the filter then the nat block. Within a block: the
+// restoreInput writes the nat then the filter block. Each is atomic, not
+// the pair: nat goes first because it holds the rules iptables-restore may
+// refuse (matches and targets per service: recent, statistic, DNAT), and
+// a refused nat block stops the input before filter, leaving the kernel as
+// it was. (A refused filter block leaves nat applied; the next sync is
+// full and rewrites both.) Within a block: the
 // chain lines of every chain written or deleted, the rules, the jumps from
 // built-in chains, then the deletions (a chain is deleted only after every
 // rule naming it was flushed or rewritten).
@@ -160,7 +165,7 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 	for _, c := range want {
 		wanted[chainKey{c.Table, c.Name}] = true
 	}
-	for _, t := range []Table{TableFilter, TableNAT} {
+	for _, t := range []Table{TableNAT, TableFilter} {
 		var write []*Chain
 		for _, c := range want {
 			if c.Table != t {
