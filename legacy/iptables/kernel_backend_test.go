@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +161,42 @@ func normalise(s string) string {
 		out = append(out, l)
 	}
 	return strings.Join(out, "\n")
+}
+
+func TestKernelLoadsTheDispatchTriesInBothFamilies(t *testing.T) {
+	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
+		t.Run(string(fl), func(t *testing.T) {
+			ns := testNamespace(t)
+			c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+			b := kernelBackend(t, fl, c)
+			w := newWorld()
+			for i := 0; i < 300; i++ {
+				name := spName("ns", "svc-"+strconv.Itoa(i), "")
+				sp := w.add(name, netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String(), 80, int32(30000+i))
+				sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::"+strconv.FormatInt(int64(i), 16)))
+				if i%3 > 0 {
+					w.setEndpoints(name, "10.244.1.1:80")
+					w.st.Endpoints[name] = append(w.st.Endpoints[name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true})
+				}
+			}
+			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+				ff := flavorFamily{fl, f}
+				nat, filter := saveIn(t, ns, ff, TableNAT), saveIn(t, ns, ff, TableFilter)
+				for _, want := range []string{"-j KP-SVCS-2-1", "-g KP-NPS-tcp-", "KP-FSVCS-"} {
+					if !strings.Contains(nat+filter, want) {
+						t.Errorf("%s: no %q in:\n%s", ff, want, nat)
+					}
+				}
+				// The non-CIDR masks load as written.
+				mask := "-d 0.0.0.1/0.0.0.3 "
+				if f == proxy.IPv6 {
+					mask = "-d ::1/::3 "
+				}
+				if !strings.Contains(nat, mask) {
+					t.Errorf("%s: no %q in:\n%s", ff, mask, nat)
+				}
+			}
+		})
+	}
 }
