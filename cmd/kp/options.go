@@ -330,8 +330,11 @@ func (s *settings) finish(hostname func() (string, error)) []error {
 	}
 
 	// Upstream's nftables mode answers NodePorts only on the node's primary
-	// IPs unless given CIDRs; the iptables mode answers on every local IP.
-	if len(s.cfg.NodePortAddresses) == 0 && s.cfg.Mode == proxy.ModeNFTables {
+	// IPs unless given CIDRs. Its iptables mode answers on every local IP;
+	// kp's answers on the primary IPs too, so NodePorts behave the same in
+	// every mode (upstream itself warns that the all-IPs default is unsafe);
+	// --nodeport-addresses 0.0.0.0/0,::/0 gives upstream's iptables default.
+	if len(s.cfg.NodePortAddresses) == 0 && (s.cfg.Mode == proxy.ModeNFTables || s.cfg.Mode == proxy.ModeIPTables) {
 		s.cfg.NodePortPrimary = true
 	}
 

@@ -100,11 +100,11 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 			"--iptables-localhost-nodeports=false"},
 			modes: []proxy.Mode{proxy.ModeIPTables},
 			want: func(c *proxy.Config) {
-				c.Mode, c.NodePortPrimary, c.IPTablesBackend, c.LocalhostNodePorts = proxy.ModeIPTables, false, "legacy", false
+				c.Mode, c.IPTablesBackend, c.LocalhostNodePorts = proxy.ModeIPTables, "legacy", false
 			}},
-		{name: "iptables mode answers NodePorts on every IP", args: []string{"--proxy-mode", "iptables"},
+		{name: "iptables mode answers NodePorts on the primary IPs too", args: []string{"--proxy-mode", "iptables"},
 			modes: []proxy.Mode{proxy.ModeIPTables},
-			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
+			want:  func(c *proxy.Config) { c.Mode = proxy.ModeIPTables }},
 		{name: "harmless kube-proxy flags change nothing", args: []string{
 			"--conntrack-max-per-core=0", "--conntrack-min", "131072", "--oom-score-adj=-999",
 			"--kube-api-qps", "20", "--feature-gates", "NFTablesProxyMode=true,AllAlpha=false",

@@ -319,6 +319,9 @@ func TestNodePortAddressesFollowTheConfig(t *testing.T) {
 		{"no localhost", func(c *proxy.Config) { c.LocalhostNodePorts = false },
 			[]string{"-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KP-NODEPORTS"}, []string{"KP-FIREWALL"}},
 		{"primary", func(c *proxy.Config) { c.NodePortPrimary = true }, []string{"-d 192.168.0.10 -j KP-NODEPORTS"}, []string{"addrtype --dst-type LOCAL -j KP-NODEPORTS"}},
+		{"every address by /0", func(c *proxy.Config) {
+			c.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+		}, []string{"-m addrtype --dst-type LOCAL -j KP-NODEPORTS"}, []string{"-d 192.168.0.10 -j KP-NODEPORTS"}},
 		{"CIDRs", func(c *proxy.Config) { c.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24")} },
 			[]string{"-d 192.168.0.10 -j KP-NODEPORTS"}, []string{"-d 10.0.0.1 -j KP-NODEPORTS", "KP-FIREWALL"}},
 	} {

@@ -131,11 +131,12 @@ func (b *Backend) skeleton(fam proxy.Family, svcs map[proxy.ServicePortName]*ren
 }
 
 // nodePortDestinations are the matches of KP-SERVICES' last rules, which
-// send NodePort traffic to KP-NODEPORTS, as upstream's iptables mode: with
-// no --nodeport-addresses, every local address (`-m addrtype --dst-type
-// LOCAL`; localhost only with --iptables-localhost-nodeports, IPv4 only);
-// with "primary", the Node's primary IPs; with CIDRs, the local addresses
-// inside them.
+// send NodePort traffic to KP-NODEPORTS: with "primary" (kp's default in
+// every mode), the Node's primary IPs; with CIDRs, the local addresses
+// inside them; with a /0 of the family or no setting at all (upstream's
+// iptables default), every local address (`-m addrtype --dst-type LOCAL`,
+// as upstream: it follows addresses added later; localhost only with
+// --iptables-localhost-nodeports, IPv4 only).
 func (b *Backend) nodePortDestinations(fam proxy.Family, node proxy.Node) []string {
 	all := func() []string {
 		d := "-m addrtype --dst-type LOCAL"
@@ -155,6 +156,8 @@ func (b *Backend) nodePortDestinations(fam proxy.Family, node proxy.Node) []stri
 			b.log.Warn("--nodeport-addresses primary: the Node has no IP of this family yet; NodePorts answer on every local address", "family", fam)
 			return all()
 		}
+	case slices.ContainsFunc(proxy.FilterPrefixes(fam, b.cfg.NodePortAddresses), func(p netip.Prefix) bool { return p.Bits() == 0 }):
+		return all()
 	case len(b.cfg.NodePortAddresses) > 0:
 		local, err := b.localAddrs()
 		if err != nil {
