@@ -24,6 +24,9 @@ type Chain struct {
 	Table Table
 	Name  string
 	Rules []Rule
+	// sum caches digest: a service port's chains are kept between syncs
+	// and compared at every one. Rules must not change once it is set.
+	sum string
 }
 
 // String prints the rule as a line of iptables-restore input.
@@ -45,12 +48,16 @@ func (r Rule) line(chain string) string {
 // digest identifies the chain's contents: two chains with the same digest
 // print the same restore input.
 func (c *Chain) digest() string {
+	if c.sum != "" {
+		return c.sum
+	}
 	h := sha256.New()
 	for _, r := range c.Rules {
 		h.Write([]byte(r.line(c.Name)))
 		h.Write([]byte{'\n'})
 	}
-	return string(h.Sum(nil))
+	c.sum = string(h.Sum(nil))
+	return c.sum
 }
 
 // quote makes s one argument of iptables-restore's line parser, which

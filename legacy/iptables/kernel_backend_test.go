@@ -70,6 +70,16 @@ func TestKernelSyncLoadsThenSendsOnlyTheChange(t *testing.T) {
 				}
 			}
 
+			var counters map[proxy.EndpointRef]proxy.EndpointCounter
+			inNS(t, ns, func() error {
+				var err error
+				counters, err = b.EndpointCounters(w.st)
+				return err
+			})
+			if _, ok := counters[proxy.EndpointRef{ServicePort: web.Name, Endpoint: netip.MustParseAddrPort("[fd00:10:244::1]:8080")}]; !ok || len(counters) != 4 {
+				t.Errorf("counters of every endpoint, both families: %v", counters)
+			}
+
 			w.setEndpoints(web.Name, "10.244.1.1:8080", "10.244.2.9:8080")
 			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
 			if b.LastSyncFull() {

@@ -20,8 +20,6 @@ type jump struct {
 	extra   string // matches before the comment
 }
 
-func (j jump) rule() Rule { return Rule{Comment: j.comment, Args: "-j " + j.to} }
-
 // spec is the jump as "-I FROM 1" input.
 func (j jump) line() string {
 	r := Rule{Comment: j.comment, Args: "-j " + j.to}
