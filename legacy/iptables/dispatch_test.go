@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -151,7 +152,10 @@ func TestDispatchWalkAt10000Services(t *testing.T) {
 	// chains, not the tries.
 	one := spName("ns", "svc-4242", "")
 	w.setEndpoints(one, "10.244.1.2:80")
+	start := time.Now()
 	mustSync(t, b, w.next())
+	t.Logf("a partial sync at %d service ports: %v to render, diff and apply to the fake (the fake's copy of the table: %v)",
+		n, time.Since(start), fk.lastRestore)
 	if got := strings.Count(string(fk.Inputs[1]), "\n:"); got > 8 {
 		t.Errorf("a one-endpoint change declared %d chains:\n%s", got, fk.Inputs[1])
 	}

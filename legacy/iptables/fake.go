@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kpproxy/kp/proxy"
 )
@@ -26,6 +27,8 @@ type Fake struct {
 	Inputs [][]byte
 	// Refuse makes any rule line containing it refused.
 	Refuse string
+
+	lastRestore time.Duration // how long the last Restore took (the fake's own cost)
 }
 
 // FakeTable is one table: chains in creation order, and their rules (the
@@ -75,6 +78,8 @@ func (t *FakeTable) has(chain string) bool {
 }
 
 func (f *Fake) Restore(_ context.Context, data []byte) error {
+	start := time.Now()
+	defer func() { f.lastRestore = time.Since(start) }()
 	f.Inputs = append(f.Inputs, slices.Clone(data))
 	var cur *FakeTable
 	var curName Table
