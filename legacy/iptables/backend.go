@@ -40,6 +40,8 @@ type Backend struct {
 	routeLocalnet      func() error
 	localhostNodePorts bool
 	localhostChecked   bool
+	// warnedPrimary: the Node has no primary IP of the family (warned once).
+	warnedPrimary map[proxy.Family]bool
 
 	// books is what kp knows it wrote, per family; nil means unknown
 	// (start, after a failed sync, hourly): the next sync is full.
@@ -129,6 +131,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		cleanup:       defaultCleanup,
 		now:           time.Now,
 		localAddrs:    interfaceAddrs,
+		warnedPrimary: map[proxy.Family]bool{},
 		routeLocalnet: writeRouteLocalnet,
 	}
 	if cfg.IPTablesBackend != "" {

@@ -151,9 +151,14 @@ func (b *Backend) nodePortDestinations(fam proxy.Family, node proxy.Node) []stri
 	case b.cfg.NodePortPrimary:
 		ips = proxy.FilterAddrs(fam, node.IPs)
 		if len(ips) == 0 {
+			if b.warnedPrimary[fam] {
+				return all()
+			}
+			b.warnedPrimary[fam] = true
 			b.log.Warn("--nodeport-addresses primary: the Node has no IP of this family yet; NodePorts answer on every local address", "family", fam)
 			return all()
 		}
+		b.warnedPrimary[fam] = false
 	case slices.ContainsFunc(proxy.FilterPrefixes(fam, b.cfg.NodePortAddresses), func(p netip.Prefix) bool { return p.Bits() == 0 }):
 		return all()
 	case len(b.cfg.NodePortAddresses) > 0:
