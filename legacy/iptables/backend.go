@@ -61,6 +61,12 @@ type Backend struct {
 type book struct {
 	services map[proxy.ServicePortName]*rendered
 	written  map[chainKey]string
+	// skel is the shared chains (static ones and dispatch tries) as last
+	// built, for the inputs in skelKey: a sync whose changes leave every
+	// service port's shared rules as they were (an endpoint change, the
+	// most common) reuses it instead of rebuilding the tries.
+	skel    []*Chain
+	skelKey string
 }
 
 type chainKey struct {

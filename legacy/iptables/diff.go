@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -55,6 +56,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 // syncFamily renders, diffs and applies one family.
 func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *proxy.State, full bool) ([]byte, error) {
 	r := b.runner(f)
+	shared := full
 	if full {
 		clear(bk.services)
 		for name, sp := range s.Services {
@@ -62,14 +64,21 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 		}
 	} else {
 		for name := range s.Changed {
+			old := bk.services[name]
 			if sp := s.Services[name]; sp != nil {
 				bk.services[name] = b.renderInjected(f, sp, s.Endpoints[name], s.Node)
 			} else {
 				delete(bk.services, name)
 			}
+			shared = shared || !sameShared(old, bk.services[name])
 		}
 	}
-	want := b.skeleton(f, bk.services, b.nodePortDestinations(f, s.Node), proxy.FilterPrefixes(f, s.ServiceCIDRs))
+	npDsts, cidrs := b.nodePortDestinations(f, s.Node), proxy.FilterPrefixes(f, s.ServiceCIDRs)
+	key := fmt.Sprint(npDsts, cidrs, b.localhostNodePorts)
+	if shared || bk.skel == nil || key != bk.skelKey {
+		bk.skel, bk.skelKey = b.skeleton(f, bk.services, npDsts, cidrs), key
+	}
+	want := slices.Clone(bk.skel)
 	for _, name := range sortedNames(bk.services) {
 		want = append(want, bk.services[name].chains...)
 	}
@@ -270,6 +279,17 @@ func (in *input) explain(f proxy.Family, err error) error {
 		return fmt.Errorf("%s: iptables-restore refused a rule of kp's chain %s: %w", f, lo.chain, err)
 	}
 	return fmt.Errorf("%s iptables-restore: %w", f, err)
+}
+
+// sameShared reports whether two renderings of a service port add the same
+// rules to the shared chains (nil is a port with none).
+func sameShared(a, b *rendered) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return reflect.DeepEqual(a.natServices, b.natServices) && reflect.DeepEqual(a.natNodePorts, b.natNodePorts) &&
+		reflect.DeepEqual(a.filterServices, b.filterServices) && reflect.DeepEqual(a.filterExternal, b.filterExternal) &&
+		reflect.DeepEqual(a.firewall, b.firewall) && reflect.DeepEqual(a.healthChecks, b.healthChecks)
 }
 
 func sortedNames(m map[proxy.ServicePortName]*rendered) []proxy.ServicePortName {
