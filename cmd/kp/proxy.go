@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/conntrack"
@@ -119,6 +120,10 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
+	}
+	// A backend's own metrics (the iptables mode's, with upstream's names).
+	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
+		opts.Collectors = append(opts.Collectors, c.Collectors()...)
 	}
 	return opts
 }

@@ -54,6 +54,7 @@ type Backend struct {
 	// LastInput is the restore input of the last Sync, per family (tests
 	// and debugging).
 	lastInput map[proxy.Family][]byte
+	metrics   *metrics
 }
 
 // book is kp's record of one family: each service port's rendering, and
@@ -138,6 +139,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		now:           time.Now,
 		localAddrs:    interfaceAddrs,
 		warnedPrimary: map[proxy.Family]bool{},
+		metrics:       newMetrics(),
 		routeLocalnet: writeRouteLocalnet,
 	}
 	if cfg.IPTablesBackend != "" {

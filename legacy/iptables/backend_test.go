@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -279,6 +280,9 @@ func TestRefusedBatchNamesTheServiceAndForcesAFullSync(t *testing.T) {
 	}
 	if fk.Dump(TableNAT) != before {
 		t.Error("the refused nat block was half applied")
+	}
+	if n := testutil.ToFloat64(b.metrics.partialRestoreFailures.WithLabelValues("IPv4")); n != 1 {
+		t.Errorf("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total = %v, want 1", n)
 	}
 	fk.Refuse = ""
 	mustSync(t, b, w.next())

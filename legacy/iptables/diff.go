@@ -92,13 +92,16 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 	}
 	in := b.restoreInput(f, bk, want, kernel, full)
 	if in.empty() {
+		b.metrics.synced(f, want, in)
 		return nil, nil
 	}
 	data := in.buf.Bytes()
 	if err := r.Restore(ctx, data); err != nil {
+		b.metrics.failed(f, full)
 		return data, in.explain(f, err)
 	}
 	bk.written = in.written
+	b.metrics.synced(f, want, in)
 	return data, nil
 }
 
@@ -139,6 +142,7 @@ type input struct {
 	lines   []lineOwner // index: line number - 1
 	written map[chainKey]string
 	changes int
+	rules   map[Table]int // rule lines sent, per table
 }
 
 type lineOwner struct {
@@ -164,7 +168,7 @@ func (in *input) empty() bool { return in.changes == 0 }
 // built-in chains, then the deletions (a chain is deleted only after every
 // rule naming it was flushed or rewritten).
 func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel map[Table]*Dump, full bool) *input {
-	in := &input{written: map[chainKey]string{}}
+	in := &input{written: map[chainKey]string{}, rules: map[Table]int{}}
 	if !full {
 		for k, v := range bk.written {
 			in.written[k] = v
@@ -226,6 +230,7 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 			for _, r := range c.Rules {
 				in.line(r.line(c.Name), r.Owner, c.Name)
 			}
+			in.rules[t] += len(c.Rules)
 		}
 		for _, j := range jumps {
 			in.line(j.line(), none, j.from)
