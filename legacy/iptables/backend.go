@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
@@ -25,6 +27,9 @@ type Backend struct {
 	log      *slog.Logger
 	masqMark uint32
 
+	// mu guards flavor, runners and families, which the status API reads
+	// (EndpointCounters) while a sync may be choosing them.
+	mu        sync.Mutex
 	flavor    Flavor // "" until resolved (auto: Detect)
 	runners   map[proxy.Family]Runner
 	families  []proxy.Family
@@ -162,7 +167,11 @@ func (b *Backend) Mode() proxy.Mode { return proxy.ModeIPTables }
 func (b *Backend) LastSyncFull() bool { return b.lastSyncFull }
 
 // Flavor is the iptables backend in use ("" before Probe or Sync chose).
-func (b *Backend) Flavor() Flavor { return b.flavor }
+func (b *Backend) Flavor() Flavor {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.flavor
+}
 
 // LastInput is the iptables-restore input the last Sync sent for family
 // f (nil when it sent none).
@@ -170,7 +179,7 @@ func (b *Backend) LastInput(f proxy.Family) []byte { return b.lastInput[f] }
 
 // resolveFlavor runs Detect when the flavor is auto.
 func (b *Backend) resolveFlavor(ctx context.Context) error {
-	if b.flavor != "" && b.flavor != "auto" {
+	if fl := b.Flavor(); fl != "" && fl != FlavorAuto {
 		return nil
 	}
 	fl, reason, err := b.detect(ctx, b.log)
@@ -178,8 +187,17 @@ func (b *Backend) resolveFlavor(ctx context.Context) error {
 		return fmt.Errorf("choose the iptables backend: %w", err)
 	}
 	b.log.Info("iptables backend chosen", "backend", fl, "reason", reason)
+	b.mu.Lock()
 	b.flavor = fl
+	b.mu.Unlock()
 	return nil
+}
+
+// programmed is the families kp programs.
+func (b *Backend) programmed() []proxy.Family {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.families)
 }
 
 // Probe checks that the chosen flavor runs every rule kp writes, for IPv4
@@ -191,21 +209,28 @@ func (b *Backend) Probe(ctx context.Context) error {
 	if err := b.resolveFlavor(ctx); err != nil {
 		return err
 	}
-	if b.runners != nil {
+	b.mu.Lock()
+	injected := b.runners != nil
+	b.mu.Unlock()
+	if injected {
 		return nil // injected runners: nothing to probe
 	}
-	if err := b.probe(ctx, b.flavor, proxy.IPv4); err != nil {
+	fl := b.Flavor()
+	if err := b.probe(ctx, fl, proxy.IPv4); err != nil {
 		return err
 	}
-	b.families = []proxy.Family{proxy.IPv4}
-	if err := b.probe(ctx, b.flavor, proxy.IPv6); err != nil {
+	fams := []proxy.Family{proxy.IPv4}
+	if err := b.probe(ctx, fl, proxy.IPv6); err != nil {
 		if b.needsIPv6() {
 			return fmt.Errorf("the configuration has IPv6 ranges but %w", err)
 		}
 		b.log.Warn("IPv6 iptables does not work on this node; programming IPv4 only", "err", err)
-		return nil
+	} else {
+		fams = append(fams, proxy.IPv6)
 	}
-	b.families = append(b.families, proxy.IPv6)
+	b.mu.Lock()
+	b.families = fams
+	b.mu.Unlock()
 	return nil
 }
 
@@ -219,6 +244,8 @@ func (b *Backend) needsIPv6() bool {
 }
 
 func (b *Backend) runner(f proxy.Family) Runner {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.runners == nil {
 		b.runners = map[proxy.Family]Runner{}
 	}
@@ -270,11 +297,11 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // DNAT rule of each endpoint's KP-SEP- chain, which the nat table runs
 // for a connection's first packet only, summed over the families.
 func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.EndpointCounter, error) {
-	if b.flavor == "" || b.flavor == "auto" {
-		return nil, nil
+	if fl := b.Flavor(); fl == "" || fl == FlavorAuto {
+		return nil, nil // nothing programmed yet
 	}
 	dnat := map[string]proxy.EndpointCounter{}
-	for _, f := range b.families {
+	for _, f := range b.programmed() {
 		data, err := b.runner(f).Save(context.Background(), TableNAT, true)
 		if err != nil {
 			return nil, fmt.Errorf("read %s counters: %w", f, err)

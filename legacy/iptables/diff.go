@@ -32,7 +32,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		b.books = map[proxy.Family]*book{}
 	}
 	inputs := map[proxy.Family][]byte{}
-	for _, f := range b.families {
+	for _, f := range b.programmed() {
 		bk := b.books[f]
 		if bk == nil {
 			bk = &book{services: map[proxy.ServicePortName]*rendered{}, written: map[chainKey]string{}}
