@@ -28,6 +28,13 @@ type Config struct {
 	MasqueradeAll bool
 	MasqueradeBit int
 
+	// IPTablesBackend is the iptables mode's flavor: "auto" (or empty:
+	// detected as upstream's iptables-wrapper does), "nft" or "legacy".
+	IPTablesBackend string
+	// LocalhostNodePorts lets the iptables mode answer IPv4 NodePorts on
+	// 127.0.0.0/8 (upstream --iptables-localhost-nodeports).
+	LocalhostNodePorts bool
+
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period
 	ConfigSyncPeriod time.Duration // informer resync (upstream --config-sync-period)

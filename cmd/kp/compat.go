@@ -26,7 +26,6 @@ var ignoredFlags = []struct {
 	{"kube-api-qps", "float32", "kp sets its own API client rate limits"},
 	{"kube-api-burst", "int32", "kp sets its own API client rate limits"},
 	{"kube-api-content-type", "string", "kp chooses the API content type itself"},
-	{"iptables-localhost-nodeports", "bool", "it applies only to the iptables mode, which kp has not built yet"},
 	{"show-hidden-metrics-for-version", "string", "kp has no hidden metrics"},
 	{"log-flush-frequency", "duration", "kp does not buffer its logs"},
 	{"bind-address-hard-fail", "bool", "kp always fails when it cannot bind its servers"},

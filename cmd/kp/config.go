@@ -161,6 +161,9 @@ func (f *fileConfig) apply(s *settings) []error {
 			syncPeriod: kc.IPVS.SyncPeriod, minSyncPeriod: kc.IPVS.MinSyncPeriod}
 	}
 	errs = append(errs, mode.apply(f.path, s)...)
+	if v := kc.IPTables.LocalhostNodePorts; v != nil {
+		s.cfg.LocalhostNodePorts = *v
+	}
 
 	ipvs := kc.IPVS
 	for _, u := range []struct {

@@ -134,10 +134,10 @@ iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
 `, want: func(*proxy.Config) {}},
 		{name: "the iptables section applies in iptables mode", file: header + `
 mode: iptables
-iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
+iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m, localhostNodePorts: false}
 nftables: {masqueradeBit: 2}
 `, modes: []proxy.Mode{proxy.ModeIPTables}, want: func(c *proxy.Config) {
-			c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false
+			c.Mode, c.LocalhostNodePorts, c.NodePortPrimary = proxy.ModeIPTables, false, false
 			c.MasqueradeAll, c.MasqueradeBit, c.SyncPeriod = true, 1, 2*time.Minute
 		}},
 		{name: "the mode flag picks the section", file: header + `

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -69,6 +70,9 @@ func newApp(stdout, stderr io.Writer) *app {
 		backends: map[proxy.Mode]backendFactory{
 			proxy.ModeNFTables: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
 				return nft.New(cfg, log)
+			},
+			proxy.ModeIPTables: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
+				return iptables.New(cfg, log)
 			},
 		},
 		newKubeClient: proxy.NewKubeClient,

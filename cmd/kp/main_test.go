@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -295,6 +296,18 @@ func TestNFTablesModeCleansConntrackAfterSyncs(t *testing.T) {
 	}
 	if len(h.opts.Collectors) == 0 {
 		t.Error("the cleaner's metrics are not registered")
+	}
+}
+
+func TestIPTablesModeIsBuiltAndCleansConntrack(t *testing.T) {
+	a := newApp(io.Discard, io.Discard)
+	if _, ok := a.backends[proxy.ModeIPTables]; !ok {
+		t.Fatal("no iptables backend registered")
+	}
+	a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := proxy.Config{Mode: proxy.ModeIPTables}
+	if opts := a.runOptions(cfg, nil, nil); len(opts.Observers) == 0 {
+		t.Error("iptables mode runs without the stale conntrack cleaner")
 	}
 }
 

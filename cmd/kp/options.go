@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -47,6 +48,9 @@ type proxyOptions struct {
 	masqueradeAll     bool
 	masqueradeBit     int32
 
+	iptablesBackend            string
+	iptablesLocalhostNodePorts bool
+
 	syncPeriod            time.Duration
 	minSyncPeriod         time.Duration
 	iptablesSyncPeriod    time.Duration // upstream's older name for --sync-period
@@ -68,7 +72,13 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
 
 	fs.StringVar(&o.mode, "proxy-mode", string(proxy.ModeNFTables),
-		"Which proxy mode to use: nftables, iptables, ipvs or userspace. Only nftables is built so far.")
+		"Which proxy mode to use: nftables (the default) or iptables; ipvs and userspace are not built yet.")
+	fs.StringVar(&o.iptablesBackend, "iptables-backend", "auto",
+		"kp only: the iptables binaries the iptables mode uses: nft (iptables-nft), legacy (iptables-legacy), "+
+			"or auto to choose as upstream's iptables-wrapper does (the flavor already holding rules).")
+	fs.BoolVar(&o.iptablesLocalhostNodePorts, "iptables-localhost-nodeports", true,
+		"In iptables mode, answer IPv4 NodePorts on 127.0.0.0/8 too (sets net.ipv4.conf.all.route_localnet=1), "+
+			"when NodePorts answer on every local address.")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file with the API server's location and credentials.")
 	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server (overrides the kubeconfig's).")
 	fs.StringVar(&o.manifests, "manifests", "",
@@ -137,6 +147,8 @@ func defaultSettings() settings {
 		cfg: proxy.Config{
 			Mode:               proxy.ModeNFTables,
 			MasqueradeBit:      defaultMasqueradeBit,
+			IPTablesBackend:    string(iptables.FlavorAuto),
+			LocalhostNodePorts: true,
 			SyncPeriod:         defaultSyncPeriod,
 			MinSyncPeriod:      defaultMinSyncPeriod,
 			ConfigSyncPeriod:   defaultConfigSyncPeriod,
@@ -237,6 +249,15 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 	if changed("masquerade-all") {
 		s.cfg.MasqueradeAll = o.masqueradeAll
 	}
+	if changed("iptables-backend") {
+		if _, err := iptables.ParseFlavor(o.iptablesBackend); err != nil {
+			fail("iptables-backend", o.iptablesBackend, errors.New("want auto, nft or legacy"))
+		}
+		s.cfg.IPTablesBackend = o.iptablesBackend
+	}
+	if changed("iptables-localhost-nodeports") {
+		s.cfg.LocalhostNodePorts = o.iptablesLocalhostNodePorts
+	}
 	if changed("iptables-masquerade-bit") {
 		if err := checkMasqueradeBit(o.masqueradeBit); err != nil {
 			fail("iptables-masquerade-bit", strconv.Itoa(int(o.masqueradeBit)), err)
@@ -316,7 +337,10 @@ func (s *settings) finish(hostname func() (string, error)) []error {
 	}
 
 	// Upstream's nftables mode answers NodePorts only on the node's primary
-	// IPs unless given CIDRs; the iptables mode answers on every local IP.
+	// IPs unless given CIDRs; its iptables mode answers on every local IP
+	// (and warns that this default is unsafe), and so does kp's: a drop-in
+	// keeps the mode's semantics. --nodeport-addresses primary gives the
+	// nftables default in iptables mode.
 	if len(s.cfg.NodePortAddresses) == 0 && s.cfg.Mode == proxy.ModeNFTables {
 		s.cfg.NodePortPrimary = true
 	}

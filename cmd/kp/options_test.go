@@ -21,6 +21,8 @@ func defaultsFor(dir string) proxy.Config {
 		ManifestsDir:       dir,
 		NodePortPrimary:    true,
 		MasqueradeBit:      14,
+		IPTablesBackend:    "auto",
+		LocalhostNodePorts: true,
 		SyncPeriod:         30 * time.Second,
 		MinSyncPeriod:      time.Second,
 		ConfigSyncPeriod:   15 * time.Minute,
@@ -94,7 +96,14 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 		{name: "kubeconfig and master are kept", args: []string{"--kubeconfig", "/k", "--master", "https://api:6443"},
 			want: func(c *proxy.Config) { c.Kubeconfig, c.Master = "/k", "https://api:6443" }},
 		{name: "profiling", args: []string{"--profiling"}, want: func(c *proxy.Config) { c.Profiling = true }},
-		{name: "iptables mode answers NodePorts on every IP", args: []string{"--proxy-mode", "iptables"},
+		{name: "iptables backend and localhost NodePorts", args: []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy",
+			"--iptables-localhost-nodeports=false"},
+			modes: []proxy.Mode{proxy.ModeIPTables},
+			want: func(c *proxy.Config) {
+				c.Mode, c.IPTablesBackend, c.LocalhostNodePorts = proxy.ModeIPTables, "legacy", false
+				c.NodePortPrimary = false
+			}},
+		{name: "iptables mode answers NodePorts on every local IP, as upstream's", args: []string{"--proxy-mode", "iptables"},
 			modes: []proxy.Mode{proxy.ModeIPTables},
 			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
 		{name: "harmless kube-proxy flags change nothing", args: []string{
@@ -161,6 +170,8 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --min-sync-period 1m0s is longer than --sync-period 30s`},
 		{"unknown mode", []string{"--proxy-mode", "kernelspace"},
 			`kp: --proxy-mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace`},
+		{"unknown iptables backend", []string{"--iptables-backend", "xtables"},
+			`kp: --iptables-backend "xtables": want auto, nft or legacy`},
 		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},
 			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`},
 		{"iptables not built yet", []string{"--proxy-mode=iptables"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/conntrack"
@@ -37,6 +38,9 @@ logged as ignored.
 
   # No cluster: Services and EndpointSlices from a folder, JSON logs
   kp proxy --manifests ./manifests/demo --hostname-override node-1 --log-format json
+
+  # iptables mode, with the iptables-legacy binaries
+  kp proxy --proxy-mode iptables --iptables-backend legacy --manifests ./manifests/demo --hostname-override node-1
 
   # Remove everything kp wrote, as kube-proxy --cleanup does
   kp proxy --cleanup`,
@@ -110,14 +114,18 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 }
 
 // runOptions adds to the backend what follows its syncs: in the modes that
-// DNAT with conntrack (nftables here; iptables and ipvs when they land), the
+// DNAT with conntrack (nftables and iptables; ipvs when it lands), the
 // cleaner of stale UDP conntrack entries.
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
-	if cfg.Mode == proxy.ModeNFTables {
+	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables {
 		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
+	}
+	// A backend's own metrics (the iptables mode's, with upstream's names).
+	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
+		opts.Collectors = append(opts.Collectors, c.Collectors()...)
 	}
 	return opts
 }

@@ -15,11 +15,25 @@ import (
 	"github.com/kpproxy/kp/test/netns"
 )
 
+// KPOption changes what KPOverlay sets.
+type KPOption func(*kpOverlay)
+
+type kpOverlay struct{ mode string }
+
+// KPMode runs kp in mode (the config file's mode: field) instead of the
+// manifests' nftables.
+func KPMode(mode string) KPOption { return func(o *kpOverlay) { o.mode = mode } }
+
 // KPOverlay writes a kustomization that takes the repository's manifests/
 // as they are and sets what a user sets for their cluster: the image
 // (kp.local/kp:imageTag), the cluster's pod range and the API server's
-// address. It returns its folder, for kubectl apply -k.
-func (c *Cluster) KPOverlay(imageTag string) (string, error) {
+// address, and the mode when an option says so. It returns its folder, for
+// kubectl apply -k.
+func (c *Cluster) KPOverlay(imageTag string, opts ...KPOption) (string, error) {
+	var o kpOverlay
+	for _, opt := range opts {
+		opt(&o)
+	}
 	root, err := netns.ModuleRoot()
 	if err != nil {
 		return "", err
@@ -50,6 +64,12 @@ func (c *Cluster) KPOverlay(imageTag string) (string, error) {
 		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no conntrack maxPerCore: 32768 to set to 0")
 	}
 	config = strings.Replace(config, "maxPerCore: 32768", "maxPerCore: 0", 1)
+	if o.mode != "" {
+		if !strings.Contains(config, "\nmode: nftables\n") {
+			return "", fmt.Errorf("manifests/configmap.yaml changed shape: no mode: nftables to set to %s", o.mode)
+		}
+		config = strings.Replace(config, "\nmode: nftables\n", "\nmode: "+o.mode+"\n", 1)
+	}
 	kubeconfig = strings.Replace(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443", c.API.Instance(0).Addr.String(), 1)
 	patch, _ := json.Marshal(map[string]any{
 		"apiVersion": "v1", "kind": "ConfigMap",
@@ -101,8 +121,8 @@ func configMapFile(yaml, name string) (string, error) {
 // DeployKP applies manifests/ with the image kp.local/kp:imageTag (see
 // KPOverlay) and waits until the DaemonSet runs a Ready kp pod of that
 // image on every node.
-func (c *Cluster) DeployKP(imageTag string, timeout time.Duration) error {
-	dir, err := c.KPOverlay(imageTag)
+func (c *Cluster) DeployKP(imageTag string, timeout time.Duration, opts ...KPOption) error {
+	dir, err := c.KPOverlay(imageTag, opts...)
 	if err != nil {
 		return err
 	}

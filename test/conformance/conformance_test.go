@@ -18,9 +18,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 
-// focus chooses upstream's tests: the Services tests, and every
-// sig-network conformance test.
-const focus = `\[sig-network\] Services|\[sig-network\].*\[Conformance\]`
+// focus chooses upstream's tests: those of sig-network that a node proxy
+// decides (Services, KubeProxy, Conntrack, the Networking granular checks,
+// topology, traffic distribution, Service CIDRs), and every sig-network
+// conformance test.
+const focus = `\[sig-network\] (Services|KubeProxy|Conntrack|Networking|Topology|Traffic Distribution|Service CIDRs|ServiceCIDR)|` +
+	`\[sig-network\].*\[Conformance\]`
 
 // skips are what cannot exist on this machine's clusters, each with why.
 // A test that passes with upstream kube-proxy and fails with kp is a kp bug,
@@ -35,10 +38,6 @@ var skips = []SkipRule{
 	{Pattern: `SCTP`, Reason: "this machine's kernel has no SCTP sockets (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP) " +
 		"fails with EPROTONOSUPPORT, and it loads no modules); the test also enters the machine's own mount " +
 		"namespace from a privileged hostPID pod"},
-	{Pattern: `\[sig-network\] DNS should (provide DNS for (the cluster|services|pods for|ExternalName)|` +
-		`provide /etc/hosts entries|resolve DNS of partial qualified names for services)`,
-		Reason: "their querier pod runs registry.k8s.io/e2e-test-images/glibc-dns-testing, which this machine does " +
-			"not build: pulling it needs the network, and each test waits 15 minutes for it. The DNS tests on agnhost run"},
 }
 
 // nodes is the cluster's size: tests that spread pods over nodes, or
@@ -58,8 +57,12 @@ type mode struct {
 }
 
 var modes = []mode{
-	{name: "upstream-nftables", proxy: "kube-proxy v1.36.3 --proxy-mode=nftables, a process per node", deploy: startKubeProxy},
-	{name: "kp-nftables", proxy: "mode nftables, the DaemonSet of manifests/", deploy: deployKP},
+	{name: "upstream-nftables", proxy: "kube-proxy v1.36.3 --proxy-mode=nftables, a process per node", deploy: startKubeProxy("nftables")},
+	{name: "kp-nftables", proxy: "mode nftables, the DaemonSet of manifests/", deploy: deployKP("nftables")},
+	{name: "upstream-iptables", proxy: "kube-proxy v1.36.3 --proxy-mode=iptables (iptables-nft, Debian's default), a process per node",
+		deploy: startKubeProxy("iptables")},
+	{name: "kp-iptables", proxy: "mode iptables (backend chosen as iptables-wrapper does), the DaemonSet of manifests/ with mode: iptables",
+		deploy: deployKP("iptables")},
 }
 
 // TestConformance runs upstream's Services tests once per mode (each on a
@@ -178,7 +181,8 @@ func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, 
 		}
 	}
 	m.deploy(t, c, out)
-	deployDNS(t, c, art)
+	// Two replicas, spread over the nodes, as kubeadm deploys it.
+	cluster.DeployDNS(t, c, cluster.DNSOptions{Replicas: 2})
 	setup := time.Since(start)
 	t.Logf("%s: cluster, proxy and DNS up in %v", m.name, setup.Round(time.Second))
 

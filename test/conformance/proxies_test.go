@@ -17,17 +17,21 @@ const (
 	kpImage = "kp.local/kp:" + kpTag
 )
 
-// startKubeProxy runs upstream kube-proxy in nftables mode on every node:
-// a process in the node's network namespace, as a node's systemd unit
-// would run it, with the admin's kubeconfig. Its logs go to out when the
-// run ends.
-func startKubeProxy(t *testing.T, c *cluster.Cluster, out string) {
-	netns.Require(t, "nft")
+// startKubeProxy returns the deploy function that runs upstream kube-proxy
+// in mode on every node: a process in the node's network namespace, as a
+// node's systemd unit would run it, with the admin's kubeconfig. Its logs
+// go to out when the run ends.
+func startKubeProxy(mode string) func(t *testing.T, c *cluster.Cluster, out string) {
+	return func(t *testing.T, c *cluster.Cluster, out string) { runKubeProxy(t, c, out, mode) }
+}
+
+func runKubeProxy(t *testing.T, c *cluster.Cluster, out, mode string) {
+	netns.Require(t, "nft", "iptables-save")
 	bin := apiserver.Bin(t, apiserver.KubeProxy)
 	kubeconfig := c.API.Kubeconfig(0, c.API.AdminToken())
 	for _, n := range c.Nodes {
 		p := netns.StartInNet(t, n.NS, bin,
-			"--proxy-mode=nftables",
+			"--proxy-mode="+mode,
 			"--hostname-override", n.Name,
 			"--kubeconfig", kubeconfig,
 			"--cluster-cidr", c.ClusterCIDR.String(),
@@ -46,10 +50,13 @@ func startKubeProxy(t *testing.T, c *cluster.Cluster, out string) {
 	}
 }
 
-// deployKP deploys kp as users do: kubectl apply -k of manifests/ with the
-// test's image and the cluster's addresses.
-func deployKP(t *testing.T, c *cluster.Cluster, _ string) {
-	if err := c.DeployKP(kpTag, 3*time.Minute); err != nil {
-		t.Fatal(err)
+// deployKP returns the deploy function that deploys kp in mode as users
+// do: kubectl apply -k of manifests/ with the test's image, the cluster's
+// addresses and the mode in the config file.
+func deployKP(mode string) func(t *testing.T, c *cluster.Cluster, out string) {
+	return func(t *testing.T, c *cluster.Cluster, _ string) {
+		if err := c.DeployKP(kpTag, 3*time.Minute, cluster.KPMode(mode)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

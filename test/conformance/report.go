@@ -13,11 +13,31 @@ import (
 
 // Columns in the order the report shows them; a mode not listed here comes
 // after them, in name order.
-var columnOrder = []string{"upstream-nftables", "kp-nftables", "kp-iptables", "kp-ipvs"}
+var columnOrder = []string{"upstream-nftables", "kp-nftables", "upstream-iptables", "kp-iptables", "upstream-ipvs", "kp-ipvs"}
 
-// Baseline is the column every other is compared with: a test that passes
-// there must pass in every kp column.
+// Baseline is the column a kp column is compared with when upstream has no
+// column of its mode: a test that passes there must pass in every kp
+// column.
 const Baseline = "upstream-nftables"
+
+// upstreamPrefix starts the name of an upstream kube-proxy column.
+const upstreamPrefix = "upstream-"
+
+// baselineOf is the column kp column mode answers to: upstream kube-proxy
+// in the same mode (kp-iptables → upstream-iptables) when the report has
+// it, else Baseline. Upstream's columns answer to none ("").
+func (r *Results) baselineOf(mode string) string {
+	if strings.HasPrefix(mode, upstreamPrefix) {
+		return ""
+	}
+	same := upstreamPrefix + strings.TrimPrefix(mode, "kp-")
+	for _, run := range r.Runs {
+		if run.Mode == same {
+			return same
+		}
+	}
+	return Baseline
+}
 
 // The states of one test in one column.
 const (
@@ -279,16 +299,17 @@ func columnLess(a, b string) bool {
 	return a < b
 }
 
-// Regressions lists, for each column other than the baseline, the tests
-// that pass in the baseline and do not pass there.
+// Regressions lists, for each kp column, the tests that pass in its
+// baseline (baselineOf) and do not pass there.
 func (r *Results) Regressions() map[string][]string {
 	out := map[string][]string{}
 	for _, run := range r.Runs {
-		if run.Mode == Baseline {
+		baseline := r.baselineOf(run.Mode)
+		if baseline == "" {
 			continue
 		}
 		for _, t := range r.Tests {
-			base, ok := t.Results[Baseline]
+			base, ok := t.Results[baseline]
 			res, ran := t.Results[run.Mode]
 			if ok && ran && base.State == Passed && res.State != Passed {
 				out[run.Mode] = append(out[run.Mode], t.Name)

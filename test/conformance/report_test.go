@@ -61,7 +61,32 @@ func TestSetReplacesOneColumnAndRegressionsCompareWithTheBaseline(t *testing.T) 
 	}
 	md := r.Markdown()
 	for _, s := range []string{"| upstream-nftables | kp-nftables |", "| a | passed (0s) | passed (0s) |",
-		"| c | skipped (S1) | – |", "- kp-nftables: none.", "| S1 | `\\[Disruptive\\]` | breaks the cluster |"} {
+		"| c | skipped (S1) | – |", "- kp-nftables (against upstream-nftables): none.", "| S1 | `\\[Disruptive\\]` | breaks the cluster |"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q:\n%s", s, md)
+		}
+	}
+}
+
+func TestAKpColumnAnswersToUpstreamInTheSameModeElseTheBaseline(t *testing.T) {
+	r := &Results{}
+	r.Set(Run{Mode: Baseline}, map[string]Result{"a": {State: Passed}, "b": {State: Passed}})
+	r.Set(Run{Mode: "upstream-iptables"}, map[string]Result{"a": {State: Failed}, "b": {State: Passed}})
+	r.Set(Run{Mode: "kp-iptables"}, map[string]Result{"a": {State: Failed}, "b": {State: Failed}})
+	r.Set(Run{Mode: "kp-ipvs"}, map[string]Result{"a": {State: Failed}, "b": {State: Passed}})
+	want := map[string][]string{"kp-iptables": {"b"}, "kp-ipvs": {"a"}}
+	if got := r.Regressions(); !reflect.DeepEqual(got, want) {
+		t.Errorf("regressions %v; want %v (upstream-iptables fails a too, so kp-iptables owes only b)", got, want)
+	}
+	var cols []string
+	for _, run := range r.Runs {
+		cols = append(cols, run.Mode)
+	}
+	if want := []string{Baseline, "upstream-iptables", "kp-iptables", "kp-ipvs"}; !reflect.DeepEqual(cols, want) {
+		t.Errorf("columns %v; want %v", cols, want)
+	}
+	md := r.Markdown()
+	for _, s := range []string{"- kp-iptables (against upstream-iptables): 1:", "- kp-ipvs (against upstream-nftables): 1:"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("report lacks %q:\n%s", s, md)
 		}

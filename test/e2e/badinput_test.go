@@ -14,77 +14,79 @@ import (
 // a good Service. Every bad object is logged with its kind, name and field;
 // the usable parts of the bad objects work; the good Service works.
 func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
-	e := newEnv(t, 3)
-	pods := e.w.Pods()
-	e.write("web.yaml", web(pods...))
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 3)
+		pods := e.w.Pods()
+		e.write("web.yaml", web(pods...))
 
-	http := func(name string) Port { return Port{Name: name, Port: 80, TargetPort: 8080} }
-	// The wrong-family slice: an IPv6 address in an IPv4 slice, before a
-	// good IPv4 one.
-	fam := Service{Name: "fam", ClusterIPs: []string{"10.96.0.72"}, Ports: []Port{http("http")},
-		Endpoints: podsOn(nodeName, pods[1])}.Objects()
-	famSlice := fam[1].(*discovery.EndpointSlice)
-	famSlice.Endpoints = append([]discovery.Endpoint{{Addresses: []string{pods[0].IP6.String()}}}, famSlice.Endpoints...)
-	// The same endpoint in two slices of one Service.
-	dup := Service{Name: "dup", ClusterIPs: []string{"10.96.0.73"}, Ports: []Port{http("http")},
-		Endpoints: podsOn(nodeName, pods[2])}.Objects()
-	dupCopy := dup[1].(*discovery.EndpointSlice).DeepCopy()
-	dupCopy.Name += "-copy"
+		http := func(name string) Port { return Port{Name: name, Port: 80, TargetPort: 8080} }
+		// The wrong-family slice: an IPv6 address in an IPv4 slice, before a
+		// good IPv4 one.
+		fam := Service{Name: "fam", ClusterIPs: []string{"10.96.0.72"}, Ports: []Port{http("http")},
+			Endpoints: podsOn(nodeName, pods[1])}.Objects()
+		famSlice := fam[1].(*discovery.EndpointSlice)
+		famSlice.Endpoints = append([]discovery.Endpoint{{Addresses: []string{pods[0].IP6.String()}}}, famSlice.Endpoints...)
+		// The same endpoint in two slices of one Service.
+		dup := Service{Name: "dup", ClusterIPs: []string{"10.96.0.73"}, Ports: []Port{http("http")},
+			Endpoints: podsOn(nodeName, pods[2])}.Objects()
+		dupCopy := dup[1].(*discovery.EndpointSlice).DeepCopy()
+		dupCopy.Name += "-copy"
 
-	objs := []any{
-		Service{Name: "bad-ip", ClusterIPs: []string{"10.96.0.300"}, Ports: []Port{http("http")}, Endpoints: podsOn(nodeName, pods[0])},
-		Service{Name: "bad-ports", ClusterIPs: []string{"10.96.0.71"}, Ports: []Port{
-			{Name: "zero", Port: 0, TargetPort: 8080},
-			{Name: "huge", Port: 70000, TargetPort: 8080},
-			http("ok"),
-		}, Endpoints: podsOn(nodeName, pods[0])},
-		Service{Name: "bad-proto", ClusterIPs: []string{"10.96.0.74"},
-			Ports: []Port{{Name: "q", Protocol: "QUIC", Port: 80, TargetPort: 8080}}},
-		Service{Name: "Bad_Name", ClusterIPs: []string{"10.96.0.75"}, Ports: []Port{http("http")}, NoSlices: true},
-	}
-	objs = append(objs, fam...)
-	objs = append(objs, dup...)
-	objs = append(objs, dupCopy)
-	e.write("bad.yaml", objs...)
-	e.startKP()
-
-	e.answers(e.w.Client(), "tcp", webTCP)
-	e.answers(e.w.Client(), "tcp", "10.96.0.71:80", pods[0].Name) // bad-ports' good port
-	e.answers(e.w.Client(), "tcp", "10.96.0.72:80", pods[1].Name) // fam's IPv4 endpoint
-	for i := 0; i < 10; i++ {
-		if name, err := e.ask(e.w.Client(), "tcp", "10.96.0.73:80"); err != nil || name != pods[2].Name {
-			t.Fatalf("dup: %q %v, want %s every time", name, err, pods[2].Name)
+		objs := []any{
+			Service{Name: "bad-ip", ClusterIPs: []string{"10.96.0.300"}, Ports: []Port{http("http")}, Endpoints: podsOn(nodeName, pods[0])},
+			Service{Name: "bad-ports", ClusterIPs: []string{"10.96.0.71"}, Ports: []Port{
+				{Name: "zero", Port: 0, TargetPort: 8080},
+				{Name: "huge", Port: 70000, TargetPort: 8080},
+				http("ok"),
+			}, Endpoints: podsOn(nodeName, pods[0])},
+			Service{Name: "bad-proto", ClusterIPs: []string{"10.96.0.74"},
+				Ports: []Port{{Name: "q", Protocol: "QUIC", Port: 80, TargetPort: 8080}}},
+			Service{Name: "Bad_Name", ClusterIPs: []string{"10.96.0.75"}, Ports: []Port{http("http")}, NoSlices: true},
 		}
-	}
+		objs = append(objs, fam...)
+		objs = append(objs, dup...)
+		objs = append(objs, dupCopy)
+		e.write("bad.yaml", objs...)
+		e.startKP()
 
-	wantLogged := [][3]string{
-		{"Service", "e2e/bad-ip", "spec.clusterIPs[0]"},
-		{"Service", "e2e/bad-ports", "spec.ports[0].port"},
-		{"Service", "e2e/bad-ports", "spec.ports[1].port"},
-		{"Service", "e2e/bad-proto", "spec.ports[0].protocol"},
-		{"Service", "e2e/Bad_Name", "metadata.name"},
-		{"EndpointSlice", "e2e/" + famSlice.Name, "endpoints[0].addresses[0]"},
-		{"EndpointSlice", "e2e/bad-proto-ipv4-0", "ports[0].protocol"},
-	}
-	e.eventually("every bad object logged with kind, object and field", 10*time.Second, func() error {
-		var missing []string
-		for _, w := range wantLogged {
-			if !logHas(e.kp.Log(), "kind="+w[0], "object="+w[1], "field="+w[2]) {
-				missing = append(missing, strings.Join(w[:], " "))
+		e.answers(e.w.Client(), "tcp", webTCP)
+		e.answers(e.w.Client(), "tcp", "10.96.0.71:80", pods[0].Name) // bad-ports' good port
+		e.answers(e.w.Client(), "tcp", "10.96.0.72:80", pods[1].Name) // fam's IPv4 endpoint
+		for i := 0; i < 10; i++ {
+			if name, err := e.ask(e.w.Client(), "tcp", "10.96.0.73:80"); err != nil || name != pods[2].Name {
+				t.Fatalf("dup: %q %v, want %s every time", name, err, pods[2].Name)
 			}
 		}
-		if len(missing) > 0 {
-			return fmt.Errorf("kp's log lacks:\n%s\nlog:\n%s", strings.Join(missing, "\n"), e.kp.Log())
+
+		wantLogged := [][3]string{
+			{"Service", "e2e/bad-ip", "spec.clusterIPs[0]"},
+			{"Service", "e2e/bad-ports", "spec.ports[0].port"},
+			{"Service", "e2e/bad-ports", "spec.ports[1].port"},
+			{"Service", "e2e/bad-proto", "spec.ports[0].protocol"},
+			{"Service", "e2e/Bad_Name", "metadata.name"},
+			{"EndpointSlice", "e2e/" + famSlice.Name, "endpoints[0].addresses[0]"},
+			{"EndpointSlice", "e2e/bad-proto-ipv4-0", "ports[0].protocol"},
 		}
-		return nil
+		e.eventually("every bad object logged with kind, object and field", 10*time.Second, func() error {
+			var missing []string
+			for _, w := range wantLogged {
+				if !logHas(e.kp.Log(), "kind="+w[0], "object="+w[1], "field="+w[2]) {
+					missing = append(missing, strings.Join(w[:], " "))
+				}
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("kp's log lacks:\n%s\nlog:\n%s", strings.Join(missing, "\n"), e.kp.Log())
+			}
+			return nil
+		})
+		// The same endpoint twice is not an error.
+		if logHas(e.kp.Log(), "object=e2e/dup") {
+			t.Errorf("kp logged the duplicate endpoint as an error:\n%s", e.kp.Log())
+		}
+		if !e.kp.Running() {
+			t.Fatalf("kp exited: %v", e.kp.ExitErr())
+		}
 	})
-	// The same endpoint twice is not an error.
-	if logHas(e.kp.Log(), "object=e2e/dup") {
-		t.Errorf("kp logged the duplicate endpoint as an error:\n%s", e.kp.Log())
-	}
-	if !e.kp.Running() {
-		t.Fatalf("kp exited: %v", e.kp.ExitErr())
-	}
 }
 
 // logHas reports whether one line of log contains every part.

@@ -45,59 +45,64 @@ func (e *env) deletedEntries(reason string) int {
 // client that keeps its source port keeps one conntrack entry alive as long
 // as it sends; without cleanup that entry points at the first pod forever.
 func TestUDPClientFollowsItsServerPodWhenThePodIsReplaced(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name     string
 		nodePort int32
 	}{{"ClusterIP", 0}, {"NodePort", 30053}} {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, 1)
-			old := e.w.Pods()[0]
-			e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort, old))
-			e.startKP()
-			addr := "10.96.0.53:53"
-			if c.nodePort != 0 {
-				addr = hostPort(e.w.NodeIP().String(), int(c.nodePort))
-			}
-			client := e.startUDPClient(e.w.Client(), addr)
-			e.waitFor(client, "answers from "+old.Name, time.Time{}, 15*time.Second,
-				func(ev udpEvent) bool { return ev.From == old.Name })
+			forEachMode(t, func(t *testing.T, m mode) {
+				e := newEnv(t, m, 1)
+				old := e.w.Pods()[0]
+				e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort, old))
+				e.startKP()
+				addr := "10.96.0.53:53"
+				if c.nodePort != 0 {
+					addr = hostPort(e.w.NodeIP().String(), int(c.nodePort))
+				}
+				client := e.startUDPClient(e.w.Client(), addr)
+				e.waitFor(client, "answers from "+old.Name, time.Time{}, 15*time.Second,
+					func(ev udpEvent) bool { return ev.From == old.Name })
 
-			// The pod dies: the Service has no endpoint. The client's entry
-			// must go (upstream #139628), so its packets meet the reject
-			// rule instead of vanishing towards the dead pod's address.
-			gone := time.Now()
-			e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort))
-			e.w.RemovePod(old)
-			e.waitFor(client, "refused while the Service has no endpoint", gone, 15*time.Second,
-				func(ev udpEvent) bool { return ev.refused() })
+				// The pod dies: the Service has no endpoint. The client's entry
+				// must go (upstream #139628), so its packets meet the reject
+				// rule instead of vanishing towards the dead pod's address.
+				gone := time.Now()
+				e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort))
+				e.w.RemovePod(old)
+				e.waitFor(client, "refused while the Service has no endpoint", gone, 15*time.Second,
+					func(ev udpEvent) bool { return ev.refused() })
 
-			// A new pod at a new address becomes the endpoint.
-			fresh := e.w.AddPod()
-			back := time.Now()
-			e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort, fresh))
-			e.waitFor(client, "answers from the new pod "+fresh.Name, back, 15*time.Second,
-				func(ev udpEvent) bool { return ev.From == fresh.Name })
-			if n := e.deletedEntries("endpoint_gone"); n < 1 {
-				t.Errorf("kp_conntrack_entries_deleted_total{reason=endpoint_gone} = %d, want at least 1", n)
-			}
-			t.Logf("client saw: %s", summarize(client.since(time.Time{})))
+				// A new pod at a new address becomes the endpoint.
+				fresh := e.w.AddPod()
+				back := time.Now()
+				e.write("dns.yaml", dnsService("dns", "10.96.0.53", c.nodePort, fresh))
+				e.waitFor(client, "answers from the new pod "+fresh.Name, back, 15*time.Second,
+					func(ev udpEvent) bool { return ev.From == fresh.Name })
+				if n := e.deletedEntries("endpoint_gone"); n < 1 {
+					t.Errorf("kp_conntrack_entries_deleted_total{reason=endpoint_gone} = %d, want at least 1", n)
+				}
+				t.Logf("client saw: %s", summarize(client.since(time.Time{})))
+			})
 		})
 	}
 }
 
 // The same with no gap: a rolling update replaces the endpoint in one step.
 func TestUDPClientFollowsARollingReplacement(t *testing.T) {
-	e := newEnv(t, 2)
-	pods := e.w.Pods()
-	e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pods[0]))
-	e.startKP()
-	client := e.startUDPClient(pods[1].NS, "10.96.0.53:53")
-	e.waitFor(client, "answers from pod-0", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[0].Name })
-	fresh := e.w.AddPod()
-	switched := time.Now()
-	e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, fresh))
-	e.w.RemovePod(pods[0])
-	e.waitFor(client, "answers from "+fresh.Name, switched, 15*time.Second, func(ev udpEvent) bool { return ev.From == fresh.Name })
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 2)
+		pods := e.w.Pods()
+		e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pods[0]))
+		e.startKP()
+		client := e.startUDPClient(pods[1].NS, "10.96.0.53:53")
+		e.waitFor(client, "answers from pod-0", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[0].Name })
+		fresh := e.w.AddPod()
+		switched := time.Now()
+		e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, fresh))
+		e.w.RemovePod(pods[0])
+		e.waitFor(client, "answers from "+fresh.Name, switched, 15*time.Second, func(ev udpEvent) bool { return ev.From == fresh.Name })
+	})
 }
 
 // A UDP client that started while its Service had no endpoints, and keeps
@@ -117,85 +122,92 @@ func TestUDPClientFollowsARollingReplacement(t *testing.T) {
 // reject (it only looks at new flows), and refreshes the 30 s UDP timeout:
 // with one packet per 100 ms it never expires. Only deleting it helps.
 func TestUDPClientThatStartedBeforeTheFirstEndpointGetsAnswers(t *testing.T) {
+	t.Parallel()
 	t.Run("Service without endpoints: rejected, nothing confirmed", func(t *testing.T) {
-		e := newEnv(t, 1)
-		pod := e.w.Pods()[0]
-		e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0))
-		e.startKP()
-		client := e.startUDPClient(e.w.Client(), "10.96.0.53:53")
-		e.waitFor(client, "refused", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.refused() })
-		if flows := e.conntrackFrom(client.source()); len(flows) != 0 {
-			t.Errorf("rejected packets left conntrack entries: %+v", flows)
-		}
-		first := time.Now()
-		e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pod))
-		e.waitFor(client, "answers after the first endpoint appeared", first, 15*time.Second,
-			func(ev udpEvent) bool { return ev.From == pod.Name })
+		forEachMode(t, func(t *testing.T, m mode) {
+			e := newEnv(t, m, 1)
+			pod := e.w.Pods()[0]
+			e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0))
+			e.startKP()
+			client := e.startUDPClient(e.w.Client(), "10.96.0.53:53")
+			e.waitFor(client, "refused", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.refused() })
+			if flows := e.conntrackFrom(client.source()); len(flows) != 0 {
+				t.Errorf("rejected packets left conntrack entries: %+v", flows)
+			}
+			first := time.Now()
+			e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pod))
+			e.waitFor(client, "answers after the first endpoint appeared", first, 15*time.Second,
+				func(ev udpEvent) bool { return ev.From == pod.Name })
+		})
 	})
 
 	t.Run("Service address kp had no rule for yet: confirmed without DNAT, deleted", func(t *testing.T) {
-		e := newEnv(t, 1)
-		pod := e.w.Pods()[0]
-		e.write("other.yaml", dnsService("other", "10.96.0.54", 0, pod))
-		e.startKP()
-		client := e.startUDPClient(e.w.Client(), "10.96.0.53:53")
-		var stale string
-		e.eventually("the client's packets confirm an entry without DNAT", 15*time.Second, func() error {
-			for _, f := range e.conntrackFrom(client.source()) {
-				if !f.DNATed() && f.Orig.Dst.String() == "10.96.0.53:53" {
-					stale = fmt.Sprintf("%s %s→%s reply from %s", f.State(), f.Orig.Src, f.Orig.Dst, f.Reply.Src)
-					return nil
+		forEachMode(t, func(t *testing.T, m mode) {
+			e := newEnv(t, m, 1)
+			pod := e.w.Pods()[0]
+			e.write("other.yaml", dnsService("other", "10.96.0.54", 0, pod))
+			e.startKP()
+			client := e.startUDPClient(e.w.Client(), "10.96.0.53:53")
+			var stale string
+			e.eventually("the client's packets confirm an entry without DNAT", 15*time.Second, func() error {
+				for _, f := range e.conntrackFrom(client.source()) {
+					if !f.DNATed() && f.Orig.Dst.String() == "10.96.0.53:53" {
+						stale = fmt.Sprintf("%s %s→%s reply from %s", f.State(), f.Orig.Src, f.Orig.Dst, f.Reply.Src)
+						return nil
+					}
 				}
+				return fmt.Errorf("no such entry yet")
+			})
+			t.Logf("entry before the Service exists: %s", stale)
+			if evs := client.since(time.Time{}); len(evs) != 0 {
+				t.Errorf("the client got %s before the Service existed, want silence", summarize(evs))
 			}
-			return fmt.Errorf("no such entry yet")
-		})
-		t.Logf("entry before the Service exists: %s", stale)
-		if evs := client.since(time.Time{}); len(evs) != 0 {
-			t.Errorf("the client got %s before the Service existed, want silence", summarize(evs))
-		}
 
-		first := time.Now()
-		e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pod))
-		e.waitFor(client, "answers after the Service appeared with an endpoint", first, 15*time.Second,
-			func(ev udpEvent) bool { return ev.From == pod.Name })
-		if n := e.deletedEntries("not_nated"); n < 1 {
-			t.Errorf("kp_conntrack_entries_deleted_total{reason=not_nated} = %d, want at least 1", n)
-		}
+			first := time.Now()
+			e.write("dns.yaml", dnsService("dns", "10.96.0.53", 0, pod))
+			e.waitFor(client, "answers after the Service appeared with an endpoint", first, 15*time.Second,
+				func(ev udpEvent) bool { return ev.From == pod.Name })
+			if n := e.deletedEntries("not_nated"); n < 1 {
+				t.Errorf("kp_conntrack_entries_deleted_total{reason=not_nated} = %d, want at least 1", n)
+			}
+		})
 	})
 }
 
 // TCP is left to its own state machine: the entry of a connection to a
 // removed endpoint is not deleted by kp.
 func TestTCPConnectionsAreNotTouchedByConntrackCleanup(t *testing.T) {
-	e := newEnv(t, 2)
-	pods := e.w.Pods()
-	e.write("web.yaml", web(pods[0]))
-	e.startKP()
-	e.answers(e.w.Client(), "tcp", webTCP)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := netns.DialConn(ctx, e.w.Client(), "tcp", webTCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	src := netip.MustParseAddrPort(conn.LocalAddr().String())
-	udp := e.startUDPClient(e.w.Client(), webUDP)
-	e.waitFor(udp, "udp answers from pod-0", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[0].Name })
-
-	switched := time.Now()
-	e.write("web.yaml", web(pods[1]))
-	// The UDP client's entry had to be deleted for it to reach pod-1: the
-	// cleanup after the switch has run.
-	e.waitFor(udp, "udp answers from pod-1", switched, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[1].Name })
-	found := false
-	for _, f := range e.conntrackFrom(src) {
-		if f.Reply.Src.Addr() == pods[0].IP {
-			found = true
-			t.Logf("TCP entry kept: %s %s→%s reply from %s", f.State(), f.Orig.Src, f.Orig.Dst, f.Reply.Src)
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 2)
+		pods := e.w.Pods()
+		e.write("web.yaml", web(pods[0]))
+		e.startKP()
+		e.answers(e.w.Client(), "tcp", webTCP)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := netns.DialConn(ctx, e.w.Client(), "tcp", webTCP)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !found {
-		t.Errorf("the TCP entry of a connection to the removed endpoint %s was deleted", pods[0].Name)
-	}
+		defer conn.Close()
+		src := netip.MustParseAddrPort(conn.LocalAddr().String())
+		udp := e.startUDPClient(e.w.Client(), webUDP)
+		e.waitFor(udp, "udp answers from pod-0", time.Time{}, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[0].Name })
+
+		switched := time.Now()
+		e.write("web.yaml", web(pods[1]))
+		// The UDP client's entry had to be deleted for it to reach pod-1: the
+		// cleanup after the switch has run.
+		e.waitFor(udp, "udp answers from pod-1", switched, 15*time.Second, func(ev udpEvent) bool { return ev.From == pods[1].Name })
+		found := false
+		for _, f := range e.conntrackFrom(src) {
+			if f.Reply.Src.Addr() == pods[0].IP {
+				found = true
+				t.Logf("TCP entry kept: %s %s→%s reply from %s", f.State(), f.Orig.Src, f.Orig.Dst, f.Reply.Src)
+			}
+		}
+		if !found {
+			t.Errorf("the TCP entry of a connection to the removed endpoint %s was deleted", pods[0].Name)
+		}
+	})
 }

@@ -27,34 +27,41 @@ const (
 
 // env is one test's world with kp running in it.
 type env struct {
-	t   *testing.T
-	w   *netns.World
-	dir ManifestDir
-	kp  *netns.Process
+	t    *testing.T
+	mode mode
+	w    *netns.World
+	dir  ManifestDir
+	kp   *netns.Process
 	// source is kp's source of Services: --manifests dir unless a test
 	// points kp at an API server instead.
 	source []string
 }
 
 // newEnv builds a world with pods and a manifests folder holding the node's
-// own Node object. It skips the test unless root; it fails if kp does not
-// build.
-func newEnv(t *testing.T, pods int) *env {
+// own Node object, for kp in mode m. It skips the test unless root, or when
+// KP_E2E_MODES leaves m out; it fails if kp does not build. The test runs
+// in parallel with others.
+func newEnv(t *testing.T, m mode, pods int) *env {
 	t.Helper()
 	netns.Require(t)
+	skipUnselected(t, m)
 	t.Parallel()
-	return newEnvSerial(t, pods)
+	return newEnvSerial(t, m, pods)
 }
 
 // newEnvSerial is newEnv for a test that must not run in parallel.
-func newEnvSerial(t *testing.T, pods int) *env {
+func newEnvSerial(t *testing.T, m mode, pods int) *env {
 	t.Helper()
 	netns.Require(t)
+	skipUnselected(t, m)
+	if m.iptables() {
+		netns.Require(t, m.save("ip"), m.save("ip6"))
+	}
 	if _, err := netns.Build("./cmd/kp"); err != nil {
 		t.Fatalf("kp does not build: %v", err)
 	}
 	w := netns.NewWorld(t, netns.Options{Pods: pods})
-	e := &env{t: t, w: w, dir: ManifestDir(t.TempDir())}
+	e := &env{t: t, mode: m, w: w, dir: ManifestDir(t.TempDir())}
 	e.write("node.yaml", Node(nodeName,
 		[]string{w.NodeIP().String(), w.NodeIP6().String()},
 		[]string{w.PodCIDR().String(), w.PodCIDR6().String()}))
@@ -62,13 +69,14 @@ func newEnvSerial(t *testing.T, pods int) *env {
 }
 
 // kpArgs is how every test runs kp: upstream kube-proxy's flags plus its
-// source (kp's --manifests, or --kubeconfig).
+// source (kp's --manifests, or --kubeconfig) and its mode's flags.
 func (e *env) kpArgs(extra ...string) []string {
 	source := e.source
 	if source == nil {
 		source = []string{"--manifests", string(e.dir)}
 	}
 	args := append([]string{"proxy"}, source...)
+	args = append(args, e.mode.args...)
 	args = append(args,
 		"--hostname-override", nodeName,
 		"--cluster-cidr", e.w.ClusterCIDR(),

@@ -34,126 +34,130 @@ func podsOn(node string, pods ...*netns.Pod) []Endpoint {
 }
 
 func TestHealthCheckNodePortReportsLocalEndpoints(t *testing.T) {
-	e := newEnv(t, 2)
-	pods := e.w.Pods()
-	const hcPort = 32100
-	url := fmt.Sprintf("http://%s/", hostPort(e.w.NodeIP().String(), hcPort))
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods...))...)
-	e.startKP()
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 2)
+		pods := e.w.Pods()
+		const hcPort = 32100
+		url := fmt.Sprintf("http://%s/", hostPort(e.w.NodeIP().String(), hcPort))
+		e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods...))...)
+		e.startKP()
 
-	expect := func(what string, code, local int, healthy bool) {
-		t.Helper()
-		want := fmt.Sprintf("{\n\t\"service\": {\n\t\t\"namespace\": \"e2e\",\n\t\t\"name\": \"lb\"\n\t},\n"+
-			"\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}", local, healthy)
-		e.eventually(what, 15*time.Second, func() error {
-			got, body, err := e.w.HTTPGet(e.w.Client(), url, 2*time.Second)
-			if err != nil {
-				return err
-			}
-			if got != code || body != want {
-				return fmt.Errorf("GET %s from the client: %d %q, want %d %q", url, got, body, code, want)
+		expect := func(what string, code, local int, healthy bool) {
+			t.Helper()
+			want := fmt.Sprintf("{\n\t\"service\": {\n\t\t\"namespace\": \"e2e\",\n\t\t\"name\": \"lb\"\n\t},\n"+
+				"\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}", local, healthy)
+			e.eventually(what, 15*time.Second, func() error {
+				got, body, err := e.w.HTTPGet(e.w.Client(), url, 2*time.Second)
+				if err != nil {
+					return err
+				}
+				if got != code || body != want {
+					return fmt.Errorf("GET %s from the client: %d %q, want %d %q", url, got, body, code, want)
+				}
+				return nil
+			})
+		}
+		expect("both pods on this node", 200, 2, true)
+
+		// The endpoints move to another node: this node must fail the check
+		// so the load balancer stops sending it traffic it would drop.
+		e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(otherNode, pods...))...)
+		expect("endpoints on another node", 503, 0, true)
+
+		e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods[0]))...)
+		expect("one pod back on this node", 200, 1, true)
+
+		e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, nil)...)
+		expect("no endpoints at all", 503, 0, true)
+
+		// The Service goes away: so does its health check port.
+		if err := e.dir.Remove("lb.yaml"); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually("health check port closed", 15*time.Second, func() error {
+			if _, _, err := e.w.HTTPGet(e.w.Client(), url, 2*time.Second); !isRefused(err) {
+				return fmt.Errorf("GET %s: %v, want connection refused", url, err)
 			}
 			return nil
 		})
-	}
-	expect("both pods on this node", 200, 2, true)
-
-	// The endpoints move to another node: this node must fail the check
-	// so the load balancer stops sending it traffic it would drop.
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(otherNode, pods...))...)
-	expect("endpoints on another node", 503, 0, true)
-
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, podsOn(nodeName, pods[0]))...)
-	expect("one pod back on this node", 200, 1, true)
-
-	e.write("lb.yaml", localLB("lb", "10.96.0.60", 30060, hcPort, nil)...)
-	expect("no endpoints at all", 503, 0, true)
-
-	// The Service goes away: so does its health check port.
-	if err := e.dir.Remove("lb.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	e.eventually("health check port closed", 15*time.Second, func() error {
-		if _, _, err := e.w.HTTPGet(e.w.Client(), url, 2*time.Second); !isRefused(err) {
-			return fmt.Errorf("GET %s: %v, want connection refused", url, err)
-		}
-		return nil
 	})
 }
 
 func TestMetricsEndpointHasUpstreamMetricsWithSensibleValues(t *testing.T) {
-	e := newEnv(t, 2)
-	pods := e.w.Pods()
-	e.write("web.yaml", web(pods...))
-	// A Local Service whose only endpoint is elsewhere: counted by
-	// kubeproxy_sync_proxy_rules_no_local_endpoints_total.
-	e.write("lb.yaml", localLB("lb", "10.96.0.61", 30061, 32101, podsOn(otherNode, pods[0]))...)
-	e.startKP()
-	e.answers(e.w.Client(), "tcp", webTCP)
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 2)
+		pods := e.w.Pods()
+		e.write("web.yaml", web(pods...))
+		// A Local Service whose only endpoint is elsewhere: counted by
+		// kubeproxy_sync_proxy_rules_no_local_endpoints_total.
+		e.write("lb.yaml", localLB("lb", "10.96.0.61", 30061, 32101, podsOn(otherNode, pods[0]))...)
+		e.startKP()
+		e.answers(e.w.Client(), "tcp", webTCP)
 
-	// A change with a trigger time, after kp started: a partial sync and
-	// a network programming latency sample.
-	objs := web(pods[0]).Objects()
-	for _, o := range objs[1:] {
-		sl := o.(*discovery.EndpointSlice)
-		sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}
-	}
-	e.write("web.yaml", objs...)
-	e.answers(e.w.Client(), "tcp", webTCP, pods[0].Name)
-	for _, path := range []string{"/healthz", "/livez"} {
-		if code, body, err := e.w.HTTPGet(e.w.Node(), "http://"+healthzAddr+path, 2*time.Second); err != nil || code != 200 ||
-			!strings.Contains(body, `"healthy":true`) {
-			t.Errorf("GET %s: %d %q %v", path, code, body, err)
+		// A change with a trigger time, after kp started: a partial sync and
+		// a network programming latency sample.
+		objs := web(pods[0]).Objects()
+		for _, o := range objs[1:] {
+			sl := o.(*discovery.EndpointSlice)
+			sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}
 		}
-	}
-	if code, body, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || code != 200 || body != "nftables" {
-		t.Errorf("GET /proxyMode: %d %q %v", code, body, err)
-	}
-
-	now := float64(time.Now().Unix())
-	checks := []struct {
-		series string
-		ok     func(v float64) bool
-		want   string
-	}{
-		{`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`, atLeast(2), ">= 2"},
-		{`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}`, atLeast(1), ">= 1"},
-		{`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"}`, atLeast(1), ">= 1"},
-		{`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
-			func(v float64) bool { return v > now-120 && v <= now+1 }, "within the last two minutes"},
-		{`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`, atLeast(now - 120), "recent"},
-		{`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`, atLeast(1), ">= 1"},
-		{`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`, equal(1), "1"},
-		{`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`, equal(0), "0"},
-		{`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}`, equal(0), "0"},
-		{`kp_sync_proxy_rules_failures_total`, equal(0), "0"},
-		{`kubeproxy_sync_proxy_rules_service_changes_total`, atLeast(2), ">= 2"},
-		{`kubeproxy_sync_proxy_rules_endpoint_changes_total`, atLeast(3), ">= 3"},
-		{`kubeproxy_sync_proxy_rules_service_changes_pending`, equal(0), "0"},
-		{`kubeproxy_sync_proxy_rules_endpoint_changes_pending`, equal(0), "0"},
-		{`kubeproxy_proxy_healthz_total{code="200"}`, atLeast(1), ">= 1"},
-		{`kubeproxy_proxy_livez_total{code="200"}`, atLeast(1), ">= 1"},
-	}
-	e.eventually("every metric has a sensible value", 15*time.Second, func() error {
-		code, text, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
-		if err != nil || code != 200 {
-			return fmt.Errorf("GET /metrics: %d %v", code, err)
-		}
-		// The checks read now: the scrape may show a sync newer than
-		// the moment the checks were built.
-		now = float64(time.Now().Unix())
-		values := parseMetrics(text)
-		var bad []string
-		for _, c := range checks {
-			v, ok := values[c.series]
-			if !ok || !c.ok(v) {
-				bad = append(bad, fmt.Sprintf("%s = %v (present %v), want %s", c.series, v, ok, c.want))
+		e.write("web.yaml", objs...)
+		e.answers(e.w.Client(), "tcp", webTCP, pods[0].Name)
+		for _, path := range []string{"/healthz", "/livez"} {
+			if code, body, err := e.w.HTTPGet(e.w.Node(), "http://"+healthzAddr+path, 2*time.Second); err != nil || code != 200 ||
+				!strings.Contains(body, `"healthy":true`) {
+				t.Errorf("GET %s: %d %q %v", path, code, body, err)
 			}
 		}
-		if len(bad) > 0 {
-			return fmt.Errorf("%s", strings.Join(bad, "\n"))
+		if code, body, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || code != 200 || body != m.proxyMode {
+			t.Errorf("GET /proxyMode: %d %q %v", code, body, err)
 		}
-		return nil
+
+		now := float64(time.Now().Unix())
+		checks := []struct {
+			series string
+			ok     func(v float64) bool
+			want   string
+		}{
+			{`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`, atLeast(2), ">= 2"},
+			{`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}`, atLeast(1), ">= 1"},
+			{`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"}`, atLeast(1), ">= 1"},
+			{`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+				func(v float64) bool { return v > now-120 && v <= now+1 }, "within the last two minutes"},
+			{`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`, atLeast(now - 120), "recent"},
+			{`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`, atLeast(1), ">= 1"},
+			{`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`, equal(1), "1"},
+			{`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`, equal(0), "0"},
+			{m.syncFailures, equal(0), "0"},
+			{`kp_sync_proxy_rules_failures_total`, equal(0), "0"},
+			{`kubeproxy_sync_proxy_rules_service_changes_total`, atLeast(2), ">= 2"},
+			{`kubeproxy_sync_proxy_rules_endpoint_changes_total`, atLeast(3), ">= 3"},
+			{`kubeproxy_sync_proxy_rules_service_changes_pending`, equal(0), "0"},
+			{`kubeproxy_sync_proxy_rules_endpoint_changes_pending`, equal(0), "0"},
+			{`kubeproxy_proxy_healthz_total{code="200"}`, atLeast(1), ">= 1"},
+			{`kubeproxy_proxy_livez_total{code="200"}`, atLeast(1), ">= 1"},
+		}
+		e.eventually("every metric has a sensible value", 15*time.Second, func() error {
+			code, text, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
+			if err != nil || code != 200 {
+				return fmt.Errorf("GET /metrics: %d %v", code, err)
+			}
+			// The checks read now: the scrape may show a sync newer than
+			// the moment the checks were built.
+			now = float64(time.Now().Unix())
+			values := parseMetrics(text)
+			var bad []string
+			for _, c := range checks {
+				v, ok := values[c.series]
+				if !ok || !c.ok(v) {
+					bad = append(bad, fmt.Sprintf("%s = %v (present %v), want %s", c.series, v, ok, c.want))
+				}
+			}
+			if len(bad) > 0 {
+				return fmt.Errorf("%s", strings.Join(bad, "\n"))
+			}
+			return nil
+		})
 	})
 }
 

@@ -35,19 +35,20 @@ type kubeEnv struct {
 // newKubeEnv builds an API server and a world connected to it, and creates
 // the node's Node object (zone-a) and the e2e namespace. kp is not started.
 // The test runs in parallel with others.
-func newKubeEnv(t *testing.T, pods int, opts apiserver.Options) *kubeEnv {
+func newKubeEnv(t *testing.T, m mode, pods int, opts apiserver.Options) *kubeEnv {
 	t.Helper()
 	netns.Require(t)
+	skipUnselected(t, m)
 	apiserver.Bin(t, apiserver.KubeAPIServer) // skip before t.Parallel waits
 	t.Parallel()
-	return newKubeEnvSerial(t, pods, opts)
+	return newKubeEnvSerial(t, m, pods, opts)
 }
 
 // newKubeEnvSerial is newKubeEnv for a test that must not run in parallel.
-func newKubeEnvSerial(t *testing.T, pods int, opts apiserver.Options) *kubeEnv {
+func newKubeEnvSerial(t *testing.T, m mode, pods int, opts apiserver.Options) *kubeEnv {
 	t.Helper()
 	srv := apiserver.Start(t, opts)
-	e := newEnvSerial(t, pods)
+	e := newEnvSerial(t, m, pods)
 	// The pods' range routes back through the node, so pods reach the API
 	// server through the kubernetes Service as they would in a cluster.
 	srv.Connect(e.w.Node(), e.w.PodCIDR())

@@ -57,7 +57,7 @@ func TestManifestsAreAcceptedByTheAPIServerInADryRun(t *testing.T) {
 
 func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *testing.T) {
 	apiserver.Bin(t, apiserver.Kubectl)
-	k := newKubeEnv(t, 3, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 3, apiserver.Options{})
 	pods := k.w.Pods()
 	if out, err := k.srv.Kubectl("apply", "-k", manifestsDir(t)); err != nil {
 		t.Fatalf("kubectl apply -k manifests/: %v\n%s", err, out)

@@ -25,7 +25,7 @@ import (
 const programmingCount = "kubeproxy_network_programming_duration_seconds_count"
 
 func TestKubeServicesAndSlicesWrittenThroughClientGoReachTheTraffic(t *testing.T) {
-	k := newKubeEnv(t, 4, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 4, apiserver.Options{})
 	pods := k.w.Pods()
 	client := pods[3]
 	k.apply(web(pods[:3]...))
@@ -82,7 +82,7 @@ func TestKubeServicesAndSlicesWrittenThroughClientGoReachTheTraffic(t *testing.T
 
 func TestKubeServicesOfAnotherProxyAndHeadlessServicesAreIgnored(t *testing.T) {
 	netns.Require(t, "nft")
-	k := newKubeEnv(t, 2, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 2, apiserver.Options{})
 	pods := k.w.Pods()
 	port := []Port{{Name: "http", Port: 80, TargetPort: 8080}}
 	otherProxy := Service{Name: "other-proxy", ClusterIPs: []string{"10.96.0.60"}, Ports: port, Endpoints: endpoints(pods...)}
@@ -123,7 +123,7 @@ func TestKubeServicesOfAnotherProxyAndHeadlessServicesAreIgnored(t *testing.T) {
 }
 
 func TestKubeKubernetesServiceReachesTheAPIServerFromPods(t *testing.T) {
-	k := newKubeEnv(t, 1, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 1, apiserver.Options{})
 	k.startKP()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(k.srv.CA())
@@ -148,7 +148,7 @@ func TestKubeKubernetesServiceReachesTheAPIServerFromPods(t *testing.T) {
 }
 
 func TestKubeNodeZoneLabelChangeIsPickedUp(t *testing.T) {
-	k := newKubeEnv(t, 3, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 3, apiserver.Options{})
 	pods := k.w.Pods()
 	client := pods[2]
 	// One endpoint hinted for each zone: which one answers says which
@@ -174,7 +174,7 @@ func TestKubeNodeZoneLabelChangeIsPickedUp(t *testing.T) {
 }
 
 func TestKubeStartedWhileAPIServerIsDownWaitsRetriesAndRecovers(t *testing.T) {
-	k := newKubeEnv(t, 2, apiserver.Options{})
+	k := newKubeEnv(t, modeNFTables, 2, apiserver.Options{})
 	pods := k.w.Pods()
 	k.apply(web(pods...))
 	inst := k.srv.Instance(0)
@@ -217,7 +217,7 @@ func TestKubeAPIServerOutageDropsNoConnectionAndChangesMadeMeanwhileLandAfter(t 
 	apiserver.Bin(t, apiserver.KubeAPIServer)
 	// Two instances on one etcd, as in an HA control plane: kp talks to
 	// the first, which is stopped; the test writes through the second.
-	k := newKubeEnvSerial(t, 4, apiserver.Options{Instances: 2})
+	k := newKubeEnvSerial(t, modeNFTables, 4, apiserver.Options{Instances: 2})
 	pods := k.w.Pods()
 	client := pods[3]
 	port := []Port{{Name: "http", Port: 80, TargetPort: 8080}}
@@ -370,25 +370,35 @@ func (e *env) nftHandles() map[string]int {
 // --service-cluster-ip-range; kp watches ServiceCIDRs and drops traffic to
 // addresses in them that no Service has.
 func TestKubeUnallocatedAddressesOfTheClustersServiceCIDRsAreDropped(t *testing.T) {
-	k := newKubeEnv(t, 2, apiserver.Options{})
-	pods := k.w.Pods()
-	k.apply(web(pods...))
-	k.startKP()
-	k.answers(k.w.Client(), "tcp", webTCP)
-	for _, c := range []struct{ family, cidr, addr string }{
-		{"ip", netns.ServiceCIDR.String(), "10.96.0.77:80"},
-		{"ip6", netns.ServiceCIDR6.String(), "[fd00:96::77]:80"},
-	} {
-		k.eventually("kp has the ServiceCIDR "+c.cidr, 30*time.Second, func() error {
-			out, err := k.w.NFT("list", "set", c.family, "kp", "service-cidrs")
-			if err != nil || !strings.Contains(out, c.cidr) {
-				return fmt.Errorf("set service-cidrs: %v\n%s", err, out)
+	forEachMode(t, func(t *testing.T, m mode) {
+		k := newKubeEnv(t, m, 2, apiserver.Options{})
+		pods := k.w.Pods()
+		k.apply(web(pods...))
+		k.startKP()
+		k.answers(k.w.Client(), "tcp", webTCP)
+		for _, c := range []struct{ family, cidr, addr string }{
+			{"ip", netns.ServiceCIDR.String(), "10.96.0.77:80"},
+			{"ip6", netns.ServiceCIDR6.String(), "[fd00:96::77]:80"},
+		} {
+			k.eventually("kp has the ServiceCIDR "+c.cidr, 30*time.Second, func() error {
+				if !m.iptables() {
+					out, err := k.w.NFT("list", "set", c.family, "kp", "service-cidrs")
+					if err != nil || !strings.Contains(out, c.cidr) {
+						return fmt.Errorf("set service-cidrs: %v\n%s", err, out)
+					}
+					return nil
+				}
+				// iptables mode: a rule of kp's for the CIDR.
+				out, err := k.listRules()
+				if err != nil || !strings.Contains(out, c.cidr) {
+					return fmt.Errorf("no rule of kp's names %s: %v\n%s", c.cidr, err, out)
+				}
+				return nil
+			})
+			if err := k.dropped(k.w.Client(), "tcp", c.addr); err != nil {
+				t.Errorf("unallocated service address: %v", err)
 			}
-			return nil
-		})
-		if err := k.dropped(k.w.Client(), "tcp", c.addr); err != nil {
-			t.Errorf("unallocated service address: %v", err)
+			k.notForwarded(t, netip.MustParseAddrPort(c.addr).Addr())
 		}
-		k.notForwarded(t, netip.MustParseAddrPort(c.addr).Addr())
-	}
+	})
 }

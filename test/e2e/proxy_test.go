@@ -36,206 +36,216 @@ const (
 )
 
 func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
-	e := newEnv(t, 4)
-	pods := e.w.Pods()
-	backends, outsider := pods[:3], pods[3]
-	e.write("web.yaml", web(backends...))
-	e.startKP()
-	e.answers(outsider.NS, "tcp", webTCP)
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 4)
+		pods := e.w.Pods()
+		backends, outsider := pods[:3], pods[3]
+		e.write("web.yaml", web(backends...))
+		e.startKP()
+		e.answers(outsider.NS, "tcp", webTCP)
 
-	names := e.podNames(backends...)
-	for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-		t.Run(c.network, func(t *testing.T) {
-			// From a pod that is not an endpoint: each request is a new
-			// connection (a new source port), so a new random choice.
-			const n = 300
-			counts := e.spread(outsider.NS, c.network, c.addr, n)
-			for name, k := range counts {
-				if !contains(names, name) {
-					t.Errorf("%d of %d requests answered by %q, not an endpoint of the Service", k, n, name)
-				}
-			}
-			for _, name := range names {
-				if counts[name] == 0 {
-					t.Errorf("endpoint %s never chosen in %d requests: %v", name, n, counts)
-				}
-			}
-			x2 := chiSquare(counts, names)
-			if limit := chiSquareCritical001[len(names)-1]; x2 > limit {
-				t.Errorf("uneven spread %v: chi-square %.1f > %.1f (p < 0.001)", counts, x2, limit)
-			}
-			t.Logf("%s spread over %d requests: %v (chi-square %.2f)", c.network, n, counts, x2)
-		})
-	}
-
-	t.Run("from every kind of client", func(t *testing.T) {
-		for _, from := range []struct{ what, ns string }{
-			{"the node itself", e.w.Node()},
-			{"the off-node client", e.w.Client()},
-			{"a pod that is an endpoint (hairpin)", backends[0].NS},
-		} {
-			for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-				counts := e.spread(from.ns, c.network, c.addr, 30)
+		names := e.podNames(backends...)
+		for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+			t.Run(c.network, func(t *testing.T) {
+				// From a pod that is not an endpoint: each request is a new
+				// connection (a new source port), so a new random choice.
+				const n = 300
+				counts := e.spread(outsider.NS, c.network, c.addr, n)
 				for name, k := range counts {
 					if !contains(names, name) {
-						t.Errorf("%s from %s: %d of 30 answered by %q", c.network, from.what, k, name)
+						t.Errorf("%d of %d requests answered by %q, not an endpoint of the Service", k, n, name)
+					}
+				}
+				for _, name := range names {
+					if counts[name] == 0 {
+						t.Errorf("endpoint %s never chosen in %d requests: %v", name, n, counts)
+					}
+				}
+				x2 := chiSquare(counts, names)
+				if limit := chiSquareCritical001[len(names)-1]; x2 > limit {
+					t.Errorf("uneven spread %v: chi-square %.1f > %.1f (p < 0.001)", counts, x2, limit)
+				}
+				t.Logf("%s spread over %d requests: %v (chi-square %.2f)", c.network, n, counts, x2)
+			})
+		}
+
+		t.Run("from every kind of client", func(t *testing.T) {
+			for _, from := range []struct{ what, ns string }{
+				{"the node itself", e.w.Node()},
+				{"the off-node client", e.w.Client()},
+				{"a pod that is an endpoint (hairpin)", backends[0].NS},
+			} {
+				for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+					counts := e.spread(from.ns, c.network, c.addr, 30)
+					for name, k := range counts {
+						if !contains(names, name) {
+							t.Errorf("%s from %s: %d of 30 answered by %q", c.network, from.what, k, name)
+						}
 					}
 				}
 			}
-		}
-		// A pod reaching itself through the Service needs the hairpin
-		// masquerade; over 60 tries it picks itself with near certainty.
-		counts := e.spread(backends[0].NS, "tcp", webTCP, 60)
-		if counts[backends[0].Name] == 0 {
-			t.Errorf("pod-0 never reached itself through the Service in 60 tries: %v", counts)
-		}
+			// A pod reaching itself through the Service needs the hairpin
+			// masquerade; over 60 tries it picks itself with near certainty.
+			counts := e.spread(backends[0].NS, "tcp", webTCP, 60)
+			if counts[backends[0].Name] == 0 {
+				t.Errorf("pod-0 never reached itself through the Service in 60 tries: %v", counts)
+			}
+		})
 	})
 }
 
 func TestNodePortAnswersFromOffNodeClient(t *testing.T) {
-	e := newEnv(t, 3)
-	pods := e.w.Pods()
-	svc := web(pods...)
-	svc.Type = v1.ServiceTypeNodePort
-	svc.Ports[0].NodePort = 30080
-	svc.Ports[1].NodePort = 30053
-	e.write("web.yaml", svc)
-	e.startKP()
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 3)
+		pods := e.w.Pods()
+		svc := web(pods...)
+		svc.Type = v1.ServiceTypeNodePort
+		svc.Ports[0].NodePort = 30080
+		svc.Ports[1].NodePort = 30053
+		e.write("web.yaml", svc)
+		e.startKP()
 
-	names := e.podNames(pods...)
-	nodeTCP := hostPort(e.w.NodeIP().String(), 30080)
-	nodeUDP := hostPort(e.w.NodeIP().String(), 30053)
-	e.answers(e.w.Client(), "tcp", nodeTCP, names...)
-	for _, c := range []struct{ network, addr string }{{"tcp", nodeTCP}, {"udp", nodeUDP}} {
-		counts := e.spread(e.w.Client(), c.network, c.addr, 60)
-		for name, k := range counts {
-			if !contains(names, name) {
-				t.Errorf("NodePort %s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+		names := e.podNames(pods...)
+		nodeTCP := hostPort(e.w.NodeIP().String(), 30080)
+		nodeUDP := hostPort(e.w.NodeIP().String(), 30053)
+		e.answers(e.w.Client(), "tcp", nodeTCP, names...)
+		for _, c := range []struct{ network, addr string }{{"tcp", nodeTCP}, {"udp", nodeUDP}} {
+			counts := e.spread(e.w.Client(), c.network, c.addr, 60)
+			for name, k := range counts {
+				if !contains(names, name) {
+					t.Errorf("NodePort %s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+				}
+			}
+			if len(counts) < 2 {
+				t.Errorf("NodePort %s %s: 60 requests all went to %v", c.network, c.addr, counts)
 			}
 		}
-		if len(counts) < 2 {
-			t.Errorf("NodePort %s %s: 60 requests all went to %v", c.network, c.addr, counts)
+		// The same Service still answers on its ClusterIP.
+		if name, err := e.ask(e.w.Client(), "tcp", webTCP); err != nil || !contains(names, name) {
+			t.Errorf("ClusterIP of a NodePort Service: %q, %v", name, err)
 		}
-	}
-	// The same Service still answers on its ClusterIP.
-	if name, err := e.ask(e.w.Client(), "tcp", webTCP); err != nil || !contains(names, name) {
-		t.Errorf("ClusterIP of a NodePort Service: %q, %v", name, err)
-	}
+	})
 }
 
 func TestServiceWithoutEndpointsIsRefusedAtOnce(t *testing.T) {
-	e := newEnv(t, 3)
-	pods := e.w.Pods()
-	ports := []Port{
-		{Name: "http", Port: 80, TargetPort: 8080},
-		{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353},
-	}
-	e.write("services.yaml",
-		web(pods...),
-		Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: ports},
-		Service{Name: "not-ready", ClusterIPs: []string{"10.96.0.21"}, Ports: ports,
-			Endpoints: []Endpoint{NotReady(pods[0].IP.String()), NotReady(pods[1].IP.String())}},
-		Service{Name: "unpublished", ClusterIPs: []string{"10.96.0.22"}, Ports: ports, NoSlices: true},
-	)
-	e.startKP()
-	e.answers(pods[0].NS, "tcp", webTCP) // synced
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 3)
+		pods := e.w.Pods()
+		ports := []Port{
+			{Name: "http", Port: 80, TargetPort: 8080},
+			{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353},
+		}
+		e.write("services.yaml",
+			web(pods...),
+			Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: ports},
+			Service{Name: "not-ready", ClusterIPs: []string{"10.96.0.21"}, Ports: ports,
+				Endpoints: []Endpoint{NotReady(pods[0].IP.String()), NotReady(pods[1].IP.String())}},
+			Service{Name: "unpublished", ClusterIPs: []string{"10.96.0.22"}, Ports: ports, NoSlices: true},
+		)
+		e.startKP()
+		e.answers(pods[0].NS, "tcp", webTCP) // synced
 
-	for _, ip := range []string{"10.96.0.20", "10.96.0.21", "10.96.0.22"} {
-		for _, from := range []string{pods[2].NS, e.w.Client(), e.w.Node()} {
-			for _, c := range []struct {
-				network string
-				port    int
-			}{{"tcp", 80}, {"udp", 53}} {
-				addr := hostPort(ip, c.port)
-				start := time.Now()
-				reply, err := e.w.Dial(from, c.network, addr, 3*time.Second)
-				took := time.Since(start)
-				switch {
-				case err == nil:
-					t.Errorf("%s %s from %s: answered %q, want refused", c.network, addr, from, reply)
-				case from == e.w.Node() && errors.Is(err, syscall.EPERM):
-					// A reject in the output hook refuses a locally sent
-					// datagram before it leaves: sendmsg fails with EPERM.
-				case !isRefused(err):
-					t.Errorf("%s %s from %s: %v after %v, want connection refused (TCP reset / ICMP unreachable)",
-						c.network, addr, from, err, took.Round(time.Millisecond))
-				case took > 500*time.Millisecond:
-					t.Errorf("%s %s from %s: refused only after %v, want at once", c.network, addr, from, took)
+		for _, ip := range []string{"10.96.0.20", "10.96.0.21", "10.96.0.22"} {
+			for _, from := range []string{pods[2].NS, e.w.Client(), e.w.Node()} {
+				for _, c := range []struct {
+					network string
+					port    int
+				}{{"tcp", 80}, {"udp", 53}} {
+					addr := hostPort(ip, c.port)
+					start := time.Now()
+					reply, err := e.w.Dial(from, c.network, addr, 3*time.Second)
+					took := time.Since(start)
+					switch {
+					case err == nil:
+						t.Errorf("%s %s from %s: answered %q, want refused", c.network, addr, from, reply)
+					case from == e.w.Node() && errors.Is(err, syscall.EPERM):
+						// A reject in the output hook refuses a locally sent
+						// datagram before it leaves: sendmsg fails with EPERM.
+					case !isRefused(err):
+						t.Errorf("%s %s from %s: %v after %v, want connection refused (TCP reset / ICMP unreachable)",
+							c.network, addr, from, err, took.Round(time.Millisecond))
+					case took > 500*time.Millisecond:
+						t.Errorf("%s %s from %s: refused only after %v, want at once", c.network, addr, from, took)
+					}
 				}
 			}
 		}
-	}
+	})
 }
 
 func TestRemovedEndpointIsNeverReachedByNewConnections(t *testing.T) {
-	e := newEnv(t, 4)
-	pods := e.w.Pods()
-	client := pods[3]
-	e.write("web.yaml", web(pods[:3]...))
-	e.startKP()
-	e.answers(client.NS, "tcp", webTCP)
-	e.eventually("all three endpoints answer", 15*time.Second, func() error {
-		counts := e.spread(client.NS, "tcp", webTCP, 30)
-		if len(counts) != 3 {
-			return fmt.Errorf("answers %v", counts)
-		}
-		return nil
-	})
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 4)
+		pods := e.w.Pods()
+		client := pods[3]
+		e.write("web.yaml", web(pods[:3]...))
+		e.startKP()
+		e.answers(client.NS, "tcp", webTCP)
+		e.eventually("all three endpoints answer", 15*time.Second, func() error {
+			counts := e.spread(client.NS, "tcp", webTCP, 30)
+			if len(counts) != 3 {
+				return fmt.Errorf("answers %v", counts)
+			}
+			return nil
+		})
 
-	e.write("web.yaml", web(pods[0], pods[1]))
-	removed := pods[2].Name
-	// kp needs a moment to sync; from then on the removed endpoint must not
-	// get a single new connection.
-	e.eventually(removed+" no longer chosen", 15*time.Second, func() error {
-		if counts := e.spread(client.NS, "tcp", webTCP, 30); counts[removed] > 0 {
-			return fmt.Errorf("answers %v", counts)
+		e.write("web.yaml", web(pods[0], pods[1]))
+		removed := pods[2].Name
+		// kp needs a moment to sync; from then on the removed endpoint must not
+		// get a single new connection.
+		e.eventually(removed+" no longer chosen", 15*time.Second, func() error {
+			if counts := e.spread(client.NS, "tcp", webTCP, 30); counts[removed] > 0 {
+				return fmt.Errorf("answers %v", counts)
+			}
+			return nil
+		})
+		for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+			counts := e.spread(client.NS, c.network, c.addr, 150)
+			if counts[removed] > 0 || counts[pods[0].Name] == 0 || counts[pods[1].Name] == 0 {
+				t.Errorf("%s after removing %s: %v", c.network, removed, counts)
+			}
 		}
-		return nil
 	})
-	for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-		counts := e.spread(client.NS, c.network, c.addr, 150)
-		if counts[removed] > 0 || counts[pods[0].Name] == 0 || counts[pods[1].Name] == 0 {
-			t.Errorf("%s after removing %s: %v", c.network, removed, counts)
-		}
-	}
 }
 
 func TestDeletedServiceNoLongerAnswers(t *testing.T) {
-	e := newEnv(t, 3)
-	pods := e.w.Pods()
-	other := Service{Name: "other", ClusterIPs: []string{"10.96.0.30"},
-		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8081}}, Endpoints: endpoints(pods...)}
-	e.write("web.yaml", web(pods...))
-	e.write("other.yaml", other)
-	e.startKP()
-	e.answers(e.w.Client(), "tcp", webTCP)
-	e.answers(e.w.Client(), "tcp", "10.96.0.30:80")
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 3)
+		pods := e.w.Pods()
+		other := Service{Name: "other", ClusterIPs: []string{"10.96.0.30"},
+			Ports: []Port{{Name: "http", Port: 80, TargetPort: 8081}}, Endpoints: endpoints(pods...)}
+		e.write("web.yaml", web(pods...))
+		e.write("other.yaml", other)
+		e.startKP()
+		e.answers(e.w.Client(), "tcp", webTCP)
+		e.answers(e.w.Client(), "tcp", "10.96.0.30:80")
 
-	if err := e.dir.Remove("web.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	quick := func(network, addr string) error {
-		reply, err := e.w.Dial(e.w.Client(), network, addr, 300*time.Millisecond)
-		if err == nil {
-			return fmt.Errorf("%s %s still answers: %q", network, addr, reply)
+		if err := e.dir.Remove("web.yaml"); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	}
-	e.eventually("deleted Service stops answering", 15*time.Second, func() error { return quick("tcp", webTCP) })
-	for i := 0; i < 5; i++ {
-		for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-			if err := quick(c.network, c.addr); err != nil {
-				t.Error(err)
+		quick := func(network, addr string) error {
+			reply, err := e.w.Dial(e.w.Client(), network, addr, 300*time.Millisecond)
+			if err == nil {
+				return fmt.Errorf("%s %s still answers: %q", network, addr, reply)
+			}
+			return nil
+		}
+		e.eventually("deleted Service stops answering", 15*time.Second, func() error { return quick("tcp", webTCP) })
+		for i := 0; i < 5; i++ {
+			for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
+				if err := quick(c.network, c.addr); err != nil {
+					t.Error(err)
+				}
 			}
 		}
-	}
-	if _, err := e.ask(e.w.Client(), "tcp", "10.96.0.30:80"); err != nil {
-		t.Errorf("the other Service stopped answering: %v", err)
-	}
+		if _, err := e.ask(e.w.Client(), "tcp", "10.96.0.30:80"); err != nil {
+			t.Errorf("the other Service stopped answering: %v", err)
+		}
+	})
 }
 
 func TestEditedManifestTakesEffectWithoutRestart(t *testing.T) {
-	e := newEnv(t, 3)
+	e := newEnv(t, modeNFTables, 3)
 	pods := e.w.Pods()
 	e.write("web.yaml", web(pods...))
 	e.startKP()
@@ -265,7 +275,7 @@ func TestEditedManifestTakesEffectWithoutRestart(t *testing.T) {
 }
 
 func TestBrokenManifestLeavesOtherServicesWorking(t *testing.T) {
-	e := newEnv(t, 3)
+	e := newEnv(t, modeNFTables, 3)
 	pods := e.w.Pods()
 	e.write("web.yaml", web(pods...))
 	// Broken from the start: a port that is not a number.
@@ -314,19 +324,32 @@ func TestBrokenManifestLeavesOtherServicesWorking(t *testing.T) {
 	}
 }
 
+// The operator's view of kp's rules: nftables mode through the nft CLI
+// (every object decodes; each Service named in a comment), iptables mode
+// through its backend's iptables-save (each Service named in a comment;
+// every KP- chain a rule jumps to exists; nothing the tool cannot print).
 func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
-	netns.Require(t, "nft")
-	e := newEnv(t, 3)
-	pods := e.w.Pods()
-	svc := web(pods...)
-	svc.Type = v1.ServiceTypeNodePort
-	svc.Ports[0].NodePort = 30080
-	e.write("web.yaml", svc,
-		Service{Namespace: "other-ns", Name: "empty", ClusterIPs: []string{"10.96.0.20"},
-			Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}})
-	e.startKP()
-	e.answers(e.w.Client(), "tcp", webTCP)
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 3)
+		pods := e.w.Pods()
+		svc := web(pods...)
+		svc.Type = v1.ServiceTypeNodePort
+		svc.Ports[0].NodePort = 30080
+		e.write("web.yaml", svc,
+			Service{Namespace: "other-ns", Name: "empty", ClusterIPs: []string{"10.96.0.20"},
+				Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}})
+		e.startKP()
+		e.answers(e.w.Client(), "tcp", webTCP)
+		if m.iptables() {
+			e.checkIPTablesListing(t)
+		} else {
+			e.checkNFTListing(t)
+		}
+	})
+}
 
+func (e *env) checkNFTListing(t *testing.T) {
+	t.Helper()
 	out, err := e.w.NFT("list", "ruleset")
 	if err != nil {
 		t.Fatalf("nft list ruleset in the node: %v\n%s", err, out)
@@ -354,81 +377,139 @@ func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
 	}
 }
 
-func TestDualStackClusterIPAnswersOverIPv6(t *testing.T) {
-	e := newEnv(t, 4)
-	pods := e.w.Pods()
-	svc := web(pods[:3]...)
-	svc.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
-	e.write("web.yaml", svc)
-	e.startKP()
-
-	names := e.podNames(pods[:3]...)
-	for _, c := range []struct{ network, addr string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
-		e.answers(pods[3].NS, c.network, c.addr, names...)
-		counts := e.spread(pods[3].NS, c.network, c.addr, 60)
-		for name, k := range counts {
-			if !contains(names, name) {
-				t.Errorf("%s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+func (e *env) checkIPTablesListing(t *testing.T) {
+	t.Helper()
+	for _, family := range []string{"ip", "ip6"} {
+		save := e.mode.save(family)
+		out, err := e.w.Exec(e.w.Node(), save)
+		if err != nil {
+			t.Fatalf("%s in the node: %v\n%s", save, err, out)
+		}
+		if !strings.Contains(out, ":KP-SERVICES") {
+			t.Errorf("%s: no KP-SERVICES chain", save)
+		}
+		// Each Service is named, namespace/name, in a comment (perhaps
+		// followed by ":port"); iptables-save quotes a comment with spaces.
+		for _, svc := range []string{"e2e/web", "other-ns/empty"} {
+			if !regexp.MustCompile(`--comment "?` + regexp.QuoteMeta(svc) + `[":\s]`).MatchString(out) {
+				t.Errorf("%s: no comment names Service %s", save, svc)
 			}
 		}
+		// Every KP- chain a rule jumps or goes to is declared in its
+		// table; iptables-restore would refuse the listing otherwise.
+		declared := map[string]bool{}
+		table := ""
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "*") {
+				table = line[1:]
+			}
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], ":KP-") {
+				declared[table+" "+f[0][1:]] = true
+			}
+		}
+		jump := regexp.MustCompile(`-[jg] (KP-\S+)`)
+		table = ""
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "*") {
+				table = line[1:]
+			}
+			for _, m := range jump.FindAllStringSubmatch(line, -1) {
+				if !declared[table+" "+m[1]] {
+					t.Errorf("%s: table %s jumps to undeclared chain %s: %s", save, table, m[1], line)
+				}
+			}
+		}
+		// What the tool cannot print it marks so (iptables-nft on a rule
+		// it cannot translate back).
+		for _, bad := range []string{"unsupported", "incompatible", "[unknown"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%s holds %q", save, bad)
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s:\n%s", save, out)
+		}
 	}
-	e.answers(e.w.Client(), "tcp", "[fd00:96::10]:80", names...)
-	e.answers(pods[3].NS, "tcp", webTCP, names...)
+}
+
+func TestDualStackClusterIPAnswersOverIPv6(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 4)
+		pods := e.w.Pods()
+		svc := web(pods[:3]...)
+		svc.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+		e.write("web.yaml", svc)
+		e.startKP()
+
+		names := e.podNames(pods[:3]...)
+		for _, c := range []struct{ network, addr string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
+			e.answers(pods[3].NS, c.network, c.addr, names...)
+			counts := e.spread(pods[3].NS, c.network, c.addr, 60)
+			for name, k := range counts {
+				if !contains(names, name) {
+					t.Errorf("%s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
+				}
+			}
+		}
+		e.answers(e.w.Client(), "tcp", "[fd00:96::10]:80", names...)
+		e.answers(pods[3].NS, "tcp", webTCP, names...)
+	})
 }
 
 // Not parallel: its timing should not compete with the other tests.
 func TestRestartLosesNoConnections(t *testing.T) {
-	netns.Require(t)
-	e := newEnvSerial(t, 4)
-	pods := e.w.Pods()
-	svc := web(pods[:3]...)
-	svc.Type = v1.ServiceTypeNodePort
-	svc.Ports[0].NodePort = 30080
-	e.write("web.yaml", svc)
-	e.startKP()
-	client := pods[3]
-	nodePort := hostPort(e.w.NodeIP().String(), 30080)
-	e.answers(client.NS, "tcp", webTCP)
-	e.answers(e.w.Client(), "tcp", nodePort)
+	forEachModeSerial(t, func(t *testing.T, m mode) {
+		e := newEnvSerial(t, m, 4)
+		pods := e.w.Pods()
+		svc := web(pods[:3]...)
+		svc.Type = v1.ServiceTypeNodePort
+		svc.Ports[0].NodePort = 30080
+		e.write("web.yaml", svc)
+		e.startKP()
+		client := pods[3]
+		nodePort := hostPort(e.w.NodeIP().String(), 30080)
+		e.answers(client.NS, "tcp", webTCP)
+		e.answers(e.w.Client(), "tcp", nodePort)
 
-	// 200 connections over 10 s, alternating a pod → ClusterIP and the
-	// off-node client → NodePort, while kp restarts in the middle.
-	const n = 200
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var failed []string
-	restarted := make(chan error, 1)
-	tick := time.NewTicker(10 * time.Second / n)
-	defer tick.Stop()
-	for i := 0; i < n; i++ {
-		<-tick.C
-		if i == n/3 {
-			go func() { restarted <- e.kp.Restart() }()
+		// 200 connections over 10 s, alternating a pod → ClusterIP and the
+		// off-node client → NodePort, while kp restarts in the middle.
+		const n = 200
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var failed []string
+		restarted := make(chan error, 1)
+		tick := time.NewTicker(10 * time.Second / n)
+		defer tick.Stop()
+		for i := 0; i < n; i++ {
+			<-tick.C
+			if i == n/3 {
+				go func() { restarted <- e.kp.Restart() }()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ns, addr := client.NS, webTCP
+				if i%2 == 1 {
+					ns, addr = e.w.Client(), nodePort
+				}
+				reply, err := e.w.Dial(ns, "tcp", addr, 5*time.Second)
+				name, _ := netns.ParseReply(reply)
+				if err != nil || !contains(e.podNames(pods[:3]...), name) {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("#%d %s from %s: %q %v", i, addr, ns, reply, err))
+					mu.Unlock()
+				}
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ns, addr := client.NS, webTCP
-			if i%2 == 1 {
-				ns, addr = e.w.Client(), nodePort
-			}
-			reply, err := e.w.Dial(ns, "tcp", addr, 5*time.Second)
-			name, _ := netns.ParseReply(reply)
-			if err != nil || !contains(e.podNames(pods[:3]...), name) {
-				mu.Lock()
-				failed = append(failed, fmt.Sprintf("#%d %s from %s: %q %v", i, addr, ns, reply, err))
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if err := <-restarted; err != nil {
-		t.Fatalf("restart kp: %v", err)
-	}
-	slices.Sort(failed)
-	if len(failed) > 0 {
-		t.Errorf("%d of %d connections lost across a kp restart:\n%s", len(failed), n, strings.Join(failed, "\n"))
-	}
-	e.waitHealthy()
-	e.answers(client.NS, "tcp", webTCP)
+		wg.Wait()
+		if err := <-restarted; err != nil {
+			t.Fatalf("restart kp: %v", err)
+		}
+		slices.Sort(failed)
+		if len(failed) > 0 {
+			t.Errorf("%d of %d connections lost across a kp restart:\n%s", len(failed), n, strings.Join(failed, "\n"))
+		}
+		e.waitHealthy()
+		e.answers(client.NS, "tcp", webTCP)
+	})
 }

@@ -24,7 +24,7 @@ func (e *env) sysctl(ns, name string) string {
 }
 
 func TestConntrackFlagsSetTheNodeNamespacesSysctlsAndZeroLeavesThem(t *testing.T) {
-	e := newEnv(t, 1)
+	e := newEnv(t, modeNFTables, 1)
 	const closeWait, established, udp = "nf_conntrack_tcp_timeout_close_wait", "nf_conntrack_tcp_timeout_established", "nf_conntrack_udp_timeout"
 	client := e.w.Pods()[0].NS
 	before := map[string]string{}
@@ -77,7 +77,7 @@ func TestConntrackFlagsSetTheNodeNamespacesSysctlsAndZeroLeavesThem(t *testing.T
 }
 
 func TestConntrackSysctlsOnAReadOnlyProcSysAreWarningsAndKpRuns(t *testing.T) {
-	e := newEnv(t, 2)
+	e := newEnv(t, modeNFTables, 2)
 	backend := e.w.Pods()[0]
 	e.write("web.yaml", web(backend))
 	kp, err := netns.Build("./cmd/kp")

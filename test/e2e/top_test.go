@@ -26,7 +26,7 @@ const kpTopCaptureDir = "KP_TOP_CAPTURE_DIR"
 
 func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	netns.Require(t, "tmux")
-	e := newEnv(t, 3)
+	e := newEnv(t, modeNFTables, 3)
 	pods := e.w.Pods()
 	// IPv4 endpoints only: every endpoint must see traffic from the test's
 	// IPv4 client.

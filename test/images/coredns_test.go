@@ -78,4 +78,29 @@ current-context: c
 	if code, body, err := netns.HTTPGet(ns, "http://127.0.0.1:8080/health", 2*time.Second); err != nil || code != 200 {
 		t.Errorf("health: %d %q %v", code, body, err)
 	}
+
+	// The glibc-dns-testing image's dig, run from its tree as upstream's
+	// querier runs it (+search, the nameserver of /etc/resolv.conf), over
+	// UDP and TCP, gets CoreDNS's answers.
+	if _, err := os.Stat(filepath.Join(filepath.Dir(Corefile(t)), "glibc-dns-testing.tar")); err != nil {
+		t.Skipf("skipped: no glibc-dns-testing image (run make test-images): %v", err)
+	}
+	root := extract(t, Get(t, GlibcDNSTesting))
+	if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), []byte("nameserver 127.0.0.1\nsearch svc.cluster.local cluster.local\noptions ndots:5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A name with fewer dots than ndots goes out with the search suffix
+	// (the cluster's, SERVFAIL while the API is unsynced); an absolute
+	// one as it is (REFUSED: outside the cluster's zones).
+	for _, transport := range []string{"+notcp", "+tcp"} {
+		for _, q := range []struct{ qname, want string }{
+			{"kubernetes.default", ";kubernetes.default.svc.cluster.local. "},
+			{"example.com.", "status: REFUSED"},
+		} {
+			out, _ := netns.Exec(ns, "chroot", root, "dig", transport, "+search", "+tries=1", "+time=2", q.qname, "A")
+			if !strings.Contains(out, q.want) {
+				t.Errorf("glibc-dns-testing: dig %s +search %s: want %q, got:\n%s", transport, q.qname, q.want, out)
+			}
+		}
+	}
 }

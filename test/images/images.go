@@ -1,6 +1,6 @@
 // Package images finds what test/k8s/images.sh and
 // test/k8s/conformance-bins.sh build for the real-node tests: the container
-// images (CoreDNS, agnhost, busybox, pause) as Docker-format tarballs with
+// images (CoreDNS, agnhost, busybox, pause, glibc-dns-testing) as Docker-format tarballs with
 // the references they carry, CoreDNS's Corefile, and upstream's e2e.test and
 // ginkgo. Like test/apiserver's Bin, each helper skips the test when they
 // are not built, or fails it under CI, where make builds them first.
@@ -35,6 +35,9 @@ const (
 	Agnhost = "agnhost"
 	BusyBox = "busybox"
 	Pause   = "pause"
+	// GlibcDNSTesting is what upstream's DNS tests run their glibc
+	// querier in: Debian 12's dig, nslookup, getent and dash.
+	GlibcDNSTesting = "glibc-dns-testing"
 )
 
 // The binaries conformance-bins.sh builds.
@@ -57,7 +60,8 @@ type Image struct {
 	Tarball string
 }
 
-// Get returns one image (CoreDNS, Agnhost, BusyBox or Pause). It skips t
+// Get returns one image (CoreDNS, Agnhost, BusyBox, Pause or
+// GlibcDNSTesting). It skips t
 // when the images are not built (fails it under CI).
 func Get(t testing.TB, name string) Image {
 	t.Helper()
@@ -66,7 +70,7 @@ func Get(t testing.TB, name string) Image {
 			return img
 		}
 	}
-	t.Fatalf("images: no image %q (want %s, %s, %s or %s)", name, CoreDNS, Agnhost, BusyBox, Pause)
+	t.Fatalf("images: no image %q (want %s, %s, %s, %s or %s)", name, CoreDNS, Agnhost, BusyBox, Pause, GlibcDNSTesting)
 	return Image{}
 }
 
@@ -184,7 +188,7 @@ func ConformanceDir() (string, error) {
 
 // imageSources are the files and directories, from the repository root,
 // images.sh hashes (test files excluded). Keep both lists the same.
-var imageSources = []string{"test/k8s/images.sh", "test/k8s/coredns", "test/k8s/images", "test/image"}
+var imageSources = []string{"test/k8s/images.sh", "test/k8s/common.sh", "test/k8s/coredns", "test/k8s/images", "test/image"}
 
 // sourcesHash is images.sh's
 //

@@ -62,9 +62,22 @@ func TestEveryImageLoadsUnderItsRefAndItsProgramsRun(t *testing.T) {
 			{[]string{"/agnhost", "--help"}, "netexec"},
 			{[]string{"/bin/sh", "-c", "curl --version; nc -h 2>&1; dig -v 2>&1; ip -V; bash -c 'echo bash ok'"}, "bash ok"},
 			{[]string{"/coredns", "-version"}, "CoreDNS-"},
+			{[]string{"getent", "passwd", "user-defined-in-image"}, "user-defined-in-image:x:1000"},
+			// What mends the busybox-static base for upstream's tests:
+			// sh is bash (busybox's would run its own nc), wget is
+			// curl (busybox's crashes), porter's TLS pair.
+			{[]string{"/bin/sh", "-c", "echo bash $BASH_VERSION; grep -c curl /usr/bin/wget; grep -c CERTIFICATE /localhost.crt; grep -c PRIVATE /localhost.key"}, "bash 5"},
 		},
 		BusyBox: {{[]string{"/bin/busybox", "sh", "-c", "echo ok"}, "ok"}, {[]string{"sh", "-c", "sleep 0; wget --help 2>&1; echo ok"}, "Usage: wget"}},
 		Pause:   {{[]string{"/pause", "-v"}, "pause"}},
+		// The querier's loop of upstream's DNS tests, its names from
+		// /etc/hosts through glibc's resolver (nsswitch.conf: files
+		// first).
+		GlibcDNSTesting: {
+			{[]string{"sh", "-c", "for i in `seq 1 2`; do sleep 0; done; dig -v 2>&1; nslookup -version; host -V 2>&1; echo sh ok"}, "sh ok"},
+			{[]string{"sh", "-c", "echo '10.9.8.7 querier.kp.test' >>/etc/hosts; getent hosts querier.kp.test"}, "10.9.8.7"},
+			{[]string{"/coredns", "-version"}, "CoreDNS-"},
+		},
 	}
 	seen := map[string]bool{}
 	for _, img := range imgs {

@@ -14,13 +14,9 @@
 # helper (test/apiserver) derives the same directory name.
 set -euo pipefail
 
-go="${GO:-go}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$here"
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-kube_version="$("$go" list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(cd etcd && "$go" list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-root="${KP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kp-test}"
 dir="$root/kube-${kube_version}-etcd-${etcd_version}"
 kube_bins=(kube-apiserver kube-proxy kubectl kube-controller-manager kube-scheduler kubelet)
 bins=("${kube_bins[@]}" etcd)
@@ -40,15 +36,7 @@ for b in "${bins[@]}"; do
 	if [ -x "$dir/$b" ]; then cp -p "$dir/$b" "$tmp/$b"; fi
 done
 
-# The version stamps make /version (and kubectl version) report the release
-# instead of v0.0.0-master.
-major="${kube_version#v}"; major="${major%%.*}"
-minor="${kube_version#v*.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-	ldflags+=" -X $pkg.gitTreeState=clean"
-done
+ldflags="$(kube_ldflags)"
 
 export CGO_ENABLED=0
 for b in "${kube_bins[@]}"; do

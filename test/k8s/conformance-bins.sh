@@ -14,13 +14,9 @@
 # tools_conformance.go.
 set -euo pipefail
 
-go="${GO:-go}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$here"
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-kube_version="$("$go" list -m -f '{{.Version}}' k8s.io/kubernetes)"
 ginkgo_version="$("$go" list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)"
-root="${KP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kp-test}"
 dir="$root/conformance-kube-${kube_version}-ginkgo-${ginkgo_version}"
 bins=(e2e.test ginkgo)
 
@@ -42,13 +38,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # The same version stamps as build.sh: the suite logs and checks them
 # against the API server's.
-major="${kube_version#v}"; major="${major%%.*}"
-minor="${kube_version#v*.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-	ldflags+=" -X $pkg.gitTreeState=clean"
-done
+ldflags="$(kube_ldflags)"
 
 export CGO_ENABLED=0
 start=$SECONDS

@@ -14,71 +14,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/kpproxy/kp/test/cluster"
-	"github.com/kpproxy/kp/test/images"
 )
-
-// clusterDNS is a cluster's DNS as kubeadm sets it up: CoreDNS (the test
-// image, whose Corefile answers only cluster names) behind the kube-dns
-// Service at the kubelets' clusterDNS address, pinned to node-1 so that
-// node-2's pods reach it across nodes. CoreDNS's kubernetes plugin reaches
-// the API server through the kubernetes Service, which kp programs too.
-const clusterDNS = `apiVersion: v1
-kind: ServiceAccount
-metadata: {name: coredns, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "system:coredns"}
-rules:
-  - apiGroups: [""]
-    resources: [services, pods, namespaces]
-    verbs: [list, watch]
-  - apiGroups: [discovery.k8s.io]
-    resources: [endpointslices]
-    verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "system:coredns"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
-subjects:
-  - {kind: ServiceAccount, name: coredns, namespace: kube-system}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: coredns, namespace: kube-system}
-spec:
-  replicas: 1
-  selector:
-    matchLabels: {k8s-app: kube-dns}
-  template:
-    metadata:
-      labels: {k8s-app: kube-dns}
-    spec:
-      serviceAccountName: coredns
-      dnsPolicy: Default
-      nodeSelector: {kubernetes.io/hostname: node-1}
-      containers:
-        - name: coredns
-          image: IMAGE
-          imagePullPolicy: Never
-          ports:
-            - {name: dns, containerPort: 53, protocol: UDP}
-            - {name: dns-tcp, containerPort: 53, protocol: TCP}
-          readinessProbe:
-            httpGet: {path: /ready, port: 8181}
-            periodSeconds: 1
----
-apiVersion: v1
-kind: Service
-metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
-spec:
-  selector: {k8s-app: kube-dns}
-  clusterIP: CLUSTER_DNS
-  ports:
-    - {name: dns, port: 53, protocol: UDP}
-    - {name: dns-tcp, port: 53, protocol: TCP}
-`
 
 // testClusterDNS runs a real cluster DNS and a resolver in pod client (on
 // node-2, clientNS) that keeps one UDP socket, as resolvers do: it must get
@@ -88,21 +24,15 @@ spec:
 // conntrack entry alive) and every query after that pod is gone would be
 // lost.
 func testClusterDNS(t *testing.T, c *cluster.Cluster, clientNS string) {
-	dns := images.Get(t, images.CoreDNS)
-	for _, n := range c.Nodes {
-		if err := n.ImportImages(dns.Tarball); err != nil {
-			t.Fatal(err)
-		}
-	}
-	apply(t, c, strings.NewReplacer("IMAGE", dns.Ref, "CLUSTER_DNS", cluster.ClusterDNS).Replace(clusterDNS))
-	waitFor(t, "CoreDNS to be ready", 2*time.Minute, func() string { return podsReady(t, c, "kube-system", "k8s-app=kube-dns", 1) })
+	// On node-1, so that node-2's pods reach it across nodes.
+	dnsAddr := cluster.DeployDNS(t, c, cluster.DNSOptions{Node: "node-1", Timeout: 2 * time.Minute})
 
 	web, err := c.Client().CoreV1().Services("default").Get(ctx(t), "web", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := netip.MustParseAddr(web.Spec.ClusterIP)
-	server := net.JoinHostPort(cluster.ClusterDNS, "53")
+	server := net.JoinHostPort(dnsAddr, "53")
 	conn, err := cluster.DialConnFrom(ctx(t), clientNS, "udp", server)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,316 @@
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Sync makes the kernel match s: one iptables-restore --noflush per family,
+// holding the filter and nat tables' blocks, each applied atomically by
+// the kernel. A full sync (the first, after a failure, when the Node or the
+// service CIDRs changed, and every fullSyncInterval) reads the kernel,
+// declares and rewrites every KP- chain (a chain line flushes it within
+// the same atomic commit, so packets never see it empty), deletes the KP-
+// chains nobody wants any more, and re-inserts missing jumps from the
+// built-in chains. A partial sync re-renders s.Changed only and writes the
+// chains whose contents differ from what kp last wrote: the changed
+// service ports' chains and the dispatch leaves that name them.
+func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
+	if err := b.resolveFlavor(ctx); err != nil {
+		return err
+	}
+	b.checkLocalhost()
+	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	if full {
+		b.books = map[proxy.Family]*book{}
+	}
+	inputs := map[proxy.Family][]byte{}
+	for _, f := range b.programmed() {
+		bk := b.books[f]
+		if bk == nil {
+			bk = &book{services: map[proxy.ServicePortName]*rendered{}, written: map[chainKey]string{}}
+			b.books[f] = bk
+		}
+		in, err := b.syncFamily(ctx, f, bk, s, full)
+		if err != nil {
+			b.books = nil
+			return err
+		}
+		inputs[f] = in
+	}
+	b.lastInput = inputs
+	b.lastSyncFull = full
+	if full {
+		b.lastFull = b.now()
+	}
+	return nil
+}
+
+// syncFamily renders, diffs and applies one family.
+func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *proxy.State, full bool) ([]byte, error) {
+	r := b.runner(f)
+	shared := full
+	if full {
+		clear(bk.services)
+		for name, sp := range s.Services {
+			bk.services[name] = b.renderInjected(f, sp, s.Endpoints[name], s.Node)
+		}
+	} else {
+		for name := range s.Changed {
+			old := bk.services[name]
+			if sp := s.Services[name]; sp != nil {
+				bk.services[name] = b.renderInjected(f, sp, s.Endpoints[name], s.Node)
+			} else {
+				delete(bk.services, name)
+			}
+			shared = shared || !sameShared(old, bk.services[name])
+		}
+	}
+	npDsts, cidrs := b.nodePortDestinations(f, s.Node), proxy.FilterPrefixes(f, s.ServiceCIDRs)
+	key := fmt.Sprint(npDsts, cidrs, b.localhostNodePorts)
+	if shared || bk.skel == nil || key != bk.skelKey {
+		bk.skel, bk.skelKey = b.skeleton(f, bk.services, npDsts, cidrs), key
+	}
+	want := slices.Clone(bk.skel)
+	for _, name := range sortedNames(bk.services) {
+		want = append(want, bk.services[name].chains...)
+	}
+
+	var kernel map[Table]*Dump
+	if full {
+		var err error
+		if kernel, err = b.readKernel(ctx, r); err != nil {
+			return nil, err
+		}
+	}
+	in := b.restoreInput(f, bk, want, kernel, full)
+	if in.empty() {
+		b.metrics.synced(f, want, in)
+		return nil, nil
+	}
+	data := in.buf.Bytes()
+	if err := r.Restore(ctx, data); err != nil {
+		b.metrics.failed(f, full)
+		return data, in.explain(f, err)
+	}
+	bk.written = in.written
+	b.metrics.synced(f, want, in)
+	return data, nil
+}
+
+func (b *Backend) renderInjected(f proxy.Family, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *rendered {
+	out := b.render(f, sp, eps, node)
+	if args, ok := b.inject[sp.Name]; ok && len(out.chains) > 0 {
+		c := out.chains[0]
+		c.Rules = append(slices.Clone(c.Rules), Rule{Comment: sp.Name.String() + " injected", Args: args, Owner: sp.Name})
+	}
+	return out
+}
+
+// readKernel is iptables-save of the filter and nat tables.
+func (b *Backend) readKernel(ctx context.Context, r Runner) (map[Table]*Dump, error) {
+	out := map[Table]*Dump{}
+	for _, t := range []Table{TableFilter, TableNAT} {
+		data, err := r.Save(ctx, t, false)
+		if err != nil {
+			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
+		}
+		dumps, err := ParseSave(data)
+		if err != nil {
+			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
+		}
+		if d := dumps[t]; d != nil {
+			out[t] = d
+		} else {
+			out[t] = &Dump{Table: t}
+		}
+	}
+	return out, nil
+}
+
+// input is one iptables-restore input being written, with the owner of
+// every line, so a refused line names its service port.
+type input struct {
+	buf     bytes.Buffer
+	lines   []lineOwner // index: line number - 1
+	written map[chainKey]string
+	changes int
+	rules   map[Table]int // rule lines sent, per table
+}
+
+type lineOwner struct {
+	owner proxy.ServicePortName
+	chain string
+}
+
+func (in *input) line(s string, owner proxy.ServicePortName, chain string) {
+	in.buf.WriteString(s)
+	in.buf.WriteByte('\n')
+	in.lines = append(in.lines, lineOwner{owner, chain})
+}
+
+func (in *input) empty() bool { return in.changes == 0 }
+
+// restoreInput writes the nat then the filter block. Each is atomic, not
+// the pair: nat goes first because it holds the rules iptables-restore may
+// refuse (matches and targets per service: recent, statistic, DNAT), and
+// a refused nat block stops the input before filter, leaving the kernel as
+// it was. (A refused filter block leaves nat applied; the next sync is
+// full and rewrites both.) Within a block: the
+// chain lines of every chain written or deleted, the rules, the jumps from
+// built-in chains, then the deletions (a chain is deleted only after every
+// rule naming it was flushed or rewritten).
+func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel map[Table]*Dump, full bool) *input {
+	in := &input{written: map[chainKey]string{}, rules: map[Table]int{}}
+	if !full {
+		for k, v := range bk.written {
+			in.written[k] = v
+		}
+	}
+	wanted := map[chainKey]bool{}
+	for _, c := range want {
+		wanted[chainKey{c.Table, c.Name}] = true
+	}
+	for _, t := range []Table{TableNAT, TableFilter} {
+		var write []*Chain
+		for _, c := range want {
+			if c.Table != t {
+				continue
+			}
+			k := chainKey{t, c.Name}
+			if d := c.digest(); full || bk.written[k] != d {
+				write = append(write, c)
+				in.written[k] = d
+			}
+		}
+		var gone []string
+		if full {
+			for _, name := range kernel[t].Chains {
+				if isKPChain(name) && !wanted[chainKey{t, name}] {
+					gone = append(gone, name)
+				}
+			}
+		} else {
+			for k := range bk.written {
+				if k.table == t && !wanted[k] {
+					gone = append(gone, k.name)
+				}
+			}
+		}
+		slices.Sort(gone)
+		var jumps []jump
+		if full {
+			for _, j := range b.jumps(f) {
+				if j.table == t && !hasJump(kernel[t], j) {
+					jumps = append(jumps, j)
+				}
+			}
+		}
+		if len(write)+len(gone)+len(jumps) == 0 {
+			continue
+		}
+		in.changes += len(write) + len(gone) + len(jumps)
+		none := proxy.ServicePortName{}
+		in.line("*"+string(t), none, "")
+		for _, c := range write {
+			in.line(":"+c.Name+" - [0:0]", ownerOf(c), c.Name)
+		}
+		for _, name := range gone {
+			in.line(":"+name+" - [0:0]", none, name)
+			delete(in.written, chainKey{t, name})
+		}
+		for _, c := range write {
+			for _, r := range c.Rules {
+				in.line(r.line(c.Name), r.Owner, c.Name)
+			}
+			in.rules[t] += len(c.Rules)
+		}
+		for _, j := range jumps {
+			in.line(j.line(), none, j.from)
+		}
+		for _, name := range gone {
+			in.line("-X "+name, none, name)
+		}
+		in.line("COMMIT", none, "")
+	}
+	return in
+}
+
+// ownerOf is the service port a chain belongs to, when all its rules do.
+func ownerOf(c *Chain) proxy.ServicePortName {
+	if len(c.Rules) == 0 {
+		return proxy.ServicePortName{}
+	}
+	o := c.Rules[0].Owner
+	for _, r := range c.Rules[1:] {
+		if r.Owner != o {
+			return proxy.ServicePortName{}
+		}
+	}
+	return o
+}
+
+// hasJump reports whether the saved table holds j: a rule of j.from that
+// targets j.to and carries j's comment (iptables-save's spelling of the
+// matches differs between flavors, the target and comment do not).
+func hasJump(d *Dump, j jump) bool {
+	for _, r := range d.Rules[j.from] {
+		if strings.Contains(r.Spec, "-j "+j.to) && (strings.HasSuffix(r.Spec, "-j "+j.to) || strings.Contains(r.Spec, "-j "+j.to+" ")) &&
+			strings.Contains(r.Spec, j.comment) {
+			return true
+		}
+	}
+	return false
+}
+
+// explain names the service port of the line iptables-restore refused.
+func (in *input) explain(f proxy.Family, err error) error {
+	var re *RestoreError
+	if !errors.As(err, &re) || re.Line < 1 || re.Line > len(in.lines) {
+		return fmt.Errorf("%s iptables-restore: %w", f, err)
+	}
+	lo := in.lines[re.Line-1]
+	if lo.owner != (proxy.ServicePortName{}) {
+		return fmt.Errorf("%s: iptables-restore refused a rule of service port %s (chain %s): %w", f, lo.owner, lo.chain, err)
+	}
+	if lo.chain != "" {
+		return fmt.Errorf("%s: iptables-restore refused a rule of kp's chain %s: %w", f, lo.chain, err)
+	}
+	return fmt.Errorf("%s iptables-restore: %w", f, err)
+}
+
+// sameShared reports whether two renderings of a service port add the same
+// rules to the shared chains (nil is a port with none).
+func sameShared(a, b *rendered) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return reflect.DeepEqual(a.natServices, b.natServices) && reflect.DeepEqual(a.natNodePorts, b.natNodePorts) &&
+		reflect.DeepEqual(a.filterServices, b.filterServices) && reflect.DeepEqual(a.filterExternal, b.filterExternal) &&
+		reflect.DeepEqual(a.firewall, b.firewall) && reflect.DeepEqual(a.healthChecks, b.healthChecks)
+}
+
+func sortedNames(m map[proxy.ServicePortName]*rendered) []proxy.ServicePortName {
+	names := make([]proxy.ServicePortName, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, compareNames)
+	return names
+}
+
+func containsWord(spec, w string) bool {
+	for _, f := range strings.Fields(spec) {
+		if f == w {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,28 @@
+# Sourced by build.sh, conformance-bins.sh and images.sh: what they share.
+# Sets go (the go command), here (test/k8s), repo (the repository),
+# kube_version (the k8s.io/kubernetes test/k8s pins) and root (the cache
+# root), and cds into test/k8s. kube_ldflags prints the -ldflags that stamp
+# Kubernetes binaries with that version.
+
+go="${GO:-go}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$here"
+
+kube_version="$("$go" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+# test/apiserver's CacheRoot derives the same.
+root="${KP_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kp-test}"
+
+# The version stamps make /version (and kubectl version, and e2e.test's
+# check against the API server's) report the release instead of
+# v0.0.0-master.
+kube_ldflags() {
+	local major minor pkg flags="-s -w"
+	major="${kube_version#v}"; major="${major%%.*}"
+	minor="${kube_version#v*.}"; minor="${minor%%.*}"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		flags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+		flags+=" -X $pkg.gitTreeState=clean"
+	done
+	echo "$flags"
+}
