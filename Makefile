@@ -64,9 +64,12 @@ test-images:
 conformance-bins:
 	GO=$(GO) bash test/k8s/conformance-bins.sh
 
+# -parallel 4: the end-to-end tests run each feature once per mode, in
+# worlds that mostly wait on packets and timeouts (about a third of 2 cores
+# at 4); more gets CPU-bound on the kube tests' API servers.
 test: kube-bins test-images
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
-	$(GO) test -count=1 -p 2 -timeout 25m ./...
+	$(GO) test -count=1 -p 2 -parallel 4 -timeout 25m ./...
 	$(MAKE) fuzz
 
 # The benchmark of kp against upstream kube-proxy (nftables and iptables

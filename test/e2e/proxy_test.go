@@ -335,8 +335,10 @@ func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
 		svc := web(pods...)
 		svc.Type = v1.ServiceTypeNodePort
 		svc.Ports[0].NodePort = 30080
+		// Both Services in both families: each family's listing names them.
+		svc.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
 		e.write("web.yaml", svc,
-			Service{Namespace: "other-ns", Name: "empty", ClusterIPs: []string{"10.96.0.20"},
+			Service{Namespace: "other-ns", Name: "empty", ClusterIPs: []string{"10.96.0.20", "fd00:96::20"},
 				Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}})
 		e.startKP()
 		e.answers(e.w.Client(), "tcp", webTCP)
