@@ -8,7 +8,8 @@ import (
 
 // artifacts are what the conformance run needs besides the cluster's own
 // binaries: upstream's e2e.test and ginkgo, and the images its tests run
-// (agnhost, busybox, pause, glibc-dns-testing). CoreDNS comes with
+// (agnhost, busybox, pause, glibc-dns-testing, distroless-iptables,
+// regression-issue-74839). CoreDNS comes with
 // cluster.DeployDNS.
 type artifacts struct {
 	e2eTest, ginkgo string

@@ -1,7 +1,8 @@
 // Package images finds what test/k8s/images.sh and
 // test/k8s/conformance-bins.sh build for the real-node tests: the container
-// images (CoreDNS, agnhost, busybox, pause, glibc-dns-testing) as Docker-format tarballs with
-// the references they carry, CoreDNS's Corefile, and upstream's e2e.test and
+// images (CoreDNS, agnhost, busybox, pause, glibc-dns-testing,
+// distroless-iptables, regression-issue-74839) as Docker-format tarballs
+// with the references they carry, CoreDNS's Corefile, and upstream's e2e.test and
 // ginkgo. Like test/apiserver's Bin, each helper skips the test when they
 // are not built, or fails it under CI, where make builds them first.
 package images
@@ -38,6 +39,13 @@ const (
 	// GlibcDNSTesting is what upstream's DNS tests run their glibc
 	// querier in: Debian 12's dig, nslookup, getent and dash.
 	GlibcDNSTesting = "glibc-dns-testing"
+	// DistrolessIptables is what upstream's KubeProxy CLOSE_WAIT test
+	// reads the node's conntrack table with, on the host network:
+	// Debian 12's iptables, nft, ipset, conntrack, dash, which, grep.
+	DistrolessIptables = "distroless-iptables"
+	// RegressionIssue74839 is upstream's boom server of the Conntrack
+	// invalid-state test, built from the pinned k8s.io/kubernetes.
+	RegressionIssue74839 = "regression-issue-74839"
 )
 
 // The binaries conformance-bins.sh builds.
@@ -50,7 +58,7 @@ const conformanceTarget = "make conformance-bins"
 
 // Image is one built image.
 type Image struct {
-	// Name is CoreDNS, Agnhost, BusyBox or Pause.
+	// Name is one of the constants above.
 	Name string
 	// Ref is the reference the tarball holds the image under; after
 	// `ctr -n k8s.io images import`, pods name it as their image (with
@@ -60,9 +68,8 @@ type Image struct {
 	Tarball string
 }
 
-// Get returns one image (CoreDNS, Agnhost, BusyBox, Pause or
-// GlibcDNSTesting). It skips t
-// when the images are not built (fails it under CI).
+// Get returns one image, by one of the names above. It skips t when the
+// images are not built (fails it under CI).
 func Get(t testing.TB, name string) Image {
 	t.Helper()
 	for _, img := range All(t) {
@@ -70,7 +77,8 @@ func Get(t testing.TB, name string) Image {
 			return img
 		}
 	}
-	t.Fatalf("images: no image %q (want %s, %s, %s, %s or %s)", name, CoreDNS, Agnhost, BusyBox, Pause, GlibcDNSTesting)
+	t.Fatalf("images: no image %q (want %s, %s, %s, %s, %s, %s or %s)", name, CoreDNS, Agnhost, BusyBox, Pause,
+		GlibcDNSTesting, DistrolessIptables, RegressionIssue74839)
 	return Image{}
 }
 
@@ -95,7 +103,8 @@ func Corefile(t testing.TB) string {
 }
 
 // Bin returns the path of one of the static binaries in the images
-// (coredns, agnhost, busybox, pause), to run on the host.
+// (coredns, agnhost, busybox, pause, regression-issue-74839), to run on
+// the host.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
 	dir := built(t, Dir, filepath.Join("bin", name), "make test-images")

@@ -78,6 +78,16 @@ func TestEveryImageLoadsUnderItsRefAndItsProgramsRun(t *testing.T) {
 			{[]string{"sh", "-c", "echo '10.9.8.7 querier.kp.test' >>/etc/hosts; getent hosts querier.kp.test"}, "10.9.8.7"},
 			{[]string{"/coredns", "-version"}, "CoreDNS-"},
 		},
+		// What upstream's CLOSE_WAIT test runs through /bin/sh -c, and
+		// the tools upstream's image has; talking to the kernel is
+		// TestDistrolessIptablesToolsReadANamespacesTables's.
+		DistrolessIptables: {
+			{[]string{"sleep", "0"}, ""},
+			{[]string{"/bin/sh", "-c", "test -f /etc/nonesuch || which conntrack; echo 'CLOSE_WAIT dport=11302' | grep -m 1 -E 'CLOSE_WAIT.*dport=11302'"}, "/usr/sbin/conntrack\nCLOSE_WAIT dport=11302"},
+			{[]string{"conntrack", "--version"}, "conntrack v1."},
+			{[]string{"iptables", "-V"}, "(nf_tables)"},
+			{[]string{"sh", "-c", "ip6tables-save -V; iptables-legacy -V; nft -v; ipset version; modprobe -V; cat /dev/null | wc -l"}, "kmod version"},
+		},
 	}
 	seen := map[string]bool{}
 	for _, img := range imgs {

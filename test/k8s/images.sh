@@ -9,6 +9,10 @@
 #   pause.tar    registry.k8s.io/pause:TAG    images/pause
 #   glibc-dns-testing.tar  registry.k8s.io/e2e-test-images/glibc-dns-testing:TAG
 #                Debian's dig, nslookup, getent (glibc's resolver), dash
+#   distroless-iptables.tar  registry.k8s.io/build-image/distroless-iptables:TAG
+#                Debian's iptables, nft, ipset, conntrack, dash, which...
+#   regression-issue-74839.tar  registry.k8s.io/e2e-test-images/regression-issue-74839:TAG
+#                upstream's, built from the pinned k8s.io/kubernetes
 #
 # with images.txt (one "name ref file" line per image), the Corefile, and the
 # static binaries in bin/. The e2e images carry the exact names and tags the
@@ -26,8 +30,8 @@
 # covering only that image's inputs: a change to one image's script
 # rebuilds that image (and those made from it) and links the others from
 # their directories. Needs go, apt-get (Debian's packages: busybox-static,
-# glibc-dns-testing's) and the host tools copied into agnhost's image (see
-# images/agnhost.sh).
+# glibc-dns-testing's, distroless-iptables') and the host tools copied into
+# agnhost's image (see images/agnhost.sh).
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -67,17 +71,20 @@ e2e_tag() {
 # name, reference, and the inputs of its key (paths from the repository
 # root, and names of images it is made from), in build order: an image
 # comes after those it is made from.
-images=(coredns busybox pause agnhost glibc-dns-testing)
+images=(coredns busybox pause agnhost glibc-dns-testing distroless-iptables regression-issue-74839)
 declare -A ref inputs made_from key
 ref[coredns]="kp.local/coredns:${coredns_version}"
 ref[busybox]="registry.k8s.io/e2e-test-images/busybox:$(e2e_tag BusyBox)"
 ref[pause]="registry.k8s.io/pause:$(e2e_tag Pause)"
 ref[agnhost]="registry.k8s.io/e2e-test-images/agnhost:$(e2e_tag Agnhost)"
 ref[glibc-dns-testing]="registry.k8s.io/e2e-test-images/glibc-dns-testing:$(e2e_tag GlibcDnsTesting)"
+ref[distroless-iptables]="registry.k8s.io/build-image/distroless-iptables:$(e2e_tag DistrolessIptables)"
+ref[regression-issue-74839]="registry.k8s.io/e2e-test-images/regression-issue-74839:$(e2e_tag RegressionIssue74839)"
 inputs[coredns]="test/k8s/coredns"
 inputs[pause]="test/k8s/images/pause"
 # agnhost is built from k8s.io/kubernetes, which test/k8s/go.mod pins.
 inputs[agnhost]="test/k8s/go.mod"
+inputs[regression-issue-74839]="test/k8s/go.mod"
 made_from[agnhost]="busybox coredns"
 made_from[glibc-dns-testing]="coredns"
 # What every image is made with: mkimage (test/image), the shared shell.
