@@ -100,11 +100,14 @@ for i in 0 1 2; do
 	start_bg pod-$i "$pod" "$ECHO" -name pod-$i -listen :8080 -udp :5353
 done
 
+# --conntrack-max-per-core 0: the node is a network namespace, where only
+# the initial one may size the conntrack table.
 echo "==> starting kp proxy in $NODE (log: $STATE/kp.log)"
 start_bg kp $NODE "$KP" proxy \
 	--manifests "$ROOT/manifests/demo" \
 	--hostname-override demo-node \
 	--cluster-cidr 10.244.1.0/24 \
+	--conntrack-max-per-core 0 \
 	--healthz-bind-address 127.0.0.1:10256 \
 	--metrics-bind-address 127.0.0.1:10249
 KP_PID=$(cat $STATE/kp.pid)
