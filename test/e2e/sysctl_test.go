@@ -24,55 +24,77 @@ func (e *env) sysctl(ns, name string) string {
 }
 
 func TestConntrackFlagsSetTheNodeNamespacesSysctlsAndZeroLeavesThem(t *testing.T) {
-	e := newEnv(t, modeNFTables, 1)
-	const closeWait, established, udp = "nf_conntrack_tcp_timeout_close_wait", "nf_conntrack_tcp_timeout_established", "nf_conntrack_udp_timeout"
-	client := e.w.Pods()[0].NS
-	before := map[string]string{}
-	for _, name := range []string{closeWait, established, udp} {
-		before[name] = e.sysctl(e.w.Node(), name)
+	// Every flag whose sysctl a network namespace has its own copy of;
+	// --conntrack-max-per-core sizes a table only the initial namespace
+	// may: the unit tests in cmd/kp cover its arithmetic, and a sysctl kp
+	// cannot write is the read-only test's below.
+	flags := []struct{ flag, value, sysctl, want string }{
+		{"--conntrack-tcp-timeout-established", "2h", "nf_conntrack_tcp_timeout_established", "7200"},
+		{"--conntrack-tcp-timeout-close-wait", "30m", "nf_conntrack_tcp_timeout_close_wait", "1800"},
+		{"--conntrack-tcp-be-liberal", "true", "nf_conntrack_tcp_be_liberal", "1"},
+		{"--conntrack-udp-timeout", "45s", "nf_conntrack_udp_timeout", "45"},
+		{"--conntrack-udp-timeout-stream", "3m", "nf_conntrack_udp_timeout_stream", "180"},
 	}
-	if before[closeWait] == "7200" || before[udp] == "45" {
-		t.Fatalf("the node namespace starts with the values the test sets: %v", before)
-	}
-	e.startKP("--conntrack-tcp-timeout-close-wait", "2h", "--conntrack-udp-timeout", "45s",
-		"--conntrack-tcp-timeout-established", "0")
+	for _, set := range []bool{true, false} {
+		name := "each flag sets its sysctl in the node namespace only"
+		if !set {
+			name = "zero leaves every sysctl as the kernel has it"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, modeNFTables, 1)
+			client := e.w.Pods()[0].NS
+			var args []string
+			before := map[string]string{}
+			for _, f := range flags {
+				before[f.sysctl] = e.sysctl(e.w.Node(), f.sysctl)
+				if before[f.sysctl] == f.want {
+					t.Fatalf("the node namespace starts with %s = %s, the value the test sets", f.sysctl, f.want)
+				}
+				value := f.value
+				if !set {
+					value = "0"
+					if f.value == "true" {
+						value = "false"
+					}
+				}
+				args = append(args, f.flag+"="+value)
+			}
+			e.startKP(args...)
 
-	if got := e.sysctl(e.w.Node(), closeWait); got != "7200" {
-		t.Errorf("%s = %s in the node, want 7200", closeWait, got)
-	}
-	if got := e.sysctl(e.w.Node(), udp); got != "45" {
-		t.Errorf("%s = %s in the node, want 45", udp, got)
-	}
-	if got := e.sysctl(e.w.Node(), established); got != before[established] {
-		t.Errorf("%s = %s with the flag at 0, want the kernel's %s", established, got, before[established])
-	}
-	// Another namespace keeps its own values.
-	if got := e.sysctl(client, closeWait); got != before[closeWait] {
-		t.Errorf("%s = %s in a pod's namespace, want %s: kp wrote outside its namespace", closeWait, got, before[closeWait])
-	}
-	log := e.kp.Log()
-	for _, want := range []string{
-		`msg="set conntrack sysctl" sysctl=net.netfilter.nf_conntrack_tcp_timeout_close_wait old=` + before[closeWait] + ` new=7200`,
-		`msg="set conntrack sysctl" sysctl=net.netfilter.nf_conntrack_udp_timeout old=` + before[udp] + ` new=45`,
-	} {
-		if !strings.Contains(log, want) {
-			t.Errorf("kp's log lacks %q:\n%s", want, log)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	status, err := e.statusClient().Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var reported int
-	for _, s := range status.Sysctls {
-		if s.Error == "" && s.Value == s.Want {
-			reported++
-		}
-	}
-	if reported != 2 {
-		t.Errorf("status API sysctls: %+v, want the two set", status.Sysctls)
+			log := e.kp.Log()
+			for _, f := range flags {
+				want := f.want
+				if !set {
+					want = before[f.sysctl]
+				}
+				if got := e.sysctl(e.w.Node(), f.sysctl); got != want {
+					t.Errorf("%s=%s: %s = %s in the node, want %s", f.flag, f.value, f.sysctl, got, want)
+				}
+				// Another namespace keeps its own values.
+				if got := e.sysctl(client, f.sysctl); got != before[f.sysctl] {
+					t.Errorf("%s = %s in a pod's namespace, want %s: kp wrote outside its namespace", f.sysctl, got, before[f.sysctl])
+				}
+				line := `msg="set conntrack sysctl" sysctl=net.netfilter.` + f.sysctl + ` old=` + before[f.sysctl] + ` new=` + f.want
+				if strings.Contains(log, line) != set {
+					t.Errorf("kp's log has %q: %v, want %v:\n%s", line, !set, set, log)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			status, err := e.statusClient().Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inForce int
+			for _, s := range status.Sysctls {
+				if s.Error == "" && s.Value == s.Want {
+					inForce++
+				}
+			}
+			if want := map[bool]int{true: len(flags), false: 0}[set]; inForce != want || len(status.Sysctls) != want {
+				t.Errorf("status API sysctls: %+v, want the %d set", status.Sysctls, want)
+			}
+		})
 	}
 }
 
