@@ -53,6 +53,10 @@ type Backend struct {
 	books        map[proxy.Family]*book
 	lastFull     time.Time
 	lastSyncFull bool
+	// counters is the last read of the DNAT rules' counters, shared by
+	// status API requests for countersMaxAge.
+	counters counterCache
+
 	// inject adds a rule to one service port's chains (tests: a batch
 	// iptables-restore refuses).
 	inject map[proxy.ServicePortName]string
@@ -300,6 +304,43 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 	if fl := b.Flavor(); fl == "" || fl == FlavorAuto {
 		return nil, nil // nothing programmed yet
 	}
+	dnat, err := b.dnatCounters()
+	if err != nil {
+		return nil, err
+	}
+	out := map[proxy.EndpointRef]proxy.EndpointCounter{}
+	for name, sp := range s.Services {
+		for _, e := range s.Endpoints[name] {
+			if c, ok := dnat[sepChainName(sp, e)]; ok {
+				out[proxy.EndpointRef{ServicePort: name, Endpoint: e.AddrPort()}] = c
+			}
+		}
+	}
+	return out, nil
+}
+
+// countersMaxAge bounds how often counter reads run iptables-save -c, which
+// reads and prints the whole nat table (seconds of CPU at tens of thousands
+// of rules): status API clients polling faster (kp top every 2 s, several
+// at once) share one read.
+const countersMaxAge = time.Second
+
+type counterCache struct {
+	mu   sync.Mutex
+	at   time.Time
+	dnat map[string]proxy.EndpointCounter
+}
+
+// dnatCounters returns each KP- chain's DNAT rule counters, read at most
+// once per countersMaxAge.
+func (b *Backend) dnatCounters() (map[string]proxy.EndpointCounter, error) {
+	c := &b.counters
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := b.now()
+	if c.dnat != nil && now.Sub(c.at) < countersMaxAge && !now.Before(c.at) {
+		return c.dnat, nil
+	}
 	dnat := map[string]proxy.EndpointCounter{}
 	for _, f := range b.programmed() {
 		data, err := b.runner(f).Save(context.Background(), TableNAT, true)
@@ -320,21 +361,14 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 			}
 			for _, r := range rs {
 				if containsWord(r.Spec, "DNAT") {
-					c := dnat[chain]
-					dnat[chain] = proxy.EndpointCounter{Packets: c.Packets + r.Packets, Bytes: c.Bytes + r.Bytes}
+					sum := dnat[chain]
+					dnat[chain] = proxy.EndpointCounter{Packets: sum.Packets + r.Packets, Bytes: sum.Bytes + r.Bytes}
 				}
 			}
 		}
 	}
-	out := map[proxy.EndpointRef]proxy.EndpointCounter{}
-	for name, sp := range s.Services {
-		for _, e := range s.Endpoints[name] {
-			if c, ok := dnat[sepChainName(sp, e)]; ok {
-				out[proxy.EndpointRef{ServicePort: name, Endpoint: e.AddrPort()}] = c
-			}
-		}
-	}
-	return out, nil
+	c.at, c.dnat = now, dnat
+	return dnat, nil
 }
 
 func interfaceAddrs() ([]netip.Addr, error) {

@@ -312,6 +312,36 @@ func TestEndpointCountersReadTheDNATRules(t *testing.T) {
 	}
 }
 
+func TestEndpointCounterReadsAreSharedForASecond(t *testing.T) {
+	b, fk, clk := fakeBackend(t, testConfig())
+	w := featureWorld()
+	mustSync(t, b, w.next())
+	web := w.st.Services[spName("demo", "web", "http")]
+	ep := w.st.Endpoints[web.Name][0]
+	ref := proxy.EndpointRef{ServicePort: web.Name, Endpoint: ep.AddrPort()}
+	nat := fk.Tables[TableNAT]
+	count := func(packets uint64) uint64 {
+		t.Helper()
+		nat.Counters = map[string][]SavedRule{sepChainName(web, ep): {{Packets: 0}, {Packets: packets}}}
+		got, err := b.EndpointCounters(w.st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got[ref].Packets
+	}
+	if got := count(1); got != 1 {
+		t.Fatalf("first read: %d packets, want 1", got)
+	}
+	clk.t = clk.t.Add(countersMaxAge / 2)
+	if got := count(2); got != 1 {
+		t.Errorf("a read within %v ran iptables-save again: %d packets, want the shared 1", countersMaxAge, got)
+	}
+	clk.t = clk.t.Add(countersMaxAge)
+	if got := count(3); got != 3 {
+		t.Errorf("a read after %v: %d packets, want a fresh 3", countersMaxAge, got)
+	}
+}
+
 func TestNodePortAddressesFollowTheConfig(t *testing.T) {
 	for _, c := range []struct {
 		name string
