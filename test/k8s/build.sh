@@ -21,17 +21,8 @@ dir="$root/kube-${kube_version}-etcd-${etcd_version}"
 kube_bins=(kube-apiserver kube-proxy kubectl kube-controller-manager kube-scheduler kubelet)
 bins=("${kube_bins[@]}" etcd)
 
-complete=1
-for b in "${bins[@]}"; do [ -x "$dir/$b" ] || complete=0; done
-if [ "$complete" = 1 ]; then
-	echo "$dir"
-	exit 0
-fi
-
-mkdir -p "$root"
-tmp="$(mktemp -d "$root/.build.XXXXXX")"
-chmod 755 "$tmp"
-trap 'rm -rf "$tmp"' EXIT
+exit_if_built "$dir" "${bins[@]}"
+stage build
 for b in "${bins[@]}"; do
 	if [ -x "$dir/$b" ]; then cp -p "$dir/$b" "$tmp/$b"; fi
 done
@@ -55,7 +46,4 @@ if [ ! -x "$tmp/etcd" ]; then
 	echo "build.sh: etcd built in $((SECONDS - start))s" >&2
 fi
 
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-echo "$dir"
+publish "$dir"

@@ -26,3 +26,28 @@ kube_ldflags() {
 	done
 	echo "$flags"
 }
+
+# exit_if_built DIR BIN...: when every BIN is an executable in DIR, print
+# DIR (the scripts' answer) and exit.
+exit_if_built() {
+	local dir="$1" b
+	shift
+	for b in "$@"; do [ -x "$dir/$b" ] || return 0; done
+	echo "$dir"
+	exit 0
+}
+
+# stage NAME: make tmp a fresh folder in the cache root, removed if the
+# script fails; publish DIR then puts it in DIR's place and prints DIR.
+stage() {
+	mkdir -p "$root"
+	tmp="$(mktemp -d "$root/.$1.XXXXXX")"
+	chmod 755 "$tmp"
+	trap 'rm -rf "$tmp"' EXIT
+}
+publish() {
+	rm -rf "$1"
+	mv "$tmp" "$1"
+	trap - EXIT
+	echo "$1"
+}

@@ -24,17 +24,8 @@ if [ "${1:-}" = --dir ]; then
 	echo "$dir"
 	exit 0
 fi
-complete=1
-for b in "${bins[@]}"; do [ -x "$dir/$b" ] || complete=0; done
-if [ "$complete" = 1 ]; then
-	echo "$dir"
-	exit 0
-fi
-
-mkdir -p "$root"
-tmp="$(mktemp -d "$root/.conformance.XXXXXX")"
-chmod 755 "$tmp"
-trap 'rm -rf "$tmp"' EXIT
+exit_if_built "$dir" "${bins[@]}"
+stage conformance
 
 # The same version stamps as build.sh: the suite logs and checks them
 # against the API server's.
@@ -50,7 +41,4 @@ echo "conformance-bins.sh: building e2e.test $kube_version" >&2
 "$go" test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
 echo "conformance-bins.sh: e2e.test built in $((SECONDS - start))s" >&2
 
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-echo "$dir"
+publish "$dir"
