@@ -174,11 +174,8 @@ written is reported as a warning; the command fails only on invalid flags or con
   kp sysctl --conntrack-max-per-core 0 --conntrack-tcp-timeout-close-wait 1h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := o.settings(cmd.Flags(), a.logOpts, a.hostname)
+			s, err := a.settings(cmd, o)
 			if err != nil {
-				return err
-			}
-			if err := a.useSettings(s); err != nil {
 				return err
 			}
 			a.tuneConntrack(s)

@@ -46,11 +46,8 @@ logged as ignored.
   kp proxy --cleanup`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := o.settings(cmd.Flags(), a.logOpts, a.hostname)
+			s, err := a.settings(cmd, o)
 			if err != nil {
-				return err
-			}
-			if err := a.useSettings(s); err != nil {
 				return err
 			}
 			if o.cleanup {
@@ -61,6 +58,16 @@ logged as ignored.
 	}
 	o.addFlags(cmd.Flags())
 	return cmd
+}
+
+// settings resolves the command's flags and config file, then uses them
+// (useSettings): what kp proxy and kp sysctl start with.
+func (a *app) settings(cmd *cobra.Command, o *proxyOptions) (settings, error) {
+	s, err := o.settings(cmd.Flags(), a.logOpts, a.hostname)
+	if err != nil {
+		return s, err
+	}
+	return s, a.useSettings(s)
 }
 
 // useSettings rebuilds the logger if the config file changed logging, then
