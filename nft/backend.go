@@ -76,15 +76,16 @@ func NewInNamespace(cfg proxy.Config, log *slog.Logger, nsFd int) (*Backend, err
 }
 
 func newBackend(cfg proxy.Config, log *slog.Logger, conn Conn) (*Backend, error) {
-	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("masquerade bit %d: must be within 0..31", cfg.MasqueradeBit)
+	masqMark, err := cfg.MasqueradeMark()
+	if err != nil {
+		return nil, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
 	return &Backend{
 		cfg: cfg, log: log, conn: conn,
-		masqMark:     1 << uint(cfg.MasqueradeBit),
+		masqMark:     masqMark,
 		now:          time.Now,
 		localAddrs:   func() ([]netip.Addr, error) { return listLocalAddrsIn(0) },
 		defaultAddrs: func() ([]netip.Addr, error) { return defaultRouteAddrsIn(0) },

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -44,4 +45,13 @@ type Config struct {
 	// Profiling serves Go's profiles at /debug/pprof/ on the metrics
 	// server (upstream --profiling).
 	Profiling bool
+}
+
+// MasqueradeMark is the packet mark bit of MasqueradeBit, which flags a
+// packet for masquerading in every mode.
+func (c Config) MasqueradeMark() (uint32, error) {
+	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
+		return 0, fmt.Errorf("masquerade bit %d: must be within 0..31", c.MasqueradeBit)
+	}
+	return 1 << uint(c.MasqueradeBit), nil
 }

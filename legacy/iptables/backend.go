@@ -132,14 +132,15 @@ func WithInjectedRule(name proxy.ServicePortName, args string) Option {
 // New returns the iptables backend for cfg. The flavor comes from
 // cfg.IPTablesBackend ("auto", "" or a Flavor) unless WithFlavor says.
 func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
-	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("masquerade bit %d: must be within 0..31", cfg.MasqueradeBit)
+	masqMark, err := cfg.MasqueradeMark()
+	if err != nil {
+		return nil, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
 	b := &Backend{
-		cfg: cfg, log: log, masqMark: 1 << uint(cfg.MasqueradeBit),
+		cfg: cfg, log: log, masqMark: masqMark,
 		families:      []proxy.Family{proxy.IPv4, proxy.IPv6},
 		newRunner:     NewRunner,
 		detect:        Detect,
