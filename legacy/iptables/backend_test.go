@@ -78,10 +78,13 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
+// newClock is the tests' clock, stopped at a fixed time.
+func newClock() *clock { return &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)} }
+
 func fakeBackend(t *testing.T, cfg proxy.Config) (*Backend, *Fake, *clock) {
 	t.Helper()
 	fk := NewFake(FlavorNFT, proxy.IPv4)
-	c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+	c := newClock()
 	b, err := New(cfg, nil, WithRunners(fk), WithClock(c.now), WithRouteLocalnet(func() error { return nil }),
 		WithLocalAddrs(func() ([]netip.Addr, error) { return nil, nil }))
 	if err != nil {

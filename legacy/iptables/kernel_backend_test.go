@@ -48,14 +48,20 @@ func kernelWorld() *world {
 	return w
 }
 
+// syncIn syncs st with b in namespace ns, failing the test on error.
+func syncIn(t *testing.T, ns string, b *Backend, st *proxy.State) {
+	t.Helper()
+	inNS(t, ns, func() error { return b.Sync(context.Background(), st) })
+}
+
 func TestKernelSyncLoadsThenSendsOnlyTheChange(t *testing.T) {
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		t.Run(string(fl), func(t *testing.T) {
 			ns := testNamespace(t)
-			c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+			c := newClock()
 			b := kernelBackend(t, fl, c)
 			w := kernelWorld()
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			web := w.st.Services[spName("demo", "web", "http")]
 			for _, ff := range []flavorFamily{{fl, proxy.IPv4}, {fl, proxy.IPv6}} {
 				nat := saveIn(t, ns, ff, TableNAT)
@@ -81,7 +87,7 @@ func TestKernelSyncLoadsThenSendsOnlyTheChange(t *testing.T) {
 			}
 
 			w.setEndpoints(web.Name, "10.244.1.1:8080", "10.244.2.9:8080")
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			if b.LastSyncFull() {
 				t.Error("the second sync was full")
 			}
@@ -100,10 +106,10 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		t.Run(string(fl), func(t *testing.T) {
 			ns := testNamespace(t)
-			c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+			c := newClock()
 			b := kernelBackend(t, fl, c)
 			w := kernelWorld()
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			ff := flavorFamily{fl, proxy.IPv4}
 			good := saveIn(t, ns, ff, TableNAT)
 			web := w.st.Services[spName("demo", "web", "http")]
@@ -111,7 +117,7 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 			// PREROUTING and adds a chain of kp's that it never wrote.
 			restoreIn(t, ns, ff, "*nat\n:"+svcChainName(web)+" - [0:0]\n:KP-SEP-STALESTALESTALE - [0:0]\n-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\nCOMMIT\n")
 			c.t = c.t.Add(2 * time.Hour)
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			if !b.LastSyncFull() {
 				t.Fatal("no full sync after the hour")
 			}
@@ -121,7 +127,7 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 			// kp restarting on the node: a new backend's first sync
 			// leaves the same tables, jumps not duplicated.
 			b2 := kernelBackend(t, fl, c)
-			inNS(t, ns, func() error { return b2.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b2, w.next())
 			if got := saveIn(t, ns, ff, TableNAT); normalise(got) != normalise(good) {
 				t.Errorf("a restart changed the table:\n%s\nwant:\n%s", got, good)
 			}
@@ -133,13 +139,13 @@ func TestKernelRefusedBatchChangesNothingAndNamesTheService(t *testing.T) {
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		t.Run(string(fl), func(t *testing.T) {
 			ns := testNamespace(t)
-			c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+			c := newClock()
 			db := spName("demo", "db", "")
 			b := kernelBackend(t, fl, c, WithInjectedRule(db, "-m statistic --mode random --probability 7 -j RETURN"))
 			w := kernelWorld()
 			delete(w.st.Services, db)
 			delete(w.st.Endpoints, db)
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			ff := flavorFamily{fl, proxy.IPv4}
 			before := saveIn(t, ns, ff, TableNAT) + saveIn(t, ns, ff, TableFilter)
 			w.add(db, "10.96.0.11", 5432, 0, "10.244.2.4:5432")
@@ -177,7 +183,7 @@ func TestKernelLoadsTheDispatchTriesInBothFamilies(t *testing.T) {
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		t.Run(string(fl), func(t *testing.T) {
 			ns := testNamespace(t)
-			c := &clock{t: time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)}
+			c := newClock()
 			b := kernelBackend(t, fl, c)
 			w := newWorld()
 			for i := 0; i < 300; i++ {
@@ -189,7 +195,7 @@ func TestKernelLoadsTheDispatchTriesInBothFamilies(t *testing.T) {
 					w.st.Endpoints[name] = append(w.st.Endpoints[name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true})
 				}
 			}
-			inNS(t, ns, func() error { return b.Sync(context.Background(), w.next()) })
+			syncIn(t, ns, b, w.next())
 			for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 				ff := flavorFamily{fl, f}
 				nat, filter := saveIn(t, ns, ff, TableNAT), saveIn(t, ns, ff, TableFilter)
