@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 
@@ -154,7 +153,7 @@ func NewCleaner(cfg CleanerConfig) *Cleaner {
 		c.dial = Dialer{}.Open
 	}
 	if c.localAddrs == nil {
-		c.localAddrs = LocalAddrs
+		c.localAddrs = proxy.LocalAddrs
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -247,19 +246,4 @@ func hasCleanedProtocol(st *proxy.State) bool {
 		}
 	}
 	return false
-}
-
-// LocalAddrs lists the addresses of the calling thread's network namespace.
-func LocalAddrs() ([]netip.Addr, error) {
-	ifaddrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, a := range ifaddrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out, nil
 }

@@ -118,7 +118,7 @@ func (k *kernelWorld) localAddrs(t *testing.T) []netip.Addr {
 	var out []netip.Addr
 	if err := netns.InNamespace(k.w.Node(), func() error {
 		var err error
-		out, err = LocalAddrs()
+		out, err = proxy.LocalAddrs()
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -96,7 +96,7 @@ func NewServiceHealthServer(o ServiceHealthOptions) *ServiceHealthServer {
 	}
 	ifAddrs := o.InterfaceAddrs
 	if ifAddrs == nil {
-		ifAddrs = hostInterfaceAddrs
+		ifAddrs = LocalAddrs
 	}
 	s.addrs = func(f Family, node Node) []netip.Addr {
 		return healthCheckAddrs(f, node, o.NodePortAddresses, o.NodePortPrimary, ifAddrs, s.log)
@@ -139,7 +139,10 @@ func healthCheckAddrs(f Family, node Node, cidrs []netip.Prefix, primary bool, i
 	return out
 }
 
-func hostInterfaceAddrs() ([]netip.Addr, error) {
+// LocalAddrs lists the addresses of the calling thread's network namespace
+// (IPv4 ones unmapped): what a mode answers NodePorts on when told "every
+// local address", and what kp flows calls local.
+func LocalAddrs() ([]netip.Addr, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err

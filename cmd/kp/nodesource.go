@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -78,7 +79,7 @@ func (s *nodeSource) LocalAddrs() ([]netip.Addr, error) {
 	var local []netip.Addr
 	err := inNetns(s.fd, func() error {
 		var err error
-		local, err = conntrack.LocalAddrs()
+		local, err = proxy.LocalAddrs()
 		return err
 	})
 	if err != nil {

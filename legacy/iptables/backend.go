@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -147,7 +146,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		probe:         Probe,
 		cleanup:       defaultCleanup,
 		now:           time.Now,
-		localAddrs:    interfaceAddrs,
+		localAddrs:    proxy.LocalAddrs,
 		warnedPrimary: map[proxy.Family]bool{},
 		metrics:       newMetrics(),
 		routeLocalnet: writeRouteLocalnet,
@@ -370,22 +369,6 @@ func (b *Backend) dnatCounters() (map[string]proxy.EndpointCounter, error) {
 	}
 	c.at, c.dnat = now, dnat
 	return dnat, nil
-}
-
-func interfaceAddrs() ([]netip.Addr, error) {
-	as, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, a := range as {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip.Unmap())
-			}
-		}
-	}
-	return out, nil
 }
 
 func writeRouteLocalnet() error {
