@@ -245,16 +245,22 @@ func (r *Results) Set(run Run, tests map[string]Result) {
 		byName[r.Tests[i].Name] = i
 	}
 	for name, res := range tests {
-		i, ok := byName[name]
-		if !ok {
-			r.Tests = append(r.Tests, Test{Name: name, Results: map[string]Result{}})
-			i = len(r.Tests) - 1
-			byName[name] = i
-		}
-		r.Tests[i].Results[run.Mode] = res
+		r.put(byName, name, run.Mode, res)
 	}
 	r.Tests = slices.DeleteFunc(r.Tests, func(t Test) bool { return len(t.Results) == 0 })
 	sort.Slice(r.Tests, func(i, j int) bool { return r.Tests[i].Name < r.Tests[j].Name })
+}
+
+// put sets test name's result in column mode, adding the test when it is
+// new; byName indexes r.Tests by name and is kept up to date.
+func (r *Results) put(byName map[string]int, name, mode string, res Result) {
+	i, ok := byName[name]
+	if !ok {
+		r.Tests = append(r.Tests, Test{Name: name, Results: map[string]Result{}})
+		i = len(r.Tests) - 1
+		byName[name] = i
+	}
+	r.Tests[i].Results[mode] = res
 }
 
 // Merge puts the results of a focused rerun into the column of mode: those
@@ -269,12 +275,7 @@ func (r *Results) Merge(mode string, tests map[string]Result, note string) error
 		byName[r.Tests[j].Name] = j
 	}
 	for name, res := range tests {
-		j, ok := byName[name]
-		if !ok {
-			r.Tests = append(r.Tests, Test{Name: name, Results: map[string]Result{}})
-			j = len(r.Tests) - 1
-		}
-		r.Tests[j].Results[mode] = res
+		r.put(byName, name, mode, res)
 	}
 	sort.Slice(r.Tests, func(a, b int) bool { return r.Tests[a].Name < r.Tests[b].Name })
 	run := &r.Runs[i]
