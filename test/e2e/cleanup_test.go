@@ -15,22 +15,19 @@ import (
 // and rules in the built-in PREROUTING and FORWARD chains. They match only
 // documentation addresses, so they change no test traffic.
 var foreignRules = map[string][][]string{
-	"ip": {
+	"ip":  foreignRulesFor("192.0.2.10/32", "192.0.2.0/24"),
+	"ip6": foreignRulesFor("2001:db8::10/128", "2001:db8::/32"),
+}
+
+func foreignRulesFor(host, net string) [][]string {
+	return [][]string{
 		{"-t", "nat", "-N", "KUBE-SERVICES"},
-		{"-t", "nat", "-A", "KUBE-SERVICES", "-d", "192.0.2.10/32", "-p", "tcp", "--dport", "80", "-m", "comment", "--comment", "kube-proxy's", "-j", "RETURN"},
-		{"-t", "nat", "-A", "PREROUTING", "-d", "192.0.2.0/24", "-j", "KUBE-SERVICES"},
+		{"-t", "nat", "-A", "KUBE-SERVICES", "-d", host, "-p", "tcp", "--dport", "80", "-m", "comment", "--comment", "kube-proxy's", "-j", "RETURN"},
+		{"-t", "nat", "-A", "PREROUTING", "-d", net, "-j", "KUBE-SERVICES"},
 		{"-t", "filter", "-N", "USER-CHAIN"},
-		{"-t", "filter", "-A", "USER-CHAIN", "-s", "192.0.2.0/24", "-m", "comment", "--comment", "an operator's", "-j", "DROP"},
-		{"-t", "filter", "-A", "FORWARD", "-s", "192.0.2.0/24", "-j", "USER-CHAIN"},
-	},
-	"ip6": {
-		{"-t", "nat", "-N", "KUBE-SERVICES"},
-		{"-t", "nat", "-A", "KUBE-SERVICES", "-d", "2001:db8::10/128", "-p", "tcp", "--dport", "80", "-m", "comment", "--comment", "kube-proxy's", "-j", "RETURN"},
-		{"-t", "nat", "-A", "PREROUTING", "-d", "2001:db8::/32", "-j", "KUBE-SERVICES"},
-		{"-t", "filter", "-N", "USER-CHAIN"},
-		{"-t", "filter", "-A", "USER-CHAIN", "-s", "2001:db8::/32", "-m", "comment", "--comment", "an operator's", "-j", "DROP"},
-		{"-t", "filter", "-A", "FORWARD", "-s", "2001:db8::/32", "-j", "USER-CHAIN"},
-	},
+		{"-t", "filter", "-A", "USER-CHAIN", "-s", net, "-m", "comment", "--comment", "an operator's", "-j", "DROP"},
+		{"-t", "filter", "-A", "FORWARD", "-s", net, "-j", "USER-CHAIN"},
+	}
 }
 
 // foreignNFT is a table of someone else's in the node's nftables ruleset.
