@@ -26,8 +26,9 @@ configuration when kp runs in a pod), or from a folder of YAML/JSON manifests
 (--manifests). Flags have kube-proxy's names and meanings; a KubeProxyConfiguration
 file (--config) is read as kube-proxy reads it, and flags set on the command line
 override it. kube-proxy settings kp does not implement are reported as errors;
-settings that only tune the node (conntrack sizes, OOM score) are accepted and
-logged as ignored.
+settings that only tune the process (OOM score, API client rates) are accepted
+and logged as ignored. The --conntrack-* settings are applied at start, as
+upstream applies them (kp sysctl applies them alone).
 
 ` + wrap(ignoredFlagsHelp(), 84),
 		Example: `  # In a kube-proxy DaemonSet: same arguments
