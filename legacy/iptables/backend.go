@@ -52,6 +52,8 @@ type Backend struct {
 	books        map[proxy.Family]*book
 	lastFull     time.Time
 	lastSyncFull bool
+	// noCacheHint: this iptables refused cacheHintLine (diff.go).
+	noCacheHint bool
 	// counters is the last read of the DNAT rules' counters, shared by
 	// status API requests for countersMaxAge.
 	counters counterCache

@@ -27,6 +27,9 @@ type Fake struct {
 	Inputs [][]byte
 	// Refuse makes any rule line containing it refused.
 	Refuse string
+	// RefuseCacheHint makes it an iptables that takes no list command in a
+	// restore.
+	RefuseCacheHint bool
 
 	lastRestore time.Duration // how long the last Restore took (the fake's own cost)
 }
@@ -102,6 +105,11 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 			cur, curName = t.clone(), Table(line[1:])
 		case cur == nil:
 			return refuse("outside a table")
+		case line == cacheHintLine:
+			// a listing: changes nothing
+			if f.RefuseCacheHint {
+				return refuse("unknown command")
+			}
 		case line == "COMMIT":
 			if err := cur.check(); err != "" {
 				return refuse(err)

@@ -1,0 +1,99 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// lineIndex is the 0-based index of the first line of in that starts with
+// prefix, -1 when none does.
+func lineIndex(in, prefix string) int {
+	for i, l := range strings.Split(in, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestBigIptablesNftInputsCarryTheCacheHintAfterTheBuiltinJumps(t *testing.T) {
+	b, fk, _ := fakeBackend(t, testConfig())
+	w := featureWorld()
+	mustSync(t, b, w.next())
+	in := string(fk.Inputs[0])
+	for _, table := range []string{"*nat", "*filter"} {
+		block := in[strings.Index(in, table):]
+		block = block[:strings.Index(block, "COMMIT")]
+		hint, lastJump, firstRule := lineIndex(block, cacheHintLine), -1, lineIndex(block, "-A ")
+		for i, l := range strings.Split(block, "\n") {
+			if strings.HasPrefix(l, "-I ") {
+				lastJump = i
+			}
+		}
+		if hint < 0 || lastJump < 0 || !(lastJump < hint && hint < firstRule) {
+			t.Errorf("%s block: jumps end at line %d, hint at %d, rules start at %d; want jumps, hint, rules:\n%s",
+				table, lastJump, hint, firstRule, block)
+		}
+	}
+
+	// A partial sync of one service port writes a few chains: no hint,
+	// whose whole-table read would cost more than it saves.
+	w.setEndpoints(spName("demo", "web", "http"), "10.244.1.1:8080")
+	mustSync(t, b, w.next())
+	if in := string(fk.Inputs[1]); lineIndex(in, cacheHintLine) >= 0 {
+		t.Errorf("a partial sync of one service port has the hint:\n%s", in)
+	}
+}
+
+func TestPartialSyncsOfManyChainsCarryTheCacheHint(t *testing.T) {
+	b, fk, _ := fakeBackend(t, testConfig())
+	w := newWorld()
+	n := cacheHintMinChains / 2
+	for i := range n {
+		w.add(spName("bulk", fmt.Sprintf("svc-%d", i), ""), fmt.Sprintf("10.96.%d.%d", i>>8, i&255), 80, 0, "10.244.2.3:80", "10.244.2.4:80")
+	}
+	mustSync(t, b, w.next())
+	for i := range n {
+		w.setEndpoints(spName("bulk", fmt.Sprintf("svc-%d", i), ""), "10.244.2.3:80", "10.244.2.5:80")
+	}
+	mustSync(t, b, w.next())
+	if b.LastSyncFull() || lineIndex(string(fk.Inputs[1]), cacheHintLine) < 0 {
+		t.Errorf("a partial sync rewriting %d service ports (full: %v) has no cache hint", n, b.LastSyncFull())
+	}
+}
+
+func TestIptablesLegacyInputsHaveNoCacheHint(t *testing.T) {
+	fk := NewFake(FlavorLegacy, 4)
+	b, err := New(testConfig(), nil, WithRunners(fk), WithClock(newClock().now), WithRouteLocalnet(func() error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, b, featureWorld().next())
+	if lineIndex(string(fk.Inputs[0]), cacheHintLine) >= 0 {
+		t.Errorf("an iptables-legacy input has the cache hint:\n%s", fk.Inputs[0])
+	}
+}
+
+func TestARefusedCacheHintIsDroppedAndTheSyncStillApplies(t *testing.T) {
+	b, fk, _ := fakeBackend(t, testConfig())
+	fk.RefuseCacheHint = true
+	w := featureWorld()
+	if err := b.Sync(context.Background(), w.next()); err != nil {
+		t.Fatalf("sync with an iptables that refuses -S: %v", err)
+	}
+	if !strings.Contains(fk.Dump(TableNAT), "demo/web") {
+		t.Errorf("the retried input was not applied:\n%s", fk.Dump(TableNAT))
+	}
+	last := string(fk.Inputs[len(fk.Inputs)-1])
+	if len(fk.Inputs) != 2 || lineIndex(last, cacheHintLine) >= 0 {
+		t.Errorf("%d inputs, the last with the hint: %v", len(fk.Inputs), lineIndex(last, cacheHintLine) >= 0)
+	}
+	// Later full syncs do not try again.
+	b.books = nil
+	mustSync(t, b, w.next())
+	if lineIndex(string(fk.Inputs[len(fk.Inputs)-1]), cacheHintLine) >= 0 {
+		t.Error("a full sync after the refusal tried the hint again")
+	}
+}
