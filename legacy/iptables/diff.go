@@ -245,17 +245,25 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 		}
 		slices.Sort(gone)
 		var jumps []jump
+		var extra []string // "-D" lines of duplicated jumps
 		if full {
 			for _, j := range b.jumps(f) {
-				if j.table == t && !hasJump(kernel[t], j) {
+				if j.table != t {
+					continue
+				}
+				found := jumpRules(kernel[t], j)
+				if len(found) == 0 {
 					jumps = append(jumps, j)
+				}
+				for _, r := range found[min(1, len(found)):] {
+					extra = append(extra, "-D "+j.from+" "+r.Spec)
 				}
 			}
 		}
-		if len(write)+len(gone)+len(jumps) == 0 {
+		if len(write)+len(gone)+len(jumps)+len(extra) == 0 {
 			continue
 		}
-		in.changes += len(write) + len(gone) + len(jumps)
+		in.changes += len(write) + len(gone) + len(jumps) + len(extra)
 		none := proxy.ServicePortName{}
 		in.line("*"+string(t), none, "")
 		// The jumps from built-in chains come first, after their targets'
@@ -272,6 +280,9 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 		}
 		for _, j := range jumps {
 			in.line(j.line(), none, j.from)
+		}
+		for _, l := range extra {
+			in.line(l, none, strings.Fields(l)[1])
 		}
 		if b.cacheHint(full, len(write)+len(gone)) {
 			in.line(cacheHintLine, none, "")
@@ -314,17 +325,21 @@ func ownerOf(c *Chain) proxy.ServicePortName {
 	return o
 }
 
-// hasJump reports whether the saved table holds j: a rule of j.from that
-// targets j.to and carries j's comment (iptables-save's spelling of the
-// matches differs between flavors, the target and comment do not).
-func hasJump(d *Dump, j jump) bool {
+// jumpRules is the rules of the saved table that are j: rules of j.from
+// that target j.to and carry j's comment (iptables-save's spelling of the
+// matches differs between flavors, the target and comment do not). A full
+// sync inserts j when there is none and deletes all but the first when
+// something (a second proxy instance, a hand edit) duplicated it: each by
+// its saved spec, which deletes that rule and never another one.
+func jumpRules(d *Dump, j jump) []SavedRule {
+	var out []SavedRule
 	for _, r := range d.Rules[j.from] {
 		if strings.Contains(r.Spec, "-j "+j.to) && (strings.HasSuffix(r.Spec, "-j "+j.to) || strings.Contains(r.Spec, "-j "+j.to+" ")) &&
 			strings.Contains(r.Spec, j.comment) {
-			return true
+			out = append(out, r)
 		}
 	}
-	return false
+	return out
 }
 
 // explain names the service port of the line iptables-restore refused.

@@ -114,8 +114,12 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 			good := saveIn(t, ns, ff, TableNAT)
 			web := w.st.Services[spName("demo", "web", "http")]
 			// An operator flushes web's chain, deletes the jump from
-			// PREROUTING and adds a chain of kp's that it never wrote.
-			restoreIn(t, ns, ff, "*nat\n:"+svcChainName(web)+" - [0:0]\n:KP-SEP-STALESTALESTALE - [0:0]\n-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\nCOMMIT\n")
+			// PREROUTING, adds a chain of kp's that it never wrote and
+			// duplicates the jump from OUTPUT twice.
+			restoreIn(t, ns, ff, "*nat\n:"+svcChainName(web)+" - [0:0]\n:KP-SEP-STALESTALESTALE - [0:0]\n"+
+				"-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n"+
+				"-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n"+
+				"-I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\nCOMMIT\n")
 			c.t = c.t.Add(2 * time.Hour)
 			syncIn(t, ns, b, w.next())
 			if !b.LastSyncFull() {
