@@ -22,6 +22,8 @@ type RunOptions struct {
 	Collectors []prometheus.Collector
 	// Sysctls are the node settings made at start, for the status API.
 	Sysctls []statusapi.Sysctl
+	// ModeChoice is how the mode was chosen, for the status API.
+	ModeChoice *statusapi.ModeChoice
 }
 
 // SyncObserver is told about every successful sync, after the backend

@@ -93,6 +93,7 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	health := NewHealth(2*syncPeriod, clk)
 	status := NewStatus(backend, nodeName, health, clk)
 	status.SetSysctls(opts.Sysctls)
+	status.SetModeChoice(opts.ModeChoice)
 	for _, c := range opts.Collectors {
 		if err := metrics.Registry().Register(c); err != nil {
 			return fmt.Errorf("register metrics: %w", err)

@@ -30,6 +30,14 @@ type Status struct {
 	lastError *statusapi.SyncError
 	counts    statusapi.SyncCounts
 	sysctls   []statusapi.Sysctl
+	choice    *statusapi.ModeChoice
+}
+
+// SetModeChoice records how the mode was chosen (nil: not said).
+func (s *Status) SetModeChoice(c *statusapi.ModeChoice) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.choice = c
 }
 
 // SetSysctls records the node settings made at start.
@@ -91,6 +99,11 @@ func (s *Status) Report() *statusapi.Status {
 		Now:        s.clk.Now(),
 		Syncs:      s.counts,
 		Sysctls:    append([]statusapi.Sysctl(nil), s.sysctls...),
+	}
+	if s.choice != nil {
+		c := *s.choice
+		c.Refused = append([]statusapi.RefusedMode(nil), c.Refused...)
+		r.ModeChoice = &c
 	}
 	if s.health != nil {
 		r.Healthy = s.health.Healthy()

@@ -216,3 +216,23 @@ func TestStatusUsableFollowsTheRulesSelection(t *testing.T) {
 		t.Errorf("usable = %v; want only the endpoint hinted for the node's zone", got)
 	}
 }
+
+func TestStatusAPIReportsHowTheModeWasChosen(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := NewStatus(newFakeBackend(0), "node-a", nil, clk)
+	if rep := s.Report(); rep.ModeChoice != nil {
+		t.Errorf("mode choice before it was set: %+v", rep.ModeChoice)
+	}
+	s.SetModeChoice(&statusapi.ModeChoice{From: "auto", Auto: true,
+		Refused: []statusapi.RefusedMode{{Mode: "nftables", Reason: "the kernel has no nf_tables"}}})
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", statusapi.StatusPath, nil))
+	var r statusapi.Status
+	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.ModeChoice; c == nil || !c.Auto || c.From != "auto" || len(c.Refused) != 1 ||
+		c.Refused[0] != (statusapi.RefusedMode{Mode: "nftables", Reason: "the kernel has no nf_tables"}) {
+		t.Errorf("modeChoice %+v in %s", c, rec.Body)
+	}
+}

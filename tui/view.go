@@ -49,6 +49,14 @@ func (m *Model) header() []string {
 	node, mode := "?", "?"
 	if s.status != nil {
 		node, mode = s.status.Node, s.status.Mode
+		if c := s.status.ModeChoice; c != nil && c.Auto {
+			// auto fell back: which modes the node refused
+			mode += " (auto"
+			for _, r := range c.Refused {
+				mode += ", no " + r.Mode
+			}
+			mode += ")"
+		}
 	}
 	top := fmt.Sprintf("kp top  node %s  mode %s  refresh %s", node, mode, m.cfg.Refresh)
 	if !s.statusAt.IsZero() {

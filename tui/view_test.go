@@ -6,6 +6,8 @@ import (
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 func TestViewsMatchGoldenFiles(t *testing.T) {
@@ -28,6 +30,7 @@ func TestViewsMatchGoldenFiles(t *testing.T) {
 			msgs: []tea.Msg{snapshotMsg{At: t0.Add(4 * time.Second), StatusErr: errRefused, Flows: flows()}}},
 		{name: "nothing_reachable_at_start", w: 80, h: 24},
 		{name: "unhealthy_proxy_without_counters", w: 80, h: 24, msgs: []tea.Msg{unhealthy()}},
+		{name: "auto_mode_fell_back_to_iptables", w: 100, h: 8, msgs: []tea.Msg{fellBack()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var m *Model
@@ -58,6 +61,15 @@ func TestViewsMatchGoldenFiles(t *testing.T) {
 
 // unhealthy is a read where kp proxy's sync is stale and its counters
 // cannot be read.
+// fellBack is a proxy whose auto mode found no nftables on the node.
+func fellBack() snapshotMsg {
+	m := snapshot(4*time.Second, services(), flows())
+	m.Status.Mode = "iptables"
+	m.Status.ModeChoice = &statusapi.ModeChoice{From: "auto", Auto: true,
+		Refused: []statusapi.RefusedMode{{Mode: "nftables", Reason: "the kernel has no nf_tables"}}}
+	return m
+}
+
 func unhealthy() snapshotMsg {
 	m := snapshot(4*time.Second, services(), flows())
 	m.Status.Healthy = false

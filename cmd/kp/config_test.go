@@ -237,7 +237,7 @@ func TestConfigFileErrors(t *testing.T) {
 		{"an unknown log format", header + "logging: {format: xml}\n",
 			nil, `logging.format "xml": kp logs as text or json`},
 		{"an unknown mode", header + "mode: kernelspace\n",
-			nil, `mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace`},
+			nil, `mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace, or auto`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

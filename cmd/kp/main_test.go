@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -192,13 +193,70 @@ func TestProxyReportsRunFailure(t *testing.T) {
 	}
 }
 
-func TestFailingProbeStopsProxyWithClearError(t *testing.T) {
+func TestFailingProbeOfAForcedModeStopsProxyWithClearError(t *testing.T) {
 	h := newHarness(t)
 	h.nft.probeErr = errors.New("nftables probe: the kernel refused kp's rule types")
-	code := h.run("proxy", "--manifests", t.TempDir())
+	code := h.run("proxy", "--manifests", t.TempDir(), "--proxy-mode", "nftables")
 	want := "kp: nftables mode cannot run on this node: nftables probe: the kernel refused kp's rule types\n"
 	if code != 1 || !strings.HasSuffix(h.stderr.String(), want) || h.ran {
 		t.Errorf("exit %d, ran %v, stderr:\n%s", code, h.ran, h.stderr.String())
+	}
+}
+
+func TestAutoModeFallsBackToTheFirstModeWhoseProbePasses(t *testing.T) {
+	for _, args := range [][]string{nil, {"--proxy-mode", "auto"}, {"--proxy-mode", ""}} {
+		t.Run(fmt.Sprint(args), func(t *testing.T) {
+			h := newHarness(t)
+			ipt := &fakeBackend{mode: proxy.ModeIPTables}
+			h.a.backends[proxy.ModeIPTables] = ipt.factory()
+			h.nft.probeErr = errors.New("the kernel has no nf_tables")
+			if code := h.run(append([]string{"proxy", "--manifests", t.TempDir()}, args...)...); code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
+			}
+			if h.cfg.Mode != proxy.ModeIPTables || h.opts.Backend != ipt {
+				t.Errorf("ran mode %s with backend %v, want iptables", h.cfg.Mode, h.opts.Backend)
+			}
+			// The iptables mode's own defaults, not nftables's.
+			if h.cfg.NodePortPrimary {
+				t.Error("iptables mode chosen by auto answers NodePorts only on primary IPs (nftables's default)")
+			}
+			c := h.opts.ModeChoice
+			if c == nil || !c.Auto || len(c.Refused) != 1 || c.Refused[0].Mode != "nftables" ||
+				!strings.Contains(c.Refused[0].Reason, "the kernel has no nf_tables") {
+				t.Errorf("mode choice %+v, want auto with nftables refused for its reason", c)
+			}
+			for _, want := range []string{`msg="proxy mode refused" mode=nftables`, "the kernel has no nf_tables", `msg="proxy mode chosen" mode=iptables`} {
+				if !strings.Contains(h.stderr.String(), want) {
+					t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
+				}
+			}
+		})
+	}
+}
+
+func TestAutoModeWithNoWorkingModeNamesEveryReason(t *testing.T) {
+	h := newHarness(t)
+	h.nft.probeErr = errors.New("the kernel has no nf_tables")
+	code := h.run("proxy", "--manifests", t.TempDir())
+	out := h.stderr.String()
+	for _, want := range []string{"kp: no proxy mode can run on this node", "nftables mode cannot run on this node: the kernel has no nf_tables",
+		"iptables mode is not built into this kp", "userspace mode is not built into this kp"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, out)
+		}
+	}
+	if code != 1 || h.ran {
+		t.Errorf("exit %d, ran %v", code, h.ran)
+	}
+}
+
+func TestForcedModeIsReportedAsForced(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("proxy", "--manifests", t.TempDir(), "--proxy-mode", "nftables"); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
+	}
+	if c := h.opts.ModeChoice; c == nil || c.Auto || c.From != "--proxy-mode=nftables" {
+		t.Errorf("mode choice %+v, want forced by --proxy-mode=nftables", c)
 	}
 }
 

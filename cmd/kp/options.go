@@ -38,6 +38,7 @@ type proxyOptions struct {
 	cleanup    bool
 
 	mode              string
+	forcedMode        proxy.Mode // set by settings.forMode, beats the flag and the file
 	kubeconfig        string
 	master            string
 	manifests         string
@@ -71,8 +72,9 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 			"Fields kp does not support are reported as errors; flags set on the command line override the file.")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
 
-	fs.StringVar(&o.mode, "proxy-mode", string(proxy.ModeNFTables),
-		"Which proxy mode to use: nftables (the default) or iptables; ipvs and userspace are not built yet.")
+	fs.StringVar(&o.mode, "proxy-mode", "auto",
+		"Which proxy mode to use: nftables or iptables (ipvs and userspace are not built yet), or auto "+
+			"(the default, also when empty) for the first of nftables, iptables, ipvs, userspace that this node's kernel runs.")
 	fs.StringVar(&o.iptablesBackend, "iptables-backend", "auto",
 		"kp only: the iptables binaries the iptables mode uses: nft (iptables-nft), legacy (iptables-legacy), "+
 			"or auto to choose as upstream's iptables-wrapper does (the flavor already holding rules).")
@@ -129,6 +131,10 @@ type settings struct {
 	log       logOptions
 	// modeFrom says where the mode came from, for "not implemented" errors.
 	modeFrom string
+	// forMode is set when the mode is auto: the settings again with the
+	// mode forced to m (each mode reads its own section of the config
+	// file and has its own defaults), for choosing the mode (mode.go).
+	forMode func(m proxy.Mode) (settings, error)
 	// bindAddressV6 is an IPv6 unspecified --bind-address, which moves the
 	// default server addresses to IPv6 as upstream does.
 	bindAddressV6 bool
@@ -157,7 +163,6 @@ func defaultSettings() settings {
 		},
 		conntrack: conntrack.DefaultTuning(),
 		log:       defaultLogOptions(),
-		modeFrom:  "the default mode " + string(proxy.ModeNFTables),
 	}
 }
 
@@ -180,18 +185,36 @@ func (o *proxyOptions) settings(fs *pflag.FlagSet, logFlags logOptions, hostname
 		}
 		file = f
 	}
-	if fs.Changed("proxy-mode") {
+	auto := true
+	switch {
+	case o.forcedMode != "":
+		s.cfg.Mode, s.modeFrom, auto = o.forcedMode, "auto", false
+	case fs.Changed("proxy-mode"):
 		m, err := parseMode(o.mode)
 		if err != nil {
 			return s, fmt.Errorf("--proxy-mode %q: %w", o.mode, err)
 		}
-		s.cfg.Mode, s.modeFrom = m, "--proxy-mode="+o.mode
-	} else if file != nil && file.kc.Mode != "" {
+		if m != modeAuto {
+			s.cfg.Mode, s.modeFrom, auto = m, "--proxy-mode="+o.mode, false
+		}
+	case file != nil && file.kc.Mode != "":
 		m, err := parseMode(string(file.kc.Mode))
 		if err != nil {
 			return s, fmt.Errorf("--config %s: mode %q: %w", file.path, file.kc.Mode, err)
 		}
-		s.cfg.Mode, s.modeFrom = m, fmt.Sprintf("mode %s in --config %s", m, file.path)
+		if m != modeAuto {
+			s.cfg.Mode, s.modeFrom, auto = m, fmt.Sprintf("mode %s in --config %s", m, file.path), false
+		}
+	}
+	if auto {
+		// Resolved as the first candidate; chooseMode resolves each
+		// candidate it tries again through forMode.
+		s.cfg.Mode, s.modeFrom = modes[0], "auto"
+		s.forMode = func(m proxy.Mode) (settings, error) {
+			forced := *o
+			forced.forcedMode = m
+			return forced.settings(fs, logFlags, hostname)
+		}
 	}
 
 	var errs []error
@@ -373,9 +396,13 @@ func (s *settings) finish(hostname func() (string, error)) []error {
 // modes lists every mode kp recognises, in fallback order.
 var modes = []proxy.Mode{proxy.ModeNFTables, proxy.ModeIPTables, proxy.ModeIPVS, proxy.ModeUserspace}
 
+// modeAuto is --proxy-mode auto (or empty): the first mode of modes whose
+// probe passes.
+const modeAuto proxy.Mode = "auto"
+
 func parseMode(s string) (proxy.Mode, error) {
-	if s == "" {
-		return proxy.ModeNFTables, nil
+	if s == "" || s == string(modeAuto) {
+		return modeAuto, nil
 	}
 	m := proxy.Mode(s)
 	if !slices.Contains(modes, m) {
@@ -383,7 +410,7 @@ func parseMode(s string) (proxy.Mode, error) {
 		for i, m := range modes {
 			names[i] = string(m)
 		}
-		return "", fmt.Errorf("unknown proxy mode; valid modes are %s", strings.Join(names, ", "))
+		return "", fmt.Errorf("unknown proxy mode; valid modes are %s, or auto", strings.Join(names, ", "))
 	}
 	return m, nil
 }

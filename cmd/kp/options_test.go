@@ -169,7 +169,7 @@ func TestProxyFlagErrors(t *testing.T) {
 		{"min sync period above sync period", []string{"--min-sync-period", "1m"},
 			`kp: --min-sync-period 1m0s is longer than --sync-period 30s`},
 		{"unknown mode", []string{"--proxy-mode", "kernelspace"},
-			`kp: --proxy-mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace`},
+			`kp: --proxy-mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace, or auto`},
 		{"unknown iptables backend", []string{"--iptables-backend", "xtables"},
 			`kp: --iptables-backend "xtables": want auto, nft or legacy`},
 		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},

@@ -89,27 +89,23 @@ func (a *app) useSettings(s settings) error {
 
 // proxy runs the proxy until ctx ends.
 func (a *app) proxy(ctx context.Context, s settings) error {
-	cfg := s.cfg
-	newBackend, ok := a.backends[cfg.Mode]
-	if !ok {
-		return fmt.Errorf("%s is not implemented yet; use %s", s.modeFrom, proxy.ModeNFTables)
-	}
-	sources, err := a.sources(cfg)
+	// The source first: it does not depend on the mode, and a missing one
+	// is the first thing to fix.
+	sources, err := a.sources(s.cfg)
 	if err != nil {
 		return err
 	}
-	backend, err := newBackend(cfg, a.log)
+	s, backend, choice, err := a.startBackend(ctx, s)
 	if err != nil {
-		return fmt.Errorf("%s mode: %w", cfg.Mode, err)
+		return err
 	}
-	if err := backend.Probe(ctx); err != nil {
-		return fmt.Errorf("%s mode cannot run on this node: %w", cfg.Mode, err)
-	}
+	cfg := s.cfg
 
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
 	opts := a.runOptions(cfg, backend, sources)
 	opts.Sysctls = a.tuneConntrack(s)
+	opts.ModeChoice = choice
 	err = a.runProxy(ctx, cfg, opts)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil

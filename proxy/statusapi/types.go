@@ -47,6 +47,25 @@ type Status struct {
 	// (conntrack's, as upstream's --conntrack-* flags) and the values in
 	// force after it tried.
 	Sysctls []Sysctl `json:"sysctls,omitempty"`
+
+	// ModeChoice says how Mode was chosen.
+	ModeChoice *ModeChoice `json:"modeChoice,omitempty"`
+}
+
+// ModeChoice is how kp chose its mode: forced (a flag, the config file),
+// or auto, the first mode of nftables, iptables, ipvs, userspace whose
+// probe passed, after the ones refused.
+type ModeChoice struct {
+	// From is "auto", "--proxy-mode=iptables" or "mode iptables in --config FILE".
+	From    string        `json:"from"`
+	Auto    bool          `json:"auto"`
+	Refused []RefusedMode `json:"refused,omitempty"`
+}
+
+// RefusedMode is a mode auto tried before the one it chose.
+type RefusedMode struct {
+	Mode   string `json:"mode"`
+	Reason string `json:"reason"`
 }
 
 // Sysctl is one node setting kp was asked to make.
