@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -127,6 +128,21 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	}
+	// After the first sync: remove kube-proxy's rules and kp's other modes'.
+	takeover := &migrate.TakeOver{Mode: cfg.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
+	for m, newBackend := range a.backends {
+		if m == cfg.Mode {
+			continue
+		}
+		takeover.Others[m] = func(ctx context.Context) error {
+			b, err := newBackend(cfg, a.log)
+			if err != nil {
+				return err
+			}
+			return b.Cleanup(ctx)
+		}
+	}
+	opts.Observers = append(opts.Observers, takeover)
 	// A backend's own metrics (the iptables mode's, with upstream's names).
 	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
 		opts.Collectors = append(opts.Collectors, c.Collectors()...)

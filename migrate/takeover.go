@@ -1,0 +1,78 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// TakeOver is a proxy.SyncObserver that removes what else programmed this
+// node's Services once kp's first sync has succeeded: upstream kube-proxy's
+// rules in every mode (iptables and ipvs modes' chains in both iptables
+// flavors and families, its nftables tables), and kp's own rules of the
+// modes it is not running now (Others). It runs once per process.
+type TakeOver struct {
+	// Mode is the mode kp runs; its rules stay.
+	Mode proxy.Mode
+	// Others clean up kp's other modes, by mode.
+	Others map[proxy.Mode]func(context.Context) error
+	Log    *slog.Logger
+
+	// kubeProxyIPTables and kubeProxyNFTables are the finders (tests
+	// replace them).
+	kubeProxyIPTables func(ctx context.Context, remove bool) ([]IPTablesFound, error)
+	kubeProxyNFTables func(remove bool) ([]NFTablesFound, error)
+
+	once sync.Once
+}
+
+// Synced runs the take-over after the first successful sync; later syncs
+// do nothing.
+func (t *TakeOver) Synced(ctx context.Context, _, _ *proxy.State) {
+	t.once.Do(func() {
+		if err := t.Run(ctx); err != nil {
+			t.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
+		}
+	})
+}
+
+// Run removes the leftovers now and logs what it removed.
+func (t *TakeOver) Run(ctx context.Context) error {
+	ipt, nft := t.kubeProxyIPTables, t.kubeProxyNFTables
+	if ipt == nil {
+		ipt = KubeProxyIPTables
+	}
+	if nft == nil {
+		nft = KubeProxyNFTables
+	}
+	var errs []error
+	iptFound, err := ipt(ctx, true)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, f := range iptFound {
+		if f.Skipped == "" && (f.Chains > 0 || f.Jumps > 0 || len(f.Kept) > 0) {
+			t.Log.Info("removed kube-proxy's iptables rules", "where", f.String())
+		}
+	}
+	nftFound, err := nft(true)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, f := range nftFound {
+		t.Log.Info("removed kube-proxy's nftables table", "where", f.String())
+	}
+	for m, cleanup := range t.Others {
+		if m == t.Mode {
+			continue
+		}
+		if err := cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove kp's %s-mode rules: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
