@@ -60,11 +60,8 @@ type Backend struct {
 
 	// inject adds a rule to one service port's chains (tests: a batch
 	// iptables-restore refuses).
-	inject map[proxy.ServicePortName]string
-	// LastInput is the restore input of the last Sync, per family (tests
-	// and debugging).
-	lastInput map[proxy.Family][]byte
-	metrics   *metrics
+	inject  map[proxy.ServicePortName]string
+	metrics *metrics
 }
 
 // book is kp's record of one family: each service port's rendering, and
@@ -178,10 +175,6 @@ func (b *Backend) Flavor() Flavor {
 	defer b.mu.Unlock()
 	return b.flavor
 }
-
-// LastInput is the iptables-restore input the last Sync sent for family
-// f (nil when it sent none).
-func (b *Backend) LastInput(f proxy.Family) []byte { return b.lastInput[f] }
 
 // resolveFlavor runs Detect when the flavor is auto.
 func (b *Backend) resolveFlavor(ctx context.Context) error {

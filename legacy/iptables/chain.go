@@ -27,6 +27,17 @@ type Chain struct {
 	// sum caches digest: a service port's chains are kept between syncs
 	// and compared at every one. Rules must not change once it is set.
 	sum string
+	// rules is len(Rules) of a compacted chain, whose Rules were dropped
+	// once the kernel held them (book.compact).
+	rules int
+}
+
+// ruleCount is the number of rules the chain has in the kernel.
+func (c *Chain) ruleCount() int {
+	if c.Rules == nil {
+		return c.rules
+	}
+	return len(c.Rules)
 }
 
 // String prints the rule as a line of iptables-restore input.

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kpproxy/kp/proxy"
 )
 
 // lineIndex is the 0-based index of the first line of in that starts with
@@ -95,5 +99,28 @@ func TestARefusedCacheHintIsDroppedAndTheSyncStillApplies(t *testing.T) {
 	mustSync(t, b, w.next())
 	if lineIndex(string(fk.Inputs[len(fk.Inputs)-1]), cacheHintLine) >= 0 {
 		t.Error("a full sync after the refusal tried the hint again")
+	}
+}
+
+func TestKeptChainsHoldNoRulesBetweenSyncsAndTheRuleCountStays(t *testing.T) {
+	b, _, _ := fakeBackend(t, testConfig())
+	w := featureWorld()
+	mustSync(t, b, w.next())
+	natRules := func() float64 {
+		return testutil.ToFloat64(b.metrics.rulesTotal.WithLabelValues("IPv4", string(TableNAT)))
+	}
+	before := natRules()
+	for name, r := range b.books[proxy.IPv4].services {
+		for _, c := range r.chains {
+			if c.Rules != nil {
+				t.Errorf("%s: chain %s keeps %d rules after the sync", name, c.Name, len(c.Rules))
+			}
+		}
+	}
+	// One endpoint replaced: same number of rules.
+	w.setEndpoints(spName("demo", "web", "http"), "10.244.1.1:8080", "10.244.2.9:8080")
+	mustSync(t, b, w.next())
+	if got := natRules(); got != before || before == 0 {
+		t.Errorf("nat rules %v after a partial sync, %v before", got, before)
 	}
 }

@@ -52,7 +52,7 @@ func (b *Backend) Collectors() []prometheus.Collector {
 func (m *metrics) synced(f proxy.Family, want []*Chain, in *input) {
 	total := map[Table]int{}
 	for _, c := range want {
-		total[c.Table] += len(c.Rules)
+		total[c.Table] += c.ruleCount()
 	}
 	for _, t := range []Table{TableFilter, TableNAT} {
 		m.rulesTotal.WithLabelValues(f.String(), string(t)).Set(float64(total[t]))
