@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -144,7 +145,7 @@ func (b *Backend) readKernel(ctx context.Context, r Runner) (map[Table]*Dump, er
 		if err != nil {
 			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
 		}
-		dumps, err := ParseSave(data)
+		dumps, err := parseSave(data, true)
 		if err != nil {
 			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
 		}
@@ -160,8 +161,12 @@ func (b *Backend) readKernel(ctx context.Context, r Runner) (map[Table]*Dump, er
 // input is one iptables-restore input being written, with the owner of
 // every line, so a refused line names its service port.
 type input struct {
-	buf     bytes.Buffer
-	lines   []lineOwner // index: line number - 1
+	buf bytes.Buffer
+	n   int // lines written
+	// runs hold the owner of the lines from first on, up to the next run:
+	// a chain's lines share theirs, and one entry per line would be 35 MB
+	// at 10,000 Services.
+	runs    []ownerRun
 	written map[chainKey]string
 	changes int
 	rules   map[Table]int // rule lines sent, per table
@@ -173,10 +178,25 @@ type lineOwner struct {
 	chain string
 }
 
+type ownerRun struct {
+	first int // line number, from 1
+	lineOwner
+}
+
 func (in *input) line(s string, owner proxy.ServicePortName, chain string) {
 	in.buf.WriteString(s)
 	in.buf.WriteByte('\n')
-	in.lines = append(in.lines, lineOwner{owner, chain})
+	in.n++
+	lo := lineOwner{owner, chain}
+	if k := len(in.runs); k == 0 || in.runs[k-1].lineOwner != lo {
+		in.runs = append(in.runs, ownerRun{in.n, lo})
+	}
+}
+
+// ownerOf is the owner of line n (from 1, at most in.n).
+func (in *input) ownerOf(n int) lineOwner {
+	i, _ := slices.BinarySearchFunc(in.runs, n+1, func(r ownerRun, n int) int { return cmp.Compare(r.first, n) })
+	return in.runs[i-1].lineOwner
 }
 
 func (in *input) empty() bool { return in.changes == 0 }
@@ -359,10 +379,10 @@ func jumpRules(d *Dump, j jump) []SavedRule {
 // explain names the service port of the line iptables-restore refused.
 func (in *input) explain(f proxy.Family, err error) error {
 	var re *RestoreError
-	if !errors.As(err, &re) || re.Line < 1 || re.Line > len(in.lines) {
+	if !errors.As(err, &re) || re.Line < 1 || re.Line > in.n {
 		return fmt.Errorf("%s iptables-restore: %w", f, err)
 	}
-	lo := in.lines[re.Line-1]
+	lo := in.ownerOf(re.Line)
 	if lo.owner != (proxy.ServicePortName{}) {
 		return fmt.Errorf("%s: iptables-restore refused a rule of service port %s (chain %s): %w", f, lo.owner, lo.chain, err)
 	}

@@ -124,3 +124,38 @@ func TestKeptChainsHoldNoRulesBetweenSyncsAndTheRuleCountStays(t *testing.T) {
 		t.Errorf("nat rules %v after a partial sync, %v before", got, before)
 	}
 }
+
+func TestEveryLineOfAnInputKnowsItsOwner(t *testing.T) {
+	a, b := spName("demo", "a", ""), spName("demo", "b", "")
+	none := proxy.ServicePortName{}
+	in := &input{}
+	for _, l := range []struct {
+		owner proxy.ServicePortName
+		chain string
+	}{{none, ""}, {a, "KP-SVC-A"}, {a, "KP-SVC-A"}, {a, "KP-SEP-A"}, {b, "KP-SVC-B"}, {none, "KP-SERVICES"}, {none, "KP-SERVICES"}} {
+		in.line("-A "+l.chain, l.owner, l.chain)
+	}
+	for n, want := range map[int]lineOwner{1: {none, ""}, 2: {a, "KP-SVC-A"}, 3: {a, "KP-SVC-A"}, 4: {a, "KP-SEP-A"},
+		5: {b, "KP-SVC-B"}, 6: {none, "KP-SERVICES"}, 7: {none, "KP-SERVICES"}} {
+		if got := in.ownerOf(n); got != want {
+			t.Errorf("line %d: owner %v, want %v", n, got, want)
+		}
+	}
+	if len(in.runs) != 5 {
+		t.Errorf("%d runs for 7 lines of 5 owners", len(in.runs))
+	}
+}
+
+func TestAFullSyncReadsNoRulesOfKPsOwnChains(t *testing.T) {
+	save := "*nat\n:PREROUTING ACCEPT [0:0]\n:KP-SERVICES - [0:0]\n:OTHER - [0:0]\n" +
+		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n" +
+		"-A KP-SERVICES -d 10.96.0.1/32 -j KP-SVC-X\n-A OTHER -j RETURN\nCOMMIT\n"
+	d, err := parseSave([]byte(save), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat := d[TableNAT]
+	if !nat.HasChain("KP-SERVICES") || len(nat.Rules["KP-SERVICES"]) != 0 || len(nat.Rules["PREROUTING"]) != 1 || len(nat.Rules["OTHER"]) != 1 {
+		t.Errorf("chains %v, rules %v", nat.Chains, nat.Rules)
+	}
+}
