@@ -163,6 +163,11 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 	<-con.done
 	out, _ := os.ReadFile(outFile)
 	output := string(out)
+	for _, l := range con.lines {
+		if _, step, ok := strings.Cut(l, "kp-vm-init: "); ok && strings.Contains(step, " at ") {
+			t.Logf("vm: %s", step) // the boot's steps with the guest's uptime
+		}
+	}
 	if con.ready.IsZero() {
 		t.Logf("vm: no command started after %v; console:\n%s", time.Since(start).Round(time.Millisecond), con.tail())
 	} else {
