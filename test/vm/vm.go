@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -134,7 +135,9 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 	mem := strconv.Itoa(opts.MemoryMiB)
 	qemu := exec.CommandContext(ctx, qemuBin,
 		// Software emulation only: -enable-kvm hangs on this machine.
-		"-machine", "pc,accel=tcg", "-cpu", "max",
+		// qboot (Debian's qemu-system-data) starts the kernel sooner than
+		// SeaBIOS: 1–3 s less under emulation, measured.
+		"-machine", "pc,accel=tcg", "-cpu", "max", "-bios", "qboot.rom",
 		"-smp", strconv.Itoa(opts.CPUs), "-m", mem,
 		"-nographic", "-nic", "none", "-no-reboot",
 		"-kernel", k.Image, "-initrd", initrd,
@@ -147,6 +150,7 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 		"-device", "vhost-user-fs-pci,chardev=rootfs,tag=root",
 	)
 	qemu.WaitDelay = 5 * time.Second
+	qemu.SysProcAttr = dieWithTest()
 	stdout, err := qemu.StdoutPipe()
 	if err != nil {
 		return "", fmt.Errorf("vm: %w", err)
@@ -206,6 +210,7 @@ func startVirtiofsd(ctx context.Context, dir, sock string) (*exec.Cmd, error) {
 		"sh", src, sock, virtiofsdBin)
 	var stderr syncBuilder
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	cmd.SysProcAttr = dieWithTest()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("vm: start virtiofsd: %w", err)
 	}
@@ -273,6 +278,11 @@ func BuildTest(t testing.TB, pkg string) string {
 	}
 	return out
 }
+
+// dieWithTest makes a VM's processes die with a killed test process; a
+// canceled one kills them through the context. (Pdeathsig survives the
+// execs of unshare and sh into virtiofsd: none is setuid.)
+func dieWithTest() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }
 
 func copyFile(dst, src string, perm os.FileMode) error {
 	b, err := os.ReadFile(src)
