@@ -261,6 +261,21 @@ func readConsole(r io.Reader) *console {
 
 func (c *console) tail() string { return strings.Join(c.lines, "\n") }
 
+// RunPackage builds a package's tests (BuildTest) and runs those matching
+// run (a -test.run pattern; empty runs all) in one boot, verbose, with any
+// further test flags in args (e.g. "-test.parallel=4"). A failing test is an
+// *ExitError with the output holding its log.
+func RunPackage(t testing.TB, opts Options, pkg, run string, args ...string) (string, error) {
+	t.Helper()
+	Require(t)
+	bin := BuildTest(t, pkg)
+	flags := []string{"-test.v", "-test.count=1"}
+	if run != "" {
+		flags = append(flags, "-test.run", run)
+	}
+	return Run(t, opts, bin, append(flags, args...)...)
+}
+
 // BuildTest compiles a package's tests (`go test -c`, pkg relative to the
 // module root, e.g. "./test/vm/probe") into t's temporary folder, which the
 // VM sees through its /tmp overlay, and returns the binary's path.
