@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 // interface, nftables and both iptables backends in a namespace.
 func TestProbe(t *testing.T) {
 	start := time.Now()
-	out, err := RunPackage(t, Options{Timeout: 4 * time.Minute}, "./test/vm/probe", "")
+	out, err := RunPackage(t, Options{Timeout: 6 * time.Minute}, "./test/vm/probe", "")
 	if err != nil {
 		t.Fatalf("probe tests in the VM: %v\n%s", err, out)
 	}
@@ -43,7 +43,7 @@ echo guest > %[1]s/from-guest && cat %[1]s/from-guest
 mount -o remount,rw / 2>/dev/null
 if touch %[2]s 2>/dev/null; then echo wrote %[2]s; else echo cannot write %[2]s; fi
 exit 3`, hostDir, usrFile)
-	out, err := Run(t, Options{Timeout: 3 * time.Minute}, "/bin/sh", "-c", script)
+	out, err := Run(t, Options{Timeout: 4 * time.Minute}, "/bin/sh", "-c", script)
 	var exit *ExitError
 	if !errors.As(err, &exit) || exit.Code != 3 {
 		t.Errorf("error = %v, want exit status 3", err)
