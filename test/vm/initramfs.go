@@ -12,8 +12,9 @@ import (
 
 // rootModules are what the guest's init needs before the root exists: the
 // cloud kernel builds virtio PCI and virtiofs as modules (and has no 9p at
-// all), and overlayfs as a module too, so they travel in the initramfs.
-var rootModules = []string{"virtio_pci", "virtiofs", "overlay"}
+// all), and overlayfs and virtio_console (the output's port) as modules too,
+// so they travel in the initramfs.
+var rootModules = []string{"virtio_pci", "virtiofs", "overlay", "virtio_console"}
 
 // writeInitramfs writes a newc cpio archive holding the guest's init as
 // /init and rootModules (with their dependencies) as /modules/NAME.ko, and

@@ -50,7 +50,7 @@ func TestInitramfsHoldsInitAndTheRootModulesInLoadOrder(t *testing.T) {
 	ix := boot.Index{}
 	for name, deps := range map[string][]string{
 		"virtio": nil, "virtio_ring": nil, "virtio_pci": {"virtio", "virtio_ring"},
-		"fuse": nil, "virtiofs": {"fuse", "virtio", "virtio_ring"}, "overlay": nil, "ip_vs": nil,
+		"fuse": nil, "virtiofs": {"fuse", "virtio", "virtio_ring"}, "overlay": nil, "virtio_console": {"virtio", "virtio_ring"}, "ip_vs": nil,
 	} {
 		path := filepath.Join("kernel", name+".ko")
 		if err := os.MkdirAll(filepath.Join(mods, "kernel"), 0o755); err != nil {
@@ -78,11 +78,11 @@ func TestInitramfsHoldsInitAndTheRootModulesInLoadOrder(t *testing.T) {
 	if names[0] != "modules" || files["init"] != "odd-sized init\x00" {
 		t.Errorf("archive starts %v with init %q, want the modules folder and the init binary", names, files["init"])
 	}
-	wantOrder := []string{"virtio", "virtio_ring", "virtio_pci", "fuse", "virtiofs", "overlay"}
+	wantOrder := []string{"virtio", "virtio_ring", "virtio_pci", "fuse", "virtiofs", "overlay", "virtio_console"}
 	if !reflect.DeepEqual(order, wantOrder) {
 		t.Errorf("load order %v, want %v", order, wantOrder)
 	}
-	if got := files["modules/order"]; got != "virtio\nvirtio_ring\nvirtio_pci\nfuse\nvirtiofs\noverlay\n" {
+	if got := files["modules/order"]; got != "virtio\nvirtio_ring\nvirtio_pci\nfuse\nvirtiofs\noverlay\nvirtio_console\n" {
 		t.Errorf("modules/order = %q", got)
 	}
 	for _, m := range wantOrder {

@@ -77,17 +77,11 @@ func run(code *int) error {
 	if err := setup(dir, cfg); err != nil {
 		return err
 	}
-	out, err := os.OpenFile(cfg.Output, os.O_WRONLY, 0)
+	out, err := openPort(cfg.OutputPort)
 	if err != nil {
-		return fmt.Errorf("command output %s: %w", cfg.Output, err)
+		return err
 	}
 	defer out.Close()
-	// Raw output: the serial line's default onlcr would turn every \n the
-	// command writes into \r\n on the host.
-	if tio, err := unix.IoctlGetTermios(int(out.Fd()), unix.TCGETS); err == nil {
-		tio.Oflag &^= unix.OPOST
-		unix.IoctlSetTermios(int(out.Fd()), unix.TCSETS, tio)
-	}
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = cfg.Env, cfg.Dir, out, out
 	up("starting the command")
@@ -210,6 +204,23 @@ func modprobe(args []string) int {
 		}
 	}
 	return 0
+}
+
+// openPort opens the virtio serial port named name: without udev there is
+// no /dev/virtio-ports/NAME link, so it is found by its name in sysfs.
+func openPort(name string) (*os.File, error) {
+	ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	for _, p := range ports {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == name {
+			dev := "/dev/" + filepath.Base(filepath.Dir(p))
+			f, err := os.OpenFile(dev, os.O_WRONLY, 0)
+			if err != nil {
+				return nil, fmt.Errorf("command output port %s: %w", name, err)
+			}
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("command output: no virtio serial port named %s (ports: %v)", name, ports)
 }
 
 // params are module parameters kp's tests need.

@@ -41,8 +41,9 @@ type Config struct {
 	Command []string `json:"command"`
 	Env     []string `json:"env"`
 	Dir     string   `json:"dir"`
-	// Output is the guest's device the command's stdout and stderr go to.
-	Output string `json:"output"`
+	// OutputPort names the virtio serial port the command's stdout and
+	// stderr go to (the host writes it to a file).
+	OutputPort string `json:"outputPort"`
 }
 
 // ReadConfig reads the configuration from a run's folder.
