@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kpproxy/kp/test/vm/internal/boot"
@@ -92,5 +93,23 @@ func TestInitramfsHoldsInitAndTheRootModulesInLoadOrder(t *testing.T) {
 	}
 	if _, ok := files["modules/ip_vs.ko"]; ok {
 		t.Errorf("ip_vs is in the initramfs; only what mounting the root needs belongs there")
+	}
+}
+
+// TestQemuNeverUsesKVMOrANetwork guards the two rules of this machine:
+// -enable-kvm hangs it, and nothing may leave the VM.
+func TestQemuNeverUsesKVMOrANetwork(t *testing.T) {
+	opts := Options{}
+	opts.defaults()
+	args := strings.Join(qemuArgs(opts, &Kernel{Image: "vmlinuz"}, "/tmp/d", "initrd", "sock", "out"), " ")
+	for _, want := range []string{"accel=tcg", "-nic none", "-smp 2", "-m 2048", "-no-reboot"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("qemu arguments lack %q: %s", want, args)
+		}
+	}
+	for _, bad := range []string{"kvm", "-netdev", "-net ", "virtio-net", "e1000"} {
+		if strings.Contains(args, bad) {
+			t.Errorf("qemu arguments hold %q: %s", bad, args)
+		}
 	}
 }

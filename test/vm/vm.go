@@ -135,28 +135,7 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 	defer func() { fsd.Process.Kill(); fsd.Wait() }()
 
 	outFile := filepath.Join(dir, "out")
-	mem := strconv.Itoa(opts.MemoryMiB)
-	qemu := exec.CommandContext(ctx, qemuBin,
-		// Software emulation only: -enable-kvm hangs on this machine.
-		// qboot (Debian's qemu-system-data) starts the kernel sooner than
-		// SeaBIOS: 1–3 s less under emulation, measured.
-		"-machine", "pc,accel=tcg", "-cpu", "max", "-bios", "qboot.rom",
-		"-smp", strconv.Itoa(opts.CPUs), "-m", mem,
-		"-nographic", "-nic", "none", "-no-reboot",
-		"-kernel", k.Image, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet panic=-1 mitigations=off kp.dir="+dir,
-		// The console (ttyS0) is qemu's stdout; the command's output goes
-		// through a virtio serial port: an emulated UART moves ~25 KB/s
-		// under TCG (measured: 4 MB of output took 2.5 minutes).
-		"-serial", "mon:stdio",
-		"-device", "virtio-serial-pci,id=vser",
-		"-chardev", "file,id=out,path="+outFile,
-		"-device", "virtserialport,bus=vser.0,chardev=out,name="+outputPort,
-		// vhost-user devices need the guest's RAM shared with virtiofsd.
-		"-object", "memory-backend-memfd,id=mem,size="+mem+"M,share=on", "-numa", "node,memdev=mem",
-		"-chardev", "socket,id=rootfs,path="+sock,
-		"-device", "vhost-user-fs-pci,chardev=rootfs,tag=root",
-	)
+	qemu := exec.CommandContext(ctx, qemuBin, qemuArgs(opts, k, dir, initrd, sock, outFile)...)
 	qemu.WaitDelay = 5 * time.Second
 	qemu.SysProcAttr = dieWithTest()
 	stdout, err := qemu.StdoutPipe()
@@ -202,6 +181,32 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 		return output, &ExitError{Code: con.code}
 	}
 	return output, nil
+}
+
+// qemuArgs are one boot's qemu command line.
+func qemuArgs(opts Options, k *Kernel, dir, initrd, sock, outFile string) []string {
+	mem := strconv.Itoa(opts.MemoryMiB)
+	return []string{
+		// Software emulation only: -enable-kvm hangs on this machine.
+		// qboot (Debian's qemu-system-data) starts the kernel sooner than
+		// SeaBIOS: 1–3 s less under emulation, measured.
+		"-machine", "pc,accel=tcg", "-cpu", "max", "-bios", "qboot.rom",
+		"-smp", strconv.Itoa(opts.CPUs), "-m", mem,
+		"-nographic", "-nic", "none", "-no-reboot",
+		"-kernel", k.Image, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1 mitigations=off kp.dir=" + dir,
+		// The console (ttyS0) is qemu's stdout; the command's output goes
+		// through a virtio serial port: an emulated UART moves ~25 KB/s
+		// under TCG (measured: 4 MB of output took 2.5 minutes).
+		"-serial", "mon:stdio",
+		"-device", "virtio-serial-pci,id=vser",
+		"-chardev", "file,id=out,path=" + outFile,
+		"-device", "virtserialport,bus=vser.0,chardev=out,name=" + outputPort,
+		// vhost-user devices need the guest's RAM shared with virtiofsd.
+		"-object", "memory-backend-memfd,id=mem,size=" + mem + "M,share=on", "-numa", "node,memdev=mem",
+		"-chardev", "socket,id=rootfs,path=" + sock,
+		"-device", "vhost-user-fs-pci,chardev=rootfs,tag=root",
+	}
 }
 
 // startVirtiofsd shares the host's root read-only: a bind mount of / made
