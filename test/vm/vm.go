@@ -94,7 +94,9 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 	k := Require(t)
 	opts.defaults()
 	start := time.Now()
-	dir, err := os.MkdirTemp("", "kp-vm-")
+	sweepStale()
+	// The pid in the name lets sweepStale remove it if this process is killed.
+	dir, err := os.MkdirTemp("", fmt.Sprintf("kp-vm-%d-", os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("vm: %w", err)
 	}
@@ -181,6 +183,23 @@ func Run(t testing.TB, opts Options, binary string, args ...string) (string, err
 		return output, &ExitError{Code: con.code}
 	}
 	return output, nil
+}
+
+// sweepStale removes the run folders of test processes that are gone (killed
+// before their deferred cleanup): their qemu and virtiofsd died with them
+// (dieWithTest), and the read-only bind lived only in virtiofsd's mount
+// namespace.
+func sweepStale() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kp-vm-*-*"))
+	for _, d := range dirs {
+		pid, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), "kp-vm-"), "-")
+		if _, err := strconv.Atoi(pid); err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/proc", pid)); os.IsNotExist(err) {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // qemuArgs are one boot's qemu command line.
