@@ -2,7 +2,7 @@
 // of the initramfs it loads the modules virtiofs needs, mounts the host's
 // root (read-only, shared by virtiofsd) with tmpfs overlays for what must be
 // writable, switches into it, loads the modules the run asks for, runs the
-// command with its output on the second serial port, prints the exit status
+// command with its output on a virtio serial port, prints the exit status
 // on the console and powers off. The kernel also runs it as its modprobe
 // (kernel.modprobe points at it): the host has no kmod, and the kernel's own
 // module requests (rtnl-link-dummy, nft-chain-2-nat, ip_vs_rr...) must work.
