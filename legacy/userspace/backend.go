@@ -1,0 +1,353 @@
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Backend is the userspace mode.
+type Backend struct {
+	cfg   proxy.Config
+	log   *slog.Logger
+	ops   netOps
+	now   func() time.Time
+	idle  time.Duration // UDP session idle timeout
+	stats *stats
+	conns *connSet
+
+	// mu guards the proxies, which Sync changes and Shutdown stops.
+	mu       sync.Mutex
+	proxies  map[proxyKey]portProxy
+	down     bool
+	rlimit   rlimitInfo
+	expiring bool // the affinity expiry loop runs
+	// lastRules is what the last Sync wrote, per family (tests, debugging).
+	lastRules map[proxy.Family][]Redirect
+}
+
+// proxyKey names one listener: a service port's internal or external
+// traffic (separate, because the two may follow different traffic
+// policies).
+type proxyKey struct {
+	name     proxy.ServicePortName
+	external bool
+}
+
+// portProxy is one listener with its balancers.
+type portProxy interface {
+	port() int
+	stop()
+	balancers() *familyBalancers
+}
+
+func (p *tcpProxy) balancers() *familyBalancers { return p.bal }
+func (p *udpProxy) balancers() *familyBalancers { return p.bal }
+
+// Option configures New.
+type Option func(*Backend)
+
+// WithNetOps replaces how sockets and netlink connections are opened
+// (tests: inside a network namespace).
+func WithNetOps(ops netOps) Option { return func(b *Backend) { b.ops = ops } }
+
+// WithUDPIdleTimeout replaces the UDP session idle timeout.
+func WithUDPIdleTimeout(d time.Duration) Option { return func(b *Backend) { b.idle = d } }
+
+// New returns the userspace backend for cfg.
+func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: udpIdleTimeout,
+		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
+	for _, o := range opts {
+		o(b)
+	}
+	return b, nil
+}
+
+func (b *Backend) Mode() proxy.Mode { return proxy.ModeUserspace }
+
+// Collectors are the proxy's own metrics, for the metrics server.
+func (b *Backend) Collectors() []prometheus.Collector { return b.stats.collectors() }
+
+// Probe checks that this kernel can redirect with nftables (it writes and
+// deletes a throwaway table in one transaction) and raises RLIMIT_NOFILE:
+// every listener and every proxied connection holds descriptors.
+func (b *Backend) Probe(ctx context.Context) error {
+	b.rlimit = raiseNoFile(b.log)
+	conn, err := b.ops.nft()
+	if err != nil {
+		return fmt.Errorf("userspace probe: open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	t := conn.AddTable(&nftables.Table{Name: "kp-userspace-probe", Family: nftables.TableFamilyIPv4})
+	if err := applyProbe(conn, t); err != nil {
+		return fmt.Errorf("userspace probe: the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
+	}
+	return nil
+}
+
+// Sync makes the listeners and the redirect table match s. Every sync is
+// full: listeners are kept by name, their endpoints replaced, and the
+// table rewritten in one transaction per family.
+func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.down {
+		return errors.New("the userspace proxy is shutting down")
+	}
+	if !b.expiring {
+		b.expiring = true
+		go b.expireLoop(ctx)
+	}
+	ports := map[proxy.ServicePortName]listenerPorts{}
+	usable := map[proxy.ServicePortName]bool{}
+	want := map[proxyKey]bool{}
+	keep := map[proxy.EndpointRef]bool{}
+	var errs []error
+	for name, sp := range s.Services {
+		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
+			continue // SCTP: not proxied (Go has no SCTP sockets)
+		}
+		eps := s.Endpoints[name]
+		for _, e := range eps {
+			keep[ref(name, e.AddrPort())] = true
+		}
+		var lp listenerPorts
+		ok := true
+		for _, external := range []bool{false, true} {
+			if external && !sp.HasExternal() {
+				continue
+			}
+			key := proxyKey{name: name, external: external}
+			p, err := b.ensure(key, sp.Protocol)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("service port %s: %w", name, err))
+				ok = false
+				break
+			}
+			want[key] = true
+			b.update(p, sp, eps, s.Node, external)
+			if external {
+				lp.external = p.port()
+			} else {
+				lp.internal = p.port()
+			}
+		}
+		if !ok {
+			continue
+		}
+		ports[name] = lp
+		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
+		}
+	}
+	if err := b.writeRules(s, ports, usable); err != nil {
+		errs = append(errs, err)
+	}
+	// Listeners of service ports that are gone close after the rules no
+	// longer send traffic to them; their open connections run on.
+	for key, p := range b.proxies {
+		if !want[key] {
+			p.stop()
+			delete(b.proxies, key)
+		}
+	}
+	b.stats.forget(keep)
+	return errors.Join(errs...)
+}
+
+// update gives p the endpoints its traffic may use: SelectEndpoints per
+// family, the Local list for traffic under a Local policy.
+func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node, external bool) {
+	local := sp.InternalPolicyLocal
+	if external {
+		local = sp.ExternalPolicyLocal
+	}
+	bal := p.balancers()
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), node)
+		list := sel.Cluster
+		if local {
+			list = sel.Local
+		}
+		aps := make([]netip.AddrPort, 0, len(list))
+		for _, e := range list {
+			aps = append(aps, e.AddrPort())
+		}
+		target := bal.v4
+		if f == proxy.IPv6 {
+			target = bal.v6
+		}
+		target.update(aps, sp.AffinityTimeout)
+	}
+}
+
+// ensure returns key's listener, opening it on a port the kernel picks.
+func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) {
+	if p := b.proxies[key]; p != nil {
+		if _, isUDP := p.(*udpProxy); isUDP == (protocol == v1.ProtocolUDP) {
+			return p, nil
+		}
+		p.stop() // the protocol changed
+		delete(b.proxies, key)
+	}
+	log := b.log.With("servicePort", key.name.String(), "external", key.external)
+	bal := newFamilyBalancers(b.now)
+	if protocol == v1.ProtocolUDP {
+		socks, err := b.ops.listenUDP()
+		if err != nil {
+			return nil, b.fdHint(fmt.Errorf("open a UDP listener: %w", err))
+		}
+		p := &udpProxy{name: key.name, socks: socks, bal: bal, b: b, log: log, idle: b.idle,
+			sessions: map[netip.AddrPort]*udpSession{}}
+		for _, s := range socks {
+			go p.serve(s)
+		}
+		b.proxies[key] = p
+		return p, nil
+	}
+	ln, err := b.ops.listenTCP()
+	if err != nil {
+		return nil, b.fdHint(fmt.Errorf("open a TCP listener: %w", err))
+	}
+	p := &tcpProxy{name: key.name, ln: ln, bal: bal, b: b, log: log, close: make(chan struct{})}
+	go p.serve()
+	b.proxies[key] = p
+	return p, nil
+}
+
+// writeRules renders and applies both families' tables.
+func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+	conn, err := b.ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	var errs []error
+	rules := map[proxy.Family][]Redirect{}
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		rules[f] = renderRedirects(f, s, ports, usable)
+		if err := applyRedirects(conn, f, rules[f]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	b.lastRules = rules
+	return errors.Join(errs...)
+}
+
+// LastRules is what the last Sync wrote for family f.
+func (b *Backend) LastRules(f proxy.Family) []Redirect {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastRules[f]
+}
+
+// expireLoop forgets stale affinity entries until ctx ends.
+func (b *Backend) expireLoop(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		for _, p := range b.proxies {
+			p.balancers().expire()
+		}
+		b.mu.Unlock()
+	}
+}
+
+// Cleanup removes the redirect tables (the listeners die with the
+// process).
+func (b *Backend) Cleanup(ctx context.Context) error {
+	conn, err := b.ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	return deleteTables(conn)
+}
+
+// Shutdown stops accepting (listeners closed, so new connections to the
+// Services are refused), lets open connections finish until ctx ends,
+// then closes the rest. The redirect table stays, as the other modes' rules
+// stay when kp stops: a restarted kp takes over without a gap.
+func (b *Backend) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	b.down = true
+	for key, p := range b.proxies {
+		p.stop()
+		delete(b.proxies, key)
+	}
+	b.mu.Unlock()
+	open := b.conns.len()
+	if open > 0 {
+		b.log.Info("userspace proxy draining", "sockets", open)
+	}
+	if n := b.conns.drain(ctx); n > 0 {
+		b.log.Warn("userspace proxy closed connections still open at the shutdown bound", "sockets", n)
+		return fmt.Errorf("closed %d sockets still open at the shutdown bound", n)
+	}
+	return nil
+}
+
+// EndpointCounters implements proxy.CounterReporter: per endpoint, the
+// connections (TCP) and sessions (UDP) the proxy opened to it, and the
+// bytes it copied both ways (counted when a connection ends).
+func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.EndpointCounter, error) {
+	return b.stats.snapshot(s), nil
+}
+
+// ActiveConnections returns, per endpoint with some, the connections and
+// sessions open now.
+func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
+
+// fdError logs a socket error, saying so clearly when the process is out
+// of file descriptors.
+func (b *Backend) fdError(name proxy.ServicePortName, err error) {
+	if isFDExhausted(err) {
+		b.log.Error("out of file descriptors: new connections fail", "servicePort", name.String(),
+			"limit", b.rlimit.cur, "hardLimit", b.rlimit.max, "err", err)
+		return
+	}
+	b.log.Debug("socket error", "servicePort", name.String(), "err", err)
+}
+
+func (b *Backend) fdHint(err error) error {
+	if isFDExhausted(err) {
+		return fmt.Errorf("%w (out of file descriptors: RLIMIT_NOFILE is %d, hard limit %d; raise the hard limit, e.g. LimitNOFILE= or the container runtime's ulimit)",
+			err, b.rlimit.cur, b.rlimit.max)
+	}
+	return err
+}
+
+func isFDExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// netOps opens sockets and netlink connections: in the process's network
+// namespace, or (tests) in another.
+type netOps struct {
+	listenTCP func() (*net.TCPListener, error)
+	listenUDP func() ([]*net.UDPConn, error)
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	nft       func() (*nftables.Conn, error)
+}
