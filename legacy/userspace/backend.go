@@ -35,7 +35,7 @@ type Backend struct {
 	rlimit   rlimitInfo
 	expiring bool // the affinity expiry loop runs
 	// lastRules is what the last Sync wrote, per family (tests, debugging).
-	lastRules map[proxy.Family][]Redirect
+	lastRules map[proxy.Family]Rules
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -239,10 +239,11 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 	}
 	defer conn.CloseLasting()
 	var errs []error
-	rules := map[proxy.Family][]Redirect{}
+	rules := map[proxy.Family]Rules{}
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-		rules[f] = renderRedirects(f, s, ports, usable)
-		if err := applyRedirects(conn, f, rules[f]); err != nil {
+		rules[f] = renderRules(f, s, ports, usable)
+		if err := applyRules(conn, f, rules[f]); err != nil {
+			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
 			errs = append(errs, err)
 		}
 	}
@@ -251,7 +252,7 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 }
 
 // LastRules is what the last Sync wrote for family f.
-func (b *Backend) LastRules(f proxy.Family) []Redirect {
+func (b *Backend) LastRules(f proxy.Family) Rules {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lastRules[f]

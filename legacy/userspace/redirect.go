@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -22,29 +23,53 @@ import (
 const TableName = "kp-userspace"
 
 // Redirect is one rule of the table as a plain value: traffic to Addr (or,
-// with NodePort set, to any local address) on Protocol/Port goes to the
-// proxy's listener ToPort, or is rejected when Reject is set (the service
-// port has no usable endpoint).
+// with NodePort set, to any local address) on Protocol/Port, from one of
+// SourceRanges when there are some, goes to the proxy's listener ToPort;
+// or, by Verdict, is rejected (the service port has no usable endpoint) or
+// dropped (a LoadBalancer IP's source outside its ranges).
 type Redirect struct {
-	Comment  string
-	Addr     netip.Addr // invalid for a NodePort rule
-	NodePort bool
-	Protocol v1.Protocol
-	Port     int32
-	ToPort   int
-	Reject   bool
+	Comment      string
+	Addr         netip.Addr // invalid for a NodePort rule
+	NodePort     bool
+	Protocol     v1.Protocol
+	Port         int32
+	SourceRanges []netip.Prefix
+	ToPort       int
+	Verdict      Verdict
 }
+
+// Verdict is what a rule does with the traffic it matches.
+type Verdict int
+
+const (
+	VerdictRedirect Verdict = iota
+	// VerdictReject refuses at once: a TCP reset, ICMP port unreachable.
+	VerdictReject
+	// VerdictDrop drops silently.
+	VerdictDrop
+)
 
 func (r Redirect) String() string {
 	dst := r.Addr.String()
 	if r.NodePort {
 		dst = "fib daddr type local"
 	}
-	verdict := fmt.Sprintf("redirect to :%d", r.ToPort)
-	if r.Reject {
-		verdict = "reject"
+	src := ""
+	if len(r.SourceRanges) > 0 {
+		src = fmt.Sprintf("saddr %v ", r.SourceRanges)
 	}
-	return fmt.Sprintf("%s %s dport %d %s comment %q", dst, strings.ToLower(string(r.Protocol)), r.Port, verdict, r.Comment)
+	verdict := fmt.Sprintf("redirect to :%d", r.ToPort)
+	switch r.Verdict {
+	case VerdictReject:
+		verdict = "reject"
+	case VerdictDrop:
+		verdict = "drop"
+	}
+	port := ""
+	if r.Protocol != "" {
+		port = fmt.Sprintf(" %s dport %d", strings.ToLower(string(r.Protocol)), r.Port)
+	}
+	return fmt.Sprintf("%s%s%s %s comment %q", src, dst, port, verdict, r.Comment)
 }
 
 // listenerPorts are the proxy's listener ports for one service port:
@@ -52,36 +77,68 @@ func (r Redirect) String() string {
 // LoadBalancer IPs).
 type listenerPorts struct{ internal, external int }
 
-// renderRedirects returns family f's rules for every service port of s,
-// sorted so that equal States render equal rule lists.
-func renderRedirects(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) []Redirect {
-	var out []Redirect
+// Rules is family f's table as plain values. Redirects (with the drops of
+// LoadBalancer sources outside their ranges) go in the nat chains, each
+// Service's first; the filter chains refuse what nat did not redirect:
+// Rejects (service ports without endpoints, then any other port of a
+// ClusterIP, as upstream), then Drops (addresses of the Service CIDRs no
+// Service has).
+type Rules struct {
+	Redirects []Redirect
+	Rejects   []Redirect
+	Drops     []netip.Prefix
+}
+
+// renderRules returns family f's rules for every service port of s,
+// sorted so that equal States render equal rules.
+func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) Rules {
+	var out Rules
+	var vips []Redirect
+	seenVIP := map[netip.Addr]bool{}
 	for name, sp := range s.Services {
 		lp, ok := ports[name]
 		if !ok {
 			continue
 		}
-		reject := !usable[name]
-		add := func(a netip.Addr, nodePort bool, port int32, to int) {
-			out = append(out, Redirect{Comment: name.String(), Addr: a, NodePort: nodePort, Protocol: sp.Protocol,
-				Port: port, ToPort: to, Reject: reject})
+		add := func(a netip.Addr, nodePort bool, port int32, to int, ranges []netip.Prefix) {
+			r := Redirect{Comment: name.String(), Addr: a, NodePort: nodePort, Protocol: sp.Protocol, Port: port, ToPort: to}
+			if !usable[name] {
+				r.Verdict = VerdictReject
+				out.Rejects = append(out.Rejects, r)
+				return
+			}
+			if len(ranges) > 0 {
+				r.SourceRanges = ranges
+				out.Redirects = append(out.Redirects, r)
+				r.SourceRanges, r.Verdict = nil, VerdictDrop
+			}
+			out.Redirects = append(out.Redirects, r)
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.ClusterIPs) {
-			add(a, false, sp.Port, lp.internal)
+			add(a, false, sp.Port, lp.internal, nil)
+			if !seenVIP[a] {
+				seenVIP[a] = true
+				vips = append(vips, Redirect{Comment: name.NamespacedName.String(), Addr: a, Verdict: VerdictReject})
+			}
 		}
-		for _, a := range proxy.FilterAddrs(f, append(slices.Clone(sp.ExternalIPs), sp.LoadBalancerIPs...)) {
-			add(a, false, sp.Port, lp.external)
+		for _, a := range proxy.FilterAddrs(f, sp.ExternalIPs) {
+			add(a, false, sp.Port, lp.external, nil)
+		}
+		for _, a := range proxy.FilterAddrs(f, sp.LoadBalancerIPs) {
+			add(a, false, sp.Port, lp.external, proxy.FilterPrefixes(f, sp.LoadBalancerSourceRanges))
 		}
 		if sp.NodePort != 0 {
-			add(netip.Addr{}, true, sp.NodePort, lp.external)
+			add(netip.Addr{}, true, sp.NodePort, lp.external, nil)
 		}
 	}
-	slices.SortFunc(out, func(a, b Redirect) int {
-		if c := strings.Compare(a.Comment, b.Comment); c != 0 {
-			return c
-		}
-		return strings.Compare(a.String(), b.String())
-	})
+	// A Service's rules keep their order (a source range rule before its
+	// drop); Services sort by name.
+	slices.SortStableFunc(out.Redirects, func(a, b Redirect) int { return strings.Compare(a.Comment, b.Comment) })
+	byText := func(a, b Redirect) int { return strings.Compare(a.String(), b.String()) }
+	slices.SortFunc(out.Rejects, byText)
+	slices.SortFunc(vips, byText)
+	out.Rejects = append(out.Rejects, vips...)
+	out.Drops = proxy.FilterPrefixes(f, s.ServiceCIDRs)
 	return out
 }
 
@@ -118,10 +175,10 @@ func nftFamily(f proxy.Family) nftables.TableFamily {
 	return nftables.TableFamilyIPv4
 }
 
-// applyRedirects replaces family f's table content with rules in one
-// netlink batch: one kernel transaction, so traffic sees the old rules or
-// the new, never a mix or an empty table.
-func applyRedirects(conn *nftables.Conn, f proxy.Family, rules []Redirect) error {
+// applyRules replaces family f's table content with rules in one netlink
+// batch: one kernel transaction, so traffic sees the old rules or the new,
+// never a mix or an empty table.
+func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
 	t := conn.AddTable(&nftables.Table{Name: TableName, Family: nftFamily(f)})
 	chains := map[string]*nftables.Chain{}
 	for _, cs := range chainSpecs {
@@ -131,44 +188,67 @@ func applyRedirects(conn *nftables.Conn, f proxy.Family, rules []Redirect) error
 		conn.FlushChain(c)
 		chains[cs.name] = c
 	}
-	for _, r := range rules {
-		match := matchExprs(f, r)
-		ud := userdata.AppendString(nil, userdata.TypeComment, r.Comment)
-		if r.Reject {
-			rej := rejectExpr(f, r.Protocol)
-			for _, name := range []string{"filter-input", "filter-forward", "filter-output"} {
-				conn.AddRule(&nftables.Rule{Table: t, Chain: chains[name], Exprs: append(slices.Clone(match), rej), UserData: ud})
-			}
-			continue
-		}
-		redir := []expr.Any{
-			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(r.ToPort))},
-			&expr.Redir{RegisterProtoMin: 1},
-		}
-		for _, name := range []string{"prerouting", "output"} {
-			conn.AddRule(&nftables.Rule{Table: t, Chain: chains[name], Exprs: append(slices.Clone(match), redir...), UserData: ud})
+	add := func(chainNames []string, comment string, exprs []expr.Any) {
+		ud := userdata.AppendString(nil, userdata.TypeComment, comment)
+		for _, name := range chainNames {
+			conn.AddRule(&nftables.Rule{Table: t, Chain: chains[name], Exprs: slices.Clone(exprs), UserData: ud})
 		}
 	}
+	nat := []string{"prerouting", "output"}
+	filter := []string{"filter-input", "filter-forward", "filter-output"}
+	n := 0
+	for _, r := range rules.Redirects {
+		for _, src := range orAny(r.SourceRanges) {
+			exprs := matchExprs(f, r, src)
+			if r.Verdict == VerdictDrop {
+				exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
+			} else {
+				exprs = append(exprs,
+					&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(r.ToPort))},
+					&expr.Redir{RegisterProtoMin: 1})
+			}
+			add(nat, r.Comment, exprs)
+			n++
+		}
+	}
+	for _, r := range rules.Rejects {
+		add(filter, r.Comment, append(matchExprs(f, r, netip.Prefix{}), rejectExpr(f, r.Protocol)))
+		n++
+	}
+	for _, p := range rules.Drops {
+		add([]string{"filter-forward", "filter-output"}, "unallocated Service addresses",
+			append(prefixExprs(f, p, false), &expr.Verdict{Kind: expr.VerdictDrop}))
+		n++
+	}
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("write table %s %s (%d rules): %w", familyName(f), TableName, len(rules), err)
+		return fmt.Errorf("write table %s %s (%d rules): %w", familyName(f), TableName, n, err)
 	}
 	return nil
 }
 
-func matchExprs(f proxy.Family, r Redirect) []expr.Any {
+// orAny is ps, or one invalid prefix (no source match) when ps is empty.
+func orAny(ps []netip.Prefix) []netip.Prefix {
+	if len(ps) == 0 {
+		return []netip.Prefix{{}}
+	}
+	return ps
+}
+
+// matchExprs matches r's destination (and src, when valid).
+func matchExprs(f proxy.Family, r Redirect, src netip.Prefix) []expr.Any {
 	var out []expr.Any
+	if src.IsValid() {
+		out = append(out, prefixExprs(f, src, true)...)
+	}
 	if r.NodePort {
 		out = append(out,
 			&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
 	} else {
-		off, n := uint32(16), uint32(4)
-		if f == proxy.IPv6 {
-			off, n = 24, 16
-		}
-		out = append(out,
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: r.Addr.AsSlice()})
+		out = append(out, prefixExprs(f, netip.PrefixFrom(r.Addr, r.Addr.BitLen()), false)...)
+	}
+	if r.Protocol == "" {
+		return out // every port
 	}
 	port := make([]byte, 2)
 	binary.BigEndian.PutUint16(port, uint16(r.Port))
@@ -177,6 +257,23 @@ func matchExprs(f proxy.Family, r Redirect) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumber(r.Protocol)}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port})
+}
+
+// prefixExprs matches the source (src) or destination address against p.
+func prefixExprs(f proxy.Family, p netip.Prefix, src bool) []expr.Any {
+	off, n := uint32(16), uint32(4)
+	if f == proxy.IPv6 {
+		off, n = 24, 16
+	}
+	if src {
+		off -= n // saddr precedes daddr in both headers
+	}
+	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}}
+	if p.Bits() < p.Addr().BitLen() {
+		mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)})
+	}
+	return append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()})
 }
 
 func protoNumber(p v1.Protocol) byte {

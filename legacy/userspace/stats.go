@@ -27,10 +27,12 @@ type stats struct {
 	dialErrors *prometheus.CounterVec
 	bytes      *prometheus.CounterVec
 	conns      *prometheus.CounterVec
+	// syncFailures counts failed writes of a family's redirect table.
+	syncFailures *prometheus.CounterVec
 }
 
 func newStats() *stats {
-	return &stats{
+	s := &stats{
 		eps: map[proxy.EndpointRef]*endpointStats{},
 		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kp_userspace_active_connections",
@@ -48,11 +50,20 @@ func newStats() *stats {
 			Name: "kp_userspace_connections_total",
 			Help: "Connections (TCP) and sessions (UDP) the userspace proxy opened to endpoints",
 		}, []string{"protocol"}),
+		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_sync_failures_total",
+			Help: "Syncs whose redirect table write failed",
+		}, []string{"ip_family"}),
 	}
+	// Series start at zero, so rate() sees the first failure.
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		s.syncFailures.WithLabelValues(f.String())
+	}
+	return s
 }
 
 func (s *stats) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns}
+	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.syncFailures}
 }
 
 // endpoint returns the counters of ref, creating them on first use.

@@ -52,6 +52,9 @@ type mode struct {
 	// on every IP of the node (upstream's iptables mode), not only on its
 	// primary IPs (upstream's nftables mode).
 	nodePortsOnEveryIP bool
+	// userspace: kp proxies the connections itself (legacy/userspace);
+	// its rules are the redirect table kp-userspace.
+	userspace bool
 }
 
 var (
@@ -67,11 +70,25 @@ var (
 		syncFailures:       `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`,
 		nodePortsOnEveryIP: true}
 
+	modeUserspace = mode{name: "userspace", proxyMode: "userspace", userspace: true,
+		args:               []string{"--proxy-mode", "userspace"},
+		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
+		nodePortsOnEveryIP: true}
+
 	// allModes is every mode that claims the Service features.
-	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy}
+	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace}
 )
 
 func (m mode) iptables() bool { return m.backend != "" }
+
+// nftTable is the mode's nftables table (both families): kp's, or the
+// userspace mode's redirect table.
+func (m mode) nftTable() string {
+	if m.userspace {
+		return "kp-userspace"
+	}
+	return "kp"
+}
 
 // save is the iptables-save binary of the mode's backend for a family
 // ("ip" or "ip6").
@@ -95,7 +112,7 @@ func selectedModes(t *testing.T) []mode {
 		name = strings.TrimSpace(name)
 		i := indexMode(name)
 		if i < 0 {
-			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy", name)
+			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace", name)
 		}
 		out = append(out, allModes[i])
 	}
@@ -162,7 +179,7 @@ func (e *env) listRules() (string, error) {
 	var b strings.Builder
 	for _, family := range []string{"ip", "ip6"} {
 		if !e.mode.iptables() {
-			out, err := e.w.NFT("list", "table", family, "kp")
+			out, err := e.w.NFT("list", "table", family, e.mode.nftTable())
 			if err != nil {
 				return b.String(), err
 			}
@@ -217,7 +234,7 @@ func noKPRules(w *netns.World, m mode) error {
 		if err != nil {
 			return err
 		}
-		if regexp.MustCompile(`(?m)^table ip6? kp$`).MatchString(out) {
+		if regexp.MustCompile(`(?m)^table ip6? ` + regexp.QuoteMeta(m.nftTable()) + `$`).MatchString(out) {
 			return fmt.Errorf("kp's nftables tables are still there:\n%s", out)
 		}
 		return nil
