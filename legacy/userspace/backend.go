@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,6 +29,8 @@ type Backend struct {
 	idle  time.Duration // UDP session idle timeout
 	stats *stats
 	conns *connSet
+	// nodeIPs are the Node's addresses (clients inside the cluster).
+	nodeIPs atomic.Pointer[[]netip.Addr]
 
 	// mu guards the proxies, which Sync changes and Shutdown stops.
 	mu       sync.Mutex
@@ -114,6 +118,8 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		b.expiring = true
 		go b.expireLoop(ctx)
 	}
+	nodeIPs := slices.Clone(s.Node.IPs)
+	b.nodeIPs.Store(&nodeIPs)
 	ports := map[proxy.ServicePortName]listenerPorts{}
 	usable := map[proxy.ServicePortName]bool{}
 	want := map[proxyKey]bool{}
@@ -179,22 +185,64 @@ func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoin
 		local = sp.ExternalPolicyLocal
 	}
 	bal := p.balancers()
+	if external && local && bal.cluster == nil {
+		bal.cluster = newFamilyBalancers(b.now)
+	} else if !(external && local) {
+		bal.cluster = nil
+	}
+	valid := map[netip.AddrPort]bool{}
+	set := func(target *balancer, list []proxy.Endpoint) {
+		aps := make([]netip.AddrPort, 0, len(list))
+		for _, e := range list {
+			aps = append(aps, e.AddrPort())
+			valid[e.AddrPort()] = true
+		}
+		target.update(aps, sp.AffinityTimeout)
+	}
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 		sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), node)
 		list := sel.Cluster
 		if local {
 			list = sel.Local
 		}
-		aps := make([]netip.AddrPort, 0, len(list))
-		for _, e := range list {
-			aps = append(aps, e.AddrPort())
+		set(bal.of(familyAddr(f)), list)
+		if bal.cluster != nil {
+			set(bal.cluster.of(familyAddr(f)), sel.Cluster)
 		}
-		target := bal.v4
-		if f == proxy.IPv6 {
-			target = bal.v6
-		}
-		target.update(aps, sp.AffinityTimeout)
 	}
+	if u, ok := p.(*udpProxy); ok {
+		u.prune(valid)
+	}
+}
+
+// familyAddr is an address of family f (to choose a family's balancer).
+func familyAddr(f proxy.Family) netip.Addr {
+	if f == proxy.IPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// inCluster reports whether a client address is inside the cluster: a
+// pod (--cluster-cidr) or the node itself.
+func (b *Backend) inCluster(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsLoopback() {
+		return true
+	}
+	for _, p := range b.cfg.ClusterCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	if ips := b.nodeIPs.Load(); ips != nil {
+		for _, ip := range *ips {
+			if ip == a {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ensure returns key's listener, opening it on a port the kernel picks.

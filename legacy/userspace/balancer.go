@@ -103,6 +103,10 @@ func (b *balancer) expire() {
 // that reached the Service over IPv4 goes to an IPv4 endpoint.
 type familyBalancers struct {
 	v4, v6 *balancer
+	// cluster, on an external listener under externalTrafficPolicy Local,
+	// balances the clients inside the cluster (pods, the node itself) over
+	// the Cluster policy's endpoints, as upstream short-circuits them.
+	cluster *familyBalancers
 }
 
 func newFamilyBalancers(now func() time.Time) *familyBalancers {
@@ -117,7 +121,20 @@ func (f *familyBalancers) of(a netip.Addr) *balancer {
 	return f.v6
 }
 
+// forClient is the balancer for a client that reached local address a:
+// the cluster balancers for a client inside the cluster, when there are
+// some.
+func (f *familyBalancers) forClient(a netip.Addr, inCluster bool) *balancer {
+	if inCluster && f.cluster != nil {
+		return f.cluster.of(a)
+	}
+	return f.of(a)
+}
+
 func (f *familyBalancers) expire() {
 	f.v4.expire()
 	f.v6.expire()
+	if f.cluster != nil {
+		f.cluster.expire()
+	}
 }

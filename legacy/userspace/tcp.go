@@ -66,7 +66,15 @@ func (p *tcpProxy) handle(client *net.TCPConn) {
 	defer p.b.conns.done(client)
 	local := client.LocalAddr().(*net.TCPAddr).AddrPort()
 	remote := client.RemoteAddr().(*net.TCPAddr).AddrPort()
-	bal := p.bal.of(local.Addr())
+	bal := p.bal.forClient(local.Addr(), p.b.inCluster(remote.Addr()))
+	if bal.size() == 0 {
+		// The Service has endpoints, but none for this traffic (a Local
+		// policy without local endpoints): upstream drops it, so the
+		// client waits and times out; kp holds the connection silently
+		// for as long, then resets it.
+		p.hold(client)
+		return
+	}
 	back, ep, ok := p.dial(bal, remote.Addr())
 	if !ok {
 		// No endpoint answered (or the list is empty for this traffic, as
@@ -109,6 +117,19 @@ func (p *tcpProxy) handle(client *net.TCPConn) {
 	st.bytes.Add(uint64(n + down))
 	p.b.stats.bytes.WithLabelValues("TCP", "to_endpoint").Add(float64(n))
 	p.b.stats.bytes.WithLabelValues("TCP", "to_client").Add(float64(down))
+}
+
+// dropHold is how long a connection that has no endpoint to go to is held
+// without an answer, as a dropped SYN would leave the client waiting.
+const dropHold = 30 * time.Second
+
+// hold keeps c silent until the client gives up, dropHold passes or the
+// proxy shuts down, then resets it.
+func (p *tcpProxy) hold(c *net.TCPConn) {
+	c.SetReadDeadline(time.Now().Add(dropHold))
+	io.Copy(io.Discard, c)
+	c.SetLinger(0)
+	c.Close()
 }
 
 // dial tries endpoints in balancer order until one accepts.

@@ -101,7 +101,7 @@ func (p *udpProxy) session(sock *net.UDPConn, client netip.AddrPort, local netip
 	if p.closed {
 		return nil
 	}
-	bal := p.bal.of(local)
+	bal := p.bal.forClient(local, p.b.inCluster(client.Addr()))
 	ep, ok := bal.pick(client.Addr(), nil)
 	if !ok {
 		return nil
@@ -161,6 +161,25 @@ func (p *udpProxy) replies(s *udpSession) {
 		}
 		s.st.bytes.Add(uint64(n))
 		p.b.stats.bytes.WithLabelValues("UDP", "to_client").Add(float64(n))
+	}
+}
+
+// prune ends the sessions whose endpoint is not in valid: a UDP flow has no
+// end the proxy could wait for, and a client that keeps sending (a
+// resolver) must move to a current endpoint at once, as the other modes'
+// conntrack cleanup makes it.
+func (p *udpProxy) prune(valid map[netip.AddrPort]bool) {
+	p.mu.Lock()
+	var gone []*udpSession
+	for c, s := range p.sessions {
+		if !valid[s.ep] {
+			gone = append(gone, s)
+			delete(p.sessions, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range gone {
+		s.back.Close() // replies ends, and with it the session
 	}
 }
 

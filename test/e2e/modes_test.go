@@ -81,6 +81,48 @@ var (
 
 func (m mode) iptables() bool { return m.backend != "" }
 
+// feature is something a test proves that not every mode claims.
+type feature string
+
+const (
+	featureClientIP       feature = "the client's address reaches the endpoint"
+	featureKernelAffinity feature = "ClientIP affinity entries in the kernel"
+	featureConntrackNAT   feature = "one conntrack entry from the client to the endpoint"
+	featureRestart        feature = "connections survive a kp restart"
+	featureSCTP           feature = "SCTP Service ports"
+)
+
+// unclaimed says, per mode, which features it does not claim and why: the
+// one place the suite's per-mode skips come from, and what the README's
+// feature table says in the mode's column.
+var unclaimed = map[string]map[feature]string{
+	"userspace": {
+		featureClientIP: "the proxy opens its own connection to the endpoint, which sees the node's address " +
+			"(externalTrafficPolicy Local keeps to local endpoints but cannot keep the source)",
+		featureKernelAffinity: "ClientIP affinity is held in kp's memory, not in a kernel table the test could read " +
+			"(the behaviour is proven all the same)",
+		featureConntrackNAT: "the proxy makes two flows (client to node, node to endpoint); no conntrack entry joins " +
+			"the client to the endpoint, so kp flows cannot attribute an endpoint from conntrack",
+		featureRestart: "the listeners and the connections live in the kp process: while kp restarts, new " +
+			"connections are refused and open ones end",
+		featureSCTP: "Go has no SCTP sockets: SCTP Service ports are not proxied",
+	},
+}
+
+// claims reports whether mode m claims feature f.
+func (m mode) claims(f feature) bool {
+	_, ok := unclaimed[m.name][f]
+	return !ok
+}
+
+// skipUnclaimed skips t when mode m does not claim f, with the reason.
+func skipUnclaimed(t *testing.T, m mode, f feature) {
+	t.Helper()
+	if reason, ok := unclaimed[m.name][f]; ok {
+		t.Skipf("%s mode does not claim %s: %s", m.name, f, reason)
+	}
+}
+
 // nftTable is the mode's nftables table (both families): kp's, or the
 // userspace mode's redirect table.
 func (m mode) nftTable() string {
