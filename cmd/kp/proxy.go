@@ -147,7 +147,10 @@ func (a *app) drain(backend proxy.Backend) {
 // cleaner of stale UDP conntrack entries.
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
-	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables {
+	// The userspace mode has no DNAT entries to clean, but a UDP flow the
+	// kernel confirmed to a Service address before kp had a rule for it
+	// blackholes there too (the cleaner deletes those).
+	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
 		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)

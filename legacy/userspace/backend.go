@@ -289,7 +289,7 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 	var errs []error
 	rules := map[proxy.Family]Rules{}
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-		rules[f] = renderRules(f, s, ports, usable)
+		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
 		if err := applyRules(conn, f, rules[f]); err != nil {
 			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
 			errs = append(errs, err)
@@ -297,6 +297,24 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 	}
 	b.lastRules = rules
 	return errors.Join(errs...)
+}
+
+// nodePortAddrs is where family f's NodePorts answer, as one list of
+// prefixes (an invalid prefix: every local address): --nodeport-addresses,
+// "primary" (the Node's IPs), or every local address by default (as
+// upstream's iptables mode; the other proxies' userspace modes did too).
+func (b *Backend) nodePortAddrs(f proxy.Family, node proxy.Node) []netip.Prefix {
+	if b.cfg.NodePortPrimary {
+		var out []netip.Prefix
+		for _, a := range proxy.FilterAddrs(f, node.IPs) {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+		return out
+	}
+	if len(b.cfg.NodePortAddresses) > 0 {
+		return proxy.FilterPrefixes(f, b.cfg.NodePortAddresses)
+	}
+	return []netip.Prefix{{}}
 }
 
 // LastRules is what the last Sync wrote for family f.

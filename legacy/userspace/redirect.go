@@ -28,14 +28,17 @@ const TableName = "kp-userspace"
 // or, by Verdict, is rejected (the service port has no usable endpoint) or
 // dropped (a LoadBalancer IP's source outside its ranges).
 type Redirect struct {
-	Comment      string
-	Addr         netip.Addr // invalid for a NodePort rule
-	NodePort     bool
-	Protocol     v1.Protocol
-	Port         int32
-	SourceRanges []netip.Prefix
-	ToPort       int
-	Verdict      Verdict
+	Comment  string
+	Addr     netip.Addr // invalid for a NodePort rule
+	NodePort bool
+	// NodePortAddrs narrows a NodePort rule to local addresses in it
+	// (--nodeport-addresses); invalid: every local address.
+	NodePortAddrs netip.Prefix
+	Protocol      v1.Protocol
+	Port          int32
+	SourceRanges  []netip.Prefix
+	ToPort        int
+	Verdict       Verdict
 }
 
 // Verdict is what a rule does with the traffic it matches.
@@ -53,6 +56,9 @@ func (r Redirect) String() string {
 	dst := r.Addr.String()
 	if r.NodePort {
 		dst = "fib daddr type local"
+		if r.NodePortAddrs.IsValid() {
+			dst = "daddr " + r.NodePortAddrs.String() + " " + dst
+		}
 	}
 	src := ""
 	if len(r.SourceRanges) > 0 {
@@ -91,7 +97,7 @@ type Rules struct {
 
 // renderRules returns family f's rules for every service port of s,
 // sorted so that equal States render equal rules.
-func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) Rules {
+func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool, nodePortAddrs []netip.Prefix) Rules {
 	var out Rules
 	var vips []Redirect
 	seenVIP := map[netip.Addr]bool{}
@@ -100,8 +106,11 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 		if !ok {
 			continue
 		}
-		add := func(a netip.Addr, nodePort bool, port int32, to int, ranges []netip.Prefix) {
-			r := Redirect{Comment: name.String(), Addr: a, NodePort: nodePort, Protocol: sp.Protocol, Port: port, ToPort: to}
+		// add adds the rules for traffic to a:port, or to a NodePort on
+		// the local addresses in nodePort (when a is invalid).
+		add := func(a netip.Addr, nodePort netip.Prefix, port int32, to int, ranges []netip.Prefix) {
+			r := Redirect{Comment: name.String(), Addr: a, NodePort: !a.IsValid(), NodePortAddrs: nodePort,
+				Protocol: sp.Protocol, Port: port, ToPort: to}
 			if !usable[name] {
 				r.Verdict = VerdictReject
 				out.Rejects = append(out.Rejects, r)
@@ -115,20 +124,22 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 			out.Redirects = append(out.Redirects, r)
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.ClusterIPs) {
-			add(a, false, sp.Port, lp.internal, nil)
+			add(a, netip.Prefix{}, sp.Port, lp.internal, nil)
 			if !seenVIP[a] {
 				seenVIP[a] = true
 				vips = append(vips, Redirect{Comment: name.NamespacedName.String(), Addr: a, Verdict: VerdictReject})
 			}
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.ExternalIPs) {
-			add(a, false, sp.Port, lp.external, nil)
+			add(a, netip.Prefix{}, sp.Port, lp.external, nil)
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.LoadBalancerIPs) {
-			add(a, false, sp.Port, lp.external, proxy.FilterPrefixes(f, sp.LoadBalancerSourceRanges))
+			add(a, netip.Prefix{}, sp.Port, lp.external, proxy.FilterPrefixes(f, sp.LoadBalancerSourceRanges))
 		}
 		if sp.NodePort != 0 {
-			add(netip.Addr{}, true, sp.NodePort, lp.external, nil)
+			for _, p := range nodePortAddrs {
+				add(netip.Addr{}, p, sp.NodePort, lp.external, nil)
+			}
 		}
 	}
 	// A Service's rules keep their order (a source range rule before its
@@ -241,6 +252,9 @@ func matchExprs(f proxy.Family, r Redirect, src netip.Prefix) []expr.Any {
 		out = append(out, prefixExprs(f, src, true)...)
 	}
 	if r.NodePort {
+		if r.NodePortAddrs.IsValid() {
+			out = append(out, prefixExprs(f, r.NodePortAddrs, false)...)
+		}
 		out = append(out,
 			&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
