@@ -278,3 +278,57 @@ func TestKernelHalfCloseAndOpenConnectionsSurviveEndpointRemoval(t *testing.T) {
 		t.Errorf("after the server closed: %v, want EOF", err)
 	}
 }
+
+func TestKernelShutdownRefusesNewConnectionsAndDrainsOpenOnesWithinItsBound(t *testing.T) {
+	k := newKernelWorld(t, 1)
+	p0 := k.w.Pods()[0]
+	serveInPod(t, p0.NS, 9000)
+	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 0, p0.IP.String()+":9000")
+	k.sync()
+	dial := func() (net.Conn, *bufio.Reader) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := netns.DialConn(ctx, k.w.Client(), "tcp", "10.96.0.10:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "hello\n")
+		r := bufio.NewReader(c)
+		if s, err := r.ReadString('\n'); err != nil || s != "echo: hello\n" {
+			t.Fatalf("before shutdown: %q %v", s, err)
+		}
+		return c, r
+	}
+	finishing, fr := dial() // closes within the bound
+	lingering, lr := dial() // outlives it
+
+	bound := 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- k.b.Shutdown(ctx) }()
+	time.Sleep(200 * time.Millisecond)
+
+	if _, err := k.ask(k.w.Client(), "tcp", "10.96.0.10:80"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a new connection during shutdown: %v, want refused", err)
+	}
+	fmt.Fprintf(finishing, "still\n")
+	if s, err := fr.ReadString('\n'); err != nil || s != "echo: still\n" {
+		t.Errorf("an open connection during shutdown: %q %v", s, err)
+	}
+	finishing.(*net.TCPConn).CloseWrite()
+	if s, _ := fr.ReadString('\n'); s != "bye 2\n" {
+		t.Errorf("the draining connection's end: %q", s)
+	}
+	err := <-done
+	if took := time.Since(start); err == nil || took < bound || took > bound+time.Second {
+		t.Errorf("Shutdown with a connection outliving its %v bound: %v after %v, want an error at the bound", bound, err, took)
+	}
+	if _, err := lr.ReadString('\n'); err == nil {
+		t.Errorf("the connection that outlived the bound is still open")
+	}
+	lingering.Close()
+	finishing.Close()
+}
