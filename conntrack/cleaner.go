@@ -125,6 +125,8 @@ type Cleaner struct {
 	localAddrs func() ([]netip.Addr, error)
 	log        *slog.Logger
 	accounting bool
+	// keepRedirected: see CleanerConfig.KeepRedirected.
+	keepRedirected bool
 
 	deleted *prometheus.CounterVec
 	errors  prometheus.Counter
@@ -144,11 +146,19 @@ type CleanerConfig struct {
 	// EnableAccounting turns on per-flow counters and timestamps in the
 	// namespace at the first run (see EnableAccounting).
 	EnableAccounting bool
+	// KeepRedirected keeps every NATed entry: in the userspace mode the
+	// kernel only redirects to kp's own listeners, which choose endpoints
+	// themselves, so a NATed entry is never stale (its reply source is the
+	// node, not an endpoint) and deleting it would cut a live UDP flow.
+	// Entries the kernel confirmed to a Service address without NAT
+	// (before kp's first rule for it) are still deleted.
+	KeepRedirected bool
 }
 
 // NewCleaner returns a Cleaner; register its Collectors with the metrics.
 func NewCleaner(cfg CleanerConfig) *Cleaner {
-	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting}
+	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting,
+		keepRedirected: cfg.KeepRedirected}
 	if c.dial == nil {
 		c.dial = Dialer{}.Open
 	}
@@ -215,6 +225,9 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 	for _, f := range flows {
 		if ctx.Err() != nil {
 			return deleted, ctx.Err()
+		}
+		if c.keepRedirected && f.DNATed() {
+			continue
 		}
 		s := j.Judge(f)
 		if !s.Stale {

@@ -151,7 +151,8 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 	// kernel confirmed to a Service address before kp had a rule for it
 	// blackholes there too (the cleaner deletes those).
 	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
-		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
+		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
+			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	}
