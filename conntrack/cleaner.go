@@ -146,12 +146,14 @@ type CleanerConfig struct {
 	// EnableAccounting turns on per-flow counters and timestamps in the
 	// namespace at the first run (see EnableAccounting).
 	EnableAccounting bool
-	// KeepRedirected keeps every NATed entry: in the userspace mode the
-	// kernel only redirects to kp's own listeners, which choose endpoints
-	// themselves, so a NATed entry is never stale (its reply source is the
-	// node, not an endpoint) and deleting it would cut a live UDP flow.
-	// Entries the kernel confirmed to a Service address without NAT
-	// (before kp's first rule for it) are still deleted.
+	// KeepRedirected keeps the NATed entries of service ports that still
+	// have endpoints: in the userspace mode the kernel only redirects to
+	// kp's own listeners, which choose endpoints themselves, so such an
+	// entry is not stale (its reply source is the node, not an endpoint)
+	// and deleting it would cut a live UDP flow. The entries of service
+	// ports left without endpoints (their packets must meet the reject
+	// rule), of removed ones, and those the kernel confirmed to a Service
+	// address without NAT (before kp's first rule for it) are deleted.
 	KeepRedirected bool
 }
 
@@ -226,11 +228,11 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 		if ctx.Err() != nil {
 			return deleted, ctx.Err()
 		}
-		if c.keepRedirected && f.DNATed() {
-			continue
-		}
 		s := j.Judge(f)
 		if !s.Stale {
+			continue
+		}
+		if c.keepRedirected && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
 			continue
 		}
 		if err := conn.Delete(f); err != nil {
