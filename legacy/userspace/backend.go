@@ -185,11 +185,7 @@ func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoin
 		local = sp.ExternalPolicyLocal
 	}
 	bal := p.balancers()
-	if external && local && bal.cluster == nil {
-		bal.cluster = newFamilyBalancers(b.now)
-	} else if !(external && local) {
-		bal.cluster = nil
-	}
+	split := external && local
 	valid := map[netip.AddrPort]bool{}
 	set := func(target *balancer, list []proxy.Endpoint) {
 		aps := make([]netip.AddrPort, 0, len(list))
@@ -206,10 +202,13 @@ func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoin
 			list = sel.Local
 		}
 		set(bal.of(familyAddr(f)), list)
-		if bal.cluster != nil {
-			set(bal.cluster.of(familyAddr(f)), sel.Cluster)
+		if split {
+			set(bal.clusterOf(familyAddr(f)), sel.Cluster)
+		} else {
+			bal.clusterOf(familyAddr(f)).update(nil, 0)
 		}
 	}
+	bal.split.Store(split)
 	if u, ok := p.(*udpProxy); ok {
 		u.prune(valid)
 	}

@@ -3,6 +3,7 @@ package userspace
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -103,14 +104,16 @@ func (b *balancer) expire() {
 // that reached the Service over IPv4 goes to an IPv4 endpoint.
 type familyBalancers struct {
 	v4, v6 *balancer
-	// cluster, on an external listener under externalTrafficPolicy Local,
-	// balances the clients inside the cluster (pods, the node itself) over
-	// the Cluster policy's endpoints, as upstream short-circuits them.
-	cluster *familyBalancers
+	// clusterV4 and clusterV6, on an external listener under
+	// externalTrafficPolicy Local (split set), balance the clients inside
+	// the cluster (pods, the node itself) over the Cluster policy's
+	// endpoints, as upstream short-circuits them.
+	clusterV4, clusterV6 *balancer
+	split                atomic.Bool
 }
 
 func newFamilyBalancers(now func() time.Time) *familyBalancers {
-	return &familyBalancers{v4: newBalancer(now), v6: newBalancer(now)}
+	return &familyBalancers{v4: newBalancer(now), v6: newBalancer(now), clusterV4: newBalancer(now), clusterV6: newBalancer(now)}
 }
 
 // of is the balancer for traffic that arrived at local address a.
@@ -125,16 +128,23 @@ func (f *familyBalancers) of(a netip.Addr) *balancer {
 // the cluster balancers for a client inside the cluster, when there are
 // some.
 func (f *familyBalancers) forClient(a netip.Addr, inCluster bool) *balancer {
-	if inCluster && f.cluster != nil {
-		return f.cluster.of(a)
+	if inCluster && f.split.Load() {
+		return f.clusterOf(a)
 	}
 	return f.of(a)
+}
+
+// clusterOf is the cluster balancer for traffic that arrived at a.
+func (f *familyBalancers) clusterOf(a netip.Addr) *balancer {
+	if a.Unmap().Is4() {
+		return f.clusterV4
+	}
+	return f.clusterV6
 }
 
 func (f *familyBalancers) expire() {
 	f.v4.expire()
 	f.v6.expire()
-	if f.cluster != nil {
-		f.cluster.expire()
-	}
+	f.clusterV4.expire()
+	f.clusterV6.expire()
 }
