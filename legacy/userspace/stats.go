@@ -98,11 +98,13 @@ func (s *stats) snapshot(st *proxy.State) map[proxy.EndpointRef]proxy.EndpointCo
 	for name, eps := range st.Endpoints {
 		for _, e := range eps {
 			ref := proxy.EndpointRef{ServicePort: name, Endpoint: e.AddrPort()}
-			if c := s.eps[ref]; c != nil {
-				out[ref] = proxy.EndpointCounter{Packets: c.newConns.Load(), Bytes: c.bytes.Load()}
-			} else {
-				out[ref] = proxy.EndpointCounter{}
+			var active int64
+			c := proxy.EndpointCounter{Active: &active}
+			if e := s.eps[ref]; e != nil {
+				active = e.activeConns.Load()
+				c.Packets, c.Bytes = e.newConns.Load(), e.bytes.Load()
 			}
+			out[ref] = c
 		}
 	}
 	return out

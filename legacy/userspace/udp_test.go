@@ -87,6 +87,11 @@ func TestUDPSessionsAnswerFromTheServiceAddressAndExpireWhenIdle(t *testing.T) {
 	if st.bytes.Load() != 3+3*4 {
 		t.Errorf("bytes %d, want 15", st.bytes.Load())
 	}
+	counters, _ := b.EndpointCounters(&proxy.State{Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{
+		name: {{IP: ep.Addr(), Port: int32(ep.Port())}}}})
+	if c := counters[ref(name, ep)]; c.Packets != 2 || c.Active == nil || *c.Active != 2 {
+		t.Errorf("EndpointCounters: %+v, want 2 new and 2 active", c)
+	}
 	deadline := time.Now().Add(3 * time.Second)
 	for st.activeConns.Load() != 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
