@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,8 +39,10 @@ type Backend struct {
 	down     bool
 	rlimit   rlimitInfo
 	expiring bool // the affinity expiry loop runs
-	// lastRules is what the last Sync wrote, per family (tests, debugging).
+	// lastRules is what kp last wrote, per family; a family missing is
+	// unknown (start, after a failed write) and written by the next sync.
 	lastRules map[proxy.Family]Rules
+	lastWrite time.Time // when both families were last written
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -279,24 +282,52 @@ func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) 
 }
 
 // writeRules renders and applies both families' tables.
+// A family's table is written only when its rendering differs from what kp
+// last wrote (most syncs change endpoints only, which live in the
+// balancers), and at least every rewriteInterval, which repairs edits made
+// behind kp's back.
 func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+	now := b.now()
+	rules := map[proxy.Family]Rules{}
+	var changed []proxy.Family
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
+		last, ok := b.lastRules[f]
+		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
+			changed = append(changed, f)
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
 	conn, err := b.ops.nft()
 	if err != nil {
+		b.lastRules = nil
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	defer conn.CloseLasting()
 	var errs []error
-	rules := map[proxy.Family]Rules{}
-	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
+	if b.lastRules == nil {
+		b.lastRules = map[proxy.Family]Rules{}
+	}
+	for _, f := range changed {
 		if err := applyRules(conn, f, rules[f]); err != nil {
 			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
 			errs = append(errs, err)
+			delete(b.lastRules, f) // unknown: rewrite next time
+			continue
 		}
+		b.lastRules[f] = rules[f]
 	}
-	b.lastRules = rules
+	if len(changed) == 2 {
+		b.lastWrite = now
+	}
 	return errors.Join(errs...)
 }
+
+// rewriteInterval bounds how long kp trusts that its table is as it wrote
+// it (as the iptables mode's hourly full sync).
+const rewriteInterval = time.Hour
 
 // nodePortAddrs is where family f's NodePorts answer, as one list of
 // prefixes (an invalid prefix: every local address): --nodeport-addresses,

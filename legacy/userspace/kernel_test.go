@@ -258,8 +258,14 @@ func TestKernelHalfCloseAndOpenConnectionsSurviveEndpointRemoval(t *testing.T) {
 	}
 
 	// The endpoint leaves: new connections go to pod-1, the open one runs on.
+	// Endpoints live in the balancers: the table is not rewritten (its
+	// rule handles stay).
+	before, _ := k.w.NFT("-a", "list", "table", "ip", TableName)
 	k.setEndpoints(web, p1.IP.String()+":8080")
 	k.sync()
+	if after, err := k.w.NFT("-a", "list", "table", "ip", TableName); err != nil || after != before {
+		t.Errorf("an endpoint change rewrote the table (%v):\n%s\nthen\n%s", err, before, after)
+	}
 	if name, err := k.ask(k.w.Client(), "tcp", "10.96.0.10:80"); err != nil || name != "pod-1" {
 		t.Errorf("a new connection after the change: %q %v, want pod-1", name, err)
 	}
