@@ -125,6 +125,8 @@ type Cleaner struct {
 	localAddrs func() ([]netip.Addr, error)
 	log        *slog.Logger
 	accounting bool
+	// keepRedirected: see CleanerConfig.KeepRedirected.
+	keepRedirected bool
 
 	deleted *prometheus.CounterVec
 	errors  prometheus.Counter
@@ -144,11 +146,21 @@ type CleanerConfig struct {
 	// EnableAccounting turns on per-flow counters and timestamps in the
 	// namespace at the first run (see EnableAccounting).
 	EnableAccounting bool
+	// KeepRedirected keeps the NATed entries of service ports that still
+	// have endpoints: in the userspace mode the kernel only redirects to
+	// kp's own listeners, which choose endpoints themselves, so such an
+	// entry is not stale (its reply source is the node, not an endpoint)
+	// and deleting it would cut a live UDP flow. The entries of service
+	// ports left without endpoints (their packets must meet the reject
+	// rule), of removed ones, and those the kernel confirmed to a Service
+	// address without NAT (before kp's first rule for it) are deleted.
+	KeepRedirected bool
 }
 
 // NewCleaner returns a Cleaner; register its Collectors with the metrics.
 func NewCleaner(cfg CleanerConfig) *Cleaner {
-	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting}
+	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting,
+		keepRedirected: cfg.KeepRedirected}
 	if c.dial == nil {
 		c.dial = Dialer{}.Open
 	}
@@ -218,6 +230,9 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 		}
 		s := j.Judge(f)
 		if !s.Stale {
+			continue
+		}
+		if c.keepRedirected && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
 			continue
 		}
 		if err := conn.Delete(f); err != nil {

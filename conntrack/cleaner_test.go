@@ -147,6 +147,22 @@ func TestCleanerDeletesStaleEntriesAndCountsThem(t *testing.T) {
 	}
 }
 
+func TestCleanerKeepingRedirectedEntriesDeletesOnlyTheUnNATedOnes(t *testing.T) {
+	conn := &fakeConn{flows: []Flow{
+		flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.0.2.1:41234"), // redirected to kp's listener
+		flow(ProtoUDP, "10.0.2.2:40002", "10.96.0.10:53", "10.96.0.10:53"),    // not NATed
+	}}
+	c := NewCleaner(CleanerConfig{
+		Dial:           func() (Conn, error) { return conn, nil },
+		LocalAddrs:     func() ([]netip.Addr, error) { return addrs("10.0.2.1"), nil },
+		KeepRedirected: true,
+	})
+	n, err := c.Clean(context.Background(), nil, testState())
+	if err != nil || n != 1 || conn.deleted[0].Orig.Src.String() != "10.0.2.2:40002" {
+		t.Fatalf("Clean = %d, %v, deleted %v; want only the entry that is not NATed", n, err, conn.deleted)
+	}
+}
+
 func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
 	conn := &fakeConn{
 		flows: []Flow{

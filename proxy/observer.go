@@ -54,5 +54,11 @@ type EndpointRef struct {
 }
 
 // EndpointCounter counts new connections to an endpoint: the first packet
-// of each, and those packets' bytes.
-type EndpointCounter struct{ Packets, Bytes uint64 }
+// of each, and those packets' bytes. A backend that proxies connections
+// itself (userspace) counts every connection, every byte it copied (both
+// ways, when the connection ends), and the connections open now (Active;
+// nil for the backends that cannot know).
+type EndpointCounter struct {
+	Packets, Bytes uint64
+	Active         *int64
+}

@@ -40,7 +40,7 @@ func servicePortReport(sp *ServicePort, eps []Endpoint, node Node, counters map[
 			Usable: usable[e.AddrPort()],
 		}
 		if c, ok := counters[EndpointRef{ServicePort: sp.Name, Endpoint: e.AddrPort()}]; ok {
-			re.Counters = &statusapi.Counters{NewConnections: c.Packets, Bytes: c.Bytes}
+			re.Counters = &statusapi.Counters{NewConnections: c.Packets, Bytes: c.Bytes, ActiveConnections: c.Active}
 		} else if counted && re.Usable && counters != nil {
 			re.Counters = &statusapi.Counters{}
 		}

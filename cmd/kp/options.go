@@ -73,7 +73,7 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
 
 	fs.StringVar(&o.mode, "proxy-mode", "auto",
-		"Which proxy mode to use: nftables or iptables (ipvs and userspace are not built yet), or auto "+
+		"Which proxy mode to use: nftables, iptables or userspace (ipvs is not built yet), or auto "+
 			"(the default, also when empty) for the first of nftables, iptables, ipvs, userspace that this node's kernel runs.")
 	fs.StringVar(&o.iptablesBackend, "iptables-backend", "auto",
 		"kp only: the iptables binaries the iptables mode uses: nft (iptables-nft), legacy (iptables-legacy), "+

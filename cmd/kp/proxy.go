@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -111,6 +112,7 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil
 	}
+	a.drain(backend)
 	if err != nil {
 		return err
 	}
@@ -118,13 +120,36 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	return nil
 }
 
+// shutdownGrace bounds how long a mode that carries connections itself
+// (userspace) lets them finish after SIGTERM; within Kubernetes' default
+// terminationGracePeriodSeconds (30 s).
+const shutdownGrace = 20 * time.Second
+
+// drain lets a backend that proxies connections itself finish them: it
+// stops accepting and waits at most shutdownGrace.
+func (a *app) drain(backend proxy.Backend) {
+	d, ok := backend.(interface{ Shutdown(context.Context) error })
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := d.Shutdown(ctx); err != nil {
+		a.log.Warn("shutdown", "err", err)
+	}
+}
+
 // runOptions adds to the backend what follows its syncs: in the modes that
 // DNAT with conntrack (nftables and iptables; ipvs when it lands), the
 // cleaner of stale UDP conntrack entries.
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
-	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables {
-		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true})
+	// The userspace mode has no DNAT entries to clean, but a UDP flow the
+	// kernel confirmed to a Service address before kp had a rule for it
+	// blackholes there too (the cleaner deletes those).
+	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
+		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
+			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	}

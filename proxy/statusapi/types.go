@@ -168,4 +168,8 @@ type Endpoint struct {
 type Counters struct {
 	NewConnections uint64 `json:"newConnections"`
 	Bytes          uint64 `json:"bytes"`
+	// ActiveConnections are the connections open now, in the modes that
+	// proxy them (userspace; there Bytes are every byte copied both ways,
+	// counted when a connection ends).
+	ActiveConnections *int64 `json:"activeConnections,omitempty"`
 }

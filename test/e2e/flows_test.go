@@ -57,6 +57,7 @@ type made struct {
 
 func TestKpFlowsShowsTheConnectionsTheTestMade(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
+		skipUnclaimed(t, m, featureConntrackNAT)
 		e := newEnv(t, m, 3)
 		pods := e.w.Pods()
 		svc := web(pods[0], pods[1])

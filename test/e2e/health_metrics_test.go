@@ -137,6 +137,20 @@ func TestMetricsEndpointHasUpstreamMetricsWithSensibleValues(t *testing.T) {
 			{`kubeproxy_proxy_healthz_total{code="200"}`, atLeast(1), ">= 1"},
 			{`kubeproxy_proxy_livez_total{code="200"}`, atLeast(1), ">= 1"},
 		}
+		if m.userspace {
+			// The proxy's own: the connections the test made, none open
+			// once their answers came back, no dial error.
+			checks = append(checks, []struct {
+				series string
+				ok     func(v float64) bool
+				want   string
+			}{
+				{`kp_userspace_connections_total{protocol="TCP"}`, atLeast(2), ">= 2"},
+				{`kp_userspace_active_connections{protocol="TCP"}`, equal(0), "0"},
+				{`kp_userspace_bytes_total{direction="to_client",protocol="TCP"}`, atLeast(1), ">= 1"},
+				{`kp_userspace_sync_failures_total{ip_family="IPv6"}`, equal(0), "0"},
+			}...)
+		}
 		e.eventually("every metric has a sensible value", 15*time.Second, func() error {
 			code, text, err := e.w.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
 			if err != nil || code != 200 {

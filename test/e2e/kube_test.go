@@ -381,14 +381,14 @@ func TestKubeUnallocatedAddressesOfTheClustersServiceCIDRsAreDropped(t *testing.
 			{"ip6", netns.ServiceCIDR6.String(), "[fd00:96::77]:80"},
 		} {
 			k.eventually("kp has the ServiceCIDR "+c.cidr, 30*time.Second, func() error {
-				if !m.iptables() {
+				if !m.iptables() && !m.userspace {
 					out, err := k.w.NFT("list", "set", c.family, "kp", "service-cidrs")
 					if err != nil || !strings.Contains(out, c.cidr) {
 						return fmt.Errorf("set service-cidrs: %v\n%s", err, out)
 					}
 					return nil
 				}
-				// iptables mode: a rule of kp's for the CIDR.
+				// iptables and userspace modes: a rule of kp's for the CIDR.
 				out, err := k.listRules()
 				if err != nil || !strings.Contains(out, c.cidr) {
 					return fmt.Errorf("no rule of kp's names %s: %v\n%s", c.cidr, err, out)

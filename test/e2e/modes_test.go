@@ -52,6 +52,9 @@ type mode struct {
 	// on every IP of the node (upstream's iptables mode), not only on its
 	// primary IPs (upstream's nftables mode).
 	nodePortsOnEveryIP bool
+	// userspace: kp proxies the connections itself (legacy/userspace);
+	// its rules are the redirect table kp-userspace.
+	userspace bool
 }
 
 var (
@@ -67,11 +70,67 @@ var (
 		syncFailures:       `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`,
 		nodePortsOnEveryIP: true}
 
+	modeUserspace = mode{name: "userspace", proxyMode: "userspace", userspace: true,
+		args:               []string{"--proxy-mode", "userspace"},
+		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
+		nodePortsOnEveryIP: true}
+
 	// allModes is every mode that claims the Service features.
-	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy}
+	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace}
 )
 
 func (m mode) iptables() bool { return m.backend != "" }
+
+// feature is something a test proves that not every mode claims.
+type feature string
+
+const (
+	featureClientIP       feature = "the client's address reaches the endpoint"
+	featureKernelAffinity feature = "ClientIP affinity entries in the kernel"
+	featureConntrackNAT   feature = "one conntrack entry from the client to the endpoint"
+	featureRestart        feature = "connections survive a kp restart"
+	featureSCTP           feature = "SCTP Service ports"
+)
+
+// unclaimed says, per mode, which features it does not claim and why: the
+// one place the suite's per-mode skips come from, and what the README's
+// feature table says in the mode's column.
+var unclaimed = map[string]map[feature]string{
+	"userspace": {
+		featureClientIP: "the proxy opens its own connection to the endpoint, which sees the node's address " +
+			"(externalTrafficPolicy Local keeps to local endpoints but cannot keep the source)",
+		featureKernelAffinity: "ClientIP affinity is held in kp's memory, not in a kernel table the test could read " +
+			"(the behaviour is proven all the same)",
+		featureConntrackNAT: "the proxy makes two flows (client to node, node to endpoint); no conntrack entry joins " +
+			"the client to the endpoint, so kp flows cannot attribute an endpoint from conntrack",
+		featureRestart: "the listeners and the connections live in the kp process: while kp restarts, new " +
+			"connections are refused and open ones end",
+		featureSCTP: "Go has no SCTP sockets: SCTP Service ports are not proxied",
+	},
+}
+
+// claims reports whether mode m claims feature f.
+func (m mode) claims(f feature) bool {
+	_, ok := unclaimed[m.name][f]
+	return !ok
+}
+
+// skipUnclaimed skips t when mode m does not claim f, with the reason.
+func skipUnclaimed(t *testing.T, m mode, f feature) {
+	t.Helper()
+	if reason, ok := unclaimed[m.name][f]; ok {
+		t.Skipf("%s mode does not claim %s: %s", m.name, f, reason)
+	}
+}
+
+// nftTable is the mode's nftables table (both families): kp's, or the
+// userspace mode's redirect table.
+func (m mode) nftTable() string {
+	if m.userspace {
+		return "kp-userspace"
+	}
+	return "kp"
+}
 
 // save is the iptables-save binary of the mode's backend for a family
 // ("ip" or "ip6").
@@ -95,7 +154,7 @@ func selectedModes(t *testing.T) []mode {
 		name = strings.TrimSpace(name)
 		i := indexMode(name)
 		if i < 0 {
-			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy", name)
+			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace", name)
 		}
 		out = append(out, allModes[i])
 	}
@@ -162,7 +221,7 @@ func (e *env) listRules() (string, error) {
 	var b strings.Builder
 	for _, family := range []string{"ip", "ip6"} {
 		if !e.mode.iptables() {
-			out, err := e.w.NFT("list", "table", family, "kp")
+			out, err := e.w.NFT("list", "table", family, e.mode.nftTable())
 			if err != nil {
 				return b.String(), err
 			}
@@ -217,7 +276,7 @@ func noKPRules(w *netns.World, m mode) error {
 		if err != nil {
 			return err
 		}
-		if regexp.MustCompile(`(?m)^table ip6? kp$`).MatchString(out) {
+		if regexp.MustCompile(`(?m)^table ip6? ` + regexp.QuoteMeta(m.nftTable()) + `$`).MatchString(out) {
 			return fmt.Errorf("kp's nftables tables are still there:\n%s", out)
 		}
 		return nil

@@ -461,6 +461,7 @@ func TestDualStackClusterIPAnswersOverIPv6(t *testing.T) {
 // Not parallel: its timing should not compete with the other tests.
 func TestRestartLosesNoConnections(t *testing.T) {
 	forEachModeSerial(t, func(t *testing.T, m mode) {
+		skipUnclaimed(t, m, featureRestart)
 		e := newEnvSerial(t, m, 4)
 		pods := e.w.Pods()
 		svc := web(pods[:3]...)

@@ -1,0 +1,450 @@
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Backend is the userspace mode.
+type Backend struct {
+	cfg   proxy.Config
+	log   *slog.Logger
+	ops   netOps
+	now   func() time.Time
+	idle  time.Duration // UDP session idle timeout
+	stats *stats
+	conns *connSet
+	// nodeIPs are the Node's addresses (clients inside the cluster).
+	nodeIPs atomic.Pointer[[]netip.Addr]
+
+	// mu guards the proxies, which Sync changes and Shutdown stops.
+	mu       sync.Mutex
+	proxies  map[proxyKey]portProxy
+	down     bool
+	rlimit   rlimitInfo
+	expiring bool // the affinity expiry loop runs
+	// lastRules is what kp last wrote, per family; a family missing is
+	// unknown (start, after a failed write) and written by the next sync.
+	lastRules map[proxy.Family]Rules
+	lastWrite time.Time // when both families were last written
+}
+
+// proxyKey names one listener: a service port's internal or external
+// traffic (separate, because the two may follow different traffic
+// policies).
+type proxyKey struct {
+	name     proxy.ServicePortName
+	external bool
+}
+
+// portProxy is one listener with its balancers.
+type portProxy interface {
+	port() int
+	stop()
+	balancers() *familyBalancers
+}
+
+func (p *tcpProxy) balancers() *familyBalancers { return p.bal }
+func (p *udpProxy) balancers() *familyBalancers { return p.bal }
+
+// Option configures New.
+type Option func(*Backend)
+
+// WithNetOps replaces how sockets and netlink connections are opened
+// (tests: inside a network namespace).
+func WithNetOps(ops netOps) Option { return func(b *Backend) { b.ops = ops } }
+
+// WithUDPIdleTimeout replaces the UDP session idle timeout.
+func WithUDPIdleTimeout(d time.Duration) Option { return func(b *Backend) { b.idle = d } }
+
+// New returns the userspace backend for cfg.
+func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: udpIdleTimeout,
+		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
+	for _, o := range opts {
+		o(b)
+	}
+	return b, nil
+}
+
+func (b *Backend) Mode() proxy.Mode { return proxy.ModeUserspace }
+
+// Collectors are the proxy's own metrics, for the metrics server.
+func (b *Backend) Collectors() []prometheus.Collector { return b.stats.collectors() }
+
+// Probe checks that this kernel can redirect with nftables (it writes and
+// deletes a throwaway table in one transaction) and raises RLIMIT_NOFILE:
+// every listener and every proxied connection holds descriptors.
+func (b *Backend) Probe(ctx context.Context) error {
+	b.rlimit = raiseNoFile(b.log)
+	conn, err := b.ops.nft()
+	if err != nil {
+		return fmt.Errorf("userspace probe: open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	t := conn.AddTable(&nftables.Table{Name: "kp-userspace-probe", Family: nftables.TableFamilyIPv4})
+	if err := applyProbe(conn, t); err != nil {
+		return fmt.Errorf("userspace probe: the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
+	}
+	return nil
+}
+
+// Sync makes the listeners and the redirect table match s. Every sync is
+// full: listeners are kept by name, their endpoints replaced, and the
+// table rewritten in one transaction per family.
+func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.down {
+		return errors.New("the userspace proxy is shutting down")
+	}
+	if !b.expiring {
+		b.expiring = true
+		go b.expireLoop(ctx)
+	}
+	nodeIPs := slices.Clone(s.Node.IPs)
+	b.nodeIPs.Store(&nodeIPs)
+	ports := map[proxy.ServicePortName]listenerPorts{}
+	usable := map[proxy.ServicePortName]bool{}
+	want := map[proxyKey]bool{}
+	keep := map[proxy.EndpointRef]bool{}
+	var errs []error
+	for name, sp := range s.Services {
+		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
+			continue // SCTP: not proxied (Go has no SCTP sockets)
+		}
+		eps := s.Endpoints[name]
+		for _, e := range eps {
+			keep[ref(name, e.AddrPort())] = true
+		}
+		var lp listenerPorts
+		ok := true
+		for _, external := range []bool{false, true} {
+			if external && !sp.HasExternal() {
+				continue
+			}
+			key := proxyKey{name: name, external: external}
+			p, err := b.ensure(key, sp.Protocol)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("service port %s: %w", name, err))
+				ok = false
+				break
+			}
+			want[key] = true
+			b.update(p, sp, eps, s.Node, external)
+			if external {
+				lp.external = p.port()
+			} else {
+				lp.internal = p.port()
+			}
+		}
+		if !ok {
+			continue
+		}
+		ports[name] = lp
+		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
+		}
+	}
+	if err := b.writeRules(s, ports, usable); err != nil {
+		errs = append(errs, err)
+	}
+	// Listeners of service ports that are gone close after the rules no
+	// longer send traffic to them; their open connections run on.
+	for key, p := range b.proxies {
+		if !want[key] {
+			p.stop()
+			delete(b.proxies, key)
+		}
+	}
+	b.stats.forget(keep)
+	return errors.Join(errs...)
+}
+
+// update gives p the endpoints its traffic may use: SelectEndpoints per
+// family, the Local list for traffic under a Local policy.
+func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node, external bool) {
+	local := sp.InternalPolicyLocal
+	if external {
+		local = sp.ExternalPolicyLocal
+	}
+	bal := p.balancers()
+	split := external && local
+	valid := map[netip.AddrPort]bool{}
+	set := func(target *balancer, list []proxy.Endpoint) {
+		aps := make([]netip.AddrPort, 0, len(list))
+		for _, e := range list {
+			aps = append(aps, e.AddrPort())
+			valid[e.AddrPort()] = true
+		}
+		target.update(aps, sp.AffinityTimeout)
+	}
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), node)
+		list := sel.Cluster
+		if local {
+			list = sel.Local
+		}
+		set(bal.of(familyAddr(f)), list)
+		if split {
+			set(bal.clusterOf(familyAddr(f)), sel.Cluster)
+		} else {
+			bal.clusterOf(familyAddr(f)).update(nil, 0)
+		}
+	}
+	bal.split.Store(split)
+	if u, ok := p.(*udpProxy); ok {
+		u.prune(valid)
+	}
+}
+
+// familyAddr is an address of family f (to choose a family's balancer).
+func familyAddr(f proxy.Family) netip.Addr {
+	if f == proxy.IPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// inCluster reports whether a client address is inside the cluster: a
+// pod (--cluster-cidr) or the node itself.
+func (b *Backend) inCluster(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsLoopback() {
+		return true
+	}
+	for _, p := range b.cfg.ClusterCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	if ips := b.nodeIPs.Load(); ips != nil {
+		for _, ip := range *ips {
+			if ip == a {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ensure returns key's listener, opening it on a port the kernel picks.
+func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) {
+	if p := b.proxies[key]; p != nil {
+		if _, isUDP := p.(*udpProxy); isUDP == (protocol == v1.ProtocolUDP) {
+			return p, nil
+		}
+		p.stop() // the protocol changed
+		delete(b.proxies, key)
+	}
+	log := b.log.With("servicePort", key.name.String(), "external", key.external)
+	bal := newFamilyBalancers(b.now)
+	if protocol == v1.ProtocolUDP {
+		socks, err := b.ops.listenUDP()
+		if err != nil {
+			return nil, b.fdHint(fmt.Errorf("open a UDP listener: %w", err))
+		}
+		p := &udpProxy{name: key.name, socks: socks, bal: bal, b: b, log: log, idle: b.idle,
+			sessions: map[netip.AddrPort]*udpSession{}}
+		for _, s := range socks {
+			go p.serve(s)
+		}
+		b.proxies[key] = p
+		return p, nil
+	}
+	ln, err := b.ops.listenTCP()
+	if err != nil {
+		return nil, b.fdHint(fmt.Errorf("open a TCP listener: %w", err))
+	}
+	p := &tcpProxy{name: key.name, ln: ln, bal: bal, b: b, log: log, close: make(chan struct{})}
+	go p.serve()
+	b.proxies[key] = p
+	return p, nil
+}
+
+// writeRules renders and applies both families' tables.
+// A family's table is written only when its rendering differs from what kp
+// last wrote (most syncs change endpoints only, which live in the
+// balancers), and at least every rewriteInterval, which repairs edits made
+// behind kp's back.
+func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+	now := b.now()
+	rules := map[proxy.Family]Rules{}
+	var changed []proxy.Family
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
+		last, ok := b.lastRules[f]
+		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
+			changed = append(changed, f)
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	conn, err := b.ops.nft()
+	if err != nil {
+		b.lastRules = nil
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	var errs []error
+	if b.lastRules == nil {
+		b.lastRules = map[proxy.Family]Rules{}
+	}
+	for _, f := range changed {
+		if err := applyRules(conn, f, rules[f]); err != nil {
+			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
+			errs = append(errs, err)
+			delete(b.lastRules, f) // unknown: rewrite next time
+			continue
+		}
+		b.lastRules[f] = rules[f]
+	}
+	if len(changed) == 2 {
+		b.lastWrite = now
+	}
+	return errors.Join(errs...)
+}
+
+// rewriteInterval bounds how long kp trusts that its table is as it wrote
+// it (as the iptables mode's hourly full sync).
+const rewriteInterval = time.Hour
+
+// nodePortAddrs is where family f's NodePorts answer, as one list of
+// prefixes (an invalid prefix: every local address): --nodeport-addresses,
+// "primary" (the Node's IPs), or every local address by default (as
+// upstream's iptables mode; the other proxies' userspace modes did too).
+func (b *Backend) nodePortAddrs(f proxy.Family, node proxy.Node) []netip.Prefix {
+	if b.cfg.NodePortPrimary {
+		var out []netip.Prefix
+		for _, a := range proxy.FilterAddrs(f, node.IPs) {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+		return out
+	}
+	if len(b.cfg.NodePortAddresses) > 0 {
+		return proxy.FilterPrefixes(f, b.cfg.NodePortAddresses)
+	}
+	return []netip.Prefix{{}}
+}
+
+// LastRules is what the last Sync wrote for family f.
+func (b *Backend) LastRules(f proxy.Family) Rules {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastRules[f]
+}
+
+// expireLoop forgets stale affinity entries until ctx ends.
+func (b *Backend) expireLoop(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		for _, p := range b.proxies {
+			p.balancers().expire()
+		}
+		b.mu.Unlock()
+	}
+}
+
+// Cleanup removes the redirect tables (the listeners die with the
+// process).
+func (b *Backend) Cleanup(ctx context.Context) error {
+	conn, err := b.ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	return deleteTables(conn)
+}
+
+// Shutdown stops accepting (listeners closed, so new connections to the
+// Services are refused), lets open connections finish until ctx ends,
+// then closes the rest. The redirect table stays, as the other modes' rules
+// stay when kp stops: a restarted kp takes over without a gap.
+func (b *Backend) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	b.down = true
+	for key, p := range b.proxies {
+		p.stop()
+		delete(b.proxies, key)
+	}
+	b.mu.Unlock()
+	open := b.conns.len()
+	if open > 0 {
+		b.log.Info("userspace proxy draining", "sockets", open)
+	}
+	if n := b.conns.drain(ctx); n > 0 {
+		b.log.Warn("userspace proxy closed connections still open at the shutdown bound", "sockets", n)
+		return fmt.Errorf("closed %d sockets still open at the shutdown bound", n)
+	}
+	return nil
+}
+
+// EndpointCounters implements proxy.CounterReporter: per endpoint, the
+// connections (TCP) and sessions (UDP) the proxy opened to it, and the
+// bytes it copied both ways (counted when a connection ends).
+func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.EndpointCounter, error) {
+	return b.stats.snapshot(s), nil
+}
+
+// ActiveConnections returns, per endpoint with some, the connections and
+// sessions open now.
+func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
+
+// fdError logs a socket error, saying so clearly when the process is out
+// of file descriptors.
+func (b *Backend) fdError(name proxy.ServicePortName, err error) {
+	if isFDExhausted(err) {
+		b.log.Error("out of file descriptors: new connections fail", "servicePort", name.String(),
+			"limit", b.rlimit.cur, "hardLimit", b.rlimit.max, "err", err)
+		return
+	}
+	b.log.Debug("socket error", "servicePort", name.String(), "err", err)
+}
+
+func (b *Backend) fdHint(err error) error {
+	if isFDExhausted(err) {
+		return fmt.Errorf("%w (out of file descriptors: RLIMIT_NOFILE is %d, hard limit %d; raise the hard limit, e.g. LimitNOFILE= or the container runtime's ulimit)",
+			err, b.rlimit.cur, b.rlimit.max)
+	}
+	return err
+}
+
+func isFDExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// netOps opens sockets and netlink connections: in the process's network
+// namespace, or (tests) in another.
+type netOps struct {
+	listenTCP func() (*net.TCPListener, error)
+	listenUDP func() ([]*net.UDPConn, error)
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	nft       func() (*nftables.Conn, error)
+}

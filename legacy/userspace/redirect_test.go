@@ -1,0 +1,76 @@
+package userspace
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+func TestRenderRules(t *testing.T) {
+	web := proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "demo", Name: "web"}, Port: "http", Protocol: v1.ProtocolTCP}
+	dns := proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "demo", Name: "dns"}, Protocol: v1.ProtocolUDP}
+	st := &proxy.State{
+		Services: map[proxy.ServicePortName]*proxy.ServicePort{
+			web: {Name: web, Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080,
+				ClusterIPs:               []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
+				LoadBalancerIPs:          []netip.Addr{netip.MustParseAddr("203.0.113.7")},
+				LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+				AffinityTimeout:          time.Hour},
+			dns: {Name: dns, Protocol: v1.ProtocolUDP, Port: 53, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.12")}},
+		},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
+	}
+	ports := map[proxy.ServicePortName]listenerPorts{web: {internal: 40001, external: 40002}, dns: {internal: 40003}}
+	usable := map[proxy.ServicePortName]bool{web: true} // dns has no endpoints
+	lines := func(rs []Redirect) string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.String())
+		}
+		return strings.Join(out, "\n")
+	}
+	for _, tc := range []struct {
+		name          string
+		family        proxy.Family
+		nodePortAddrs []netip.Prefix
+		redirects     string
+		rejects       string
+		drops         string
+	}{
+		{"IPv4: ClusterIP, LoadBalancer with source ranges, NodePort on every local address; dns rejected",
+			proxy.IPv4, []netip.Prefix{{}},
+			`10.96.0.10 tcp dport 80 redirect to :40001 comment "demo/web:http"
+saddr [198.51.100.0/24] 203.0.113.7 tcp dport 80 redirect to :40002 comment "demo/web:http"
+203.0.113.7 tcp dport 80 drop comment "demo/web:http"
+fib daddr type local tcp dport 30080 redirect to :40002 comment "demo/web:http"`,
+			`10.96.0.12 udp dport 53 reject comment "demo/dns"
+10.96.0.10 reject comment "demo/web"
+10.96.0.12 reject comment "demo/dns"`,
+			"10.96.0.0/16"},
+		{"IPv6: the ClusterIP only; NodePort on --nodeport-addresses",
+			proxy.IPv6, []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")},
+			`fd00:96::10 tcp dport 80 redirect to :40001 comment "demo/web:http"
+daddr fd00:1::/64 fib daddr type local tcp dport 30080 redirect to :40002 comment "demo/web:http"`,
+			`fd00:96::10 reject comment "demo/web"`,
+			"fd00:96::/112"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := renderRules(tc.family, st, ports, usable, tc.nodePortAddrs)
+			if s := lines(got.Redirects); s != tc.redirects {
+				t.Errorf("redirects:\n%s\nwant\n%s", s, tc.redirects)
+			}
+			if s := lines(got.Rejects); s != tc.rejects {
+				t.Errorf("rejects:\n%s\nwant\n%s", s, tc.rejects)
+			}
+			if len(got.Drops) != 1 || got.Drops[0].String() != tc.drops {
+				t.Errorf("drops %v, want %s", got.Drops, tc.drops)
+			}
+		})
+	}
+}

@@ -1,0 +1,129 @@
+package userspace
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// endpointStats counts what the proxy itself sent to one endpoint of one
+// service port: kp knows every connection, so no conntrack is read.
+type endpointStats struct {
+	newConns    atomic.Uint64
+	activeConns atomic.Int64
+	bytes       atomic.Uint64 // both directions
+}
+
+// stats holds every endpoint's counters, and the Prometheus metrics.
+type stats struct {
+	mu  sync.Mutex
+	eps map[proxy.EndpointRef]*endpointStats
+
+	active     *prometheus.GaugeVec
+	dialErrors *prometheus.CounterVec
+	bytes      *prometheus.CounterVec
+	conns      *prometheus.CounterVec
+	// syncFailures counts failed writes of a family's redirect table.
+	syncFailures *prometheus.CounterVec
+}
+
+func newStats() *stats {
+	s := &stats{
+		eps: map[proxy.EndpointRef]*endpointStats{},
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kp_userspace_active_connections",
+			Help: "Connections (TCP) and sessions (UDP) the userspace proxy holds open",
+		}, []string{"protocol"}),
+		dialErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_dial_errors_total",
+			Help: "Dials to endpoints that failed (the connection was retried on the next endpoint)",
+		}, []string{"protocol"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_bytes_total",
+			Help: "Bytes the userspace proxy copied, by direction (to_endpoint, to_client)",
+		}, []string{"protocol", "direction"}),
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_connections_total",
+			Help: "Connections (TCP) and sessions (UDP) the userspace proxy opened to endpoints",
+		}, []string{"protocol"}),
+		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_sync_failures_total",
+			Help: "Syncs whose redirect table write failed",
+		}, []string{"ip_family"}),
+	}
+	// Series start at zero, so rate() sees the first failure.
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		s.syncFailures.WithLabelValues(f.String())
+	}
+	return s
+}
+
+func (s *stats) collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.syncFailures}
+}
+
+// endpoint returns the counters of ref, creating them on first use.
+func (s *stats) endpoint(ref proxy.EndpointRef) *endpointStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.eps[ref]
+	if e == nil {
+		e = &endpointStats{}
+		s.eps[ref] = e
+	}
+	return e
+}
+
+// forget drops the counters of endpoints that are neither in keep nor
+// still carrying connections.
+func (s *stats) forget(keep map[proxy.EndpointRef]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ref, e := range s.eps {
+		if !keep[ref] && e.activeConns.Load() == 0 {
+			delete(s.eps, ref)
+		}
+	}
+}
+
+// snapshot returns the counters of the endpoints of st.
+func (s *stats) snapshot(st *proxy.State) map[proxy.EndpointRef]proxy.EndpointCounter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[proxy.EndpointRef]proxy.EndpointCounter{}
+	for name, eps := range st.Endpoints {
+		for _, e := range eps {
+			ref := proxy.EndpointRef{ServicePort: name, Endpoint: e.AddrPort()}
+			var active int64
+			c := proxy.EndpointCounter{Active: &active}
+			if e := s.eps[ref]; e != nil {
+				active = e.activeConns.Load()
+				c.Packets, c.Bytes = e.newConns.Load(), e.bytes.Load()
+			}
+			out[ref] = c
+		}
+	}
+	return out
+}
+
+// active returns the open connections per endpoint (tests, kp flows).
+func (s *stats) activeConns() map[proxy.EndpointRef]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[proxy.EndpointRef]int64{}
+	for ref, e := range s.eps {
+		if n := e.activeConns.Load(); n > 0 {
+			out[ref] = n
+		}
+	}
+	return out
+}
+
+// ref names endpoint ep of service port name.
+func ref(name proxy.ServicePortName, ep netip.AddrPort) proxy.EndpointRef {
+	return proxy.EndpointRef{ServicePort: name, Endpoint: ep}
+}
