@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
@@ -93,15 +95,20 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 	listing := nftIn(t, ns, "list", "ruleset")
 	for _, want := range []string{
 		`comment "demo/web:http"`,
-		// numgen's output is in host order: compared the other way, it
-		// would list as 16777216.
-		"numgen random mod 2 0 counter packets 0 bytes 0 meta l4proto tcp dnat to 10.244.1.2:8080",
-		"dnat to 10.244.1.3:8080",
+		// Slots are marks, in host order: sent the other way, slot 1
+		// would list as 0x01000000.
+		"ct mark set numgen random mod 2 offset 1 comment",
+		`0x00000001 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.2 . 8080`,
+		`0x00000002 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.3 . 8080`,
+		"jump pick-svc-demo/web/tcp/http",
+		"goto endpoint-dnat",
+		"meta l4proto tcp dnat ip to ct mark map @endpoints",
 		"ct status dnat ip saddr . ip daddr @hairpin jump mark-for-masquerade",
 		`10.96.0.11 . tcp . 53 comment "demo/empty" : goto reject-chain`,
 		"10.96.0.10 . sctp . 9000",
 		"sctp . 30900",
-		"meta l4proto sctp dnat to 10.244.1.2:9000",
+		"meta l4proto sctp dnat ip to ct mark map @endpoints",
+		`comment "demo/web:sctp" : 10.244.1.2 . 9000`,
 	} {
 		if !strings.Contains(listing, want) {
 			t.Errorf("nft list ruleset lacks %q:\n%s", want, listing)
@@ -224,7 +231,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 	ns, _, b := kernelBackend(t)
 	w := newWorld()
-	const services, endpoints = 1000, 10
+	const services, endpoints = 2000, 10
 	for i := 0; i < services; i++ {
 		eps := make([]string, endpoints)
 		for j := range eps {
@@ -318,41 +325,152 @@ func TestKernelRefusedBatchNamesTheOperationAndAppliesNothing(t *testing.T) {
 // TestKernelCountersSurviveAChangeToOtherEndpoints: an endpoint's count of
 // new connections lives in its rules, which a change to the Service
 // rewrites; the new rules start from the old counts.
-func TestKernelCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
-	ns, _, b := kernelBackend(t)
+// TestKernelEndpointCountersCountRealConnections: every new connection
+// through a Service moves its endpoint's counter (the element counter of the
+// endpoint's slot, which the kernel updates on the DNAT rule's lookup), and
+// a change to the Service's other endpoints leaves those counts alone.
+func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
+	ns, fd := testNetns(t)
+	// No cluster CIDR: no masquerade, which would need a route out of lo.
+	b, err := NewInNamespace(proxy.Config{MasqueradeBit: 14}, nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"addr", "add", "10.96.0.10/32", "dev", "lo"},
+		{"addr", "add", "10.244.1.2/32", "dev", "lo"},
+		{"addr", "add", "10.244.1.3/32", "dev", "lo"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	for _, a := range []string{"10.244.1.2:8080", "10.244.1.3:8080"} {
+		var l net.Listener
+		if err := netns.InNamespace(ns, func() (err error) { l, err = net.Listen("tcp", a); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+	}
 	w := newWorld()
 	web := spName("demo", "web", "http")
 	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	mustSync(t, b, w.state())
-	// Seven connections went to 10.244.1.2 (set by hand: the rule is
-	// replaced with one whose counter starts there).
-	chain := "svc-demo/web/tcp/http"
-	listing := nftIn(t, ns, "-a", "list", "chain", "ip", TableName, chain)
-	var handle string
-	for _, line := range strings.Split(listing, "\n") {
-		if strings.Contains(line, "dnat to 10.244.1.2:8080") {
-			_, handle, _ = strings.Cut(line, "# handle ")
-		}
-	}
-	if handle == "" {
-		t.Fatalf("no rule to 10.244.1.2 in:\n%s", listing)
-	}
-	nftIn(t, ns, "replace", "rule", "ip", TableName, chain, "handle", strings.TrimSpace(handle),
-		"numgen", "random", "mod", "2", "0", "counter", "packets", "7", "bytes", "700", "meta", "l4proto", "tcp", "dnat", "to", "10.244.1.2:8080")
-
-	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
 	st := w.state()
 	mustSync(t, b, st)
-	if !strings.Contains(nftIn(t, ns, "list", "chain", "ip", TableName, chain), "numgen random mod 3 0 counter packets 7 bytes 700") {
-		t.Fatalf("the chain was not rewritten with the old count:\n%s", nftIn(t, ns, "list", "chain", "ip", TableName, chain))
+
+	const conns = 20
+	for range conns {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := netns.DialConn(ctx, ns, "tcp", "10.96.0.10:80")
+		cancel()
+		if err != nil {
+			t.Fatalf("connect through the Service: %v", err)
+		}
+		c.Close()
 	}
 	counters, err := b.EndpointCounters(st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort("10.244.1.2:8080")}]
-	if got.Packets != 7 || got.Bytes != 700 {
-		t.Errorf("10.244.1.2's count after its Service changed: %+v, want 7 packets, 700 bytes", got)
+	ep := func(s string) proxy.EndpointRef {
+		return proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort(s)}
+	}
+	a, c := counters[ep("10.244.1.2:8080")], counters[ep("10.244.1.3:8080")]
+	if a.Packets+c.Packets != conns || a.Packets == 0 || c.Packets == 0 {
+		t.Fatalf("counts after %d connections: %+v and %+v, want %d in all and some for each", conns, a, c, conns)
+	}
+
+	// A third endpoint: the choice of slot changes (mod 3), the first
+	// two endpoints' elements do not, and neither do their counts.
+	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st = w.state()
+	mustSync(t, b, st)
+	after, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[ep("10.244.1.2:8080")] != a || after[ep("10.244.1.3:8080")] != c {
+		t.Errorf("counts changed with another endpoint: %+v, was %+v and %+v", after, a, c)
+	}
+	if _, ok := after[ep("10.244.1.4:8080")]; !ok {
+		t.Errorf("no count for the new endpoint: %+v", after)
+	}
+}
+
+// txConn records the transactions applied through it.
+type txConn struct {
+	Conn
+	txs []*Transaction
+}
+
+func (c *txConn) Apply(tx *Transaction) error {
+	c.txs = append(c.txs, tx)
+	return c.Conn.Apply(tx)
+}
+
+// TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints counts the rules a
+// new connection to a Service meets in its chains (the Service's chain, its
+// pick chain, and the DNAT chain up to the protocol's rule) for 1, 10 and
+// 100 endpoints: the same. And an endpoint change, whether or not it changes
+// the number of endpoints, adds no rule with a NAT expression (whose
+// addition makes the kernel validate the whole table).
+func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
+	ns, _, b := kernelBackend(t)
+	rec := &txConn{Conn: b.conn}
+	b.conn = rec
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	walks := map[int]int{}
+	eps := func(n, first int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("10.244.%d.%d:8080", (first+i)/250, (first+i)%250+1))
+		}
+		return out
+	}
+	w.addService(web, "10.96.0.10", 80, 0, eps(1, 0)...)
+	mustSync(t, b, w.state())
+	for _, n := range []int{1, 10, 100} {
+		for _, first := range []int{0, 1000} { // the count, then the same count elsewhere
+			rec.txs = nil
+			w.setEndpoints(web, eps(n, first)...)
+			mustSync(t, b, w.state())
+			for _, tx := range rec.txs {
+				for _, o := range tx.ops {
+					if o.kind != opAddRule {
+						continue
+					}
+					for _, e := range o.rule.Exprs {
+						if _, ok := e.(*expr.NAT); ok {
+							t.Errorf("%d endpoints: the change added a NAT rule to %s: %s", n, o.chain.Name, o.rule.String())
+						}
+					}
+				}
+			}
+		}
+		walk := 0
+		for _, chain := range []string{"svc-demo/web/tcp/http", "pick-svc-demo/web/tcp/http"} {
+			walk += strings.Count(strings.TrimSpace(nftIn(t, ns, "list", "chain", "ip", TableName, chain)), "\n") - 3
+		}
+		dnat := nftIn(t, ns, "list", "chain", "ip", TableName, chainEndpointDNAT)
+		if !strings.Contains(dnat, "meta l4proto tcp dnat ip to ct mark map @endpoints") {
+			t.Fatalf("no tcp rule in %s:\n%s", chainEndpointDNAT, dnat)
+		}
+		walk++ // TCP's is the chain's first rule
+		walks[n] = walk
+	}
+	if walks[1] != walks[10] || walks[10] != walks[100] {
+		t.Errorf("rules a new connection meets, by number of endpoints: %v", walks)
 	}
 }
 
