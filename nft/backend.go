@@ -284,17 +284,29 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// carryCounters starts the rules of the chains tx rewrites with the counts
+// carryCounters starts the DNAT rules of the chains tx rewrites with the counts
 // the old rules had for the same endpoint, so that an endpoint's count of
 // new connections survives a change to its Service's other endpoints. (A
 // full sync after kp restarts starts them from zero.) Connections made
 // between the read and the commit are not counted.
 func (b *Backend) carryCounters(tx *Transaction) {
+	// Only chains that get DNAT rules back (those of Services with
+	// session affinity) have counts to carry: the others count in the
+	// endpoints map's elements.
 	flushed := map[family][]string{}
+	seen := map[family]map[string]bool{}
 	for _, o := range tx.ops {
-		if o.kind == opFlushChain {
-			flushed[o.fam] = append(flushed[o.fam], o.chain.Name)
+		if o.kind != opAddRule || seen[o.fam][o.chain.Name] {
+			continue
 		}
+		if _, _, ok := dnatCounter(o.rule.Exprs); !ok {
+			continue
+		}
+		if seen[o.fam] == nil {
+			seen[o.fam] = map[string]bool{}
+		}
+		seen[o.fam][o.chain.Name] = true
+		flushed[o.fam] = append(flushed[o.fam], o.chain.Name)
 	}
 	for f, names := range flushed {
 		old, err := b.conn.DNATCounters(f, names)

@@ -407,6 +407,50 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 	}
 }
 
+// TestKernelAffinityCountersSurviveAChangeToOtherEndpoints: a Service with
+// ClientIP affinity keeps a DNAT rule per endpoint, whose counts kp carries
+// into the rules that replace them.
+func TestKernelAffinityCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
+	ns, _, b := kernelBackend(t)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.services[web].AffinityTimeout = 3 * time.Hour
+	mustSync(t, b, w.state())
+	// Seven connections went to 10.244.1.2 (set by hand: the rule is
+	// replaced with one whose counter starts there).
+	chain := "svc-demo/web/tcp/http"
+	listing := nftIn(t, ns, "-a", "list", "chain", "ip", TableName, chain)
+	var handle, rule string
+	for _, line := range strings.Split(listing, "\n") {
+		if strings.Contains(line, "numgen random mod 2 0") && strings.Contains(line, "dnat to 10.244.1.2:8080") {
+			rule, handle, _ = strings.Cut(line, " # handle ")
+			rule, _, _ = strings.Cut(rule, " comment ")
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no rule to 10.244.1.2 in:\n%s", listing)
+	}
+	rule = strings.Replace(strings.TrimSpace(rule), "counter packets 0 bytes 0", "counter packets 7 bytes 700", 1)
+	nftIn(t, ns, append([]string{"replace", "rule", "ip", TableName, chain, "handle", strings.TrimSpace(handle)},
+		strings.Fields(rule)...)...)
+
+	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st := w.state()
+	mustSync(t, b, st)
+	if !strings.Contains(nftIn(t, ns, "list", "chain", "ip", TableName, chain), "counter packets 7 bytes 700") {
+		t.Fatalf("the chain was not rewritten with the old count:\n%s", nftIn(t, ns, "list", "chain", "ip", TableName, chain))
+	}
+	counters, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort("10.244.1.2:8080")}]
+	if got.Packets != 7 || got.Bytes != 700 {
+		t.Errorf("10.244.1.2's count after its Service changed: %+v, want 7 packets, 700 bytes", got)
+	}
+}
+
 // txConn records the transactions applied through it.
 type txConn struct {
 	Conn
