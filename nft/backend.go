@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
@@ -40,6 +42,12 @@ type Backend struct {
 	lastFull time.Time
 
 	lastNodePortIPs []netip.Addr
+
+	// slots is each family's allocation of endpoint slots. It outlives
+	// tables: after a failure or the periodic re-read, keeping the same
+	// slots keeps the endpoints map's elements, and so their counters.
+	slots   map[family]*slotTable
+	slotsMu sync.Mutex // the status API reads slots while a sync renders
 
 	// lastOps is the size of the last applied batch, for tests.
 	lastOps int
@@ -87,6 +95,7 @@ func newBackend(cfg proxy.Config, log *slog.Logger, conn Conn) (*Backend, error)
 		cfg: cfg, log: log, conn: conn,
 		masqMark:     masqMark,
 		now:          time.Now,
+		slots:        map[family]*slotTable{familyIPv4: newSlotTable(), familyIPv6: newSlotTable()},
 		localAddrs:   func() ([]netip.Addr, error) { return listLocalAddrsIn(0) },
 		defaultAddrs: func() ([]netip.Addr, error) { return defaultRouteAddrsIn(0) },
 	}, nil
@@ -138,11 +147,13 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.ClusterCIDRs),
 			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
+		b.slotsMu.Lock()
 		if full {
 			b.syncFull(tx, f, book, s, skel)
 		} else {
 			b.syncChanged(tx, f, book, s, skel)
 		}
+		b.slotsMu.Unlock()
 		book.skel = skel
 	}
 	if err := ctx.Err(); err != nil {
@@ -177,12 +188,22 @@ func (b *Backend) syncFull(tx *Transaction, f family, book *tableBook, s *proxy.
 	book.owned = make(map[proxy.ServicePortName]*view, len(s.Services))
 	book.owners = elementOwners{}
 	rendered := newView()
-	for name, sp := range s.Services {
-		v := b.render(f, sp, s.Endpoints[name], s.Node)
+	slots := b.slots[f]
+	slots.seen = map[string]bool{}
+	// In name order, so that slots allocated afresh (after a restart) are
+	// the same for the same Services.
+	names := make([]proxy.ServicePortName, 0, len(s.Services))
+	for name := range s.Services {
+		names = append(names, name)
+	}
+	slices.SortFunc(names, compareNames)
+	for _, name := range names {
+		v := b.render(f, slots, s.Services[name], s.Endpoints[name], s.Node)
 		book.owned[name] = v
 		book.owners.add(name, v)
 		rendered.merge(v)
 	}
+	slots.releaseUnseen(nil)
 	want := wantOf(skel, rendered, book.owners)
 	scope := modelView(book.model)
 	scope.merge(want)
@@ -193,11 +214,13 @@ func (b *Backend) syncFull(tx *Transaction, f family, book *tableBook, s *proxy.
 func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
 	touched := newView() // old and new objects of the changed ports
 	rendered := newView()
+	slots := b.slots[f]
+	slots.seen = map[string]bool{}
 	for name := range s.Changed {
 		old := book.owned[name]
 		v := newView()
 		if sp := s.Services[name]; sp != nil {
-			v = b.render(f, sp, s.Endpoints[name], s.Node)
+			v = b.render(f, slots, sp, s.Endpoints[name], s.Node)
 			book.owned[name] = v
 		} else {
 			delete(book.owned, name)
@@ -210,6 +233,7 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 		touched.merge(v)
 		rendered.merge(v)
 	}
+	slots.releaseUnseen(touched.chains)
 	want := wantOf(skel, rendered, book.owners)
 	// Elements of unchanged ports that a changed one shared stay wanted.
 	for set, es := range book.owners.resolve(touched) {
@@ -260,17 +284,29 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// carryCounters starts the rules of the chains tx rewrites with the counts
+// carryCounters starts the DNAT rules of the chains tx rewrites with the counts
 // the old rules had for the same endpoint, so that an endpoint's count of
 // new connections survives a change to its Service's other endpoints. (A
 // full sync after kp restarts starts them from zero.) Connections made
 // between the read and the commit are not counted.
 func (b *Backend) carryCounters(tx *Transaction) {
+	// Only chains that get DNAT rules back (those of Services with
+	// session affinity) have counts to carry: the others count in the
+	// endpoints map's elements.
 	flushed := map[family][]string{}
+	seen := map[family]map[string]bool{}
 	for _, o := range tx.ops {
-		if o.kind == opFlushChain {
-			flushed[o.fam] = append(flushed[o.fam], o.chain.Name)
+		if o.kind != opAddRule || seen[o.fam][o.chain.Name] {
+			continue
 		}
+		if _, _, ok := dnatCounter(o.rule.Exprs); !ok {
+			continue
+		}
+		if seen[o.fam] == nil {
+			seen[o.fam] = map[string]bool{}
+		}
+		seen[o.fam][o.chain.Name] = true
+		flushed[o.fam] = append(flushed[o.fam], o.chain.Name)
 	}
 	for f, names := range flushed {
 		old, err := b.conn.DNATCounters(f, names)

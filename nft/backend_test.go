@@ -99,9 +99,13 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 	for _, want := range []string{
 		"10.96.0.10 . tcp . 80 : goto svc-demo/web/tcp/http",
 		"tcp . 30080 : goto ext-demo/web/tcp/http",
-		// One endpoint in two: the first rule takes half, the last the rest.
-		"numgen random mod 2 0 counter meta l4proto tcp dnat to 10.244.1.2:8080",
-		"counter meta l4proto tcp dnat to 10.244.1.3:8080",
+		// The Service's chain picks one of two slots, and the static
+		// chain DNATs to the endpoint the slot holds.
+		"jump pick-svc-demo/web/tcp/http",
+		"goto endpoint-dnat",
+		"chain pick-svc-demo/web/tcp/http\n    ct mark set numgen random mod 2 offset 1 ",
+		"set endpoints { 0x00000001 : 10.244.1.2 . 8080, 0x00000002 : 10.244.1.3 . 8080 }",
+		"meta l4proto tcp dnat ip to ct mark map @endpoints",
 		"10.244.1.2 . 10.244.1.2",
 		`comment "demo/web:http"`,
 		"set nodeport-ips { 192.168.0.2 }",
@@ -152,16 +156,19 @@ func TestPartialSyncWritesOnlyTheChangedService(t *testing.T) {
 	w.setEndpoints(spName("ns", "svc7", "p"), "10.244.7.1:80", "10.244.7.3:80")
 	tx := captureTx(t, b, fake, w.state())
 	for _, line := range strings.Split(strings.TrimSpace(tx), "\n") {
-		// svc7's rules, and its endpoints' hairpin elements.
-		if !strings.Contains(line, "ns/svc7/") && !strings.Contains(line, "hairpin { 10.244.7.") {
+		// svc7's chains, and its endpoints' slot and hairpin elements
+		// (whose slots the fake's dump names below).
+		if !strings.Contains(line, "ns/svc7/") && !strings.Contains(line, "hairpin { 10.244.7.") &&
+			!strings.Contains(line, "element ip kp endpoints {") {
 			t.Errorf("partial sync touched another object: %s", line)
 		}
 	}
-	if fake.LastOps > 12 {
+	// The same number of endpoints: element updates only, no rule.
+	if strings.Contains(tx, "rule") || fake.LastOps > 4 {
 		t.Errorf("partial sync of one endpoint change sent %d operations:\n%s", fake.LastOps, tx)
 	}
 	after := fake.Dump()
-	if strings.Contains(after, "10.244.7.2:80") || !strings.Contains(after, "10.244.7.3:80") {
+	if strings.Contains(after, "10.244.7.2 . 80") || !strings.Contains(after, "10.244.7.3 . 80") {
 		t.Errorf("endpoint change not applied")
 	}
 	if strings.Count(before, "\n") != strings.Count(after, "\n") {

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
@@ -27,6 +28,10 @@ type Conn interface {
 	// DNATCounters returns, for those of chains that exist in kp's table
 	// of family f, the counters of their rules that DNAT, summed by target.
 	DNATCounters(f family, chains []string) (map[string]map[netip.AddrPort]Counter, error)
+	// ElementCounters returns the per-element counters of the named map in
+	// kp's table of family f, by key (keyID); nil when there is no such
+	// map.
+	ElementCounters(f family, set string) (map[string]Counter, error)
 }
 
 // Counter is a named counter's value.
@@ -175,6 +180,8 @@ func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
 					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
 				case e.Goto != "":
 					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
+				case e.Data != nil:
+					elems[i].Val = e.Data
 				}
 			}
 		}
@@ -211,6 +218,7 @@ func elementChunks(elems []nftables.SetElement) [][]nftables.SetElement {
 		if e.VerdictData != nil {
 			n += len(e.VerdictData.Chain)
 		}
+		n += len(e.Val)
 		if size+n > maxElementBytes && i > start {
 			chunks = append(chunks, elems[start:i])
 			start, size = i, 0
@@ -225,6 +233,13 @@ func nfSet(t *nftables.Table, s *Set) *nftables.Set {
 		Interval: s.Interval, Comment: s.Comment, Dynamic: s.Dynamic}
 	if s.VMap {
 		ns.IsMap, ns.DataType = true, nftables.TypeVerdict
+	}
+	if s.DataType.Bytes != 0 {
+		ns.IsMap, ns.DataType = true, s.DataType
+	}
+	ns.Counter = s.Counter
+	if s.KeyHostOrder {
+		ns.KeyByteOrder = binaryutil.NativeEndian
 	}
 	if s.Timeout > 0 {
 		ns.HasTimeout, ns.Timeout = true, s.Timeout
@@ -287,6 +302,9 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 		m := map[string]string{}
 		for _, e := range elems {
 			v := Element{}
+			if e.VerdictData == nil && len(e.Val) > 0 {
+				v.Data = e.Val
+			}
 			if d := e.VerdictData; d != nil {
 				v.Drop = d.Kind == expr.VerdictDrop
 				if d.Kind == expr.VerdictGoto {
@@ -345,6 +363,36 @@ func (c *netlinkConn) DNATCounters(f family, chains []string) (out map[string]ma
 				out[name] = m
 			}
 			m[target] = Counter{Packets: m[target].Packets + count.Packets, Bytes: m[target].Bytes + count.Bytes}
+		}
+	}
+	return out, nil
+}
+
+func (c *netlinkConn) ElementCounters(f family, set string) (out map[string]Counter, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn, err := c.readSocket()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = c.reader.CloseLasting()
+			c.reader = nil
+		}
+	}()
+	t := nfTable(f)
+	elems, err := conn.GetSetElements(&nftables.Set{Table: t, Name: set})
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
+			return nil, nil // no such map (or table) in this family
+		}
+		return nil, fmt.Errorf("list elements of %s %s %s: %w", f.name, TableName, set, err)
+	}
+	out = make(map[string]Counter, len(elems))
+	for _, e := range elems {
+		if e.Counter != nil {
+			out[keyID(e.Key, e.IntervalEnd)] = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
 		}
 	}
 	return out, nil

@@ -292,6 +292,20 @@ func (f *Fake) DNATCounters(fam family, chains []string) (map[string]map[netip.A
 	return out, nil
 }
 
+// ElementCounters reports a zero counter for every element of the named
+// map, when the map counts (Set.Counter).
+func (f *Fake) ElementCounters(fam family, set string) (map[string]Counter, error) {
+	t := f.Tables[fam.name]
+	if t == nil || t.Sets[set] == nil || !t.Sets[set].Counter {
+		return nil, nil
+	}
+	out := map[string]Counter{}
+	for k := range t.Elements[set] {
+		out[k] = Counter{}
+	}
+	return out, nil
+}
+
 // Dump prints the fake ruleset canonically (sorted), in nft-like syntax.
 func (f *Fake) Dump() string {
 	var sb strings.Builder
@@ -301,7 +315,11 @@ func (f *Fake) Dump() string {
 		for _, s := range sortedKeys(t.Elements) {
 			var es []string
 			for _, e := range t.Elements[s] {
-				if v := e.value(); v != "" {
+				v := e.value()
+				if e.DataText != "" {
+					v = e.DataText
+				}
+				if v != "" {
 					es = append(es, fmt.Sprintf("%s : %s", e.KeyText, v))
 				} else {
 					es = append(es, e.KeyText)

@@ -147,23 +147,16 @@ func TestServiceOf5000EndpointsRenders(t *testing.T) {
 	}
 	w.addService(web, "10.96.0.10", 80, 30080, eps...)
 	mustSync(t, b, w.state())
-	n := 0
-	for _, r := range fake.Tables["ip"].Chains["svc-demo/big/tcp/http"] {
-		if strings.Contains(r, "dnat to ") {
-			n++
-		}
+	if n := len(fake.Tables["ip"].Elements[mapEndpoints]); n != 5000 {
+		t.Fatalf("%d endpoint slots, want 5000", n)
 	}
-	if n != 5000 {
-		t.Fatalf("%d endpoint rules, want 5000", n)
-	}
-	dump := fake.Dump()
-	if !strings.Contains(dump, "numgen random mod 5000 0 ") || !strings.Contains(dump, "numgen random mod 2 0 ") ||
-		strings.Contains(dump, "numgen random mod 1 ") {
-		t.Error("endpoint selection is not over all 5000 endpoints")
+	if rules := fake.Tables["ip"].Chains["pick-svc-demo/big/tcp/http"]; len(rules) != 1 ||
+		!strings.Contains(rules[0], "numgen random mod 5000 offset 1 ") {
+		t.Errorf("endpoint selection is not over all 5000 endpoints: %q", rules)
 	}
 	w.setEndpoints(web, eps[1:]...)
 	mustSync(t, b, w.state())
-	if strings.Contains(fake.Dump(), "10.244.0.1:8080") {
+	if strings.Contains(fake.Dump(), "10.244.0.1 . 8080") {
 		t.Error("the removed endpoint is still there")
 	}
 }

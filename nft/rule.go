@@ -300,3 +300,36 @@ func protoName(p uint8) string {
 
 // ipsDstNAT is conntrack's IPS_DST_NAT status bit.
 const ipsDstNAT = 1 << 5
+
+// ctMarkSetSlot picks one of n endpoint slots from base on, at random, into
+// the connection's mark: "ct mark set numgen random mod n offset base" (or
+// "ct mark set base" for one). The conntrack mark, not the packet mark: the
+// packet mark holds the masquerade bit and whatever the CNI keeps there, and
+// policy routing reads it after DNAT; the conntrack mark is read by nothing
+// on the way, and the slot it keeps tells which endpoint a connection got.
+func (b *ruleBuilder) ctMarkSetSlot(n, base uint32) *ruleBuilder {
+	if n <= 1 {
+		return b.add(fmt.Sprintf("ct mark set 0x%08x", base),
+			&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(base)},
+			&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+	}
+	return b.add(fmt.Sprintf("ct mark set numgen random mod %d offset %d", n, base),
+		&expr.Numgen{Register: 1, Modulus: n, Type: unix.NFT_NG_RANDOM, Offset: base},
+		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+}
+
+// dnatSlotMap DNATs to the endpoint the connection's slot names in the map:
+// "meta l4proto P dnat ip to ct mark map @set". (nft wants the protocol
+// matched before a mapping with ports.) The address lands in register 1 and
+// the port in the 32-bit register after the address, as nft encodes it.
+func (b *ruleBuilder) dnatSlotMap(proto uint8, set string) *ruleBuilder {
+	b.l4proto(proto)
+	famNum, portReg := uint32(unix.NFPROTO_IPV4), uint32(regFirst+1)
+	if b.fam.v6 {
+		famNum, portReg = unix.NFPROTO_IPV6, 2
+	}
+	return b.add(fmt.Sprintf("dnat %s to ct mark map @%s", b.fam.name, set),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Lookup{SourceRegister: 1, SetName: set, IsDestRegSet: true, DestRegister: 1},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: famNum, RegAddrMin: 1, RegProtoMin: portReg, Specified: true})
+}

@@ -109,6 +109,7 @@ func (nullConn) Read(family) (*tableState, error) { return nil, nil }
 func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Counter, error) {
 	return nil, nil
 }
+func (nullConn) ElementCounters(family, string) (map[string]Counter, error) { return nil, nil }
 
 // BenchmarkEndpointChangeKernel is one endpoint change (a partial sync)
 // with -bench.services Services of 10 endpoints in a real table: kp's time
@@ -127,6 +128,38 @@ func BenchmarkEndpointChangeKernel(b *testing.B) {
 		k++
 		next := slices.Clone(eps)
 		next[0].IP = netip.AddrFrom4([4]byte{172, 31, byte(k >> 8), byte(k)})
+		s.Endpoints[target] = next
+		s.Generation++
+		s.Changed = map[proxy.ServicePortName]struct{}{target: {}}
+		b.StartTimer()
+		if err := be.Sync(b.Context(), s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEndpointCountChangeKernel adds or removes one endpoint of one
+// Service (10 ↔ 11) with -bench.services Services of 10 endpoints in a real
+// table: the Service's chain is rewritten ("mod n" changes) besides the
+// element.
+func BenchmarkEndpointCountChangeKernel(b *testing.B) {
+	_, _, be := kernelBackend(b)
+	s := scaleState(*benchServices, 10)
+	if err := be.Sync(b.Context(), s); err != nil {
+		b.Fatal(err)
+	}
+	target := spName("ns", "svc7", "p")
+	eps := s.Endpoints[target]
+	k := 0
+	for b.Loop() {
+		b.StopTimer()
+		k++
+		next := slices.Clone(eps)
+		if k%2 == 1 {
+			extra := eps[0]
+			extra.IP = netip.AddrFrom4([4]byte{172, 30, 0, 1})
+			next = append(next, extra)
+		}
 		s.Endpoints[target] = next
 		s.Generation++
 		s.Changed = map[proxy.ServicePortName]struct{}{target: {}}

@@ -31,6 +31,10 @@ func localChainName(sp *proxy.ServicePort) string    { return "local-" + service
 func externalChainName(sp *proxy.ServicePort) string { return "ext-" + serviceChainBase(sp) }
 func firewallName(sp *proxy.ServicePort) string      { return "firewall-" + serviceChainBase(sp) }
 
+// pickChainName is the chain that picks the endpoint slot for the policy
+// chain named policy.
+func pickChainName(policy string) string { return "pick-" + policy }
+
 // endpointID names one endpoint of a service port. nft's parser rejects ':'
 // in names, so IPv6 colons are spelled as dots.
 func endpointID(sp *proxy.ServicePort, ep proxy.Endpoint) string {
@@ -73,6 +77,7 @@ type serviceRender struct {
 	v       *view
 	comment string
 	proto   uint8
+	slots   *slotTable
 }
 
 // render builds every object that belongs to one service port in family f,
@@ -80,13 +85,13 @@ type serviceRender struct {
 // internal policy's chain, external addresses and the NodePort to the
 // external chain; a policy with no endpoint rejects (no usable endpoint
 // anywhere) or drops (none for that policy) in the filter hooks.
-func (b *Backend) render(f family, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
+func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
 	v := newView()
 	clusterIPs := proxy.FilterAddrs(f.pf, sp.ClusterIPs)
 	if len(clusterIPs) == 0 {
 		return v // a single-stack service of the other family
 	}
-	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: protoNumber(sp.Protocol)}
+	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: protoNumber(sp.Protocol), slots: slots}
 	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f.pf, eps), node)
 	noEndpoint := Element{Goto: chainReject}
 	if sel.Usable {
@@ -180,22 +185,63 @@ func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
 	return rules
 }
 
-// policyChain writes the chain of one traffic policy over eps. Endpoints
-// are picked by rules in turn: the i-th of n is taken with probability
-// 1/(n-i) when reached ("numgen random mod n-i 0"), which is uniform over
-// all n, and the last takes what is left. kp does not use upstream's
-// anonymous "numgen vmap" here: the kernel scans every set of the table for
-// each set it creates or looks up by name and for each jump it checks for
-// loops, so a set per service makes a full sync O(N²) in the number of
-// Services (see test/bench/NOTES.md). Rules cost O(endpoints) only on a
-// connection's first packet, as in upstream's iptables mode.
+// policyChain writes the chain of one traffic policy over eps: it picks a
+// slot of the chain's block at random and goes to the static DNAT chain
+// (see slots.go). kp does not use upstream's anonymous "numgen vmap" per
+// Service, nor a map bound by a rule per Service: the kernel walks every
+// set of the table for each set it creates and every binding of a map for
+// each element it inserts, so either makes a full sync O(N²) in the number
+// of Services (see README, "Why endpoints are slots").
 func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule) string {
-	c := &Chain{Name: name, Rules: first}
 	if r.sp.AffinityTimeout > 0 {
-		// The client's last endpoint first, while its entry lives.
-		for _, e := range eps {
-			c.Rules = append(c.Rules, r.toEndpoint(newRule(r.f).addrInSet(true, false, affinitySetName(r.sp, e)), e))
-		}
+		return r.affinityChain(name, eps, first)
+	}
+	addrs := make([]netip.AddrPort, len(eps))
+	byAddr := make(map[netip.AddrPort]proxy.Endpoint, len(eps))
+	for i, e := range eps {
+		addrs[i] = e.AddrPort()
+		byAddr[addrs[i]] = e
+	}
+	blk := r.slots.assign(name, addrs)
+	for i, a := range blk.eps {
+		r.endpointObjects(byAddr[a])
+		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
+	}
+	// The choice of slot has a chain of its own, holding one rule with
+	// no lookup, jump or NAT: when the number of endpoints or the block
+	// changes, only that chain is rewritten, and the kernel does not
+	// validate the whole table for it (it does for any rule added with a
+	// lookup, a jump or goto, a meta set or a NAT expression: 20–60 ms at
+	// 10,000 Services, against ~1 ms; see README).
+	pick := pickChainName(name)
+	r.v.chains[pick] = &Chain{Name: pick, Rules: []Rule{
+		newRule(r.f).ctMarkSetSlot(uint32(len(blk.eps)), blk.base).build(r.comment)}}
+	r.v.chains[name] = &Chain{Name: name, Rules: append(first,
+		newRule(r.f).verdict(expr.VerdictJump, pick).build(r.comment),
+		newRule(r.f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(r.comment))}
+	return name
+}
+
+// slotElement is "slot : address . port" in the endpoints map, named after
+// its Service port (the element's counter is the endpoint's count of new
+// connections).
+func (r *serviceRender) slotElement(slot uint32, a netip.AddrPort) Element {
+	data := append(pad4(a.Addr().AsSlice()), pad4(binary.BigEndian.AppendUint16(nil, a.Port()))...)
+	return Element{Key: slotKey(slot), KeyText: fmt.Sprintf("0x%08x", slot),
+		Data: data, DataText: keyText(a.Addr().String(), fmt.Sprint(a.Port())), Comment: r.comment}
+}
+
+// affinityChain is a ClientIP-affinity chain, which keeps a rule per
+// endpoint (only these Services pay for it): each endpoint has its
+// dynamic set of clients, and the rule that picks an endpoint must also add
+// the client to that endpoint's set. The client's last endpoint first,
+// while its entry lives; else the i-th of n is taken with probability
+// 1/(n-i) when reached ("numgen random mod n-i 0"), which is uniform over
+// all n, and the last takes what is left.
+func (r *serviceRender) affinityChain(name string, eps []proxy.Endpoint, first []Rule) string {
+	c := &Chain{Name: name, Rules: first}
+	for _, e := range eps {
+		c.Rules = append(c.Rules, r.toEndpoint(newRule(r.f).addrInSet(true, false, affinitySetName(r.sp, e)), e))
 	}
 	for i, e := range eps {
 		rb := newRule(r.f)

@@ -22,6 +22,7 @@ const (
 	setClusterIPs          = "cluster-ips"
 	setServiceCIDRs        = "service-cidrs"
 	setHairpin             = "hairpin"
+	mapEndpoints           = "endpoints"
 
 	chainServices        = "services"
 	chainEndpointsCheck  = "service-endpoints-check"
@@ -30,6 +31,7 @@ const (
 	chainMarkMasq        = "mark-for-masquerade"
 	chainMasquerading    = "masquerading"
 	chainReject          = "reject-chain"
+	chainEndpointDNAT    = "endpoint-dnat"
 )
 
 // staticSets declares kp's named sets and maps for family f.
@@ -52,6 +54,9 @@ func staticSets(f family) []*Set {
 			Comment: "service CIDRs: unallocated addresses are dropped"},
 		{Name: setNodePortIPs, KeyType: f.addrType(), Comment: "node addresses NodePorts answer on"},
 		{Name: setClusterCIDRs, KeyType: f.addrType(), Interval: true, Comment: "--cluster-cidr"},
+		{Name: mapEndpoints, KeyType: nftables.TypeMark,
+			DataType: nftables.MustConcatSetType(f.addrType(), nftables.TypeInetService), Counter: true, KeyHostOrder: true,
+			Comment: "endpoint slot (a connection's ct mark) -> endpoint; counts new connections"},
 		{Name: setHairpin, KeyType: nftables.MustConcatSetType(f.addrType(), f.addrType()), Concat: true,
 			Comment: "endpoint . endpoint: a pod that reached itself through a service is masqueraded"},
 	}
@@ -113,6 +118,15 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 			newRule(f).markUnsetReturn(b.masqMark).build(""),
 			newRule(f).markXor(b.masqMark).build(""),
 			newRule(f).masquerade().build(""),
+		}},
+		// The one place that DNATs for Services without session
+		// affinity: their chains only choose a slot. A rule with a NAT
+		// expression makes the kernel validate the whole table when it
+		// is added, so these are written once, never per Service.
+		{Name: chainEndpointDNAT, Rules: []Rule{
+			newRule(f).dnatSlotMap(6, mapEndpoints).build(""),
+			newRule(f).dnatSlotMap(17, mapEndpoints).build(""),
+			newRule(f).dnatSlotMap(132, mapEndpoints).build(""),
 		}},
 		{Name: chainReject, Rules: []Rule{
 			newRule(f).l4proto(6).rejectTCPReset().build(""),

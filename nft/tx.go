@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -75,7 +76,16 @@ type Set struct {
 	// elements (session affinity).
 	Dynamic bool
 	Timeout time.Duration
-	Comment string
+	// DataType makes the set a map to plain data (the endpoint map's
+	// address . port), not to verdicts.
+	DataType nftables.SetDatatype
+	// Counter gives every element its own counter, which the kernel
+	// updates on each lookup that finds the element.
+	Counter bool
+	// KeyHostOrder tells nft the key is in host byte order (a mark), so
+	// that it lists keys as the numbers they are.
+	KeyHostOrder bool
+	Comment      string
 }
 
 // digest identifies what of a set's declaration can change while its name
@@ -92,7 +102,11 @@ type Element struct {
 	KeyText string
 	Goto    string // verdict map: "goto Goto"
 	Drop    bool   // verdict map: "drop"
-	Comment string
+	// Data is a data map's value (raw kernel encoding), DataText its nft
+	// spelling.
+	Data     []byte
+	DataText string
+	Comment  string
 }
 
 // value is the element's verdict as kp records it: "goto CHAIN", "drop", or
@@ -103,6 +117,8 @@ func (e *Element) value() string {
 		return "drop"
 	case e.Goto != "":
 		return "goto " + e.Goto
+	case e.Data != nil:
+		return "data " + hex.EncodeToString(e.Data)
 	}
 	return ""
 }
@@ -115,6 +131,9 @@ func elementFromValue(key string, v string) Element {
 		e.Drop = true
 	case strings.HasPrefix(v, "goto "):
 		e.Goto = strings.TrimPrefix(v, "goto ")
+	case strings.HasPrefix(v, "data "):
+		e.Data, _ = hex.DecodeString(strings.TrimPrefix(v, "data "))
+		e.DataText = v
 	}
 	return e
 }
@@ -240,7 +259,11 @@ func (o *op) write(sb *strings.Builder) {
 			verb = "delete"
 		}
 		for _, e := range o.elems {
-			if v := e.value(); v != "" && o.kind == opAddElement {
+			v := e.value()
+			if e.DataText != "" {
+				v = e.DataText
+			}
+			if v != "" && o.kind == opAddElement {
 				fmt.Fprintf(sb, "%s element %s %s { %s : %s }\n", verb, t, o.set.Name, e.KeyText, v)
 			} else {
 				fmt.Fprintf(sb, "%s element %s %s { %s }\n", verb, t, o.set.Name, e.KeyText)

@@ -228,7 +228,8 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 				for _, want := range []string{
 					fmt.Sprintf("10.96.0.71 . sctp . %d", p.port),
 					fmt.Sprintf("chain svc-%s/%s/sctp/%s", longNS, label("s"), p.name),
-					fmt.Sprintf("meta l4proto sctp dnat to %s:%d", pods[0].IP, p.target),
+					"meta l4proto sctp dnat ip to ct mark map @endpoints",
+					fmt.Sprintf(": %s . %d", pods[0].IP, p.target),
 				} {
 					if !strings.Contains(out, want) {
 						t.Errorf("kp's table lacks %q", want)

@@ -1,0 +1,213 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables/expr"
+
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// Kernel tests of the endpoint slots: counts from real connections, and
+// what a new connection meets and an endpoint change sends.
+
+// TestKernelEndpointCountersCountRealConnections: every new connection
+// through a Service moves its endpoint's counter (the element counter of the
+// endpoint's slot, which the kernel updates on the DNAT rule's lookup), and
+// a change to the Service's other endpoints leaves those counts alone.
+func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
+	ns, fd := testNetns(t)
+	// No cluster CIDR: no masquerade, which would need a route out of lo.
+	b, err := NewInNamespace(proxy.Config{MasqueradeBit: 14}, nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"addr", "add", "10.96.0.10/32", "dev", "lo"},
+		{"addr", "add", "10.244.1.2/32", "dev", "lo"},
+		{"addr", "add", "10.244.1.3/32", "dev", "lo"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	for _, a := range []string{"10.244.1.2:8080", "10.244.1.3:8080"} {
+		var l net.Listener
+		if err := netns.InNamespace(ns, func() (err error) { l, err = net.Listen("tcp", a); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+	}
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	st := w.state()
+	mustSync(t, b, st)
+
+	const conns = 20
+	for range conns {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := netns.DialConn(ctx, ns, "tcp", "10.96.0.10:80")
+		cancel()
+		if err != nil {
+			t.Fatalf("connect through the Service: %v", err)
+		}
+		c.Close()
+	}
+	counters, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := func(s string) proxy.EndpointRef {
+		return proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort(s)}
+	}
+	a, c := counters[ep("10.244.1.2:8080")], counters[ep("10.244.1.3:8080")]
+	if a.Packets+c.Packets != conns || a.Packets == 0 || c.Packets == 0 {
+		t.Fatalf("counts after %d connections: %+v and %+v, want %d in all and some for each", conns, a, c, conns)
+	}
+
+	// A third endpoint: the choice of slot changes (mod 3), the first
+	// two endpoints' elements do not, and neither do their counts.
+	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st = w.state()
+	mustSync(t, b, st)
+	after, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[ep("10.244.1.2:8080")] != a || after[ep("10.244.1.3:8080")] != c {
+		t.Errorf("counts changed with another endpoint: %+v, was %+v and %+v", after, a, c)
+	}
+	if _, ok := after[ep("10.244.1.4:8080")]; !ok {
+		t.Errorf("no count for the new endpoint: %+v", after)
+	}
+}
+
+// TestKernelAffinityCountersSurviveAChangeToOtherEndpoints: a Service with
+// ClientIP affinity keeps a DNAT rule per endpoint, whose counts kp carries
+// into the rules that replace them.
+func TestKernelAffinityCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
+	ns, _, b := kernelBackend(t)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.services[web].AffinityTimeout = 3 * time.Hour
+	mustSync(t, b, w.state())
+	// Seven connections went to 10.244.1.2 (set by hand: the rule is
+	// replaced with one whose counter starts there).
+	chain := "svc-demo/web/tcp/http"
+	listing := nftIn(t, ns, "-a", "list", "chain", "ip", TableName, chain)
+	var handle, rule string
+	for _, line := range strings.Split(listing, "\n") {
+		if strings.Contains(line, "numgen random mod 2 0") && strings.Contains(line, "dnat to 10.244.1.2:8080") {
+			rule, handle, _ = strings.Cut(line, " # handle ")
+			rule, _, _ = strings.Cut(rule, " comment ")
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no rule to 10.244.1.2 in:\n%s", listing)
+	}
+	rule = strings.Replace(strings.TrimSpace(rule), "counter packets 0 bytes 0", "counter packets 7 bytes 700", 1)
+	nftIn(t, ns, append([]string{"replace", "rule", "ip", TableName, chain, "handle", strings.TrimSpace(handle)},
+		strings.Fields(rule)...)...)
+
+	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st := w.state()
+	mustSync(t, b, st)
+	if !strings.Contains(nftIn(t, ns, "list", "chain", "ip", TableName, chain), "counter packets 7 bytes 700") {
+		t.Fatalf("the chain was not rewritten with the old count:\n%s", nftIn(t, ns, "list", "chain", "ip", TableName, chain))
+	}
+	counters, err := b.EndpointCounters(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.MustParseAddrPort("10.244.1.2:8080")}]
+	if got.Packets != 7 || got.Bytes != 700 {
+		t.Errorf("10.244.1.2's count after its Service changed: %+v, want 7 packets, 700 bytes", got)
+	}
+}
+
+// txConn records the transactions applied through it.
+type txConn struct {
+	Conn
+	txs []*Transaction
+}
+
+func (c *txConn) Apply(tx *Transaction) error {
+	c.txs = append(c.txs, tx)
+	return c.Conn.Apply(tx)
+}
+
+// TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints counts the rules a
+// new connection to a Service meets in its chains (the Service's chain, its
+// pick chain, and the DNAT chain up to the protocol's rule) for 1, 10 and
+// 100 endpoints: the same. And an endpoint change, whether or not it changes
+// the number of endpoints, adds no rule with a NAT expression (whose
+// addition makes the kernel validate the whole table).
+func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
+	ns, _, b := kernelBackend(t)
+	rec := &txConn{Conn: b.conn}
+	b.conn = rec
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	walks := map[int]int{}
+	eps := func(n, first int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("10.244.%d.%d:8080", (first+i)/250, (first+i)%250+1))
+		}
+		return out
+	}
+	w.addService(web, "10.96.0.10", 80, 0, eps(1, 0)...)
+	mustSync(t, b, w.state())
+	for _, n := range []int{1, 10, 100} {
+		for _, first := range []int{0, 1000} { // the count, then the same count elsewhere
+			rec.txs = nil
+			w.setEndpoints(web, eps(n, first)...)
+			mustSync(t, b, w.state())
+			for _, tx := range rec.txs {
+				for _, o := range tx.ops {
+					if o.kind != opAddRule {
+						continue
+					}
+					for _, e := range o.rule.Exprs {
+						if _, ok := e.(*expr.NAT); ok {
+							t.Errorf("%d endpoints: the change added a NAT rule to %s: %s", n, o.chain.Name, o.rule.String())
+						}
+					}
+				}
+			}
+		}
+		walk := 0
+		for _, chain := range []string{"svc-demo/web/tcp/http", "pick-svc-demo/web/tcp/http"} {
+			walk += strings.Count(strings.TrimSpace(nftIn(t, ns, "list", "chain", "ip", TableName, chain)), "\n") - 3
+		}
+		dnat := nftIn(t, ns, "list", "chain", "ip", TableName, chainEndpointDNAT)
+		if !strings.Contains(dnat, "meta l4proto tcp dnat ip to ct mark map @endpoints") {
+			t.Fatalf("no tcp rule in %s:\n%s", chainEndpointDNAT, dnat)
+		}
+		walk++ // TCP's is the chain's first rule
+		walks[n] = walk
+	}
+	if walks[1] != walks[10] || walks[10] != walks[100] {
+		t.Errorf("rules a new connection meets, by number of endpoints: %v", walks)
+	}
+}

@@ -1,0 +1,76 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func aps(ss ...string) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddrPort(s))
+	}
+	return out
+}
+
+func TestSlotAssignmentKeepsEndpointsInTheirSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		before    []string
+		after     []string
+		want      []string // slot order after
+		sameBlock bool
+	}{
+		{"an endpoint added takes the next slot", []string{"10.0.0.1:80", "10.0.0.2:80"},
+			[]string{"10.0.0.3:80", "10.0.0.2:80", "10.0.0.1:80"}, []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"}, true},
+		{"a replaced endpoint takes the slot it frees", []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"},
+			[]string{"10.0.0.1:80", "10.0.0.9:80", "10.0.0.3:80"}, []string{"10.0.0.1:80", "10.0.0.9:80", "10.0.0.3:80"}, true},
+		{"the last endpoint fills a hole", []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"},
+			[]string{"10.0.0.1:80", "10.0.0.3:80"}, []string{"10.0.0.1:80", "10.0.0.3:80"}, true},
+		{"removing from the end moves nobody", []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"},
+			[]string{"10.0.0.1:80", "10.0.0.2:80"}, []string{"10.0.0.1:80", "10.0.0.2:80"}, true},
+		{"a block outgrown is replaced", []string{"10.0.0.1:80"},
+			[]string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80", "10.0.0.7:80", "10.0.0.8:80", "10.0.0.9:80"},
+			[]string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80", "10.0.0.7:80", "10.0.0.8:80", "10.0.0.9:80"}, false},
+		{"no endpoint left", []string{"10.0.0.1:80", "10.0.0.2:80"}, nil, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newSlotTable()
+			st.assign("other", aps("10.9.0.1:80"))
+			first := *st.assign("svc", aps(tc.before...))
+			got := st.assign("svc", aps(tc.after...))
+			if !slices.Equal(got.eps, aps(tc.want...)) {
+				t.Errorf("slots hold %v, want %v", got.eps, tc.want)
+			}
+			if same := got.base == first.base; same != tc.sameBlock {
+				t.Errorf("block kept: %t, want %t (base %d then %d)", same, tc.sameBlock, first.base, got.base)
+			}
+			other := st.blocks["other"]
+			if got.base < other.base+other.size && other.base < got.base+got.size {
+				t.Errorf("blocks overlap: %+v and %+v", *got, *other)
+			}
+		})
+	}
+}
+
+func TestSlotBlocksAreReusedAfterTheirChainGoes(t *testing.T) {
+	st := newSlotTable()
+	st.seen = map[string]bool{}
+	for i := range 3 {
+		st.assign(fmt.Sprint("svc", i), aps("10.0.0.1:80"))
+	}
+	gone := st.blocks["svc1"].base
+	st.seen = map[string]bool{"svc0": true, "svc2": true}
+	st.releaseUnseen(nil)
+	if st.blocks["svc1"] != nil {
+		t.Fatal("the block of a chain not seen in a full sync was kept")
+	}
+	if got := st.assign("svc3", aps("10.0.0.2:80")).base; got != gone {
+		t.Errorf("a new chain got block %d, want the freed %d", got, gone)
+	}
+	if st.blocks["svc0"].base == 0 || st.blocks["svc2"].base == 0 {
+		t.Error("slot 0 (a connection's mark when nothing set it) was allocated")
+	}
+}
