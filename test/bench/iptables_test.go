@@ -90,3 +90,15 @@ func TestFlushLegacyLeavesNoLegacyChainOrRule(t *testing.T) {
 		}
 	}
 }
+
+func TestFloorInputCarriesTheCacheHintAfterTheBuiltinChainsRules(t *testing.T) {
+	save := "# Generated\n*nat\n:PREROUTING ACCEPT [0:0]\n:KP-SERVICES - [0:0]\n" +
+		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n" +
+		"-A KP-SERVICES -d 10.96.0.1/32 -j RETURN\nCOMMIT\n"
+	want := "# Generated\n*nat\n:PREROUTING ACCEPT [0:0]\n:KP-SERVICES - [0:0]\n" +
+		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n-S\n" +
+		"-A KP-SERVICES -d 10.96.0.1/32 -j RETURN\nCOMMIT\n"
+	if got := withCacheHint(save); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}

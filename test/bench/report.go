@@ -133,8 +133,10 @@ func writeFloors(b *strings.Builder, r *Results) {
 			"kp-iptables's ruleset as `iptables-nft-save` prints it in its namespace after its full sync, loaded with\n" +
 				"`iptables-nft-restore` into a fresh namespace: what the iptables-nft backend needs at least for those rules,\n" +
 				"whoever renders them (upstream's iptables mode writes through the same binary here). Both iptables modes\n" +
-				"must restore with `--noflush` (the tables are shared with other software), which iptables-nft makes\n" +
-				"several times slower: the ratio is to that floor."},
+				"must restore with `--noflush` (the tables are shared with other software); iptables-nft 1.8.9 is then\n" +
+				"quadratic in the number of chains unless the input carries a list command (`-S`) after the built-in\n" +
+				"chains' rules, as kp-iptables's does (NOTES.md): the `--noflush` floor is loaded that way, and the ratio\n" +
+				"is to it."},
 	} {
 		if !slices.Contains(r.proxies(), f.proxy) {
 			continue
