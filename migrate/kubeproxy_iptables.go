@@ -65,7 +65,7 @@ func planTable(d *iptables.Dump) ownedRules {
 			continue
 		}
 		for _, r := range d.Rules[chain] {
-			target := ruleTarget(r.Spec)
+			target := iptables.RuleTarget(r.Spec)
 			if !isKubeProxyChain(target) {
 				continue
 			}
@@ -82,7 +82,7 @@ func planTable(d *iptables.Dump) ownedRules {
 		changed = false
 		for chain := range keep {
 			for _, r := range d.Rules[chain] {
-				if t := ruleTarget(r.Spec); isKubeProxyChain(t) && !keep[t] {
+				if t := iptables.RuleTarget(r.Spec); isKubeProxyChain(t) && !keep[t] {
 					keep[t], changed = true, true
 				}
 			}
@@ -116,17 +116,6 @@ func (o ownedRules) input() []byte {
 	}
 	b.WriteString("COMMIT\n")
 	return []byte(b.String())
-}
-
-// ruleTarget is the chain or target a saved rule jumps or goes to.
-func ruleTarget(spec string) string {
-	f := strings.Fields(spec)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1]
-		}
-	}
-	return ""
 }
 
 // IPTablesFound is what kube-proxy left in one iptables flavor and family.

@@ -328,74 +328,76 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 }
 
 func (c *netlinkConn) DNATCounters(f family, chains []string) (out map[string]map[netip.AddrPort]Counter, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	conn, err := c.readSocket()
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = c.reader.CloseLasting()
-			c.reader = nil
-		}
-	}()
-	t := nfTable(f)
-	out = map[string]map[netip.AddrPort]Counter{}
-	for _, name := range chains {
-		rules, err := conn.GetRules(t, &nftables.Chain{Name: name, Table: t})
-		if err != nil {
-			// google/nftables formats the errno into its error (%v):
-			// errors.Is cannot see it.
-			if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
+	err = c.withReader(func(conn *nftables.Conn) error {
+		t := nfTable(f)
+		out = map[string]map[netip.AddrPort]Counter{}
+		for _, name := range chains {
+			rules, err := conn.GetRules(t, &nftables.Chain{Name: name, Table: t})
+			if isNotFound(err) {
 				continue // no such chain (or table) in this family
 			}
-			return nil, fmt.Errorf("list rules of %s %s %s: %w", f.name, TableName, name, err)
-		}
-		for _, r := range rules {
-			target, count, ok := dnatCounter(r.Exprs)
-			if !ok {
-				continue
+			if err != nil {
+				return fmt.Errorf("list rules of %s %s %s: %w", f.name, TableName, name, err)
 			}
-			m := out[name]
-			if m == nil {
-				m = map[netip.AddrPort]Counter{}
-				out[name] = m
+			for _, r := range rules {
+				target, count, ok := dnatCounter(r.Exprs)
+				if !ok {
+					continue
+				}
+				m := out[name]
+				if m == nil {
+					m = map[netip.AddrPort]Counter{}
+					out[name] = m
+				}
+				m[target] = Counter{Packets: m[target].Packets + count.Packets, Bytes: m[target].Bytes + count.Bytes}
 			}
-			m[target] = Counter{Packets: m[target].Packets + count.Packets, Bytes: m[target].Bytes + count.Bytes}
 		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 func (c *netlinkConn) ElementCounters(f family, set string) (out map[string]Counter, err error) {
+	err = c.withReader(func(conn *nftables.Conn) error {
+		elems, err := conn.GetSetElements(&nftables.Set{Table: nfTable(f), Name: set})
+		if isNotFound(err) {
+			return nil // no such map (or table) in this family
+		}
+		if err != nil {
+			return fmt.Errorf("list elements of %s %s %s: %w", f.name, TableName, set, err)
+		}
+		out = make(map[string]Counter, len(elems))
+		for _, e := range elems {
+			if e.Counter != nil {
+				out[keyID(e.Key, e.IntervalEnd)] = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// withReader runs fn on the read socket, under the lock; a failure closes
+// the socket, so the next read starts on a fresh one.
+func (c *netlinkConn) withReader(fn func(conn *nftables.Conn) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	conn, err := c.readSocket()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer func() {
-		if err != nil {
-			_ = c.reader.CloseLasting()
-			c.reader = nil
-		}
-	}()
-	t := nfTable(f)
-	elems, err := conn.GetSetElements(&nftables.Set{Table: t, Name: set})
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory") {
-			return nil, nil // no such map (or table) in this family
-		}
-		return nil, fmt.Errorf("list elements of %s %s %s: %w", f.name, TableName, set, err)
+	if err := fn(conn); err != nil {
+		_ = c.reader.CloseLasting()
+		c.reader = nil
+		return err
 	}
-	out = make(map[string]Counter, len(elems))
-	for _, e := range elems {
-		if e.Counter != nil {
-			out[keyID(e.Key, e.IntervalEnd)] = Counter{Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
-		}
-	}
-	return out, nil
+	return nil
+}
+
+// isNotFound reports a missing chain, set or table. google/nftables
+// formats the errno into its error (%v): errors.Is cannot always see it.
+func isNotFound(err error) bool {
+	return err != nil && (errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file or directory"))
 }
 
 // readSocket is the connection counters are read through; like the batch

@@ -164,19 +164,9 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 func (t *FakeTable) check() string {
 	for chain, rs := range t.Rules {
 		for _, r := range rs {
-			if target := ruleTarget(r); strings.HasPrefix(target, "KP-") && !t.has(target) {
+			if target := RuleTarget(r); strings.HasPrefix(target, "KP-") && !t.has(target) {
 				return fmt.Sprintf("chain %s jumps to missing chain %s", chain, target)
 			}
-		}
-	}
-	return ""
-}
-
-func ruleTarget(spec string) string {
-	f := strings.Fields(spec)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1]
 		}
 	}
 	return ""
