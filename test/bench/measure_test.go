@@ -169,8 +169,13 @@ func (p *proxyRun) iptablesFloor(n, reps int) []Floor {
 			cmd = []string{"iptables-nft-restore", "--noflush", hinted}
 		}
 		start := time.Now()
-		if out, err := netns.Exec(ns, cmd...); err != nil {
-			p.t.Fatalf("floor: %s of kp-iptables's ruleset: %v: %s", strings.Join(cmd, " "), err, out)
+		if msg, err := netns.Exec(ns, cmd...); err != nil {
+			// iptables-nft-restore 1.8.9 has crashed here (a segmentation
+			// fault on the 10,000-Service listing with --noflush and the
+			// hint); the floor is a reference, not worth losing the
+			// proxy's other measures for.
+			p.t.Logf("floor: %s of kp-iptables's ruleset failed, no more floors at N = %d: %v: %.300s", strings.Join(cmd, " "), n, err, msg)
+			return out
 		}
 		out = append(out, Floor{Proxy: KPIPTables, NoFlush: noFlush, N: n, Seconds: time.Since(start).Seconds(),
 			Lines: strings.Count(ruleset, "\n")})
