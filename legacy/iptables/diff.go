@@ -94,8 +94,12 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 	}
 	data := in.buf.Bytes()
 	err := r.Restore(ctx, data)
-	if re := (*RestoreError)(nil); in.hinted && errors.As(err, &re) && re.Text == cacheHintLine {
-		b.log.Warn("iptables-restore does not take a list command; big syncs will be slow with this iptables", "backend", r, "err", err)
+	// An iptables that refuses the hint, or crashes with it (iptables-nft
+	// 1.8.9 crashed once loading a 10,000-Service listing with it, though
+	// never on kp's own inputs), gets the input again without it, and no
+	// hint after.
+	if re := (*RestoreError)(nil); in.hinted && errors.As(err, &re) && (re.Text == cacheHintLine || re.Crashed) {
+		b.log.Warn("iptables-restore fails with a list command; big syncs will be slow with this iptables", "backend", r, "err", err)
 		b.noCacheHint = true
 		in = b.restoreInput(f, bk, want, kernel, full)
 		data = in.buf.Bytes()

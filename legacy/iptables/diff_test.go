@@ -81,8 +81,14 @@ func TestIptablesLegacyInputsHaveNoCacheHint(t *testing.T) {
 }
 
 func TestARefusedCacheHintIsDroppedAndTheSyncStillApplies(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("crash=%v", crash), func(t *testing.T) { testHintDropped(t, crash) })
+	}
+}
+
+func testHintDropped(t *testing.T, crash bool) {
 	b, fk, _ := fakeBackend(t, testConfig())
-	fk.RefuseCacheHint = true
+	fk.RefuseCacheHint, fk.CrashOnCacheHint = !crash, crash
 	w := featureWorld()
 	if err := b.Sync(context.Background(), w.next()); err != nil {
 		t.Fatalf("sync with an iptables that refuses -S: %v", err)

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/kpproxy/kp/proxy"
 )
@@ -59,7 +60,12 @@ func (r *execRunner) Restore(ctx context.Context, data []byte) error {
 		if !errors.As(err, &exit) {
 			return fmt.Errorf("run %s: %w", bin, err)
 		}
-		return newRestoreError(r.flavor, r.family, data, stderr.String())
+		re := newRestoreError(r.flavor, r.family, data, stderr.String())
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			re.Crashed = true
+			re.Stderr = strings.TrimSpace(re.Stderr + " (killed by " + ws.Signal().String() + ")")
+		}
+		return re
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package iptables
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -53,6 +55,20 @@ func TestMissingBinaryNamesTheDebianPackage(t *testing.T) {
 	}
 	if _, err := NewRunner(FlavorLegacy, proxy.IPv6).Save(context.Background(), TableNAT, true); !errors.As(err, &missing) || missing.Binary != "ip6tables-legacy-save" {
 		t.Errorf("Save with no binaries = %v, want a MissingBinaryError naming ip6tables-legacy-save", err)
+	}
+}
+
+func TestARestoreKilledByASignalIsACrash(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\ncat >/dev/null\nkill -SEGV $$\n"
+	if err := os.WriteFile(filepath.Join(dir, "iptables-nft-restore"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	err := NewRunner(FlavorNFT, proxy.IPv4).Restore(context.Background(), []byte("*nat\n-S\nCOMMIT\n"))
+	var re *RestoreError
+	if !errors.As(err, &re) || !re.Crashed || !strings.Contains(err.Error(), "segmentation fault") {
+		t.Errorf("Restore of a crashing iptables-restore = %v, want a crashed RestoreError", err)
 	}
 }
 

@@ -30,6 +30,8 @@ type Fake struct {
 	// RefuseCacheHint makes it an iptables that takes no list command in a
 	// restore.
 	RefuseCacheHint bool
+	// CrashOnCacheHint makes it an iptables that dies of a signal on one.
+	CrashOnCacheHint bool
 
 	lastRestore time.Duration // how long the last Restore took (the fake's own cost)
 }
@@ -109,6 +111,9 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 			// a listing: changes nothing
 			if f.RefuseCacheHint {
 				return refuse("unknown command")
+			}
+			if f.CrashOnCacheHint {
+				return &RestoreError{Flavor: f.Fl, Family: f.Fam, Crashed: true, Stderr: "(killed by segmentation fault)"}
 			}
 		case line == "COMMIT":
 			if err := cur.check(); err != "" {

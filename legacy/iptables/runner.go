@@ -51,6 +51,8 @@ type RestoreError struct {
 	// Text is the input line Line names, "" when unknown.
 	Text   string
 	Stderr string
+	// Crashed: iptables-restore died of a signal instead of refusing.
+	Crashed bool
 }
 
 func (e *RestoreError) Error() string {
