@@ -84,6 +84,11 @@ func TestUDPSessionsAnswerFromTheServiceAddressAndExpireWhenIdle(t *testing.T) {
 	if st.newConns.Load() != 2 || st.activeConns.Load() != 2 {
 		t.Errorf("sessions: new %d active %d, want 2 and 2 (one per client port)", st.newConns.Load(), st.activeConns.Load())
 	}
+	// The proxy counts a reply's bytes after sending it: the client may
+	// read it first.
+	for end := time.Now().Add(2 * time.Second); st.bytes.Load() != 3+3*4 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if st.bytes.Load() != 3+3*4 {
 		t.Errorf("bytes %d, want 15", st.bytes.Load())
 	}
