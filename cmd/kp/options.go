@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -185,36 +184,8 @@ func (o *proxyOptions) settings(fs *pflag.FlagSet, logFlags logOptions, hostname
 		}
 		file = f
 	}
-	auto := true
-	switch {
-	case o.forcedMode != "":
-		s.cfg.Mode, s.modeFrom, auto = o.forcedMode, "auto", false
-	case fs.Changed("proxy-mode"):
-		m, err := parseMode(o.mode)
-		if err != nil {
-			return s, fmt.Errorf("--proxy-mode %q: %w", o.mode, err)
-		}
-		if m != modeAuto {
-			s.cfg.Mode, s.modeFrom, auto = m, "--proxy-mode="+o.mode, false
-		}
-	case file != nil && file.kc.Mode != "":
-		m, err := parseMode(string(file.kc.Mode))
-		if err != nil {
-			return s, fmt.Errorf("--config %s: mode %q: %w", file.path, file.kc.Mode, err)
-		}
-		if m != modeAuto {
-			s.cfg.Mode, s.modeFrom, auto = m, fmt.Sprintf("mode %s in --config %s", m, file.path), false
-		}
-	}
-	if auto {
-		// Resolved as the first candidate; chooseMode resolves each
-		// candidate it tries again through forMode.
-		s.cfg.Mode, s.modeFrom = modes[0], "auto"
-		s.forMode = func(m proxy.Mode) (settings, error) {
-			forced := *o
-			forced.forcedMode = m
-			return forced.settings(fs, logFlags, hostname)
-		}
+	if err := o.resolveMode(fs, file, &s, logFlags, hostname); err != nil {
+		return s, err
 	}
 
 	var errs []error
@@ -391,28 +362,6 @@ func (s *settings) finish(hostname func() (string, error)) []error {
 		}
 	}
 	return errs
-}
-
-// modes lists every mode kp recognises, in fallback order.
-var modes = []proxy.Mode{proxy.ModeNFTables, proxy.ModeIPTables, proxy.ModeIPVS, proxy.ModeUserspace}
-
-// modeAuto is --proxy-mode auto (or empty): the first mode of modes whose
-// probe passes.
-const modeAuto proxy.Mode = "auto"
-
-func parseMode(s string) (proxy.Mode, error) {
-	if s == "" || s == string(modeAuto) {
-		return modeAuto, nil
-	}
-	m := proxy.Mode(s)
-	if !slices.Contains(modes, m) {
-		names := make([]string, len(modes))
-		for i, m := range modes {
-			names[i] = string(m)
-		}
-		return "", fmt.Errorf("unknown proxy mode; valid modes are %s, or auto", strings.Join(names, ", "))
-	}
-	return m, nil
 }
 
 // parseClusterCIDRs parses upstream's --cluster-cidr: one CIDR, or a
