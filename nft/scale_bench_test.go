@@ -115,27 +115,11 @@ func (nullConn) ElementCounters(family, string) (map[string]Counter, error) { re
 // with -bench.services Services of 10 endpoints in a real table: kp's time
 // from a changed State to the kernel's answer.
 func BenchmarkEndpointChangeKernel(b *testing.B) {
-	_, _, be := kernelBackend(b)
-	s := scaleState(*benchServices, 10)
-	if err := be.Sync(b.Context(), s); err != nil {
-		b.Fatal(err)
-	}
-	target := spName("ns", "svc7", "p")
-	eps := s.Endpoints[target]
-	k := 0
-	for b.Loop() {
-		b.StopTimer()
-		k++
+	benchEndpointChanges(b, func(k int, eps []proxy.Endpoint) []proxy.Endpoint {
 		next := slices.Clone(eps)
 		next[0].IP = netip.AddrFrom4([4]byte{172, 31, byte(k >> 8), byte(k)})
-		s.Endpoints[target] = next
-		s.Generation++
-		s.Changed = map[proxy.ServicePortName]struct{}{target: {}}
-		b.StartTimer()
-		if err := be.Sync(b.Context(), s); err != nil {
-			b.Fatal(err)
-		}
-	}
+		return next
+	})
 }
 
 // BenchmarkEndpointCountChangeKernel adds or removes one endpoint of one
@@ -143,6 +127,21 @@ func BenchmarkEndpointChangeKernel(b *testing.B) {
 // table: the Service's chain is rewritten ("mod n" changes) besides the
 // element.
 func BenchmarkEndpointCountChangeKernel(b *testing.B) {
+	benchEndpointChanges(b, func(k int, eps []proxy.Endpoint) []proxy.Endpoint {
+		next := slices.Clone(eps)
+		if k%2 == 1 {
+			extra := eps[0]
+			extra.IP = netip.AddrFrom4([4]byte{172, 30, 0, 1})
+			next = append(next, extra)
+		}
+		return next
+	})
+}
+
+// benchEndpointChanges syncs -bench.services Services of 10 endpoints into
+// a real table, then times partial syncs of one Service whose endpoints
+// change(k, the first endpoints) gives at the k-th change.
+func benchEndpointChanges(b *testing.B, change func(k int, eps []proxy.Endpoint) []proxy.Endpoint) {
 	_, _, be := kernelBackend(b)
 	s := scaleState(*benchServices, 10)
 	if err := be.Sync(b.Context(), s); err != nil {
@@ -154,13 +153,7 @@ func BenchmarkEndpointCountChangeKernel(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		k++
-		next := slices.Clone(eps)
-		if k%2 == 1 {
-			extra := eps[0]
-			extra.IP = netip.AddrFrom4([4]byte{172, 30, 0, 1})
-			next = append(next, extra)
-		}
-		s.Endpoints[target] = next
+		s.Endpoints[target] = change(k, eps)
 		s.Generation++
 		s.Changed = map[proxy.ServicePortName]struct{}{target: {}}
 		b.StartTimer()
