@@ -37,15 +37,10 @@ func (a *app) cleanup(ctx context.Context, cfg proxy.Config) error {
 	var errs []error
 	var cleaned []proxy.Mode
 	for _, m := range modes {
-		newBackend, ok := a.backends[m]
-		if !ok {
+		if _, ok := a.backends[m]; !ok {
 			continue
 		}
-		b, err := newBackend(cfg, a.log)
-		if err == nil {
-			err = b.Cleanup(ctx)
-		}
-		if err != nil {
+		if err := a.cleanupMode(ctx, m, cfg); err != nil {
 			errs = append(errs, fmt.Errorf("cleanup %s mode: %w", m, err))
 			continue
 		}
@@ -56,4 +51,13 @@ func (a *app) cleanup(ctx context.Context, cfg proxy.Config) error {
 	}
 	a.log.Info("cleanup finished", "modes", cleaned)
 	return nil
+}
+
+// cleanupMode removes what mode m (a built one) ever wrote.
+func (a *app) cleanupMode(ctx context.Context, m proxy.Mode, cfg proxy.Config) error {
+	b, err := a.backends[m](cfg, a.log)
+	if err != nil {
+		return err
+	}
+	return b.Cleanup(ctx)
 }

@@ -153,19 +153,11 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 		opts.Observers = append(opts.Observers, cleaner)
 		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	}
-	// After the first sync: remove kube-proxy's rules and kp's other modes'.
+	// After the first sync: remove kube-proxy's rules and kp's other modes'
+	// (TakeOver spares cfg.Mode's).
 	takeover := &migrate.TakeOver{Mode: cfg.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
-	for m, newBackend := range a.backends {
-		if m == cfg.Mode {
-			continue
-		}
-		takeover.Others[m] = func(ctx context.Context) error {
-			b, err := newBackend(cfg, a.log)
-			if err != nil {
-				return err
-			}
-			return b.Cleanup(ctx)
-		}
+	for m := range a.backends {
+		takeover.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
 	}
 	opts.Observers = append(opts.Observers, takeover)
 	// A backend's own metrics (the iptables mode's, with upstream's names).
