@@ -54,6 +54,8 @@ type Backend struct {
 	lastSyncFull bool
 	// noCacheHint: this iptables refused cacheHintLine (diff.go).
 	noCacheHint bool
+	// stageChains bounds a staging restore (stage.go); 0 stages nothing.
+	stageChains int
 	// counters is the last read of the DNAT rules' counters, shared by
 	// status API requests for countersMaxAge.
 	counters counterCache
@@ -127,6 +129,10 @@ func WithInjectedRule(name proxy.ServicePortName, args string) Option {
 	}
 }
 
+// WithStaging sets the most chains of one staging restore (stage.go); 0
+// turns staging off, so that a full sync is one restore per family.
+func WithStaging(chains int) Option { return func(b *Backend) { b.stageChains = chains } }
+
 // New returns the iptables backend for cfg. The flavor comes from
 // cfg.IPTablesBackend ("auto", "" or a Flavor) unless WithFlavor says.
 func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
@@ -149,6 +155,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		warnedPrimary: map[proxy.Family]bool{},
 		metrics:       newMetrics(),
 		routeLocalnet: writeRouteLocalnet,
+		stageChains:   stageMaxChains,
 	}
 	if cfg.IPTablesBackend != "" {
 		fl, err := ParseFlavor(cfg.IPTablesBackend)

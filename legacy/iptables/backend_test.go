@@ -85,8 +85,10 @@ func fakeBackend(t *testing.T, cfg proxy.Config) (*Backend, *Fake, *clock) {
 	t.Helper()
 	fk := NewFake(FlavorNFT, proxy.IPv4)
 	c := newClock()
+	// Staging off: these tests read a full sync as one input; stage_test.go
+	// tests the staged cold start.
 	b, err := New(cfg, nil, WithRunners(fk), WithClock(c.now), WithRouteLocalnet(func() error { return nil }),
-		WithLocalAddrs(func() ([]netip.Addr, error) { return nil, nil }))
+		WithLocalAddrs(func() ([]netip.Addr, error) { return nil, nil }), WithStaging(0))
 	if err != nil {
 		t.Fatal(err)
 	}

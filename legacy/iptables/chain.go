@@ -40,6 +40,16 @@ func (c *Chain) ruleCount() int {
 	return len(c.Rules)
 }
 
+// compact drops the rules of a chain the kernel holds, keeping its digest
+// and rule count (book.compact).
+func (c *Chain) compact() {
+	if c.Rules == nil {
+		return
+	}
+	c.digest()
+	c.rules, c.Rules = len(c.Rules), nil
+}
+
 // String prints the rule as a line of iptables-restore input.
 func (r Rule) line(chain string) string {
 	var b strings.Builder

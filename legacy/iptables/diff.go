@@ -87,7 +87,19 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 			return err
 		}
 	}
-	in := b.restoreInput(f, bk, want, kernel, full)
+	var staged map[chainKey]string
+	var stagedRules map[Table]int
+	if full && b.staging() {
+		var err error
+		if staged, stagedRules, err = b.stage(ctx, r, f, want, kernel); err != nil {
+			b.metrics.failed(f, full)
+			return err
+		}
+	}
+	in := b.restoreInput(f, bk, want, kernel, full, staged)
+	for t, n := range stagedRules {
+		in.rules[t] += n
+	}
 	if in.empty() {
 		b.metrics.synced(f, want, in)
 		return nil
@@ -101,7 +113,7 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 	if re := (*RestoreError)(nil); in.hinted && errors.As(err, &re) && (re.Text == cacheHintLine || re.Crashed) {
 		b.log.Warn("iptables-restore fails with a list command; big syncs will be slow with this iptables", "backend", r, "err", err)
 		b.noCacheHint = true
-		in = b.restoreInput(f, bk, want, kernel, full)
+		in = b.restoreInput(f, bk, want, kernel, full, staged)
 		data = in.buf.Bytes()
 		err = r.Restore(ctx, data)
 	}
@@ -123,11 +135,8 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 // otherwise live between syncs.
 func (bk *book) compact() {
 	for _, r := range bk.services {
-		for i, c := range r.chains {
-			if c.Rules == nil {
-				continue
-			}
-			r.chains[i] = &Chain{Table: c.Table, Name: c.Name, sum: c.digest(), rules: len(c.Rules)}
+		for _, c := range r.chains {
+			c.compact()
 		}
 	}
 }
@@ -244,12 +253,15 @@ func (b *Backend) cacheHint(full bool, chains int) bool {
 // chain lines of every chain written or deleted, the rules, the jumps from
 // built-in chains, then the deletions (a chain is deleted only after every
 // rule naming it was flushed or rewritten).
-func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel map[Table]*Dump, full bool) *input {
+func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel map[Table]*Dump, full bool, staged map[chainKey]string) *input {
 	in := &input{written: map[chainKey]string{}, rules: map[Table]int{}}
 	if !full {
 		for k, v := range bk.written {
 			in.written[k] = v
 		}
+	}
+	for k, v := range staged {
+		in.written[k] = v
 	}
 	wanted := map[chainKey]bool{}
 	for _, c := range want {
@@ -262,6 +274,9 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 				continue
 			}
 			k := chainKey{t, c.Name}
+			if _, ok := staged[k]; ok {
+				continue
+			}
 			if d := c.digest(); full || bk.written[k] != d {
 				write = append(write, c)
 				in.written[k] = d
@@ -322,7 +337,10 @@ func (b *Backend) restoreInput(f proxy.Family, bk *book, want []*Chain, kernel m
 		for _, l := range extra {
 			in.line(l, none, strings.Fields(l)[1])
 		}
-		if b.cacheHint(full, len(write)+len(gone)) {
+		// A full sync that staged its new chains writes what the kernel
+		// held already: few chains on a cold start, all of them on a
+		// restart.
+		if b.cacheHint(full && len(staged) == 0, len(write)+len(gone)) {
 			in.line(cacheHintLine, none, "")
 			in.hinted = true
 		}

@@ -209,12 +209,12 @@ func (f *Fake) Save(_ context.Context, table Table, counters bool) ([]byte, erro
 	return []byte(b.String()), nil
 }
 
-// Dump lists the table's KP- chains and their rules, one "CHAIN: rule" a
-// line, sorted, for assertions.
+// Dump lists the table's chains and their rules, one "CHAIN: rule" a
+// line, chains sorted by name and rules in order, for assertions.
 func (f *Fake) Dump(table Table) string {
 	t := f.Tables[table]
 	var lines []string
-	for _, c := range t.Chains {
+	for _, c := range slices.Sorted(slices.Values(t.Chains)) {
 		for _, r := range t.Rules[c] {
 			lines = append(lines, c+": "+r)
 		}

@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -231,4 +232,41 @@ func TestKernelLoadsTheDispatchTriesInBothFamilies(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestKernelStagedColdStartLoadsWhatOneRestoreLoads(t *testing.T) {
+	staged, whole := testNamespace(t), testNamespace(t)
+	c := newClock()
+	v4 := &recorder{Runner: NewRunner(FlavorNFT, proxy.IPv4)}
+	b := kernelBackend(t, FlavorNFT, c, WithRunners(v4, NewRunner(FlavorNFT, proxy.IPv6)), WithStaging(2))
+	ref := kernelBackend(t, FlavorNFT, c, WithStaging(0))
+	w := kernelWorld()
+	syncIn(t, staged, b, w.next())
+	syncIn(t, whole, ref, w.next())
+	if len(v4.inputs) < 3 {
+		t.Errorf("IPv4 cold start in %d restores; want staging restores of 2 chains, then the sync's own", len(v4.inputs))
+	}
+	for _, ff := range []flavorFamily{{FlavorNFT, proxy.IPv4}, {FlavorNFT, proxy.IPv6}} {
+		for _, tb := range []Table{TableNAT, TableFilter} {
+			got, want := normalise(saveIn(t, staged, ff, tb)), normalise(saveIn(t, whole, ff, tb))
+			if sortLines(got) != sortLines(want) {
+				t.Errorf("%s %s after a staged cold start:\n%s\nafter one restore:\n%s", ff, tb, got, want)
+			}
+		}
+	}
+}
+
+// sortLines orders s's lines by chain, each chain's rules kept in their
+// order: iptables-save lists chains in the order the kernel created them,
+// which staging changes.
+func sortLines(s string) string {
+	lines := strings.Split(s, "\n")
+	key := func(l string) string {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "-A" {
+			return "-A " + f[1]
+		}
+		return l
+	}
+	slices.SortStableFunc(lines, func(a, b string) int { return strings.Compare(key(a), key(b)) })
+	return strings.Join(lines, "\n")
 }

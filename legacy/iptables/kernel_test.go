@@ -31,14 +31,14 @@ var allFlavorFamilies = []flavorFamily{
 
 // testNamespace is a new network namespace, deleted when t ends; it skips
 // t unless it runs as root with both flavors' binaries.
-func testNamespace(t *testing.T) string {
+func testNamespace(t testing.TB) string {
 	t.Helper()
 	netns.Require(t, allBinaries...)
 	return netns.NewNamespace(t, "ipt")
 }
 
 // inNS runs fn in namespace ns, failing t on error.
-func inNS(t *testing.T, ns string, fn func() error) {
+func inNS(t testing.TB, ns string, fn func() error) {
 	t.Helper()
 	if err := netns.InNamespace(ns, fn); err != nil {
 		t.Fatalf("in %s: %v", ns, err)
