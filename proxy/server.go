@@ -115,6 +115,9 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers,
 		serviceHealth: serviceHealth, clk: clk, log: log}
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
+	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
+		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
+	}
 	s.tracker = NewChangeTracker(ChangeTrackerOptions{
 		NodeName:     nodeName,
 		Log:          log,

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/conntrack"
-	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -106,6 +105,9 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
 	opts := a.runOptions(cfg, backend, sources)
+	// The Switcher takes the node over after the first sync and switches
+	// modes when asked (kp migrate node).
+	opts.Backend = a.switcher(s, backend, opts.Observers)
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
 	err = a.runProxy(ctx, cfg, opts)
@@ -139,27 +141,16 @@ func (a *app) drain(backend proxy.Backend) {
 	}
 }
 
-// runOptions adds to the backend what follows its syncs: in the modes that
-// DNAT with conntrack (nftables and iptables; ipvs when it lands), the
-// cleaner of stale UDP conntrack entries.
+// runOptions adds to the backend what follows its syncs: the cleaner of
+// stale UDP conntrack entries (in every mode: the userspace mode has no
+// DNAT entries to clean, but a UDP flow the kernel confirmed to a Service
+// address before kp had a rule for it blackholes there too).
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
-	// The userspace mode has no DNAT entries to clean, but a UDP flow the
-	// kernel confirmed to a Service address before kp had a rule for it
-	// blackholes there too (the cleaner deletes those).
-	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
-		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
-			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
-		opts.Observers = append(opts.Observers, cleaner)
-		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
-	}
-	// After the first sync: remove kube-proxy's rules and kp's other modes'
-	// (TakeOver spares cfg.Mode's).
-	takeover := &migrate.TakeOver{Mode: cfg.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
-	for m := range a.backends {
-		takeover.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
-	}
-	opts.Observers = append(opts.Observers, takeover)
+	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
+		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
+	opts.Observers = append(opts.Observers, cleaner)
+	opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	// A backend's own metrics (the iptables mode's, with upstream's names).
 	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
 		opts.Collectors = append(opts.Collectors, c.Collectors()...)
