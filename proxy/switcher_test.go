@@ -15,9 +15,12 @@ type recBackend struct {
 	log  *[]string
 }
 
-func (b *recBackend) Mode() Mode                    { return b.mode }
-func (b *recBackend) Probe(context.Context) error   { return nil }
-func (b *recBackend) Cleanup(context.Context) error { *b.log = append(*b.log, string(b.mode)+" cleanup"); return nil }
+func (b *recBackend) Mode() Mode                  { return b.mode }
+func (b *recBackend) Probe(context.Context) error { return nil }
+func (b *recBackend) Cleanup(context.Context) error {
+	*b.log = append(*b.log, string(b.mode)+" cleanup")
+	return nil
+}
 func (b *recBackend) Sync(context.Context, *State) error {
 	*b.log = append(*b.log, string(b.mode)+" sync")
 	return nil
