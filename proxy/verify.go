@@ -74,9 +74,24 @@ func VerifyServices(ctx context.Context, st *State, b Backend, opts VerifyOption
 	}
 	wg.Wait()
 	v.Probes = len(probes)
-	after, err := cr.EndpointCounters(st)
-	if err != nil {
-		return nil, fmt.Errorf("read %s counters after the probes: %w", b.Mode(), err)
+	// Counters may lag: a backend may cache its reads (the iptables mode
+	// reads at most once a second) or count a proxied connection a little
+	// later (userspace). Read again until every probe's moved, or give up
+	// after countersWait.
+	var after map[EndpointRef]EndpointCounter
+	deadline := time.Now().Add(countersWait)
+	for {
+		if after, err = cr.EndpointCounters(st); err != nil {
+			return nil, fmt.Errorf("read %s counters after the probes: %w", b.Mode(), err)
+		}
+		if allMoved(before, after, probes) || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	proven := map[ServicePortName]bool{}
 	failed := map[ServicePortName]bool{}
@@ -171,6 +186,19 @@ func send(ctx context.Context, opts VerifyOptions, p *probe) error {
 		return err
 	}
 	return nil
+}
+
+// countersWait bounds how long VerifyServices waits for counters to show
+// its probes.
+const countersWait = 3 * time.Second
+
+func allMoved(before, after map[EndpointRef]EndpointCounter, probes []probe) bool {
+	for _, p := range probes {
+		if moved(before, after, p.name, p.family) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // moved sums how much the counters of a service port's endpoints of
