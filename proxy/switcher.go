@@ -266,6 +266,8 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 			s.finish(fmt.Errorf("start in %s: %w; staying in %s", req.target, err, curT))
 		} else {
 			end(fmt.Sprintf("started in %s instead of the configured %s", t, curT), nil)
+			s.cfg.Log.Info("starting in the requested mode, not the configured one", "mode", t.String(),
+				"configured", curT.String(), "requestedBy", req.by)
 			s.swap(b, t)
 			cur, curT = b, t
 		}
