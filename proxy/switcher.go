@@ -32,6 +32,9 @@ type SwitcherConfig struct {
 	// Switched is told when a backend replaces another (what follows the
 	// mode, such as the conntrack cleaner, adapts).
 	Switched func(b Backend)
+	// Finished is told the outcome of every switch asked for (kp records
+	// it as an Event on its Node).
+	Finished func(m statusapi.Migration)
 	// Drain bounds how long an old mode that proxies connections itself
 	// (userspace) keeps serving its open connections after a switch.
 	Drain time.Duration
@@ -435,12 +438,20 @@ func (s *Switcher) finish(err error) {
 		p.Phase, p.Error = statusapi.MigrationFailed, err.Error()
 	}
 	m := *p
+	m.Steps = append([]statusapi.MigrationStep(nil), p.Steps...)
 	s.mu.Unlock()
 	if err != nil {
 		s.cfg.Log.Error("migration failed", "id", m.ID, "from", m.From, "to", m.To, "err", err)
-		return
+	} else {
+		s.cfg.Log.Info("migration finished", "id", m.ID, "from", m.From, "to", m.To, "duration", m.Ended.Sub(m.Started))
 	}
-	s.cfg.Log.Info("migration finished", "id", m.ID, "from", m.From, "to", m.To, "duration", m.Ended.Sub(m.Started))
+	if s.cfg.Finished != nil {
+		s.cfg.Finished(m)
+	}
 }
 
 var _ Backend = (*Switcher)(nil)
+
+// SetFinished sets SwitcherConfig.Finished (kp knows its API client only
+// once its sources are built).
+func (s *Switcher) SetFinished(f func(m statusapi.Migration)) { s.cfg.Finished = f }

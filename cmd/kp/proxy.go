@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
@@ -92,7 +93,7 @@ func (a *app) useSettings(s settings) error {
 func (a *app) proxy(ctx context.Context, s settings) error {
 	// The source first: it does not depend on the mode, and a missing one
 	// is the first thing to fix.
-	sources, err := a.sources(s.cfg)
+	sources, client, err := a.sources(s.cfg)
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,11 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	opts := a.runOptions(cfg, backend, sources)
 	// The Switcher takes the node over after the first sync and switches
 	// modes when asked (kp migrate node).
-	opts.Backend = a.switcher(s, backend, opts.Observers)
+	sw := a.switcher(s, backend, opts.Observers)
+	if client != nil {
+		sw.SetFinished(nodeEvents(client, cfg.HostnameOverride, a.log))
+	}
+	opts.Backend = sw
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
 	err = a.runProxy(ctx, cfg, opts)
@@ -161,22 +166,22 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 // sources picks where Services come from: the folder if --manifests is set,
 // otherwise the API server, found by --kubeconfig/--master or, in a pod, the
 // in-cluster configuration.
-func (a *app) sources(cfg proxy.Config) ([]proxy.Source, error) {
+func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubernetes.Interface, error) {
 	if cfg.ManifestsDir != "" {
 		if cfg.Kubeconfig != "" || cfg.Master != "" {
 			a.log.Info("--manifests is set; the Kubernetes API is not used", "manifests", cfg.ManifestsDir)
 		}
-		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil
+		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil, nil
 	}
 	if cfg.Kubeconfig == "" && cfg.Master == "" && !a.inCluster() {
-		return nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
+		return nil, nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
 			"(in a pod the in-cluster configuration is used), or --manifests DIR for a folder of Service and EndpointSlice files")
 	}
 	client, err := a.newKubeClient(cfg.Kubeconfig, cfg.Master)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, nil
+	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, client, nil
 }
 
 // inCluster reports whether client-go's in-cluster configuration applies:

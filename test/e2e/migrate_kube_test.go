@@ -124,6 +124,19 @@ func TestNodeAnnotationSwitchesModeAndPersistsAcrossRestart(t *testing.T) {
 	annotate("iptables-nft")
 	e.logShows("the switch", 30*time.Second, "migration finished", "to=iptables-nft")
 	e.expectOnly("iptables-nft")
+	e.eventually("the Event on the Node", 10*time.Second, func() error {
+		evs, err := k.api.CoreV1().Events("default").List(k.ctx(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeName})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.Reason == "KPModeSwitched" && strings.Contains(ev.Message, "from nftables to iptables-nft") {
+				t.Logf("event: %s", ev.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no KPModeSwitched event among %d", len(evs.Items))
+	})
 
 	if err := e.kp.Restart(); err != nil {
 		t.Fatal(err)
