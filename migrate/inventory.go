@@ -81,6 +81,18 @@ func Inventory(ctx context.Context) ([]Found, error) {
 			found = append(found, inventoryIPTables(dumps, fl, fam)...)
 		}
 	}
+	// NodePort virtual servers are counted when the take-over removes
+	// them (it knows the NodePorts); the plan counts those on kube-ipvs0.
+	if v, err := KubeProxyIPVS(ctx, false, nil); err == nil && !v.empty() {
+		f := Found{Owner: "kube-proxy", Mode: "ipvs", Where: "ipvs", VirtualServers: v.VirtualServers, Elements: 0}
+		if v.Interface {
+			f.Where = "ipvs, interface " + kubeIPVSInterface
+		}
+		if len(v.IPSets) > 0 {
+			f.Where += fmt.Sprintf(", %d ipsets", len(v.IPSets))
+		}
+		found = append(found, f)
+	}
 	return found, nil
 }
 

@@ -25,7 +25,7 @@ type SwitcherConfig struct {
 	// running target's rules: kp's other modes and upstream kube-proxy's
 	// leftovers. It runs after the first successful sync and after every
 	// switch.
-	Retire func(ctx context.Context, running Target) error
+	Retire func(ctx context.Context, running Target, st *State) error
 	// Verify proves that b carries every Service of st; nil is
 	// VerifyServices with real sockets.
 	Verify func(ctx context.Context, st *State, b Backend) (*statusapi.Verification, error)
@@ -281,7 +281,7 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 	s.mu.Lock()
 	s.synced = true
 	s.mu.Unlock()
-	err := s.cfg.Retire(ctx, curT)
+	err := s.cfg.Retire(ctx, curT, st)
 	if err != nil {
 		s.cfg.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
 	}
@@ -347,7 +347,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		s.swap(nb, nt)
 	}
 	end = s.step("remove", "")
-	err = s.cfg.Retire(ctx, nt)
+	err = s.cfg.Retire(ctx, nt, st)
 	if !same {
 		s.drain(old, log)
 	}

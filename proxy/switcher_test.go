@@ -34,7 +34,7 @@ func newTestSwitcher(log *[]string, verifyErr error) *Switcher {
 			*log = append(*log, "build "+t.String())
 			return &recBackend{mode: t.Mode, log: log}, t, nil
 		},
-		Retire: func(_ context.Context, running Target) error {
+		Retire: func(_ context.Context, running Target, _ *State) error {
 			*log = append(*log, "retire all but "+running.String())
 			return nil
 		},

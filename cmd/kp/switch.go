@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/migrate"
@@ -38,8 +41,9 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 			}
 			return b, targetOf(b), nil
 		},
-		Retire: func(ctx context.Context, running proxy.Target) error {
-			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
+		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State) error {
+			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{},
+				NodePorts: nodePorts(st)}
 			for m := range a.backends {
 				to.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
 			}
@@ -78,4 +82,24 @@ func targetOf(b proxy.Backend) proxy.Target {
 		t.IPTablesBackend = string(f.Flavor())
 	}
 	return t
+}
+
+// nodePorts lists st's NodePorts, by which kube-proxy's ipvs-mode virtual
+// servers on node addresses are recognised.
+func nodePorts(st *proxy.State) []migrate.NodePort {
+	var out []migrate.NodePort
+	for _, sp := range st.Services {
+		if sp.NodePort == 0 {
+			continue
+		}
+		proto := uint16(unix.IPPROTO_TCP)
+		switch sp.Protocol {
+		case v1.ProtocolUDP:
+			proto = unix.IPPROTO_UDP
+		case v1.ProtocolSCTP:
+			proto = unix.IPPROTO_SCTP
+		}
+		out = append(out, migrate.NodePort{Protocol: proto, Port: uint16(sp.NodePort)})
+	}
+	return out
 }
