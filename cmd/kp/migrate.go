@@ -108,16 +108,22 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	if err != nil {
 		return fmt.Errorf("--to: %w", err)
 	}
+	// Until kp names its node, the host's name (or the namespace's) is the
+	// best guess.
+	node, _ := a.hostname()
+	if o.netns != "" {
+		node = "in " + o.netns
+	}
 	src, err := openNodeSource(o.netns, o.statusAddress)
 	if err != nil {
-		return migrateError("", "plan", err)
+		return migrateError(node, "plan", err)
 	}
 	defer src.Close()
 	st, err := src.Status(ctx)
 	if err != nil {
-		return migrateError("", "plan", err)
+		return migrateError(node, "plan", err)
 	}
-	node := st.Node
+	node = st.Node
 	found, err := a.inventory(ctx, src)
 	if err != nil {
 		return migrateError(node, "plan", err)
