@@ -90,6 +90,7 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	errc := make(chan error, len(sources)+2)
 
 	metrics := NewMetrics(backend.Mode())
+	metrics.FollowMode(backend.Mode)
 	health := NewHealth(2*syncPeriod, clk)
 	status := NewStatus(backend, nodeName, health, clk)
 	status.SetSysctls(opts.Sysctls)

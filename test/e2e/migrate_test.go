@@ -94,6 +94,10 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 				out := res.out
 				t.Logf("kp migrate node --to %s:\n%s", target, out)
 				e.expectOnly(target)
+				wantMode, _, _ := strings.Cut(target, "-")
+				if _, body, err := netns.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || body != wantMode {
+					t.Errorf("/proxyMode says %q (%v), want %s", body, err, wantMode)
+				}
 				e.answers(client, "tcp", apiTCP, e.podNames(apiPods...)...)
 				if counts := e.spread(client, "tcp", apiTCP, 20); len(counts) > 2 || counts[apiPods[0].Name]+counts[apiPods[1].Name] != 20 {
 					t.Errorf("after the switch to %s api is answered by %v, want only %v", target, counts, e.podNames(apiPods...))
