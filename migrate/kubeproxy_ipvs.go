@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 
@@ -89,8 +90,12 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 	if err != nil {
 		errs = append(errs, err)
 	}
-	h, err := ipvs.New("")
-	if err != nil {
+	// /proc/net/ip_vs exists where the ip_vs module is loaded: without it
+	// there are no virtual servers, and ipvs.New would run modprobe.
+	var h *ipvs.Handle
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		found.Skipped = "IPVS is not loaded in this kernel"
+	} else if h, err = ipvs.New(""); err != nil {
 		found.Skipped = "no IPVS: " + err.Error()
 	} else {
 		defer h.Close()

@@ -378,6 +378,11 @@ func (s *Switcher) drain(b Backend, log *slog.Logger) {
 		bound = time.Hour
 	}
 	go func() {
+		// Its UDP listeners keep answering the flows whose conntrack
+		// entries still redirect to them until the conntrack cleaner,
+		// which runs after this sync, has deleted those entries (their
+		// next packets then take the new mode's path).
+		time.Sleep(drainDelay)
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
 		if err := d.Shutdown(ctx); err != nil {
@@ -385,6 +390,10 @@ func (s *Switcher) drain(b Backend, log *slog.Logger) {
 		}
 	}()
 }
+
+// drainDelay is how long an old userspace proxy keeps its listeners after
+// its redirect rules are gone.
+const drainDelay = 5 * time.Second
 
 func (s *Switcher) swap(b Backend, t Target) {
 	s.mu.Lock()
