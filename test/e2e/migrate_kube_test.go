@@ -55,7 +55,7 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 			}
 			e.answers(client, "udp", webUDP)
 			before := e.rulesOf()
-			if kubeMode == "nftables" && len(before["nftables"]) == 0 || kubeMode == "iptables" && len(before["iptables-nft-save"])+len(before["iptables-legacy-save"]) == 0 {
+			if kubeProxyRules(before) == 0 {
 				t.Fatalf("kube-proxy's %s rules not found: %v", kubeMode, before)
 			}
 			t.Logf("kube-proxy's rules: %v", before)
@@ -63,8 +63,19 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 			// The long-lived connection and the UDP flow are kube-proxy's.
 			tr := startTraffic(t, client, []string{webTCP, apiTCP}, streamTCP, webUDP)
 			time.Sleep(300 * time.Millisecond)
+			// kp starts while kube-proxy still runs (a DaemonSet rollout's
+			// overlap): its take-over removes kube-proxy's rules after its
+			// first sync, and kube-proxy, at its next sync, writes them
+			// again.
 			e.startKP()
-			time.Sleep(300 * time.Millisecond)
+			e.logShows("kp's take-over", 15*time.Second, "removed kube-proxy's")
+			k.apply(web(pods[0], pods[1], pods[2], pods[3]))
+			e.eventually("kube-proxy writing its rules again", 90*time.Second, func() error {
+				if n := kubeProxyRules(e.rulesOf()); n == 0 {
+					return fmt.Errorf("none yet")
+				}
+				return nil
+			})
 			if err := kubeProxy.Stop(); err != nil {
 				t.Logf("stop kube-proxy: %v", err)
 			}
@@ -85,6 +96,9 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				t.Fatalf("kp migrate node --to nftables: %v\n%s\nkp's log:\n%s", res.err, res.out, tail(e.kp.Log(), 60))
 			}
 			t.Logf("kp migrate node --to nftables:\n%s", res.out)
+			if !strings.Contains(res.out, "kube-proxy") || !strings.Contains(res.out, "remove   removed") {
+				t.Errorf("the migration did not plan and remove kube-proxy's rules:\n%s", res.out)
+			}
 			e.expectOnly("nftables")
 			e.answers(client, "tcp", apiTCP, e.podNames(apiPods...)...)
 			if counts := e.spread(client, "tcp", apiTCP, 20); counts[apiPods[0].Name]+counts[apiPods[1].Name] != 20 {
@@ -149,4 +163,18 @@ func TestNodeAnnotationSwitchesModeAndPersistsAcrossRestart(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	tr.stop("")
+}
+
+// kubeProxyRules counts kube-proxy's tables and chains in a rulesOf
+// listing.
+func kubeProxyRules(rules map[string][]string) int {
+	n := 0
+	for _, list := range rules {
+		for _, x := range list {
+			if strings.HasSuffix(x, " kube-proxy") || strings.HasPrefix(x, "KUBE-") {
+				n++
+			}
+		}
+	}
+	return n
 }
