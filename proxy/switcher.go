@@ -67,9 +67,10 @@ type Switcher struct {
 }
 
 type switchRequest struct {
-	id     uint64
-	target Target
-	by     string
+	id       uint64
+	target   Target
+	by       string
+	progress *statusapi.Migration
 }
 
 // NewSwitcher returns a Switcher running cfg.Initial.
@@ -174,9 +175,9 @@ func (s *Switcher) Request(t Target, by string) (*statusapi.Migration, error) {
 // request records a pending switch; s.mu is held.
 func (s *Switcher) request(t Target, by string) {
 	s.nextID++
-	s.pending = &switchRequest{id: s.nextID, target: t, by: by}
 	s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: t.String(), RequestedBy: by,
 		Phase: statusapi.MigrationPending}
+	s.pending = &switchRequest{id: s.nextID, target: t, by: by, progress: s.progress}
 }
 
 // noteAnnotation turns a new value of the Node's kpproxy.io/proxy-mode
@@ -258,15 +259,16 @@ func (s *Switcher) putBack(req *switchRequest) {
 // rules a previous kp left in the configured mode.
 func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest) error {
 	cur, curT := s.Current()
+	var p *statusapi.Migration
 	if req != nil {
-		s.begin(req)
+		p = s.begin(req)
 	}
 	if req != nil && !curT.Satisfies(req.target) {
-		end := s.step("program", "")
+		end := s.step(p, "program")
 		b, t, err := s.cfg.Build(ctx, req.target)
 		if err != nil {
 			end("", err)
-			s.finish(fmt.Errorf("start in %s: %w; staying in %s", req.target, err, curT))
+			s.finish(p, fmt.Errorf("start in %s: %w; staying in %s", req.target, err, curT))
 		} else {
 			end(fmt.Sprintf("started in %s instead of the configured %s", t, curT), nil)
 			s.cfg.Log.Info("starting in the requested mode, not the configured one", "mode", t.String(),
@@ -285,10 +287,10 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 	if err != nil {
 		s.cfg.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
 	}
-	if req != nil && s.running(req.id) {
-		end := s.step("remove", "")
+	if req != nil && s.running(p) {
+		end := s.step(p, "remove")
 		end("removed other modes' and kube-proxy's rules", err)
-		s.finish(err)
+		s.finish(p, err)
 	}
 	return nil
 }
@@ -297,12 +299,12 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 // re-verifies it and removes every other proxy's rules).
 func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 	old, oldT := s.Current()
-	s.begin(req)
+	p := s.begin(req)
 	log := s.cfg.Log.With("from", oldT.String(), "to", req.target.String(), "requestedBy", req.by)
 	log.Info("migration started")
 	nb, nt := old, oldT
 	same := oldT.Satisfies(req.target)
-	end := s.step("program", "")
+	end := s.step(p, "program")
 	if same {
 		end("already running "+oldT.String()+"; nothing to program", nil)
 	} else {
@@ -315,7 +317,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		}
 		if err != nil {
 			end("", err)
-			s.finish(fmt.Errorf("program %s: %w; %s keeps serving", req.target, err, oldT))
+			s.finish(p, fmt.Errorf("program %s: %w; %s keeps serving", req.target, err, oldT))
 			return
 		}
 		nb, nt = b, t
@@ -323,13 +325,13 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		log.Info("migration: new mode programmed", "servicePorts", len(st.Services))
 	}
 
-	end = s.step("verify", "")
+	end = s.step(p, "verify")
 	v, err := s.cfg.Verify(ctx, st, nb)
 	if err == nil && len(v.Failed) > 0 {
 		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), nt, v.Failed[0])
 	}
 	s.mu.Lock()
-	s.progress.Verification = v
+	p.Verification = v
 	s.mu.Unlock()
 	if err != nil {
 		end("", err)
@@ -337,7 +339,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 			s.abandon(ctx, nb, log)
 			err = fmt.Errorf("%w; %s's rules removed, %s keeps serving", err, nt, oldT)
 		}
-		s.finish(fmt.Errorf("verify %s: %w", nt, err))
+		s.finish(p, fmt.Errorf("verify %s: %w", nt, err))
 		return
 	}
 	end(fmt.Sprintf("%d service ports proven by %s's counters (%d probes, %d skipped)", v.ServicePorts, nt, v.Probes, len(v.Skipped)), nil)
@@ -346,7 +348,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 	if !same {
 		s.swap(nb, nt)
 	}
-	end = s.step("remove", "")
+	end = s.step(p, "remove")
 	err = s.cfg.Retire(ctx, nt, st)
 	if !same {
 		s.drain(old, log)
@@ -355,7 +357,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 	if err != nil {
 		err = fmt.Errorf("remove the old rules: %w (%s serves; re-run to retry)", err, nt)
 	}
-	s.finish(err)
+	s.finish(p, err)
 }
 
 // abandon removes a new backend's rules after its switch failed.
@@ -404,27 +406,29 @@ func (s *Switcher) swap(b Backend, t Target) {
 	}
 }
 
-func (s *Switcher) begin(req *switchRequest) {
+// begin marks req's progress record running and returns it; a step
+// updates the record it began with, even if a newer request has replaced
+// it as the one the status API shows.
+func (s *Switcher) begin(req *switchRequest) *statusapi.Migration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.progress == nil || s.progress.ID != req.id {
-		return
-	}
-	s.progress.Phase = statusapi.MigrationRunning
-	s.progress.Started = s.cfg.Clock.Now()
+	p := req.progress
+	p.From = s.curTarget.String()
+	p.Phase = statusapi.MigrationRunning
+	p.Started = s.cfg.Clock.Now()
+	return p
 }
 
-func (s *Switcher) running(id uint64) bool {
+func (s *Switcher) running(p *statusapi.Migration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.progress != nil && s.progress.ID == id && s.progress.Phase == statusapi.MigrationRunning
+	return p.Phase == statusapi.MigrationRunning
 }
 
 // step records the start of a step; the returned func records its end.
-func (s *Switcher) step(name, detail string) func(detail string, err error) {
+func (s *Switcher) step(p *statusapi.Migration, name string) func(detail string, err error) {
 	s.mu.Lock()
-	p := s.progress
-	p.Steps = append(p.Steps, statusapi.MigrationStep{Name: name, Detail: detail, Started: s.cfg.Clock.Now()})
+	p.Steps = append(p.Steps, statusapi.MigrationStep{Name: name, Started: s.cfg.Clock.Now()})
 	i := len(p.Steps) - 1
 	s.mu.Unlock()
 	return func(detail string, err error) {
@@ -438,9 +442,8 @@ func (s *Switcher) step(name, detail string) func(detail string, err error) {
 	}
 }
 
-func (s *Switcher) finish(err error) {
+func (s *Switcher) finish(p *statusapi.Migration, err error) {
 	s.mu.Lock()
-	p := s.progress
 	p.Ended = s.cfg.Clock.Now()
 	p.Phase = statusapi.MigrationSucceeded
 	if err != nil {

@@ -141,11 +141,20 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	}
 
 	fmt.Fprintf(a.stdout, "\nMigrating node %s to %s:\n", node, target)
-	mig, err := src.client.RequestMigration(ctx, statusapi.MigrationRequest{To: target.String(), RequestedBy: "kp migrate node"})
-	if err != nil {
-		return migrateError(node, "request", err)
+	var id uint64
+	if m := st.Migration; m != nil && m.To == target.String() &&
+		(m.Phase == statusapi.MigrationPending || m.Phase == statusapi.MigrationRunning) {
+		// A re-run while the switch it asked for goes on: follow it.
+		fmt.Fprintf(a.stdout, "  (a switch to %s asked by %s is under way; following it)\n", m.To, m.RequestedBy)
+		id = m.ID
+	} else {
+		mig, err := src.client.RequestMigration(ctx, statusapi.MigrationRequest{To: target.String(), RequestedBy: "kp migrate node"})
+		if err != nil {
+			return migrateError(node, "request", err)
+		}
+		id = mig.ID
 	}
-	final, err := a.follow(ctx, src, mig.ID, o.timeout)
+	final, err := a.follow(ctx, src, id, o.timeout)
 	if err != nil {
 		return migrateError(node, "wait", err)
 	}
