@@ -326,13 +326,21 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 	}
 
 	end = s.step(p, "verify")
-	v, err := s.cfg.Verify(ctx, st, nb)
-	if err == nil && len(v.Failed) > 0 {
-		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), nt, v.Failed[0])
+	v, err := s.verify(ctx, st, nb, nt, p)
+	if err != nil && same && v != nil {
+		// kp's mode runs and synced without error, yet its counters did
+		// not move: another proxy's rules written after kp's (a
+		// kube-proxy that was still running re-created them) come first
+		// in the same nat hooks and take the new connections. Remove
+		// them, then prove kp's path again.
+		end("", err)
+		log.Warn("migration: kp's rules are shadowed by rules written after them; removing those and verifying again", "err", err)
+		end = s.step(p, "remove")
+		rerr := s.cfg.Retire(ctx, nt, st)
+		end("removed the rules that came first (kp's other modes, kube-proxy's)", rerr)
+		end = s.step(p, "verify")
+		v, err = s.verify(ctx, st, nb, nt, p)
 	}
-	s.mu.Lock()
-	p.Verification = v
-	s.mu.Unlock()
 	if err != nil {
 		end("", err)
 		if !same {
@@ -358,6 +366,19 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		err = fmt.Errorf("remove the old rules: %w (%s serves; re-run to retry)", err, nt)
 	}
 	s.finish(p, err)
+}
+
+// verify runs Verify and records its report; service ports it could not
+// prove are an error.
+func (s *Switcher) verify(ctx context.Context, st *State, b Backend, t Target, p *statusapi.Migration) (*statusapi.Verification, error) {
+	v, err := s.cfg.Verify(ctx, st, b)
+	if err == nil && len(v.Failed) > 0 {
+		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), t, v.Failed[0])
+	}
+	s.mu.Lock()
+	p.Verification = v
+	s.mu.Unlock()
+	return v, err
 }
 
 // abandon removes a new backend's rules after its switch failed.

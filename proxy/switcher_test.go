@@ -123,3 +123,31 @@ func TestSwitcherRefusesToSwitchBetweenIPTablesFlavors(t *testing.T) {
 		t.Error("switch from iptables-nft to iptables-legacy accepted")
 	}
 }
+
+func TestSwitcherRemovesRulesThatShadowTheRunningModeThenVerifiesAgain(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	verifies := 0
+	s.cfg.Verify = func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
+		verifies++
+		log = append(log, "verify "+string(b.Mode()))
+		if verifies == 1 { // kube-proxy's newer rules take the probes
+			return &statusapi.Verification{Failed: []string{"web: counters did not move"}}, nil
+		}
+		return &statusapi.Verification{ServicePorts: 1}, nil
+	}
+	ctx := context.Background()
+	_ = s.Sync(ctx, &State{})
+	log = nil
+	if _, err := s.Request(Target{Mode: ModeNFTables}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Sync(ctx, &State{})
+	want := []string{"nftables sync", "verify nftables", "retire all but nftables", "verify nftables", "retire all but nftables"}
+	if !slices.Equal(log, want) {
+		t.Errorf("calls %q, want %q", log, want)
+	}
+	if m := s.Migration(); m.Phase != statusapi.MigrationSucceeded {
+		t.Errorf("phase %s: %s", m.Phase, m.Error)
+	}
+}
