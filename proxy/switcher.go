@@ -333,7 +333,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		// kube-proxy that was still running re-created them) come first
 		// in the same nat hooks and take the new connections. Remove
 		// them, then prove kp's path again.
-		end("", err)
+		end(fmt.Sprintf("not proven yet, rules written after kp's come first in the nat hooks: %v", err), nil)
 		log.Warn("migration: kp's rules are shadowed by rules written after them; removing those and verifying again", "err", err)
 		end = s.step(p, "remove")
 		rerr := s.cfg.Retire(ctx, nt, st)

@@ -42,6 +42,8 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				"--kubeconfig", k.source[1],
 				"--cluster-cidr", e.w.ClusterCIDR(),
 				"--conntrack-max-per-core=0",
+				// Its periodic resync re-creates rules kp's take-over removed.
+				"--iptables-sync-period=5s",
 				// kp serves 10256 and 10249 on loopback.
 				"--healthz-bind-address", "127.0.0.1:20256",
 				"--metrics-bind-address", "127.0.0.1:20249",
