@@ -255,7 +255,7 @@ func TestMigrateNodeInterruptedMidSwitchIsSafeToReRun(t *testing.T) {
 	gone := pods[0].IP.As4()
 	gone[3] = 99
 	e.write("slow.yaml", Service{Name: "slow", ClusterIPs: []string{"10.96.0.13"},
-		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}},
+		Ports:     []Port{{Name: "http", Port: 80, TargetPort: 8080}},
 		Endpoints: []Endpoint{{IP: netip.AddrFrom4(gone).String(), NodeName: nodeName}}})
 	e.startKP()
 	client := e.w.Client()
