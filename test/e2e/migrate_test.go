@@ -99,10 +99,9 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 				if _, body, err := netns.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || body != wantMode {
 					t.Errorf("/proxyMode says %q (%v), want %s", body, err, wantMode)
 				}
-				e.answers(client, "tcp", apiTCP, e.podNames(apiPods...)...)
-				if counts := e.spread(client, "tcp", apiTCP, 20); len(counts) > 2 || counts[apiPods[0].Name]+counts[apiPods[1].Name] != 20 {
-					t.Errorf("after the switch to %s api is answered by %v, want only %v", target, counts, e.podNames(apiPods...))
-				}
+				// The change made during the switch lands with the next sync,
+				// in the new mode.
+				e.onlyFrom(client, apiTCP, apiPods...)
 				if target == "userspace" && i < len(mg.targets)-1 {
 					inUserspace = startTraffic(t, client, []string{webTCP, apiTCP}, streamTCP, webUDP)
 				}
@@ -119,6 +118,24 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onlyFrom waits until 20 new connections in a row from ns to addr are
+// all answered by pods.
+func (e *env) onlyFrom(ns, addr string, pods ...*netns.Pod) {
+	e.t.Helper()
+	names := e.podNames(pods...)
+	e.eventually(fmt.Sprintf("%s answered only by %v", addr, names), 15*time.Second, func() error {
+		counts := e.spread(ns, "tcp", addr, 20)
+		n := 0
+		for _, name := range names {
+			n += counts[name]
+		}
+		if n != 20 {
+			return fmt.Errorf("answered by %v", counts)
+		}
+		return nil
+	})
 }
 
 // migrate runs kp migrate node in the node namespace, failing the test if
