@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -125,8 +126,9 @@ type Cleaner struct {
 	localAddrs func() ([]netip.Addr, error)
 	log        *slog.Logger
 	accounting bool
-	// keepRedirected: see CleanerConfig.KeepRedirected.
-	keepRedirected bool
+	// keepRedirected: see CleanerConfig.KeepRedirected; it follows the
+	// mode when kp switches modes (SetKeepRedirected).
+	keepRedirected atomic.Bool
 
 	deleted *prometheus.CounterVec
 	errors  prometheus.Counter
@@ -157,10 +159,14 @@ type CleanerConfig struct {
 	KeepRedirected bool
 }
 
+// SetKeepRedirected changes CleanerConfig.KeepRedirected, for a proxy
+// that switched to or from the userspace mode.
+func (c *Cleaner) SetKeepRedirected(keep bool) { c.keepRedirected.Store(keep) }
+
 // NewCleaner returns a Cleaner; register its Collectors with the metrics.
 func NewCleaner(cfg CleanerConfig) *Cleaner {
-	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting,
-		keepRedirected: cfg.KeepRedirected}
+	c := &Cleaner{dial: cfg.Dial, localAddrs: cfg.LocalAddrs, log: cfg.Log, accounting: cfg.EnableAccounting}
+	c.keepRedirected.Store(cfg.KeepRedirected)
 	if c.dial == nil {
 		c.dial = Dialer{}.Open
 	}
@@ -232,7 +238,7 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 		if !s.Stale {
 			continue
 		}
-		if c.keepRedirected && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
+		if c.keepRedirected.Load() && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
 			continue
 		}
 		if err := conn.Delete(f); err != nil {

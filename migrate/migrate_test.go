@@ -179,6 +179,10 @@ func TestTakeOverRunsOnceAfterTheFirstSyncAndSparesTheRunningMode(t *testing.T) 
 			calls = append(calls, "kube-proxy iptables")
 			return nil, nil
 		},
+		kubeProxyIPVS: func(context.Context, bool, []NodePort) (IPVSFound, error) {
+			calls = append(calls, "kube-proxy ipvs")
+			return IPVSFound{}, nil
+		},
 		kubeProxyNFTables: func(remove bool) ([]NFTablesFound, error) {
 			calls = append(calls, "kube-proxy nftables")
 			return nil, nil
@@ -186,7 +190,7 @@ func TestTakeOverRunsOnceAfterTheFirstSyncAndSparesTheRunningMode(t *testing.T) 
 	}
 	to.Synced(context.Background(), nil, &proxy.State{})
 	to.Synced(context.Background(), nil, &proxy.State{})
-	if want := []string{"kube-proxy iptables", "kube-proxy nftables", "iptables"}; !slices.Equal(calls, want) {
+	if want := []string{"kube-proxy iptables", "kube-proxy ipvs", "kube-proxy nftables", "iptables"}; !slices.Equal(calls, want) {
 		t.Errorf("calls %v, want %v", calls, want)
 	}
 }

@@ -22,9 +22,13 @@ type TakeOver struct {
 	Others map[proxy.Mode]func(context.Context) error
 	Log    *slog.Logger
 
-	// kubeProxyIPTables and kubeProxyNFTables are the finders (tests
-	// replace them).
+	// NodePorts are the Services' NodePorts: kube-proxy's ipvs-mode
+	// virtual servers on node addresses are recognised by them.
+	NodePorts []NodePort
+	// kubeProxyIPTables, kubeProxyIPVS and kubeProxyNFTables are the
+	// finders (tests replace them).
 	kubeProxyIPTables func(ctx context.Context, remove bool) ([]IPTablesFound, error)
+	kubeProxyIPVS     func(ctx context.Context, remove bool, nodePorts []NodePort) (IPVSFound, error)
 	kubeProxyNFTables func(remove bool) ([]NFTablesFound, error)
 
 	once sync.Once
@@ -49,6 +53,10 @@ func (t *TakeOver) Run(ctx context.Context) error {
 	if nft == nil {
 		nft = KubeProxyNFTables
 	}
+	vs := t.kubeProxyIPVS
+	if vs == nil {
+		vs = KubeProxyIPVS
+	}
 	var errs []error
 	iptFound, err := ipt(ctx, true)
 	if err != nil {
@@ -58,6 +66,14 @@ func (t *TakeOver) Run(ctx context.Context) error {
 		if f.Skipped == "" && (f.Chains > 0 || f.Jumps > 0 || len(f.Kept) > 0) {
 			t.Log.Info("removed kube-proxy's iptables rules", "where", f.String())
 		}
+	}
+	// After the iptables rules: an ipset a rule references cannot go.
+	ipvsFound, err := vs(ctx, true, t.NodePorts)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if !ipvsFound.empty() && ipvsFound.Skipped == "" {
+		t.Log.Info("removed kube-proxy's ipvs-mode leftovers", "where", ipvsFound.String())
 	}
 	nftFound, err := nft(true)
 	if err != nil {

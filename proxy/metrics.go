@@ -16,6 +16,8 @@ import (
 type Metrics struct {
 	registry *prometheus.Registry
 	mode     Mode
+	// modeOf, when set, says the mode now (a proxy that switches modes).
+	modeOf func() Mode
 
 	// Upstream (v1.36) labels most sync metrics with ip_family, one
 	// proxier per family; kp syncs both families in one transaction, so
@@ -156,6 +158,10 @@ func (m *Metrics) Programmed(triggers map[ServicePortName]time.Time, now time.Ti
 	}
 }
 
+// FollowMode makes /proxyMode report modeOf's answer, for a proxy that
+// switches modes while it runs.
+func (m *Metrics) FollowMode(modeOf func() Mode) { m.modeOf = modeOf }
+
 // Handler serves /metrics (Prometheus text format), /proxyMode (the mode
 // name as plain text) and /healthz ("ok"), as upstream's metrics server does.
 func (m *Metrics) Handler() http.Handler {
@@ -164,7 +170,11 @@ func (m *Metrics) Handler() http.Handler {
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		fmt.Fprint(w, m.mode)
+		mode := m.mode
+		if m.modeOf != nil {
+			mode = m.modeOf()
+		}
+		fmt.Fprint(w, mode)
 	})
 	// Upstream's metrics server answers a plain liveness ping too (the
 	// generic apiserver healthz handler); some monitoring probes it.

@@ -92,6 +92,11 @@ type Node struct {
 	Name   string
 	IPs    []netip.Addr // primary node IPs (InternalIP first), per family
 	Labels map[string]string
+	// ProxyMode is the node's kpproxy.io/proxy-mode annotation: the mode
+	// an operator (or kp migrate) asked kp to run on this node, "" when
+	// none. It is not a Service input: a change to it alone is no
+	// NodeChanged.
+	ProxyMode string
 }
 
 // Zone is the node's topology.kubernetes.io/zone label.

@@ -90,6 +90,7 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	errc := make(chan error, len(sources)+2)
 
 	metrics := NewMetrics(backend.Mode())
+	metrics.FollowMode(backend.Mode)
 	health := NewHealth(2*syncPeriod, clk)
 	status := NewStatus(backend, nodeName, health, clk)
 	status.SetSysctls(opts.Sysctls)
@@ -115,6 +116,9 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers,
 		serviceHealth: serviceHealth, clk: clk, log: log}
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
+	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
+		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
+	}
 	s.tracker = NewChangeTracker(ChangeTrackerOptions{
 		NodeName:     nodeName,
 		Log:          log,

@@ -17,7 +17,7 @@ import (
 // the last State synced into the kernel. Its methods are safe for
 // concurrent use.
 type Status struct {
-	mode     Mode
+	backend  Backend
 	node     string
 	clk      clock.PassiveClock
 	start    time.Time
@@ -50,7 +50,7 @@ func (s *Status) SetSysctls(sysctls []statusapi.Sysctl) {
 // NewStatus returns an empty Status for a proxy running backend on node.
 // health (may be nil) supplies the healthy flag.
 func NewStatus(backend Backend, node string, health *Health, clk clock.PassiveClock) *Status {
-	s := &Status{mode: backend.Mode(), node: node, clk: clk, start: clk.Now(), health: health}
+	s := &Status{backend: backend, node: node, clk: clk, start: clk.Now(), health: health}
 	if cr, ok := backend.(CounterReporter); ok {
 		s.counters = cr
 	}
@@ -93,7 +93,7 @@ func (s *Status) Report() *statusapi.Status {
 	defer s.mu.RUnlock()
 	r := &statusapi.Status{
 		APIVersion: "kp/" + statusapi.Version,
-		Mode:       string(s.mode),
+		Mode:       string(s.backend.Mode()),
 		Node:       s.node,
 		StartTime:  s.start,
 		Now:        s.clk.Now(),
@@ -107,6 +107,12 @@ func (s *Status) Report() *statusapi.Status {
 	}
 	if s.health != nil {
 		r.Healthy = s.health.Healthy()
+	}
+	if m, ok := s.backend.(Migrator); ok {
+		r.Migration = m.Migration()
+		if _, t := m.Current(); t.Mode == ModeIPTables {
+			r.IPTablesBackend = t.IPTablesBackend
+		}
 	}
 	if s.lastSync != nil {
 		ls := *s.lastSync
@@ -189,6 +195,14 @@ func (s *Status) Handler() http.Handler {
 		q := r.URL.Query()
 		writeJSON(w, s.ServicesReport(q.Get("namespace"), q.Get("service")))
 	})
+	if m, ok := s.backend.(Migrator); ok {
+		mux.HandleFunc("GET "+statusapi.MigrationPath, func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, m.Migration())
+		})
+		mux.HandleFunc("POST "+statusapi.MigrationPath, func(w http.ResponseWriter, r *http.Request) {
+			serveMigrationRequest(w, r, m)
+		})
+	}
 	return mux
 }
 

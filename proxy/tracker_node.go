@@ -18,7 +18,7 @@ func nodeFrom(name string, node *v1.Node) (Node, []error) {
 	if node == nil {
 		return Node{Name: name}, nil
 	}
-	n := Node{Name: node.Name, Labels: maps.Clone(node.Labels)}
+	n := Node{Name: node.Name, Labels: maps.Clone(node.Labels), ProxyMode: node.Annotations[AnnotationProxyMode]}
 	var errs []error
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for i, addr := range node.Status.Addresses {
@@ -39,8 +39,13 @@ func nodeFrom(name string, node *v1.Node) (Node, []error) {
 	return n, errs
 }
 
-// Equal reports whether two Nodes carry the same name, addresses and labels.
-func (n Node) Equal(o Node) bool {
+// Equal reports whether two Nodes carry the same name, addresses, labels
+// and requested proxy mode.
+func (n Node) Equal(o Node) bool { return n.sameForServices(o) && n.ProxyMode == o.ProxyMode }
+
+// sameForServices reports whether two Nodes program Services the same:
+// name, addresses and labels.
+func (n Node) sameForServices(o Node) bool {
 	return n.Name == o.Name && slices.Equal(n.IPs, o.IPs) && maps.Equal(n.Labels, o.Labels)
 }
 

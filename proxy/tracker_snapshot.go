@@ -24,7 +24,7 @@ func (t *ChangeTracker) Snapshot() *State {
 		Endpoints:    maps.Clone(prev.Endpoints),
 		Changed:      make(map[ServicePortName]struct{}),
 		TriggerTimes: make(map[ServicePortName]time.Time),
-		NodeChanged:  !prev.Node.Equal(t.node),
+		NodeChanged:  !prev.Node.sameForServices(t.node),
 		Node:         t.node,
 	}
 	if s.Services == nil {

@@ -153,6 +153,6 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.addFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root
 }

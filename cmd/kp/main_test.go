@@ -213,7 +213,11 @@ func TestAutoModeFallsBackToTheFirstModeWhoseProbePasses(t *testing.T) {
 			if code := h.run(append([]string{"proxy", "--manifests", t.TempDir()}, args...)...); code != 0 {
 				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
 			}
-			if h.cfg.Mode != proxy.ModeIPTables || h.opts.Backend != ipt {
+			sw, ok := h.opts.Backend.(*proxy.Switcher)
+			if !ok {
+				t.Fatalf("kp proxy runs %T, not the Switcher", h.opts.Backend)
+			}
+			if b, _ := sw.Current(); h.cfg.Mode != proxy.ModeIPTables || b != ipt {
 				t.Errorf("ran mode %s with backend %v, want iptables", h.cfg.Mode, h.opts.Backend)
 			}
 			// The iptables mode's own defaults, not nftables's.

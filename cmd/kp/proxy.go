@@ -9,9 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpproxy/kp/conntrack"
-	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -93,7 +93,7 @@ func (a *app) useSettings(s settings) error {
 func (a *app) proxy(ctx context.Context, s settings) error {
 	// The source first: it does not depend on the mode, and a missing one
 	// is the first thing to fix.
-	sources, err := a.sources(s.cfg)
+	sources, client, err := a.sources(s.cfg)
 	if err != nil {
 		return err
 	}
@@ -106,6 +106,13 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
 	opts := a.runOptions(cfg, backend, sources)
+	// The Switcher takes the node over after the first sync and switches
+	// modes when asked (kp migrate node).
+	sw := a.switcher(s, backend, opts.Observers)
+	if client != nil {
+		sw.SetFinished(nodeEvents(client, cfg.HostnameOverride, a.log))
+	}
+	opts.Backend = sw
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
 	err = a.runProxy(ctx, cfg, opts)
@@ -139,27 +146,16 @@ func (a *app) drain(backend proxy.Backend) {
 	}
 }
 
-// runOptions adds to the backend what follows its syncs: in the modes that
-// DNAT with conntrack (nftables and iptables; ipvs when it lands), the
-// cleaner of stale UDP conntrack entries.
+// runOptions adds to the backend what follows its syncs: the cleaner of
+// stale UDP conntrack entries (in every mode: the userspace mode has no
+// DNAT entries to clean, but a UDP flow the kernel confirmed to a Service
+// address before kp had a rule for it blackholes there too).
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
-	// The userspace mode has no DNAT entries to clean, but a UDP flow the
-	// kernel confirmed to a Service address before kp had a rule for it
-	// blackholes there too (the cleaner deletes those).
-	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
-		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
-			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
-		opts.Observers = append(opts.Observers, cleaner)
-		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
-	}
-	// After the first sync: remove kube-proxy's rules and kp's other modes'
-	// (TakeOver spares cfg.Mode's).
-	takeover := &migrate.TakeOver{Mode: cfg.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
-	for m := range a.backends {
-		takeover.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
-	}
-	opts.Observers = append(opts.Observers, takeover)
+	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
+		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
+	opts.Observers = append(opts.Observers, cleaner)
+	opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	// A backend's own metrics (the iptables mode's, with upstream's names).
 	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
 		opts.Collectors = append(opts.Collectors, c.Collectors()...)
@@ -170,22 +166,22 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 // sources picks where Services come from: the folder if --manifests is set,
 // otherwise the API server, found by --kubeconfig/--master or, in a pod, the
 // in-cluster configuration.
-func (a *app) sources(cfg proxy.Config) ([]proxy.Source, error) {
+func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubernetes.Interface, error) {
 	if cfg.ManifestsDir != "" {
 		if cfg.Kubeconfig != "" || cfg.Master != "" {
 			a.log.Info("--manifests is set; the Kubernetes API is not used", "manifests", cfg.ManifestsDir)
 		}
-		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil
+		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil, nil
 	}
 	if cfg.Kubeconfig == "" && cfg.Master == "" && !a.inCluster() {
-		return nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
+		return nil, nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
 			"(in a pod the in-cluster configuration is used), or --manifests DIR for a folder of Service and EndpointSlice files")
 	}
 	client, err := a.newKubeClient(cfg.Kubeconfig, cfg.Master)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, nil
+	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, client, nil
 }
 
 // inCluster reports whether client-go's in-cluster configuration applies:

@@ -1,6 +1,7 @@
 package statusapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,6 +37,47 @@ func (c *Client) Services(ctx context.Context, namespace, service string) (*Serv
 	}
 	var s Services
 	return &s, c.get(ctx, ServicesPath, q, &s)
+}
+
+// Migration fetches /kp/v1/migration (nil when no switch was asked for).
+func (c *Client) Migration(ctx context.Context) (*Migration, error) {
+	var m *Migration
+	return m, c.get(ctx, MigrationPath, nil, &m)
+}
+
+// RequestMigration posts a mode switch and returns its progress record.
+func (c *Client) RequestMigration(ctx context.Context, req MigrationRequest) (*Migration, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	u := strings.TrimSuffix(c.BaseURL, "/") + MigrationPath
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("status API: %w", err)
+	}
+	r.Header.Set("Content-Type", "application/json")
+	resp, err := c.httpClient().Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("status API: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return nil, fmt.Errorf("status API: POST %s: %s: %s", u, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	var m Migration
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		return nil, fmt.Errorf("status API: POST %s: decode: %w", u, err)
+	}
+	return &m, nil
+}
+
+func (c *Client) httpClient() *http.Client {
+	if c.HTTP == nil {
+		return http.DefaultClient
+	}
+	return c.HTTP
 }
 
 func (c *Client) get(ctx context.Context, path string, q url.Values, out any) error {

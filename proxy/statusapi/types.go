@@ -50,6 +50,11 @@ type Status struct {
 
 	// ModeChoice says how Mode was chosen.
 	ModeChoice *ModeChoice `json:"modeChoice,omitempty"`
+
+	// IPTablesBackend is the iptables mode's flavor, nft or legacy.
+	IPTablesBackend string `json:"iptablesBackend,omitempty"`
+	// Migration is the last mode switch asked for, absent when none.
+	Migration *Migration `json:"migration,omitempty"`
 }
 
 // ModeChoice is how kp chose its mode: forced (a flag, the config file),
@@ -172,4 +177,71 @@ type Counters struct {
 	// proxy them (userspace; there Bytes are every byte copied both ways,
 	// counted when a connection ends).
 	ActiveConnections *int64 `json:"activeConnections,omitempty"`
+}
+
+// MigrationPath is GET (progress) and POST (a request) for switching the
+// running proxy to another mode; POST is accepted from loopback only.
+const MigrationPath = "/kp/" + Version + "/migration"
+
+// MigrationRequest is the body of POST /kp/v1/migration.
+type MigrationRequest struct {
+	// To is the target mode: nftables, iptables, iptables-nft,
+	// iptables-legacy, ipvs or userspace. Asking for the mode that runs
+	// re-verifies it and removes every other proxy's leftovers.
+	To string `json:"to"`
+	// RequestedBy says who asked, for the logs ("kp migrate node").
+	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
+// Migration phases.
+const (
+	MigrationPending   = "pending"
+	MigrationRunning   = "running"
+	MigrationSucceeded = "succeeded"
+	MigrationFailed    = "failed"
+)
+
+// Migration is the progress of the last mode switch the proxy was asked
+// for (GET /kp/v1/migration, and /kp/v1/status's migration).
+type Migration struct {
+	// ID increases with every request; a client waits for its own.
+	ID          uint64 `json:"id"`
+	From        string `json:"from"` // the mode that ran when it started, e.g. iptables-nft
+	To          string `json:"to"`
+	RequestedBy string `json:"requestedBy,omitempty"`
+	Phase       string `json:"phase"` // pending, running, succeeded, failed
+	// Steps are program, verify and remove, in order, as far as reached.
+	Steps   []MigrationStep `json:"steps,omitempty"`
+	Error   string          `json:"error,omitempty"`
+	Started time.Time       `json:"started,omitempty"`
+	Ended   time.Time       `json:"ended,omitempty"`
+	// Verification is what the verify step found.
+	Verification *Verification `json:"verification,omitempty"`
+}
+
+// MigrationStep is one step of a migration.
+type MigrationStep struct {
+	Name    string    `json:"name"` // program, verify, remove
+	Detail  string    `json:"detail,omitempty"`
+	Error   string    `json:"error,omitempty"`
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended,omitempty"`
+}
+
+// Verification is the proof that the new mode carries every Service: a
+// connection (TCP) or a datagram (UDP) from inside the node to each
+// ClusterIP of each service port with endpoints, and the new mode's own
+// per-endpoint counters of that service port having moved.
+type Verification struct {
+	ServicePorts int `json:"servicePorts"` // proven
+	Probes       int `json:"probes"`       // connections and datagrams sent
+	// Skipped are the service ports not probed, with why (no endpoints
+	// usable from the node, SCTP).
+	Skipped []string `json:"skipped,omitempty"`
+	// Failed are the service ports whose counters did not move: the new
+	// mode did not carry them.
+	Failed []string `json:"failed,omitempty"`
+	// Warnings are service ports carried by the new mode (their counters
+	// moved) whose endpoint did not accept the probe.
+	Warnings []string `json:"warnings,omitempty"`
 }

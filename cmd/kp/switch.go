@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/migrate"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// switcher wraps the started backend in the proxy.Switcher kp proxy runs:
+// it builds other modes' backends with s's settings for that mode, removes
+// everything but the running mode's rules after the first sync and after
+// each switch (migrate.TakeOver), and keeps the conntrack cleaner in step
+// with the mode.
+func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.SyncObserver) *proxy.Switcher {
+	var cleaner *conntrack.Cleaner
+	for _, o := range observers {
+		if c, ok := o.(*conntrack.Cleaner); ok {
+			cleaner = c
+		}
+	}
+	cfg := s.cfg
+	return proxy.NewSwitcher(proxy.SwitcherConfig{
+		Initial:       backend,
+		InitialTarget: targetOf(backend),
+		Log:           a.log,
+		Build: func(ctx context.Context, t proxy.Target) (proxy.Backend, proxy.Target, error) {
+			st, err := a.settingsFor(s, t)
+			if err != nil {
+				return nil, t, err
+			}
+			b, err := a.probeMode(ctx, st)
+			if err != nil {
+				return nil, t, err
+			}
+			return b, targetOf(b), nil
+		},
+		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State) error {
+			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{},
+				NodePorts: nodePorts(st)}
+			for m := range a.backends {
+				to.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
+			}
+			return to.Run(ctx)
+		},
+		Switched: func(b proxy.Backend) {
+			if cleaner != nil {
+				cleaner.SetKeepRedirected(b.Mode() == proxy.ModeUserspace)
+			}
+		},
+	})
+}
+
+// settingsFor is s for target t: the mode's own section of the config file
+// and defaults when the mode was auto, else s with the mode (and iptables
+// flavor) replaced.
+func (a *app) settingsFor(s settings, t proxy.Target) (settings, error) {
+	out := s
+	if s.forMode != nil {
+		var err error
+		if out, err = s.forMode(t.Mode); err != nil {
+			return s, fmt.Errorf("settings for %s mode: %w", t.Mode, err)
+		}
+	}
+	out.cfg.Mode, out.modeFrom = t.Mode, "kp migrate --to "+t.String()
+	if t.IPTablesBackend != "" {
+		out.cfg.IPTablesBackend = t.IPTablesBackend
+	}
+	return out, nil
+}
+
+// targetOf is the target a probed backend runs as.
+func targetOf(b proxy.Backend) proxy.Target {
+	t := proxy.Target{Mode: b.Mode()}
+	if f, ok := b.(interface{ Flavor() iptables.Flavor }); ok {
+		t.IPTablesBackend = string(f.Flavor())
+	}
+	return t
+}
+
+// nodePorts lists st's NodePorts, by which kube-proxy's ipvs-mode virtual
+// servers on node addresses are recognised.
+func nodePorts(st *proxy.State) []migrate.NodePort {
+	var out []migrate.NodePort
+	for _, sp := range st.Services {
+		if sp.NodePort == 0 {
+			continue
+		}
+		proto := uint16(unix.IPPROTO_TCP)
+		switch sp.Protocol {
+		case v1.ProtocolUDP:
+			proto = unix.IPPROTO_UDP
+		case v1.ProtocolSCTP:
+			proto = unix.IPPROTO_SCTP
+		}
+		out = append(out, migrate.NodePort{Protocol: proto, Port: uint16(sp.NodePort)})
+	}
+	return out
+}

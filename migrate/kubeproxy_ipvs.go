@@ -1,0 +1,190 @@
+package migrate
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+)
+
+// kubeIPVSInterface is the dummy interface upstream kube-proxy's ipvs mode
+// binds every Service address to.
+const kubeIPVSInterface = "kube-ipvs0"
+
+// kubeProxyIPSets are the ipsets upstream kube-proxy's ipvs mode creates
+// (v1.36); its IPv6 sets carry the same names after "KUBE-6-".
+var kubeProxyIPSets = map[string]bool{
+	"KUBE-LOOP-BACK": true, "KUBE-CLUSTER-IP": true, "KUBE-EXTERNAL-IP": true, "KUBE-EXTERNAL-IP-LOCAL": true,
+	"KUBE-LOAD-BALANCER": true, "KUBE-LOAD-BALANCER-LOCAL": true, "KUBE-LOAD-BALANCER-FW": true,
+	"KUBE-LOAD-BALANCER-SOURCE-IP": true, "KUBE-LOAD-BALANCER-SOURCE-CIDR": true,
+	"KUBE-NODE-PORT-TCP": true, "KUBE-NODE-PORT-LOCAL-TCP": true, "KUBE-NODE-PORT-UDP": true,
+	"KUBE-NODE-PORT-LOCAL-UDP": true, "KUBE-NODE-PORT-SCTP-HASH": true, "KUBE-NODE-PORT-LOCAL-SCTP-HASH": true,
+	"KUBE-HEALTH-CHECK-NODE-PORT": true, "KUBE-IPVS-IPS": true,
+}
+
+func isKubeProxyIPSet(name string) bool {
+	return kubeProxyIPSets[name] || kubeProxyIPSets["KUBE-"+strings.TrimPrefix(name, "KUBE-6-")]
+}
+
+// NodePort is a Service's NodePort, which kube-proxy's ipvs mode serves
+// with a virtual server on each node address.
+type NodePort struct {
+	Protocol uint16 // syscall.IPPROTO_TCP, _UDP, _SCTP
+	Port     uint16
+}
+
+// IPVSFound is what kube-proxy's ipvs mode left.
+type IPVSFound struct {
+	Interface      bool // kube-ipvs0
+	VirtualServers int
+	IPSets         []string
+	// Skipped says why IPVS was not looked at (no IPVS in this kernel).
+	Skipped string
+}
+
+func (f IPVSFound) String() string {
+	if f.Skipped != "" {
+		return "ipvs: skipped (" + f.Skipped + ")"
+	}
+	return fmt.Sprintf("ipvs: interface %s %v, %d virtual servers, ipsets %v", kubeIPVSInterface, f.Interface, f.VirtualServers, f.IPSets)
+}
+
+func (f IPVSFound) empty() bool { return !f.Interface && f.VirtualServers == 0 && len(f.IPSets) == 0 }
+
+// KubeProxyIPVS finds what upstream kube-proxy's ipvs mode left in the
+// calling thread's network namespace and, when remove is set, removes it:
+// the virtual servers it owned (those on an address of kube-ipvs0, and
+// those on another local address whose port is one of nodePorts), then
+// kube-ipvs0, then its ipsets (run it after KubeProxyIPTables: an ipset an
+// iptables rule still references cannot be destroyed). Another program's
+// virtual servers and ipsets stay; upstream's own cleanup flushes them all.
+func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVSFound, error) {
+	var found IPVSFound
+	var errs []error
+	link, err := netlink.LinkByName(kubeIPVSInterface)
+	if err != nil && !errors.As(err, new(netlink.LinkNotFoundError)) {
+		errs = append(errs, fmt.Errorf("look up %s: %w", kubeIPVSInterface, err))
+	}
+	bound := map[netip.Addr]bool{}
+	if link != nil {
+		found.Interface = true
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("addresses of %s: %w", kubeIPVSInterface, err))
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				bound[ip.Unmap()] = true
+			}
+		}
+	}
+	local, err := localAddrs()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	// /proc/net/ip_vs exists where the ip_vs module is loaded: without it
+	// there are no virtual servers, and ipvs.New would run modprobe.
+	var h *ipvs.Handle
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		found.Skipped = "IPVS is not loaded in this kernel"
+	} else if h, err = ipvs.New(""); err != nil {
+		found.Skipped = "no IPVS: " + err.Error()
+	} else {
+		defer h.Close()
+		svcs, err := h.GetServices()
+		if err != nil {
+			found.Skipped = "no IPVS: " + err.Error()
+		}
+		for _, s := range svcs {
+			ip, ok := netip.AddrFromSlice(s.Address)
+			if !ok || s.FWMark != 0 {
+				continue
+			}
+			ip = ip.Unmap()
+			isNodePort := !bound[ip] && local[ip] && containsNodePort(nodePorts, s.Protocol, s.Port)
+			if !bound[ip] && !isNodePort {
+				continue
+			}
+			found.VirtualServers++
+			if remove {
+				if err := h.DelService(s); err != nil {
+					errs = append(errs, fmt.Errorf("delete IPVS virtual server %s:%d: %w", ip, s.Port, err))
+				}
+			}
+		}
+	}
+	if link != nil && remove {
+		if err := netlink.LinkDel(link); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", kubeIPVSInterface, err))
+		}
+	}
+	sets, err := listIPSets(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range sets {
+		if !isKubeProxyIPSet(name) {
+			continue
+		}
+		found.IPSets = append(found.IPSets, name)
+		if remove {
+			if out, err := exec.CommandContext(ctx, "ipset", "destroy", name).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("ipset destroy %s: %v: %s", name, err, strings.TrimSpace(string(out))))
+			}
+		}
+	}
+	return found, errors.Join(errs...)
+}
+
+func containsNodePort(ps []NodePort, proto uint16, port uint16) bool {
+	for _, p := range ps {
+		if p.Protocol == proto && p.Port == port {
+			return true
+		}
+	}
+	return false
+}
+
+// listIPSets names the namespace's ipsets; no ipset binary means none kp
+// could remove (and none kube-proxy, which needs it, could have made).
+func listIPSets(ctx context.Context) ([]string, error) {
+	if _, err := exec.LookPath("ipset"); err != nil {
+		return nil, nil
+	}
+	out, err := exec.CommandContext(ctx, "ipset", "list", "-n").Output()
+	if err != nil {
+		// A kernel without ip_set has no ipsets to remove; kube-proxy's
+		// ipvs mode cannot have run there either.
+		return nil, nil
+	}
+	var names []string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if n := strings.TrimSpace(sc.Text()); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+func localAddrs() (map[netip.Addr]bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list local addresses: %w", err)
+	}
+	out := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out, nil
+}

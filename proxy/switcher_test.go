@@ -1,0 +1,153 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+// recBackend records what the Switcher asked of it, in one shared log.
+type recBackend struct {
+	mode Mode
+	log  *[]string
+}
+
+func (b *recBackend) Mode() Mode                  { return b.mode }
+func (b *recBackend) Probe(context.Context) error { return nil }
+func (b *recBackend) Cleanup(context.Context) error {
+	*b.log = append(*b.log, string(b.mode)+" cleanup")
+	return nil
+}
+func (b *recBackend) Sync(context.Context, *State) error {
+	*b.log = append(*b.log, string(b.mode)+" sync")
+	return nil
+}
+
+func newTestSwitcher(log *[]string, verifyErr error) *Switcher {
+	initial := &recBackend{mode: ModeNFTables, log: log}
+	return NewSwitcher(SwitcherConfig{
+		Initial: initial, InitialTarget: Target{Mode: ModeNFTables},
+		Build: func(_ context.Context, t Target) (Backend, Target, error) {
+			*log = append(*log, "build "+t.String())
+			return &recBackend{mode: t.Mode, log: log}, t, nil
+		},
+		Retire: func(_ context.Context, running Target, _ *State) error {
+			*log = append(*log, "retire all but "+running.String())
+			return nil
+		},
+		Verify: func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
+			*log = append(*log, "verify "+string(b.Mode()))
+			if verifyErr != nil {
+				return &statusapi.Verification{Failed: []string{verifyErr.Error()}}, nil
+			}
+			return &statusapi.Verification{ServicePorts: 1}, nil
+		},
+	})
+}
+
+func TestSwitcherProgramsVerifiesThenRemovesTheOldMode(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		to        string
+		verifyErr error
+		want      []string
+		phase     string
+		mode      Mode
+	}{
+		{name: "switch", to: "iptables-nft", phase: statusapi.MigrationSucceeded, mode: ModeIPTables,
+			want: []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "retire all but iptables-nft"}},
+		{name: "verify fails: the new rules go, the old mode stays", to: "userspace", verifyErr: errors.New("no counters moved"),
+			phase: statusapi.MigrationFailed, mode: ModeNFTables,
+			want: []string{"nftables sync", "build userspace", "userspace sync", "verify userspace", "userspace cleanup"}},
+		{name: "the running mode: re-verify and remove leftovers", to: "nftables", phase: statusapi.MigrationSucceeded, mode: ModeNFTables,
+			want: []string{"nftables sync", "verify nftables", "retire all but nftables"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log []string
+			s := newTestSwitcher(&log, tc.verifyErr)
+			ctx := context.Background()
+			if err := s.Sync(ctx, &State{}); err != nil {
+				t.Fatal(err)
+			}
+			log = nil
+			target, _ := ParseTarget(tc.to)
+			if _, err := s.Request(target, "test"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Sync(ctx, &State{}); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(log, tc.want) {
+				t.Errorf("calls\n%q\nwant\n%q", log, tc.want)
+			}
+			if m := s.Migration(); m.Phase != tc.phase || s.Mode() != tc.mode {
+				t.Errorf("phase %s (%s), mode %s; want %s, %s", m.Phase, m.Error, s.Mode(), tc.phase, tc.mode)
+			}
+			// The next sync goes to the mode that runs, and only to it.
+			log = nil
+			_ = s.Sync(ctx, &State{})
+			if want := []string{string(tc.mode) + " sync"}; !slices.Equal(log, want) {
+				t.Errorf("next sync: %q, want %q", log, want)
+			}
+		})
+	}
+}
+
+func TestSwitcherStartsInTheModeTheNodeAnnotationNames(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	st := &State{Node: Node{Name: "n1", ProxyMode: "userspace"}}
+	if err := s.Sync(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"build userspace", "userspace sync", "retire all but userspace"}
+	if !slices.Equal(log, want) || s.Mode() != ModeUserspace {
+		t.Errorf("calls %q (mode %s), want %q", log, s.Mode(), want)
+	}
+	// The same annotation later is no new request.
+	log = nil
+	_ = s.Sync(context.Background(), st)
+	if !slices.Equal(log, []string{"userspace sync"}) {
+		t.Errorf("second sync: %q", log)
+	}
+}
+
+func TestSwitcherRefusesToSwitchBetweenIPTablesFlavors(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	s.curTarget = Target{Mode: ModeIPTables, IPTablesBackend: "nft"}
+	if _, err := s.Request(Target{Mode: ModeIPTables, IPTablesBackend: "legacy"}, "test"); err == nil {
+		t.Error("switch from iptables-nft to iptables-legacy accepted")
+	}
+}
+
+func TestSwitcherRemovesRulesThatShadowTheRunningModeThenVerifiesAgain(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	verifies := 0
+	s.cfg.Verify = func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
+		verifies++
+		log = append(log, "verify "+string(b.Mode()))
+		if verifies == 1 { // kube-proxy's newer rules take the probes
+			return &statusapi.Verification{Failed: []string{"web: counters did not move"}}, nil
+		}
+		return &statusapi.Verification{ServicePorts: 1}, nil
+	}
+	ctx := context.Background()
+	_ = s.Sync(ctx, &State{})
+	log = nil
+	if _, err := s.Request(Target{Mode: ModeNFTables}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Sync(ctx, &State{})
+	want := []string{"nftables sync", "verify nftables", "retire all but nftables", "verify nftables", "retire all but nftables"}
+	if !slices.Equal(log, want) {
+		t.Errorf("calls %q, want %q", log, want)
+	}
+	if m := s.Migration(); m.Phase != statusapi.MigrationSucceeded {
+		t.Errorf("phase %s: %s", m.Phase, m.Error)
+	}
+}
