@@ -129,6 +129,12 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		npIPs = b.lastNodePortIPs
 	}
 	tx := &Transaction{}
+	if full {
+		// A full sync makes garbage many times what it keeps; with the
+		// runtime's default the heap would grow to twice everything kp
+		// holds before a collection. Collect sooner, for this sync only.
+		defer debug.SetGCPercent(debug.SetGCPercent(fullSyncGCPercent))
+	}
 	if st, ok := b.conn.(streamer); ok && full {
 		if tx, err = st.Stream(); err != nil {
 			b.tables = nil
@@ -191,6 +197,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	b.log.Debug("nftables sync", "full", full, "operations", tx.Len(), "changed", len(s.Changed))
 	return nil
 }
+
+// fullSyncGCPercent is GOGC during a full sync (see Sync).
+const fullSyncGCPercent = 25
 
 // fullSyncGroup is how many Services a full sync renders before it encodes
 // them: the memory of that many rendered Services, against fewer, larger

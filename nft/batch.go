@@ -172,45 +172,47 @@ func encodeBatch(tx *Transaction) (*batch, error) {
 
 // opNote is what an error message needs of an operation once the
 // operation itself is gone (a streamed batch drops each Service's rules as
-// soon as they are encoded).
+// soon as they are encoded): a few words per operation, sharing the
+// rendered names and texts.
 type opNote struct {
-	kind             opKind
-	v6               bool
-	chain, set, name string
-	vmap             bool
-	rule             string
-	first            Element // element operations: the first element
-	elems            int
+	kind     opKind
+	v6, vmap bool
+	elems    int32
+	name     string // the chain's, the set's or the counter's
+	text     string // a rule's text, or the first element's key
+	value    string // the first element's value
 }
 
 func noteOf(o *op) opNote {
-	n := opNote{kind: o.kind, v6: o.fam.v6, name: o.name, elems: len(o.elems)}
-	if o.chain != nil {
-		n.chain = o.chain.Name
-	}
-	if o.set != nil {
-		n.set, n.vmap = o.set.Name, o.set.VMap
-	}
-	if o.rule != nil {
-		n.rule = o.rule.String()
+	n := opNote{kind: o.kind, v6: o.fam.v6, name: o.name, elems: int32(len(o.elems))}
+	switch {
+	case o.rule != nil:
+		n.name, n.text = o.chain.Name, o.rule.Text
+	case o.chain != nil:
+		n.name = o.chain.Name
+	case o.set != nil:
+		n.name, n.vmap = o.set.Name, o.set.VMap
 	}
 	if len(o.elems) > 0 {
-		f := o.elems[0]
-		n.first = Element{KeyText: f.KeyText, Goto: f.Goto, Drop: f.Drop, DataText: f.DataText, Data: f.Data}
+		e := &o.elems[0]
+		n.text, n.value = e.KeyText, e.DataText
+		if n.value == "" {
+			n.value = e.value()
+		}
 	}
 	return n
 }
 
 // describe is the noted operation's first line in nft syntax.
 func (n *opNote) describe() string {
-	o := op{kind: n.kind, fam: familyIPv4, name: n.name, chain: &Chain{Name: n.chain}, set: &Set{Name: n.set, VMap: n.vmap},
-		rule: &Rule{Text: n.rule}}
+	o := op{kind: n.kind, fam: familyIPv4, name: n.name, chain: &Chain{Name: n.name},
+		set: &Set{Name: n.name, VMap: n.vmap}, rule: &Rule{Text: n.text}}
 	if n.v6 {
 		o.fam = familyIPv6
 	}
 	if n.elems > 0 {
 		o.elems = make([]Element, n.elems)
-		o.elems[0] = n.first
+		o.elems[0] = Element{KeyText: n.text, DataText: n.value}
 	}
 	return o.describe()
 }

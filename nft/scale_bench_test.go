@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -78,27 +77,6 @@ func BenchmarkFullSyncKernel(b *testing.B) {
 		}
 		b.StartTimer()
 	}
-}
-
-// BenchmarkRetainedHeapAfterAFullSync reports what kp keeps after a full
-// sync of -bench.services × 10 (what the next syncs diff against).
-func BenchmarkRetainedHeapAfterAFullSync(b *testing.B) {
-	s := scaleState(*benchServices, 10)
-	var retained float64
-	for b.Loop() {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		be, _ := newBackend(testConfig(), nil, &nullConn{})
-		if err := be.Sync(b.Context(), s); err != nil {
-			b.Fatal(err)
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		retained = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
-		runtime.KeepAlive(be)
-	}
-	b.ReportMetric(retained, "MiB-retained")
 }
 
 // nullConn accepts every transaction and holds nothing.
