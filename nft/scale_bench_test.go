@@ -14,15 +14,20 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// scaleState is n ClusterIP Services of m endpoints each.
+// scaleState is n ClusterIP Services of m endpoints each (up to 100,000s:
+// ClusterIPs from 10.96.0.1 on, endpoints from 10.128.0.1 on, 16 addresses
+// per Service).
 func scaleState(n, m int) *proxy.State {
 	w := newWorld()
+	addr := func(base uint32) string {
+		return netip.AddrFrom4([4]byte{byte(base >> 24), byte(base >> 16), byte(base >> 8), byte(base)}).String()
+	}
 	for i := range n {
 		var eps []string
 		for j := range m {
-			eps = append(eps, fmt.Sprintf("10.%d.%d.%d:8080", 100+i/250, i%250, j+1))
+			eps = append(eps, addr(10<<24|128<<16+uint32(i*16+j+1))+":8080")
 		}
-		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
+		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), addr(10<<24|96<<16+uint32(i+1)), 80, 0, eps...)
 	}
 	return w.state()
 }
