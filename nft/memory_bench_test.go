@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Memory benchmarks: what kp keeps after a full sync, and the peak of a
@@ -97,14 +98,16 @@ func TestPeakRSSChild(t *testing.T) {
 	s := scaleState(n, 10)
 	debug.FreeOSMemory()
 	base := procStatusKiB(t, "VmRSS")
+	start := time.Now()
 	if err := be.Sync(t.Context(), s); err != nil {
 		t.Fatal(err)
 	}
+	took := time.Since(start)
 	peak := procStatusKiB(t, "VmHWM")
 	debug.FreeOSMemory()
 	idle := procStatusKiB(t, "VmRSS")
-	fmt.Printf("measure MiB-base-rss=%.1f MiB-peak-rss=%.1f MiB-idle-rss=%.1f MiB-sync-peak=%.1f\n",
-		base/1024, peak/1024, idle/1024, (peak-base)/1024)
+	fmt.Printf("measure MiB-base-rss=%.1f MiB-peak-rss=%.1f MiB-idle-rss=%.1f MiB-sync-peak=%.1f s-sync=%.2f\n",
+		base/1024, peak/1024, idle/1024, (peak-base)/1024, took.Seconds())
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(be)
 }
