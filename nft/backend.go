@@ -315,7 +315,11 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 			}
 			v := rendered[o.name]
 			if v == nil {
-				v = b.render(f, slots, s.Services[o.name], s.Endpoints[o.name], s.Node)
+				sp := s.Services[o.name]
+				if sp == nil {
+					continue // cannot be: an owner has a footprint, so a Service port
+				}
+				v = b.render(f, slots, sp, s.Endpoints[o.name], s.Node)
 				rendered[o.name] = v
 			}
 			if e, ok := v.elements[set][k]; ok {

@@ -93,14 +93,18 @@ func (o *elementOwners) add(fp *footprint) {
 func (o *elementOwners) remove(fp *footprint) {
 	for _, r := range fp.elems {
 		others := o.more[r]
-		if o.first[r] != fp {
+		switch {
+		case o.first[r] != fp:
 			others = slices.DeleteFunc(others, func(x *footprint) bool { return x == fp })
-		} else if len(others) == 0 {
+		case len(others) == 0:
 			delete(o.first, r)
-		} else {
-			i := slices.IndexFunc(others, func(x *footprint) bool {
-				return x == slices.MinFunc(others, func(a, b *footprint) int { return compareNames(a.name, b.name) })
-			})
+		default: // the next owner by name takes the key
+			i := 0
+			for j := range others {
+				if compareNames(others[j].name, others[i].name) < 0 {
+					i = j
+				}
+			}
 			o.first[r] = others[i]
 			others = slices.Delete(others, i, i+1)
 		}
