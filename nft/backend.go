@@ -64,6 +64,16 @@ type tableBook struct {
 	skel   *view
 }
 
+// own records fp as what name wrote; an empty footprint (a port of the
+// other family, for instance) is not kept.
+func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems) == 0 {
+		delete(book.owned, name)
+		return
+	}
+	book.owned[name] = fp
+}
+
 // New returns the nftables backend for cfg, acting in the calling process's
 // network namespace.
 func New(cfg proxy.Config, log *slog.Logger) (*Backend, error) {
@@ -243,7 +253,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 	for i, name := range names {
 		v := b.render(f, slots, s.Services[name], s.Endpoints[name], s.Node)
 		fp := footprintOf(name, v)
-		book.owned[name] = fp
+		book.own(name, fp)
 		book.owners.add(fp)
 		want.mergeObjects(v)
 		for set, es := range v.elements {
@@ -283,10 +293,8 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 		if sp := s.Services[name]; sp != nil {
 			v = b.render(f, slots, sp, s.Endpoints[name], s.Node)
 			fp = footprintOf(name, v)
-			book.owned[name] = fp
-		} else {
-			delete(book.owned, name)
 		}
+		book.own(name, fp)
 		if old != nil {
 			book.owners.remove(old)
 			touched.merge(old.scope())
