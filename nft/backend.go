@@ -258,7 +258,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		want.mergeObjects(v)
 		for set, es := range v.elements {
 			for k, e := range es {
-				if book.owners.owner(elemRef{set, k}) == fp {
+				if unshared(set) || book.owners.owner(elemRef{set, k}) == fp {
 					want.putElement(set, k, e)
 				}
 			}
@@ -310,12 +310,25 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 	want.merge(skel)
 	for _, v := range rendered {
 		want.mergeObjects(v)
+		// A changed port's endpoint slots are its own; a slot of an
+		// unchanged port cannot have been a changed port's (blocks
+		// change hands only through a sync of the port that gets it).
+		for set, es := range v.elements {
+			if unshared(set) {
+				for k, e := range es {
+					want.putElement(set, k, e)
+				}
+			}
+		}
 	}
-	// Every key a changed port had or has goes to its first owner's
-	// element: a changed port's, or that of an unchanged port that shared
-	// it, rendered again (its rendering has not changed: that is rare,
-	// and kp keeps no element values between syncs).
+	// Every other key a changed port had or has goes to its first
+	// owner's element: a changed port's, or that of an unchanged port
+	// that shared it, rendered again (its rendering has not changed: that
+	// is rare, and kp keeps no element values between syncs).
 	for set, es := range touched.elements {
+		if unshared(set) {
+			continue
+		}
 		for k := range es {
 			o := book.owners.owner(elemRef{set, k})
 			if o == nil {

@@ -178,7 +178,7 @@ func setOf(f family, name string, views ...*view) *Set {
 // service port owns (nor the skeleton), and any named counter. With an
 // empty want, diff deletes them all, in the kernel's order.
 func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners) *view {
-	chains, sets := map[string]bool{}, map[string]bool{}
+	chains, sets, unsharedKeys := map[string]bool{}, map[string]bool{}, map[elemRef]bool{}
 	for name := range skel.chains {
 		chains[name] = true
 	}
@@ -191,6 +191,11 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 		}
 		for _, s := range fp.sets {
 			sets[s] = true
+		}
+		for _, r := range fp.elems {
+			if unshared(r.set) {
+				unsharedKeys[r] = true
+			}
 		}
 	}
 	v := newView()
@@ -206,7 +211,8 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 	}
 	for set, es := range m.elements {
 		for k := range es {
-			if _, ok := skel.elements[set][k]; ok || owners.owner(elemRef{set, k}) != nil {
+			r := elemRef{set, k}
+			if _, ok := skel.elements[set][k]; ok || unsharedKeys[r] || owners.owner(r) != nil {
 				continue
 			}
 			v.addElement(set, elementOfKey(set, k))

@@ -74,9 +74,18 @@ func newElementOwners() *elementOwners {
 	return &elementOwners{first: map[elemRef]*footprint{}, more: map[elemRef][]*footprint{}}
 }
 
+// unshared reports whether the elements of set have one owner by
+// construction, which their footprint alone records: an endpoint slot
+// belongs to one block, of one chain, of one service port. Not indexing
+// them keeps about half of the keys out of elementOwners.
+func unshared(set string) bool { return set == mapEndpoints }
+
 // add records fp's elements as owned by it; remove forgets them.
 func (o *elementOwners) add(fp *footprint) {
 	for _, r := range fp.elems {
+		if unshared(r.set) {
+			continue
+		}
 		cur := o.first[r]
 		switch {
 		case cur == nil:
@@ -92,6 +101,9 @@ func (o *elementOwners) add(fp *footprint) {
 
 func (o *elementOwners) remove(fp *footprint) {
 	for _, r := range fp.elems {
+		if unshared(r.set) {
+			continue
+		}
 		others := o.more[r]
 		switch {
 		case o.first[r] != fp:
@@ -117,7 +129,7 @@ func (o *elementOwners) remove(fp *footprint) {
 }
 
 // owner is the footprint whose element the key gets, nil when nobody owns
-// it.
+// it (and for the keys of unshared sets, which it does not index).
 func (o *elementOwners) owner(r elemRef) *footprint { return o.first[r] }
 
 func compareNames(a, b proxy.ServicePortName) int {
