@@ -59,9 +59,19 @@ type Backend struct {
 // which service port wrote what.
 type tableBook struct {
 	model  *tableState
-	owned  map[proxy.ServicePortName]*view // each service port's objects as last written
-	owners elementOwners
+	owned  map[proxy.ServicePortName]*footprint // what each service port wrote last
+	owners *elementOwners
 	skel   *view
+}
+
+// own records fp as what name wrote; an empty footprint (a port of the
+// other family, for instance) is not kept.
+func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems) == 0 {
+		delete(book.owned, name)
+		return
+	}
+	book.owned[name] = fp
 }
 
 // New returns the nftables backend for cfg, acting in the calling process's
@@ -129,6 +139,19 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		npIPs = b.lastNodePortIPs
 	}
 	tx := &Transaction{}
+	if full {
+		// A full sync makes garbage many times what it keeps; with the
+		// runtime's default the heap would grow to twice everything kp
+		// holds before a collection. Collect sooner, for this sync only.
+		defer debug.SetGCPercent(debug.SetGCPercent(fullSyncGCPercent))
+	}
+	if st, ok := b.conn.(streamer); ok && full {
+		if tx, err = st.Stream(); err != nil {
+			b.tables = nil
+			return fmt.Errorf("start the nftables transaction: %w", err)
+		}
+	}
+	defer tx.discard()
 	for _, f := range families {
 		book := b.tables[f]
 		if book == nil {
@@ -149,11 +172,15 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
 		b.slotsMu.Lock()
 		if full {
-			b.syncFull(tx, f, book, s, skel)
+			err = b.syncFull(ctx, tx, f, book, s, skel)
 		} else {
 			b.syncChanged(tx, f, book, s, skel)
 		}
 		b.slotsMu.Unlock()
+		if err != nil {
+			b.tables = nil
+			return err
+		}
 		book.skel = skel
 	}
 	if err := ctx.Err(); err != nil {
@@ -168,7 +195,6 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		return fmt.Errorf("apply nftables transaction: %w", err)
 	}
 	b.lastOps, b.lastFullSync, b.lastNodePortIPs = tx.Len(), full, npIPs
-	b.forgetRules(s, full)
 	if full {
 		b.lastFull = b.now()
 		// A full sync's garbage is the size of the whole ruleset, many
@@ -182,63 +208,144 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	return nil
 }
 
+// fullSyncGCPercent is GOGC during a full sync (see Sync).
+const fullSyncGCPercent = 25
+
+// fullSyncGroup is how many Services a full sync renders before it encodes
+// them: the memory of that many rendered Services, against fewer, larger
+// element messages.
+const fullSyncGroup = 256
+
+// streamer is a Conn that can encode a transaction while it is built
+// (netlinkConn; the Fake keeps every operation, for tests to read).
+type streamer interface {
+	Stream() (*Transaction, error)
+}
+
 // syncFull renders every service port and removes whatever else the table
-// holds.
-func (b *Backend) syncFull(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
-	book.owned = make(map[proxy.ServicePortName]*view, len(s.Services))
-	book.owners = elementOwners{}
-	rendered := newView()
+// holds. It goes Service by Service, in name order: each group of
+// fullSyncGroup is rendered, diffed against the model and handed to the
+// transaction's stream before the next, so that a full sync never holds
+// the whole rendered ruleset
+// (at 10,000 Services it was most of kp's peak memory). The skeleton goes
+// first, as service objects name its chains and sets; what nobody wants
+// any more is deleted last.
+func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) error {
+	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
+	book.owners = newElementOwners()
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
+	diff(tx, f, book.model, skel, skel)
+	if err := tx.spill(); err != nil {
+		return err
+	}
 	// In name order, so that slots allocated afresh (after a restart) are
-	// the same for the same Services.
+	// the same for the same Services, and so that the first owner of a
+	// shared element (see elementOwners) is the first to render it.
 	names := make([]proxy.ServicePortName, 0, len(s.Services))
 	for name := range s.Services {
 		names = append(names, name)
 	}
 	slices.SortFunc(names, compareNames)
-	for _, name := range names {
+	// Services are diffed and spilled a group at a time: one message per
+	// group for each set's elements, not one per Service.
+	want := newView()
+	for i, name := range names {
 		v := b.render(f, slots, s.Services[name], s.Endpoints[name], s.Node)
-		book.owned[name] = v
-		book.owners.add(name, v)
-		rendered.merge(v)
+		fp := footprintOf(name, v)
+		book.own(name, fp)
+		book.owners.add(fp)
+		want.mergeObjects(v)
+		for set, es := range v.elements {
+			for k, e := range es {
+				if unshared(set) || book.owners.owner(elemRef{set, k}) == fp {
+					want.putElement(set, k, e)
+				}
+			}
+		}
+		if (i+1)%fullSyncGroup != 0 && i != len(names)-1 {
+			continue
+		}
+		diff(tx, f, book.model, want, want)
+		if err := tx.spill(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		want = newView()
 	}
 	slots.releaseUnseen(nil)
-	want := wantOf(skel, rendered, book.owners)
-	scope := modelView(book.model)
-	scope.merge(want)
-	diff(tx, f, book.model, want, scope)
+	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners))
+	return tx.spill()
 }
 
 // syncChanged renders the changed service ports only, and the skeleton.
 func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
 	touched := newView() // old and new objects of the changed ports
-	rendered := newView()
+	rendered := map[proxy.ServicePortName]*view{}
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
 	for name := range s.Changed {
 		old := book.owned[name]
 		v := newView()
+		var fp *footprint
 		if sp := s.Services[name]; sp != nil {
 			v = b.render(f, slots, sp, s.Endpoints[name], s.Node)
-			book.owned[name] = v
-		} else {
-			delete(book.owned, name)
+			fp = footprintOf(name, v)
 		}
+		book.own(name, fp)
 		if old != nil {
-			book.owners.remove(name, old)
+			book.owners.remove(old)
+			touched.merge(old.scope())
 		}
-		book.owners.add(name, v)
-		touched.merge(old)
+		if fp != nil {
+			book.owners.add(fp)
+		}
+		rendered[name] = v
 		touched.merge(v)
-		rendered.merge(v)
 	}
 	slots.releaseUnseen(touched.chains)
-	want := wantOf(skel, rendered, book.owners)
-	// Elements of unchanged ports that a changed one shared stay wanted.
-	for set, es := range book.owners.resolve(touched) {
-		for _, e := range es {
-			want.addElement(set, e)
+	want := newView()
+	want.merge(skel)
+	for _, v := range rendered {
+		want.mergeObjects(v)
+		// A changed port's endpoint slots are its own; a slot of an
+		// unchanged port cannot have been a changed port's (blocks
+		// change hands only through a sync of the port that gets it).
+		for set, es := range v.elements {
+			if unshared(set) {
+				for k, e := range es {
+					want.putElement(set, k, e)
+				}
+			}
+		}
+	}
+	// Every other key a changed port had or has goes to its first
+	// owner's element: a changed port's, or that of an unchanged port
+	// that shared it, rendered again (its rendering has not changed: that
+	// is rare, and kp keeps no element values between syncs).
+	for set, es := range touched.elements {
+		if unshared(set) {
+			continue
+		}
+		for k := range es {
+			o := book.owners.owner(elemRef{set, k})
+			if o == nil {
+				continue
+			}
+			v := rendered[o.name]
+			if v == nil {
+				sp := s.Services[o.name]
+				if sp == nil {
+					continue // cannot be: an owner has a footprint, so a Service port
+				}
+				v = b.render(f, slots, sp, s.Endpoints[o.name], s.Node)
+				rendered[o.name] = v
+			}
+			if e, ok := v.elements[set][k]; ok {
+				want.putElement(set, k, e)
+			}
 		}
 	}
 	scope := newView()
@@ -246,20 +353,6 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 	scope.merge(touched)
 	scope.merge(want)
 	diff(tx, f, book.model, want, scope)
-}
-
-// wantOf is the skeleton plus rendered objects, with every shared element
-// resolved to its owner's value.
-func wantOf(skel, rendered *view, owners elementOwners) *view {
-	want := newView()
-	want.merge(skel)
-	want.mergeObjects(rendered)
-	for set, es := range owners.resolve(rendered) {
-		for _, e := range es {
-			want.addElement(set, e)
-		}
-	}
-	return want
 }
 
 // Cleanup deletes kp's tables, and nothing else in the ruleset.
@@ -334,25 +427,6 @@ func (b *Backend) carryCounters(tx *Transaction) {
 				if ce, ok := e.(*expr.Counter); ok {
 					ce.Packets, ce.Bytes = c.Packets, c.Bytes
 				}
-			}
-		}
-	}
-}
-
-// forgetRules drops the rules of the chains kp keeps for the service ports
-// this sync rendered: the next syncs only need those chains' names (to
-// delete them), and the rules are most of the memory a ruleset takes.
-func (b *Backend) forgetRules(s *proxy.State, full bool) {
-	for _, book := range b.tables {
-		if full {
-			for _, v := range book.owned {
-				v.forgetRules()
-			}
-			continue
-		}
-		for name := range s.Changed {
-			if v := book.owned[name]; v != nil {
-				v.forgetRules()
 			}
 		}
 	}

@@ -30,9 +30,10 @@ import (
 type batch struct {
 	chunks [][]byte
 	// at[i] is where message i starts: chunk index and offset; owner[i]
-	// the index in tx.ops of its operation (-1 for the batch markers).
+	// the index in notes of its operation (-1 for the batch markers).
 	at    []msgAt
 	owner []int
+	notes []opNote
 	size  int
 }
 
@@ -75,53 +76,145 @@ func (b *batch) header(i int) []byte {
 // setSeq numbers message i.
 func (b *batch) setSeq(i int, seq uint32) { binary.NativeEndian.PutUint32(b.header(i)[8:], seq) }
 
-// encodeBatch encodes tx. It asks the kernel to acknowledge only the last
+// batchEncoder encodes operations into a batch as they come, so that a
+// full sync holds each Service's rendered rules only until they are encoded
+// (see Transaction.spill). It asks the kernel to acknowledge only the last
 // operation's message, and to echo nothing: google/nftables asks for every
 // new rule to be sent back (to learn its handle, which kp never uses),
 // which cost the kernel more than adding the rules.
-func (c *netlinkConn) encodeBatch(tx *Transaction) (*batch, error) {
-	var captured []netlink.Message
-	// Lasting: one in-memory connection for all of tx, not one per Flush.
-	enc, err := nftables.New(nftables.AsLasting(), nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+type batchEncoder struct {
+	enc      *nftables.Conn
+	captured []netlink.Message
+	b        *batch
+	last     int // the last operation message, -1 before the first
+	nfgen    []byte
+}
+
+func newBatchEncoder() (*batchEncoder, error) {
+	e := &batchEncoder{b: &batch{}, last: -1}
+	var err error
+	// Lasting: one in-memory connection for all of the batch, not one per Flush.
+	e.enc, err = nftables.New(nftables.AsLasting(), nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
 		if req == nil { // google/nftables reading an ack: the encoder acknowledges
 			return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 20)}}, nil
 		}
-		captured = append(captured, req...)
+		e.captured = append(e.captured, req...)
 		return nil, nil
 	}))
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = enc.CloseLasting() }()
-	nfgen := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0} // family, version, resource id (big endian)
-	binary.BigEndian.PutUint16(nfgen[2:], unix.NFNL_SUBSYS_NFTABLES)
-	b := &batch{}
-	b.add(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, nfgen, -1)
-	last := -1
-	for i := range tx.ops {
-		if err := c.queue(enc, &tx.ops[i]); err != nil {
-			return nil, err
-		}
-		captured = captured[:0]
-		if err := enc.Flush(); err != nil {
-			return nil, fmt.Errorf("encode %s: %w", tx.ops[i].describe(), err)
-		}
-		// Flush wrapped the operation's messages in a batch of their own.
-		for _, m := range captured {
-			if t := uint16(m.Header.Type); t == unix.NFNL_MSG_BATCH_BEGIN || t == unix.NFNL_MSG_BATCH_END {
-				continue
-			}
-			flags := uint16(m.Header.Flags &^ (netlink.Acknowledge | netlink.Echo))
-			last = b.len()
-			b.add(uint16(m.Header.Type), flags, m.Data, i)
-		}
+	e.nfgen = []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0} // family, version, resource id (big endian)
+	binary.BigEndian.PutUint16(e.nfgen[2:], unix.NFNL_SUBSYS_NFTABLES)
+	e.b.add(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, e.nfgen, -1)
+	return e, nil
+}
+
+// add encodes one operation.
+func (e *batchEncoder) add(o *op) error {
+	if err := queue(e.enc, o); err != nil {
+		return err
 	}
-	if last >= 0 {
-		h := b.header(last)
+	e.captured = e.captured[:0]
+	if err := e.enc.Flush(); err != nil {
+		return fmt.Errorf("encode %s: %w", o.describe(), err)
+	}
+	note := len(e.b.notes)
+	e.b.notes = append(e.b.notes, noteOf(o))
+	// Flush wrapped the operation's messages in a batch of their own.
+	for _, m := range e.captured {
+		if t := uint16(m.Header.Type); t == unix.NFNL_MSG_BATCH_BEGIN || t == unix.NFNL_MSG_BATCH_END {
+			continue
+		}
+		flags := uint16(m.Header.Flags &^ (netlink.Acknowledge | netlink.Echo))
+		e.last = e.b.len()
+		e.b.add(uint16(m.Header.Type), flags, m.Data, note)
+	}
+	clear(e.captured) // the messages' data, until the next operation
+	return nil
+}
+
+// finish ends the batch and returns it; the encoder is done.
+func (e *batchEncoder) finish() *batch {
+	if e.last >= 0 {
+		h := e.b.header(e.last)
 		binary.NativeEndian.PutUint16(h[6:], binary.NativeEndian.Uint16(h[6:])|unix.NLM_F_ACK)
 	}
-	b.add(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, nfgen, -1)
-	return b, nil
+	e.b.add(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, e.nfgen, -1)
+	e.close()
+	return e.b
+}
+
+// empty reports whether no operation was encoded.
+func (e *batchEncoder) empty() bool { return len(e.b.notes) == 0 }
+
+func (e *batchEncoder) close() {
+	if e.enc != nil {
+		_ = e.enc.CloseLasting()
+		e.enc = nil
+	}
+}
+
+// encodeBatch encodes a whole transaction (one that was not streamed).
+func encodeBatch(tx *Transaction) (*batch, error) {
+	e, err := newBatchEncoder()
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	for i := range tx.ops {
+		if err := e.add(&tx.ops[i]); err != nil {
+			return nil, err
+		}
+	}
+	return e.finish(), nil
+}
+
+// opNote is what an error message needs of an operation once the
+// operation itself is gone (a streamed batch drops each Service's rules as
+// soon as they are encoded): a few words per operation, sharing the
+// rendered names and texts.
+type opNote struct {
+	kind     opKind
+	v6, vmap bool
+	elems    int32
+	name     string // the chain's, the set's or the counter's
+	text     string // a rule's text, or the first element's key
+	value    string // the first element's value
+}
+
+func noteOf(o *op) opNote {
+	n := opNote{kind: o.kind, v6: o.fam.v6, name: o.name, elems: int32(len(o.elems))}
+	switch {
+	case o.rule != nil:
+		n.name, n.text = o.chain.Name, o.rule.Text
+	case o.chain != nil:
+		n.name = o.chain.Name
+	case o.set != nil:
+		n.name, n.vmap = o.set.Name, o.set.VMap
+	}
+	if len(o.elems) > 0 {
+		e := &o.elems[0]
+		n.text, n.value = e.KeyText, e.DataText
+		if n.value == "" {
+			n.value = e.value()
+		}
+	}
+	return n
+}
+
+// describe is the noted operation's first line in nft syntax.
+func (n *opNote) describe() string {
+	o := op{kind: n.kind, fam: familyIPv4, name: n.name, chain: &Chain{Name: n.name},
+		set: &Set{Name: n.name, VMap: n.vmap}, rule: &Rule{Text: n.text}}
+	if n.v6 {
+		o.fam = familyIPv6
+	}
+	if n.elems > 0 {
+		o.elems = make([]Element, n.elems)
+		o.elems[0] = Element{KeyText: n.text, DataText: n.value}
+	}
+	return o.describe()
 }
 
 // batchSocket is the netlink socket transactions go through. It stays
@@ -160,7 +253,14 @@ func (c *netlinkConn) dropBatchSocket() {
 // sendBatch sends msgs in one sendmsg and reads the kernel's answer: every
 // failing message's error, then the acknowledgement of the last message
 // (encodeBatch asks for that one only).
-func (c *netlinkConn) sendBatch(tx *Transaction, b *batch) (err error) {
+//
+// The whole batch goes in one sendmsg: nfnetlink reads a batch from one
+// message buffer (skb), and one that ends without its BATCH_END message is
+// aborted whole, silently; the next sendmsg's messages, outside any batch,
+// are refused (TestKernelBatchSplitOverTwoSendsAppliesNothing). kp can
+// encode a full sync Service by Service, but the encoded batch is sent,
+// and so held, whole.
+func (c *netlinkConn) sendBatch(b *batch) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	conn, err := c.batchSocket()
@@ -172,7 +272,7 @@ func (c *netlinkConn) sendBatch(tx *Transaction, b *batch) (err error) {
 			c.dropBatchSocket()
 		}
 	}()
-	if err := batchBuffers(len(tx.ops))(conn); err != nil {
+	if err := batchBuffers(b.len(), b.size)(conn); err != nil {
 		return err
 	}
 	first := c.seq + 1
@@ -226,7 +326,7 @@ func (c *netlinkConn) sendBatch(tx *Transaction, b *batch) (err error) {
 				continue // not this batch's
 			}
 			if code != 0 {
-				errs = append(errs, batchError(tx, b.owner, int(seq-first), syscall.Errno(code), extAckMessage(m)))
+				errs = append(errs, b.errorAt(int(seq-first), syscall.Errno(code), extAckMessage(m)))
 			}
 			if seq == last {
 				return errors.Join(errs...)
@@ -237,10 +337,10 @@ func (c *netlinkConn) sendBatch(tx *Transaction, b *batch) (err error) {
 
 // batchError names the operation that failed: which chain, set, rule or
 // element the kernel refused, not only why.
-func batchError(tx *Transaction, owner []int, i int, errno syscall.Errno, why string) error {
+func (b *batch) errorAt(i int, errno syscall.Errno, why string) error {
 	what := "the transaction"
-	if i >= 0 && i < len(owner) && owner[i] >= 0 {
-		what = fmt.Sprintf("operation %d of %d (%s)", owner[i]+1, len(tx.ops), tx.ops[owner[i]].describe())
+	if i >= 0 && i < len(b.owner) && b.owner[i] >= 0 {
+		what = fmt.Sprintf("operation %d of %d (%s)", b.owner[i]+1, len(b.notes), b.notes[b.owner[i]].describe())
 	}
 	if why != "" {
 		return fmt.Errorf("%s: %w: %s", what, errno, why)

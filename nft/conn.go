@@ -37,28 +37,45 @@ type Conn interface {
 // Counter is a named counter's value.
 type Counter struct{ Packets, Bytes uint64 }
 
-// tableState is what kp knows is in one of its tables.
+// tableState is what kp knows is in one of its tables. It is kept between
+// syncs for every element of every Service, so it holds hashes, not texts.
 type tableState struct {
-	chains   map[string]string            // chain name → digest ("" = unknown: rewrite)
+	chains   map[string]uint64            // chain name → Chain.digest (0 = unknown: rewrite)
 	sets     map[string]string            // named sets and maps → Set.digest
-	elements map[string]map[string]string // set → hex(key) → Element.value (not for dynamic sets)
+	elements map[string]map[string]uint64 // set → keyID → Element.digest (not for dynamic sets)
 	counters map[string]bool              // named counters: kp writes none, an earlier kp's are deleted
 }
 
 func newTableState() *tableState {
 	return &tableState{
-		chains:   map[string]string{},
+		chains:   map[string]uint64{},
 		sets:     map[string]string{},
-		elements: map[string]map[string]string{},
+		elements: map[string]map[string]uint64{},
 		counters: map[string]bool{},
 	}
 }
 
+// keyID identifies an element in its set: its raw key, after a byte that
+// says whether it is an interval's end.
 func keyID(k []byte, end bool) string {
+	flag := byte(0)
 	if end {
-		return hex.EncodeToString(k) + "/end"
+		flag = 1
 	}
-	return hex.EncodeToString(k)
+	return string(append([]byte{flag}, k...))
+}
+
+func keyBytes(id string) []byte { return []byte(id[1:]) }
+
+func isEndKey(id string) bool { return id != "" && id[0] == 1 }
+
+// keyIDText spells a key kp only knows by its bytes (what it read back
+// from the kernel), for logs: hex, "/end" for an interval's end.
+func keyIDText(id string) string {
+	if isEndKey(id) {
+		return hex.EncodeToString(keyBytes(id)) + "/end"
+	}
+	return hex.EncodeToString(keyBytes(id))
 }
 
 // netlinkConn talks to nf_tables in one network namespace: the process's
@@ -75,7 +92,7 @@ type netlinkConn struct {
 // open is a connection for one read of the kernel's table (its buffers
 // sized above the defaults, for large dumps).
 func (c *netlinkConn) open() (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(0))}
+	opts := []nftables.ConnOption{nftables.WithSockOptions(batchBuffers(0, 0))}
 	if c.nsFd > 0 {
 		opts = append(opts, nftables.WithNetNSFd(c.nsFd))
 	}
@@ -101,8 +118,16 @@ const (
 // message before kp reads any, which overruns the default receive buffer.
 // The *FORCE options need CAP_NET_ADMIN, which kp has anyway; they set
 // limits, not allocations.
-func batchBuffers(ops int) nftables.SockOption {
+//
+// With the batch's size known (bytes > 0), the send buffer is sized from it:
+// the kernel doubles what it is given and refuses a message past the
+// result.
+func batchBuffers(ops, bytes int) nftables.SockOption {
 	size := func(per int) int { return min(max(ops*per, minSockBuffer), maxSockBuffer) }
+	snd := size(sndBytesPerOp)
+	if bytes > 0 {
+		snd = min(max(bytes, minSockBuffer), maxSockBuffer)
+	}
 	return func(conn *netlink.Conn) error {
 		raw, err := conn.SyscallConn()
 		if err != nil {
@@ -110,7 +135,7 @@ func batchBuffers(ops int) nftables.SockOption {
 		}
 		var serr error
 		err = raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size(sndBytesPerOp))
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, snd)
 			if serr == nil {
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size(rcvBytesPerOp))
 			}
@@ -128,20 +153,43 @@ func batchBuffers(ops int) nftables.SockOption {
 func nfTable(f family) *nftables.Table { return &nftables.Table{Name: TableName, Family: f.nf} }
 
 func (c *netlinkConn) Apply(tx *Transaction) error {
-	if len(tx.ops) == 0 {
-		return nil
+	var b *batch
+	if enc, ok := tx.stream.(*batchEncoder); ok {
+		if err := tx.spill(); err != nil {
+			return err
+		}
+		tx.stream = nil
+		if enc.empty() {
+			enc.close()
+			return nil
+		}
+		b = enc.finish()
+	} else {
+		if len(tx.ops) == 0 {
+			return nil
+		}
+		var err error
+		if b, err = encodeBatch(tx); err != nil {
+			return err
+		}
 	}
-	b, err := c.encodeBatch(tx)
-	if err != nil {
-		return err
-	}
-	if err := c.sendBatch(tx, b); err != nil {
-		return fmt.Errorf("nftables transaction of %d operations: %w", len(tx.ops), err)
+	if err := c.sendBatch(b); err != nil {
+		return fmt.Errorf("nftables transaction of %d operations: %w", len(b.notes), err)
 	}
 	return nil
 }
 
-func (c *netlinkConn) queue(conn *nftables.Conn, o *op) error {
+// Stream returns a transaction that encodes its operations as they are
+// spilled (Transaction.spill), for full syncs.
+func (c *netlinkConn) Stream() (*Transaction, error) {
+	enc, err := newBatchEncoder()
+	if err != nil {
+		return nil, err
+	}
+	return &Transaction{stream: enc}, nil
+}
+
+func queue(conn *nftables.Conn, o *op) error {
 	t := nfTable(o.fam)
 	switch o.kind {
 	case opAddTable:
@@ -280,7 +328,7 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 	}
 	for _, ch := range chains {
 		if ch.Table.Name == TableName {
-			st.chains[ch.Name] = ""
+			st.chains[ch.Name] = 0
 		}
 	}
 	sets, err := conn.GetSets(t)
@@ -299,7 +347,7 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
 		}
-		m := map[string]string{}
+		m := make(map[string]uint64, len(elems))
 		for _, e := range elems {
 			v := Element{}
 			if e.VerdictData == nil && len(e.Val) > 0 {
@@ -311,7 +359,7 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 					v.Goto = d.Chain
 				}
 			}
-			m[keyID(e.Key, e.IntervalEnd)] = v.value()
+			m[keyID(e.Key, e.IntervalEnd)] = v.digest()
 		}
 		st.elements[s.Name] = m
 	}
@@ -445,10 +493,3 @@ func dnatCounter(es []expr.Any) (netip.AddrPort, Counter, bool) {
 }
 
 var errNoTable = errors.New("no such table")
-
-func keyBytes(id string) []byte {
-	b, _ := hex.DecodeString(strings.TrimSuffix(id, "/end"))
-	return b
-}
-
-func isEndKey(id string) bool { return strings.HasSuffix(id, "/end") }

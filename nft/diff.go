@@ -1,8 +1,11 @@
 package nft
 
-import "slices"
+import (
+	"slices"
+	"strings"
 
-import "strings"
+	"github.com/kpproxy/kp/proxy"
+)
 
 // diff appends to tx what turns the kernel's table (model) into want, for the
 // objects in scope: a scoped object absent from want is deleted; an object in
@@ -21,10 +24,10 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		switch {
 		case !exists:
 			tx.addSet(f, s)
-			model.elements[name] = map[string]string{}
+			model.elements[name] = map[string]uint64{}
 		case cur != s.digest():
 			replaced = append(replaced, s)
-			model.elements[name] = map[string]string{}
+			model.elements[name] = map[string]uint64{}
 		}
 		model.sets[name] = s.digest()
 	}
@@ -72,8 +75,9 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			if _, keep := want.elements[set][k]; keep {
 				continue
 			}
-			// Delete only what is in the kernel as kp recorded it.
-			if cur, ok := model.elements[set][k]; ok && cur == e.value() {
+			// Whatever value it has: no service port wants the key
+			// any more (want holds every key one still owns).
+			if _, ok := model.elements[set][k]; ok {
 				del = append(del, e)
 				delete(model.elements[set], k)
 			}
@@ -84,20 +88,21 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		var del, add []Element
 		m := model.elements[set]
 		if m == nil {
-			m = map[string]string{}
+			m = map[string]uint64{}
 			model.elements[set] = m
 		}
 		for _, k := range sortedKeys(want.elements[set]) {
 			e := want.elements[set][k]
+			d := e.digest()
 			cur, ok := m[k]
-			if ok && cur == e.value() {
+			if ok && cur == d {
 				continue
 			}
 			if ok {
 				del = append(del, e)
 			}
 			add = append(add, e)
-			m[k] = e.value()
+			m[k] = d
 		}
 		s := setOf(f, set, want, scope)
 		tx.delElements(f, s, del)
@@ -168,22 +173,50 @@ func setOf(f family, name string, views ...*view) *Set {
 	return setByName(f, name)
 }
 
-// modelView lists everything in the model as a scope, for full syncs that
-// must also remove what nobody wants any more.
-func modelView(m *tableState) *view {
+// goneFromModel lists, as a scope for diff, what the model holds that
+// nobody wants: chains and sets not in wanted, elements whose key no
+// service port owns (nor the skeleton), and any named counter. With an
+// empty want, diff deletes them all, in the kernel's order.
+func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners) *view {
+	chains, sets, unsharedKeys := map[string]bool{}, map[string]bool{}, map[elemRef]bool{}
+	for name := range skel.chains {
+		chains[name] = true
+	}
+	for name := range skel.sets {
+		sets[name] = true
+	}
+	for _, fp := range owned {
+		for _, c := range fp.chains {
+			chains[c] = true
+		}
+		for _, s := range fp.sets {
+			sets[s] = true
+		}
+		for _, r := range fp.elems {
+			if unshared(r.set) {
+				unsharedKeys[r] = true
+			}
+		}
+	}
 	v := newView()
 	for name := range m.chains {
-		v.chains[name] = &Chain{Name: name}
+		if !chains[name] {
+			v.chains[name] = &Chain{Name: name}
+		}
 	}
 	for name := range m.sets {
-		v.sets[name] = &Set{Name: name}
+		if !sets[name] {
+			v.sets[name] = &Set{Name: name}
+		}
 	}
 	for set, es := range m.elements {
-		em := map[string]Element{}
-		for k, val := range es {
-			em[k] = elementFromValue(k, val)
+		for k := range es {
+			r := elemRef{set, k}
+			if _, ok := skel.elements[set][k]; ok || unsharedKeys[r] || owners.owner(r) != nil {
+				continue
+			}
+			v.addElement(set, elementOfKey(set, k))
 		}
-		v.elements[set] = em
 	}
 	for name := range m.counters {
 		v.counters[name] = true

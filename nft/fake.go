@@ -245,16 +245,16 @@ func (f *Fake) Read(fam family) (*tableState, error) {
 	}
 	st := newTableState()
 	for c := range t.Chains {
-		st.chains[c] = ""
+		st.chains[c] = 0
 	}
 	for s, es := range t.Elements {
 		st.sets[s] = t.Sets[s].digest()
 		if t.Sets[s].Dynamic {
 			continue
 		}
-		m := map[string]string{}
+		m := map[string]uint64{}
 		for k, e := range es {
-			m[k] = e.value()
+			m[k] = e.digest()
 		}
 		st.elements[s] = m
 	}

@@ -3,6 +3,8 @@ package nft
 import (
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"net/netip"
 	"strings"
 	"time"
@@ -51,17 +53,18 @@ type Chain struct {
 }
 
 // digest identifies a chain's contents for bookkeeping: two chains with the
-// same digest need no rewrite.
-func (c *Chain) digest() string {
-	var sb strings.Builder
+// same digest need no rewrite. It is a hash (never 0, which means unknown),
+// as kp keeps one per chain between syncs.
+func (c *Chain) digest() uint64 {
+	h := fnv.New64a()
 	if c.Hook != nil {
-		fmt.Fprintf(&sb, "hook %s %s %d;", c.Hook.Type, c.Hook.HookName, c.Hook.Priority)
+		fmt.Fprintf(h, "hook %s %s %d;", c.Hook.Type, c.Hook.HookName, c.Hook.Priority)
 	}
 	for i := range c.Rules {
-		sb.WriteString(c.Rules[i].String())
-		sb.WriteByte('\n')
+		io.WriteString(h, c.Rules[i].String())
+		h.Write([]byte{'\n'})
 	}
-	return sb.String()
+	return max(h.Sum64(), 1)
 }
 
 // Set is a named set or verdict map.
@@ -123,19 +126,18 @@ func (e *Element) value() string {
 	return ""
 }
 
-// elementFromValue is the inverse of value, for what kp read back.
-func elementFromValue(key string, v string) Element {
-	e := Element{Key: keyBytes(key), KeyEnd: isEndKey(key), KeyText: key}
-	switch {
-	case v == "drop":
-		e.Drop = true
-	case strings.HasPrefix(v, "goto "):
-		e.Goto = strings.TrimPrefix(v, "goto ")
-	case strings.HasPrefix(v, "data "):
-		e.Data, _ = hex.DecodeString(strings.TrimPrefix(v, "data "))
-		e.DataText = v
-	}
-	return e
+// digest identifies the element's value as kp records it in its model of
+// the kernel (a hash of value: kp keeps one per element between syncs).
+func (e *Element) digest() uint64 {
+	h := fnv.New64a()
+	io.WriteString(h, e.value())
+	return h.Sum64()
+}
+
+// elementOfKey is the element of set kp knows only by its key (to delete
+// it).
+func elementOfKey(set, id string) Element {
+	return Element{Key: keyBytes(id), KeyEnd: isEndKey(id), KeyText: keyTextOf(set, id)}
 }
 
 type opKind int
@@ -167,6 +169,42 @@ type op struct {
 // Transaction is a batch of changes applied atomically in one netlink batch.
 type Transaction struct {
 	ops []op
+	// stream, when set, takes the operations spill hands it (a batch
+	// being encoded): a full sync spills after each Service, so that no
+	// more than one Service's rendered rules wait to be encoded.
+	stream  opStream
+	spilled int
+}
+
+// opStream takes a transaction's operations as they are made.
+type opStream interface {
+	add(o *op) error
+	close()
+}
+
+// spill hands the operations made so far to the stream, if any, and
+// forgets them.
+func (tx *Transaction) spill() error {
+	if tx.stream == nil {
+		return nil
+	}
+	for i := range tx.ops {
+		if err := tx.stream.add(&tx.ops[i]); err != nil {
+			return err
+		}
+	}
+	tx.spilled += len(tx.ops)
+	clear(tx.ops)
+	tx.ops = tx.ops[:0]
+	return nil
+}
+
+// discard releases a stream that will not be applied.
+func (tx *Transaction) discard() {
+	if tx.stream != nil {
+		tx.stream.close()
+		tx.stream = nil
+	}
 }
 
 func (tx *Transaction) addTable(f family) { tx.ops = append(tx.ops, op{kind: opAddTable, fam: f}) }
@@ -204,9 +242,10 @@ func (tx *Transaction) delElements(f family, set *Set, es []Element) {
 }
 
 // Len is the number of operations; a sync with nothing to do has none.
-func (tx *Transaction) Len() int { return len(tx.ops) }
+func (tx *Transaction) Len() int { return tx.spilled + len(tx.ops) }
 
-// String prints the transaction as an nft script, for logs and test output.
+// String prints the transaction as an nft script, for logs and test output
+// (what a stream took is not printed).
 func (tx *Transaction) String() string {
 	var sb strings.Builder
 	for i := range tx.ops {

@@ -15,13 +15,16 @@ func newView() *view {
 	return &view{chains: map[string]*Chain{}, sets: map[string]*Set{}, elements: map[string]map[string]Element{}, counters: map[string]bool{}}
 }
 
-func (v *view) addElement(set string, e Element) {
+func (v *view) addElement(set string, e Element) { v.putElement(set, keyID(e.Key, e.KeyEnd), e) }
+
+// putElement adds e under its keyID k.
+func (v *view) putElement(set, k string, e Element) {
 	m := v.elements[set]
 	if m == nil {
 		m = map[string]Element{}
 		v.elements[set] = m
 	}
-	m[keyID(e.Key, e.KeyEnd)] = e
+	m[k] = e
 }
 
 // merge adds o's objects to v.
@@ -31,8 +34,8 @@ func (v *view) merge(o *view) {
 	}
 	v.mergeObjects(o)
 	for s, es := range o.elements {
-		for _, e := range es {
-			v.addElement(s, e)
+		for k, e := range es {
+			v.putElement(s, k, e)
 		}
 	}
 }
@@ -53,13 +56,6 @@ func (v *view) mergeObjects(o *view) {
 	}
 	for n := range o.counters {
 		v.counters[n] = true
-	}
-}
-
-// forgetRules replaces v's chains with their names and hooks alone.
-func (v *view) forgetRules() {
-	for name, c := range v.chains {
-		v.chains[name] = &Chain{Name: c.Name, Hook: c.Hook}
 	}
 }
 

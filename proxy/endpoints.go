@@ -58,7 +58,11 @@ type sliceInfo struct {
 	service types.NamespacedName
 	ports   []slicePort
 	// endpoints have every field but Port, which depends on the ServicePort.
-	endpoints   []Endpoint
+	endpoints []Endpoint
+	// merged is set when endpoints are already what mergeEndpoints makes
+	// of this slice alone for its one port: sorted, deduplicated, with the
+	// port set.
+	merged      bool
 	triggerTime time.Time
 }
 
@@ -161,6 +165,14 @@ func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 		}
 		info.endpoints = append(info.endpoints, endpointFrom(a, ep))
 	}
+	if len(info.ports) == 1 {
+		// The usual slice: one port. Its endpoints are merged now, once,
+		// and a Service port with this slice alone shares them (see
+		// mergeEndpoints) instead of keeping a merged copy.
+		info.endpoints = mergeEndpoints(ServicePortName{Port: info.ports[0].name, Protocol: info.ports[0].protocol},
+			[]*sliceInfo{info})
+		info.merged = true
+	}
 	return info, errs
 }
 
@@ -212,6 +224,9 @@ func (s *sliceInfo) equal(o *sliceInfo) bool {
 
 // mergeEndpoints resolves sp's endpoints from the slices of its Service.
 func mergeEndpoints(sp ServicePortName, infos []*sliceInfo) []Endpoint {
+	if len(infos) == 1 && infos[0].merged && infos[0].portFor(sp) != 0 {
+		return infos[0].endpoints // immutable, shared with the slice's record
+	}
 	infos = slices.Clone(infos)
 	slices.SortFunc(infos, func(a, b *sliceInfo) int { return cmp.Compare(a.name, b.name) })
 	var out []Endpoint

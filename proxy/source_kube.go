@@ -87,6 +87,9 @@ type KubeSource struct {
 	// without a probe kp could say it waits but not why, and would say
 	// nothing when the API server goes away after the first sync.
 	probe func(context.Context) error
+	// transform compacts every object before the informers store it
+	// (transformObjects; nil stores them as listed, for the benchmark).
+	transform cache.TransformFunc
 }
 
 var _ Source = (*KubeSource)(nil)
@@ -103,6 +106,7 @@ func NewKubeSource(client kubernetes.Interface, nodeName string, resync time.Dur
 		waitLogInterval:  kubeWaitLogInterval,
 		errorLogInterval: kubeErrorLogInterval,
 		probe:            probeAPIServer(client, apiProbeTimeout),
+		transform:        transformObjects,
 	}
 }
 
@@ -202,6 +206,11 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 	}
 	var synced []cache.InformerSynced
 	for _, h := range handlers {
+		if k.transform != nil {
+			if err := h.informer.SetTransform(k.transform); err != nil {
+				return fmt.Errorf("%s informer: %w", h.kind, err)
+			}
+		}
 		if err := h.informer.SetWatchErrorHandlerWithContext(status.watchError(h.kind)); err != nil {
 			return fmt.Errorf("%s informer: %w", h.kind, err)
 		}

@@ -1,0 +1,44 @@
+package nft
+
+import "testing"
+
+// TestElementOwnersHandTheKeyToTheNextOwnerByName: whatever order owners
+// come and go in, a key belongs to the first of its owners by name, and to
+// nobody once the last one is gone.
+func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
+	r := elemRef{setClusterIPs, "k"}
+	fp := func(name string) *footprint {
+		return &footprint{name: spName("ns", name, ""), elems: []elemRef{r}}
+	}
+	a, b, c := fp("a"), fp("b"), fp("c")
+	for _, tc := range []struct {
+		name   string
+		add    []*footprint
+		remove []*footprint
+		want   *footprint
+	}{
+		{"one owner", []*footprint{b}, nil, b},
+		{"added after", []*footprint{a, c, b}, nil, a},
+		{"added before", []*footprint{c, b, a}, nil, a},
+		{"first goes", []*footprint{c, a, b}, []*footprint{a}, b},
+		{"first two go", []*footprint{b, a, c}, []*footprint{a, b}, c},
+		{"another goes", []*footprint{a, b, c}, []*footprint{b}, a},
+		{"all go", []*footprint{c, b, a}, []*footprint{b, a, c}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newElementOwners()
+			for _, x := range tc.add {
+				o.add(x)
+			}
+			for _, x := range tc.remove {
+				o.remove(x)
+			}
+			if got := o.owner(r); got != tc.want {
+				t.Errorf("owner = %v, want %v", got, tc.want)
+			}
+			if tc.want == nil && (len(o.first) > 0 || len(o.more) > 0) {
+				t.Errorf("owners left behind: %v %v", o.first, o.more)
+			}
+		})
+	}
+}
