@@ -20,6 +20,9 @@ type Dump struct {
 	// Rules maps a chain to its rules in order; a chain without rules is
 	// absent.
 	Rules map[string][]SavedRule
+	// declared is Chains as a set, for HasChain: ParseSave asks it for
+	// every line, and a table of 10,000 Services has 110,000 chains.
+	declared map[string]bool
 }
 
 // SavedRule is one "-A CHAIN ..." line of iptables-save.
@@ -33,12 +36,13 @@ type SavedRule struct {
 
 // HasChain reports whether the table declares chain.
 func (d *Dump) HasChain(chain string) bool {
-	for _, c := range d.Chains {
-		if c == chain {
-			return true
+	if d.declared == nil || len(d.declared) != len(d.Chains) {
+		d.declared = make(map[string]bool, len(d.Chains))
+		for _, c := range d.Chains {
+			d.declared[c] = true
 		}
 	}
-	return false
+	return d.declared[chain]
 }
 
 // RuleCount is the number of rules in all of the table's chains.
@@ -56,6 +60,12 @@ func (d *Dump) RuleCount() int {
 // "# Completed on" lines, and iptables-nft's "# Warning: iptables-legacy
 // tables present" line, which some versions print on stdout.
 func ParseSave(data []byte) (map[Table]*Dump, error) { return parseSave(data, false) }
+
+// ParseSaveOthers is ParseSave without the rules of kp's own chains (their
+// names are kept): for readers that look for other programs' rules, such as
+// the take-over of kube-proxy's, on a node where kp's chains may hold
+// hundreds of thousands of rules.
+func ParseSaveOthers(data []byte) (map[Table]*Dump, error) { return parseSave(data, true) }
 
 // parseSave is ParseSave, without the rules of kp's own chains when
 // skipOwn is set: a full sync reads the whole table for its chain names
@@ -93,7 +103,7 @@ func parseSave(data []byte, skipOwn bool) (map[Table]*Dump, error) {
 			if dumps[t] != nil {
 				return nil, fail("table %s appears twice", t)
 			}
-			cur = &Dump{Table: t, Policies: map[string]string{}, Rules: map[string][]SavedRule{}}
+			cur = &Dump{Table: t, Policies: map[string]string{}, Rules: map[string][]SavedRule{}, declared: map[string]bool{}}
 			dumps[t] = cur
 		case cur == nil:
 			return nil, fail("outside a table (no *TABLE line before it)")
@@ -109,6 +119,7 @@ func parseSave(data []byte, skipOwn bool) (map[Table]*Dump, error) {
 				return nil, fail("chain %s declared twice", f[0])
 			}
 			cur.Chains = append(cur.Chains, f[0])
+			cur.declared[f[0]] = true
 			if f[1] != "-" {
 				cur.Policies[f[0]] = f[1]
 			}

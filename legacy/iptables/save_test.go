@@ -3,6 +3,7 @@ package iptables
 import (
 	"os"
 	"reflect"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -110,5 +111,32 @@ func TestParseSaveOfNothingIsNoTables(t *testing.T) {
 	got, err := ParseSave([]byte("# Warning: iptables-legacy tables present, use iptables-legacy-save to see them\n"))
 	if err != nil || len(got) != 0 {
 		t.Errorf("ParseSave = %v, %v; want no tables", got, err)
+	}
+}
+
+// BenchmarkParseSaveOfATenThousandServiceTable parses a nat table shaped
+// like kp's at 10,000 Services × 10 endpoints (110,000 chains, 330,000
+// rules): a full sync and the take-over both read one.
+func BenchmarkParseSaveOfATenThousandServiceTable(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n")
+	for i := range 110_000 {
+		fmt.Fprintf(&sb, ":KP-SEP-%016d - [0:0]\n", i)
+	}
+	for i := range 110_000 {
+		for range 3 {
+			fmt.Fprintf(&sb, "-A KP-SEP-%016d -m comment --comment \"ns/svc\" -j DNAT --to-destination 10.0.0.1:80\n", i)
+		}
+	}
+	sb.WriteString("COMMIT\n")
+	data := []byte(sb.String())
+	for _, own := range []bool{false, true} {
+		b.Run(fmt.Sprintf("skipOwn=%v", own), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := parseSave(data, own); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
