@@ -1,9 +1,9 @@
 package iptables
 
 import (
+	"fmt"
 	"os"
 	"reflect"
-	"fmt"
 	"strings"
 	"testing"
 )
