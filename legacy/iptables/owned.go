@@ -1,0 +1,213 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// The other modes' iptables parts (the userspace mode's redirects, the ipvs
+// mode's filtering) are written through this file: chains under a prefix of
+// their own, below KP-, which the iptables mode's syncs and Cleanup never
+// touch (and which never collide with its KP-SVC-/KP-SEP-/… names).
+
+// UserspaceChainPrefix starts every chain of the userspace mode's iptables
+// redirects.
+const UserspaceChainPrefix = "KP-USERSPACE-"
+
+// otherOwners are the chain prefixes of the modes that write through
+// WriteOwned.
+var otherOwners = []string{UserspaceChainPrefix}
+
+// ownedByOther reports whether chain belongs to another mode's rules.
+func ownedByOther(chain string) bool {
+	for _, p := range otherOwners {
+		if strings.HasPrefix(chain, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Jump is a rule of a built-in chain (From) that leads to an owned chain.
+// WriteOwned inserts it first in From when missing; it is recognised in
+// the kernel by its target and comment.
+type Jump struct {
+	Table   Table
+	From    string
+	To      string
+	Comment string
+	// Match goes before the comment ("-m conntrack --ctstate NEW").
+	Match string
+}
+
+func (j Jump) internal() jump {
+	return jump{table: j.Table, from: j.From, to: j.To, comment: j.Comment, extra: j.Match}
+}
+
+// OwnedRules are every chain a mode owns in one family, all named under
+// Prefix, and the jumps into them from built-in chains.
+type OwnedRules struct {
+	Prefix string
+	Chains []*Chain
+	Jumps  []Jump
+}
+
+// WriteOwned makes the kernel of r (its flavor and family, in the calling
+// thread's network namespace) hold exactly o, in one iptables-restore: per
+// table (nat, then filter; each block atomic) it declares every chain of o
+// (a chain line flushes it in the same commit, so packets see the old
+// rules or the new, never an empty chain), inserts the jumps missing from
+// the built-in chains, deletes jumps into o.Prefix that o does not have (or
+// has twice), writes the rules, and deletes the chains under o.Prefix that
+// o no longer has. It reads both tables first (iptables-save) to know what
+// is there. Nothing outside o.Prefix is touched but the jumps.
+func WriteOwned(ctx context.Context, r Runner, o OwnedRules) error {
+	if !strings.HasPrefix(o.Prefix, ownChainPrefix) || len(o.Prefix) <= len(ownChainPrefix) {
+		return fmt.Errorf("owned chain prefix %q: want one below %s", o.Prefix, ownChainPrefix)
+	}
+	for _, c := range o.Chains {
+		if !strings.HasPrefix(c.Name, o.Prefix) {
+			return fmt.Errorf("chain %s (table %s) is not under its owner's prefix %s", c.Name, c.Table, o.Prefix)
+		}
+	}
+	var b strings.Builder
+	for _, t := range []Table{TableNAT, TableFilter} {
+		data, err := r.Save(ctx, t, false)
+		if err != nil {
+			return fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
+		}
+		dumps, err := ParseSave(data)
+		if err != nil {
+			return fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
+		}
+		d := dumps[t]
+		if d == nil {
+			d = &Dump{Table: t}
+		}
+		ownedBlock(&b, t, d, o)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	data := []byte(b.String())
+	if err := r.Restore(ctx, data); err != nil {
+		return fmt.Errorf("%s iptables-restore of %s chains: %w", r.Family(), o.Prefix, err)
+	}
+	return nil
+}
+
+// ownedBlock writes table t's block of WriteOwned's input, d being the
+// table as the kernel has it; nothing when t has nothing of o's either way.
+func ownedBlock(b *strings.Builder, t Table, d *Dump, o OwnedRules) {
+	var chains []*Chain
+	wanted := map[string]bool{}
+	for _, c := range o.Chains {
+		if c.Table == t {
+			chains = append(chains, c)
+			wanted[c.Name] = true
+		}
+	}
+	var gone []string
+	for _, name := range d.Chains {
+		if strings.HasPrefix(name, o.Prefix) && !wanted[name] {
+			gone = append(gone, name)
+		}
+	}
+	// The jumps: a wanted one found once stays; missing or doubled (a hand
+	// edit, a second instance), it is inserted afresh. Every other rule of
+	// a built-in chain leading under o.Prefix is deleted by its saved spec
+	// (-D deletes the first rule of that spec: all copies go, one by one).
+	var insert []jump
+	var del []string
+	kept := map[string]bool{} // "FROM SPEC" of the rules kept
+	for _, j := range o.Jumps {
+		if j.Table != t {
+			continue
+		}
+		if found := jumpRules(d, j.internal()); len(found) == 1 {
+			kept[j.From+" "+found[0].Spec] = true
+		} else {
+			insert = append(insert, j.internal())
+		}
+	}
+	for _, chain := range d.Chains {
+		if d.Policies[chain] == "" {
+			continue // only built-in chains jump into an owner's
+		}
+		for _, r := range d.Rules[chain] {
+			if strings.HasPrefix(RuleTarget(r.Spec), o.Prefix) && !kept[chain+" "+r.Spec] {
+				del = append(del, "-D "+chain+" "+r.Spec)
+			}
+		}
+	}
+	if len(chains)+len(gone)+len(insert)+len(del) == 0 {
+		return
+	}
+	b.WriteString("*" + string(t) + "\n")
+	for _, c := range chains {
+		b.WriteString(":" + c.Name + " - [0:0]\n")
+	}
+	for _, name := range gone {
+		b.WriteString(":" + name + " - [0:0]\n")
+	}
+	for _, l := range del {
+		b.WriteString(l + "\n")
+	}
+	for _, j := range insert {
+		b.WriteString(j.line() + "\n")
+	}
+	for _, c := range chains {
+		for _, r := range c.Rules {
+			b.WriteString(r.line(c.Name) + "\n")
+		}
+	}
+	for _, name := range gone {
+		b.WriteString("-X " + name + "\n")
+	}
+	b.WriteString("COMMIT\n")
+}
+
+// Feature is one kernel feature a mode's rules need, as a rule that uses
+// it: Spec follows "-A CHAIN " in Table.
+type Feature struct {
+	Name  string
+	Table Table
+	Spec  string
+}
+
+// ProbeFeatures is Probe for another mode's rules: it checks that the
+// binaries of flavor fl and family f exist and that the kernel accepts
+// every feature, in a throwaway chain deleted again. The error names the
+// first feature refused, or the package to install.
+func ProbeFeatures(ctx context.Context, fl Flavor, f proxy.Family, features []Feature) error {
+	for _, bin := range []string{restoreBinary(fl, f), saveBinary(fl, f)} {
+		if _, err := lookBinary(bin); err != nil {
+			return err
+		}
+	}
+	rules := make([]probeRule, 0, len(features))
+	for _, ft := range features {
+		rules = append(rules, probeRule{feature: ft.Name, table: ft.Table, spec: ft.Spec})
+	}
+	return probe(ctx, NewRunner(fl, f), fmt.Sprintf("KP-PROBE-%d", os.Getpid()), rules)
+}
+
+// CleanupOwned removes the chains under prefix (another mode's) and every
+// rule jumping into them, in both flavors and families, as Cleanup does
+// for the iptables mode's.
+func CleanupOwned(ctx context.Context, log *slog.Logger, prefix string) (Removed, error) {
+	if !slices.Contains(otherOwners, prefix) {
+		return nil, fmt.Errorf("chain prefix %q is no mode's", prefix)
+	}
+	removed, err := cleanupAll(ctx, log, func(chain string) bool { return strings.HasPrefix(chain, prefix) })
+	if c, r := removed.Total(); c+r > 0 || err != nil {
+		log.Info("removed kp's iptables chains", "prefix", prefix, "removed", removed.String())
+	}
+	return removed, err
+}
