@@ -30,6 +30,8 @@ type Backend struct {
 	idle  time.Duration // UDP session idle timeout
 	stats *stats
 	conns *connSet
+	// red writes the redirect rules (chosen by Probe).
+	red redirector
 	// nodeIPs are the Node's addresses (clients inside the cluster).
 	nodeIPs atomic.Pointer[[]netip.Addr]
 
@@ -78,7 +80,14 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: udpIdleTimeout,
+	if _, err := ParseRedirect(cfg.UserspaceRedirect); err != nil {
+		return nil, err
+	}
+	idle := udpIdleTimeout
+	if cfg.UserspaceUDPIdleTimeout > 0 {
+		idle = cfg.UserspaceUDPIdleTimeout
+	}
+	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: idle,
 		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
 	for _, o := range opts {
 		o(b)
@@ -91,21 +100,33 @@ func (b *Backend) Mode() proxy.Mode { return proxy.ModeUserspace }
 // Collectors are the proxy's own metrics, for the metrics server.
 func (b *Backend) Collectors() []prometheus.Collector { return b.stats.collectors() }
 
-// Probe checks that this kernel can redirect with nftables (it writes and
-// deletes a throwaway table in one transaction) and raises RLIMIT_NOFILE:
-// every listener and every proxied connection holds descriptors.
+// Probe chooses how Service traffic is redirected to the listeners
+// (--userspace-redirect: nftables when the kernel runs it, else iptables
+// REDIRECT; each probed with a throwaway table or chain) and raises
+// RLIMIT_NOFILE: every listener and every proxied connection holds
+// descriptors.
 func (b *Backend) Probe(ctx context.Context) error {
 	b.rlimit = raiseNoFile(b.log)
-	conn, err := b.ops.nft()
+	red, err := b.chooseRedirector(ctx)
 	if err != nil {
-		return fmt.Errorf("userspace probe: open netlink: %w", err)
+		return err
 	}
-	defer conn.CloseLasting()
-	t := conn.AddTable(&nftables.Table{Name: "kp-userspace-probe", Family: nftables.TableFamilyIPv4})
-	if err := applyProbe(conn, t); err != nil {
-		return fmt.Errorf("userspace probe: the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
-	}
+	b.log.Info("userspace proxy redirects", "with", red.String(), "families", red.families())
+	b.mu.Lock()
+	b.red = red
+	b.mu.Unlock()
 	return nil
+}
+
+// Redirector is how the redirects are written: "nftables",
+// "iptables-nft" or "iptables-legacy" ("" before Probe).
+func (b *Backend) Redirector() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.red == nil {
+		return ""
+	}
+	return b.red.String()
 }
 
 // Sync makes the listeners and the redirect table match s. Every sync is
@@ -116,6 +137,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	defer b.mu.Unlock()
 	if b.down {
 		return errors.New("the userspace proxy is shutting down")
+	}
+	if b.red == nil {
+		return errors.New("the userspace proxy was not probed: no redirect method chosen")
 	}
 	if !b.expiring {
 		b.expiring = true
@@ -165,7 +189,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
 		}
 	}
-	if err := b.writeRules(s, ports, usable); err != nil {
+	if err := b.writeRules(ctx, s, ports, usable); err != nil {
 		errs = append(errs, err)
 	}
 	// Listeners of service ports that are gone close after the rules no
@@ -281,16 +305,17 @@ func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) 
 	return p, nil
 }
 
-// writeRules renders and applies both families' tables.
-// A family's table is written only when its rendering differs from what kp
-// last wrote (most syncs change endpoints only, which live in the
+// writeRules renders and applies the families the redirector programs.
+// A family's rules are written only when their rendering differs from what
+// kp last wrote (most syncs change endpoints only, which live in the
 // balancers), and at least every rewriteInterval, which repairs edits made
 // behind kp's back.
-func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
 	now := b.now()
+	fams := b.red.families()
 	rules := map[proxy.Family]Rules{}
 	var changed []proxy.Family
-	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+	for _, f := range fams {
 		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
 		last, ok := b.lastRules[f]
 		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
@@ -300,26 +325,20 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 	if len(changed) == 0 {
 		return nil
 	}
-	conn, err := b.ops.nft()
-	if err != nil {
-		b.lastRules = nil
-		return fmt.Errorf("open netlink: %w", err)
-	}
-	defer conn.CloseLasting()
 	var errs []error
 	if b.lastRules == nil {
 		b.lastRules = map[proxy.Family]Rules{}
 	}
 	for _, f := range changed {
-		if err := applyRules(conn, f, rules[f]); err != nil {
+		if err := b.red.write(ctx, f, rules[f]); err != nil {
 			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("write the %s redirects (%s): %w", b.red, f, err))
 			delete(b.lastRules, f) // unknown: rewrite next time
 			continue
 		}
 		b.lastRules[f] = rules[f]
 	}
-	if len(changed) == 2 {
+	if len(changed) == len(fams) {
 		b.lastWrite = now
 	}
 	return errors.Join(errs...)
@@ -372,15 +391,18 @@ func (b *Backend) expireLoop(ctx context.Context) {
 	}
 }
 
-// Cleanup removes the redirect tables (the listeners die with the
-// process).
+// Cleanup removes the redirects, whichever way they were written: the
+// kp-userspace tables and the KP-USERSPACE- chains of both iptables
+// flavors (the listeners die with the process).
 func (b *Backend) Cleanup(ctx context.Context) error {
-	conn, err := b.ops.nft()
-	if err != nil {
-		return fmt.Errorf("open netlink: %w", err)
+	var errs []error
+	if err := cleanupNFT(&b.ops); err != nil {
+		errs = append(errs, fmt.Errorf("nftables: %w", err))
 	}
-	defer conn.CloseLasting()
-	return deleteTables(conn)
+	if err := cleanupIPTables(ctx, &b.ops, b.log); err != nil {
+		errs = append(errs, fmt.Errorf("iptables: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // Shutdown stops accepting (listeners closed, so new connections to the
@@ -447,4 +469,7 @@ type netOps struct {
 	listenUDP func() ([]*net.UDPConn, error)
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	nft       func() (*nftables.Conn, error)
+	// inNS runs fn in the namespace (iptables binaries run in the calling
+	// thread's).
+	inNS func(fn func() error) error
 }

@@ -30,19 +30,56 @@ type kernelWorld struct {
 	t       *testing.T
 	w       *netns.World
 	b       *Backend
+	red     redirectMethod
 	st      *proxy.State
 	gen     uint64
 	syncCtx context.Context
 }
 
+// redirectMethod is one way the kernel tests have the redirects written.
+type redirectMethod struct {
+	name, redirect, iptablesBackend string
+}
+
+// redirectMethods: the nftables table, and the iptables fallback in both
+// iptables backends.
+var redirectMethods = []redirectMethod{
+	{"nftables", RedirectNFTables, ""},
+	{"iptables-legacy", RedirectIPTables, "legacy"},
+	{"iptables-nft", RedirectIPTables, "nft"},
+}
+
+// forEachRedirect runs body once per redirect method, as subtests.
+func forEachRedirect(t *testing.T, body func(t *testing.T, red redirectMethod)) {
+	for _, red := range redirectMethods {
+		t.Run(red.name, func(t *testing.T) {
+			if red.iptablesBackend != "" {
+				netns.Require(t, "iptables-"+red.iptablesBackend+"-restore", "ip6tables-"+red.iptablesBackend+"-save")
+			}
+			body(t, red)
+		})
+	}
+}
+
 func newKernelWorld(t *testing.T, pods int) *kernelWorld {
+	return newKernelWorldWith(t, pods, redirectMethods[0], proxy.Config{})
+}
+
+// newKernelWorldWith is newKernelWorld with the redirects written by red
+// and cfg's userspace settings.
+func newKernelWorldWith(t *testing.T, pods int, red redirectMethod, cfg proxy.Config) *kernelWorld {
 	t.Helper()
 	w := netns.NewWorld(t, netns.Options{Pods: pods})
 	h, err := vnetns.GetFromName(w.Node())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(proxy.Config{Mode: proxy.ModeUserspace}, nil, NamespaceOps(h), WithUDPIdleTimeout(2*time.Second))
+	cfg.Mode = proxy.ModeUserspace
+	cfg.UserspaceRedirect, cfg.IPTablesBackend = red.redirect, red.iptablesBackend
+	if cfg.UserspaceUDPIdleTimeout == 0 {
+		cfg.UserspaceUDPIdleTimeout = 2 * time.Second
+	}
+	b, err := New(cfg, nil, NamespaceOps(h))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +94,7 @@ func newKernelWorld(t *testing.T, pods int) *kernelWorld {
 		b.Shutdown(sctx)
 		h.Close()
 	})
-	kw := &kernelWorld{t: t, w: w, b: b, st: &proxy.State{
+	kw := &kernelWorld{t: t, w: w, b: b, red: red, st: &proxy.State{
 		Services:  map[proxy.ServicePortName]*proxy.ServicePort{},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
 		Node:      proxy.Node{Name: "node-1", IPs: []netip.Addr{w.NodeIP()}},
@@ -95,6 +132,26 @@ func (k *kernelWorld) sync() {
 	}
 }
 
+// rules lists the redirects of family ("ip" or "ip6"): the nftables table,
+// or the iptables-save lines naming a KP-USERSPACE- chain.
+func (k *kernelWorld) rules(family string) (string, error) {
+	if k.red.iptablesBackend == "" {
+		return k.w.NFT("list", "table", family, TableName)
+	}
+	bin := "iptables-" + k.red.iptablesBackend + "-save"
+	if family == "ip6" {
+		bin = "ip6" + bin[2:]
+	}
+	out, err := k.w.Exec(k.w.Node(), bin)
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "*") || strings.Contains(l, "KP-USERSPACE-") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n"), err
+}
+
 // ask dials addr from namespace ns and returns the echo server's name.
 func (k *kernelWorld) ask(ns, network, addr string) (string, error) {
 	reply, err := netns.Dial(ns, network, addr, 2*time.Second)
@@ -103,7 +160,11 @@ func (k *kernelWorld) ask(ns, network, addr string) (string, error) {
 }
 
 func TestKernelServicesAnswerThroughTheProxyRoundRobinFromEveryWhere(t *testing.T) {
-	k := newKernelWorld(t, 2)
+	forEachRedirect(t, testServicesAnswerRoundRobin)
+}
+
+func testServicesAnswerRoundRobin(t *testing.T, red redirectMethod) {
+	k := newKernelWorldWith(t, 2, red, proxy.Config{})
 	p0, p1 := k.w.Pods()[0], k.w.Pods()[1]
 	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080, p0.IP.String()+":8080", p1.IP.String()+":8080")
 	k.add("dns", v1.ProtocolUDP, "10.96.0.12", 53, 30053, p0.IP.String()+":5353", p1.IP.String()+":5353")
@@ -145,14 +206,21 @@ func TestKernelServicesAnswerThroughTheProxyRoundRobinFromEveryWhere(t *testing.
 	if conns != 32 {
 		t.Errorf("the proxy counted %d new connections and sessions, want 32: %v", conns, counters)
 	}
-	rules, err := k.w.NFT("list", "table", "ip", TableName)
-	if err != nil || !strings.Contains(rules, `comment "demo/web"`) || !strings.Contains(rules, "redirect to :") {
-		t.Errorf("nft list table ip %s: %v\n%s", TableName, err, rules)
+	rules, err := k.rules("ip")
+	if err != nil || !strings.Contains(rules, `comment "demo/web"`) || !strings.Contains(rules, "redirect to :") && !strings.Contains(rules, "REDIRECT --to-ports") {
+		t.Errorf("the %s redirects: %v\n%s", red.name, err, rules)
+	}
+	if got := k.b.Redirector(); !strings.HasPrefix(got, red.redirect) || !strings.HasSuffix(got, red.iptablesBackend) {
+		t.Errorf("Redirector() = %q, want %s", got, red.name)
 	}
 }
 
-func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheTable(t *testing.T) {
-	k := newKernelWorld(t, 1)
+func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheRules(t *testing.T) {
+	forEachRedirect(t, testNoEndpointsRefusesAtOnce)
+}
+
+func testNoEndpointsRefusesAtOnce(t *testing.T, red redirectMethod) {
+	k := newKernelWorldWith(t, 1, red, proxy.Config{})
 	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080)
 	k.add("dns", v1.ProtocolUDP, "10.96.0.12", 53, 0)
 	k.sync()
@@ -173,6 +241,13 @@ func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheTable(t *testing.T) {
 	}
 	if out, err := k.w.NFT("list", "tables"); err != nil || strings.Contains(out, TableName) {
 		t.Errorf("after Cleanup: %v\n%s", err, out)
+	}
+	for _, fl := range []string{"legacy", "nft"} {
+		for _, bin := range []string{"iptables-" + fl + "-save", "ip6tables-" + fl + "-save"} {
+			if out, err := k.w.Exec(k.w.Node(), bin); err != nil || strings.Contains(out, "KP-") {
+				t.Errorf("after Cleanup, %s: %v\n%s", bin, err, out)
+			}
+		}
 	}
 	if err := k.b.Cleanup(context.Background()); err != nil {
 		t.Errorf("a second Cleanup: %v", err)

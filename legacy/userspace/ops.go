@@ -21,6 +21,7 @@ func hostOps() netOps {
 		listenUDP: listenUDP,
 		dial:      (&net.Dialer{}).DialContext,
 		nft:       func() (*nftables.Conn, error) { return nftables.New() },
+		inNS:      func(fn func() error) error { return fn() },
 	}
 }
 
@@ -40,6 +41,7 @@ func NamespaceOps(ns netns.NsHandle) Option {
 		nft: func() (*nftables.Conn, error) {
 			return nftables.New(nftables.WithNetNSFd(int(ns)))
 		},
+		inNS: func(fn func() error) error { return nsenter.Run(ns, fn) },
 	})
 }
 

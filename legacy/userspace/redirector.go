@@ -1,0 +1,130 @@
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Redirect methods (--userspace-redirect).
+const (
+	RedirectAuto     = "auto"
+	RedirectNFTables = "nftables"
+	RedirectIPTables = "iptables"
+)
+
+// ParseRedirect checks a --userspace-redirect value.
+func ParseRedirect(s string) (string, error) {
+	switch s {
+	case "", RedirectAuto:
+		return RedirectAuto, nil
+	case RedirectNFTables, RedirectIPTables:
+		return s, nil
+	}
+	return "", fmt.Errorf("userspace redirect %q: want auto, nftables or iptables", s)
+}
+
+// redirector writes the redirect rules (Rules) of one family into the
+// kernel: an nftables table of kp's own, or iptables chains of kp's own.
+type redirector interface {
+	String() string
+	// families are the families it programs (after probe).
+	families() []proxy.Family
+	probe(ctx context.Context) error
+	write(ctx context.Context, f proxy.Family, rules Rules) error
+}
+
+// nftRedirector is the table ip/ip6 kp-userspace.
+type nftRedirector struct{ ops *netOps }
+
+func (r nftRedirector) String() string           { return RedirectNFTables }
+func (r nftRedirector) families() []proxy.Family { return []proxy.Family{proxy.IPv4, proxy.IPv6} }
+
+// probe writes a redirect rule in a throwaway table and deletes it in the
+// same transaction.
+func (r nftRedirector) probe(context.Context) error {
+	conn, err := r.ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	t := conn.AddTable(&nftables.Table{Name: "kp-userspace-probe", Family: nftables.TableFamilyIPv4})
+	if err := applyProbe(conn, t); err != nil {
+		return fmt.Errorf("the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
+	}
+	return nil
+}
+
+func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) error {
+	conn, err := r.ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	return applyRules(conn, f, rules)
+}
+
+// cleanupNFT removes the kp-userspace tables. A kernel without nf_tables
+// holds none: that is not an error.
+func cleanupNFT(ops *netOps) error {
+	conn, err := ops.nft()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	defer conn.CloseLasting()
+	err = deleteTables(conn)
+	if isNoNFTables(err) {
+		return nil
+	}
+	return err
+}
+
+// chooseRedirector probes the redirect method the configuration asks
+// for; auto takes nftables when the kernel runs it, else iptables.
+func (b *Backend) chooseRedirector(ctx context.Context) (redirector, error) {
+	nft := nftRedirector{ops: &b.ops}
+	ipt := &iptRedirector{cfg: b.cfg, log: b.log, ops: &b.ops}
+	switch b.cfg.UserspaceRedirect {
+	case RedirectNFTables:
+		if err := nft.probe(ctx); err != nil {
+			return nil, fmt.Errorf("userspace probe (--userspace-redirect nftables): %w", err)
+		}
+		return nft, nil
+	case RedirectIPTables:
+		if err := ipt.probe(ctx); err != nil {
+			return nil, fmt.Errorf("userspace probe (--userspace-redirect iptables): %w", err)
+		}
+		return ipt, nil
+	}
+	nftErr := nft.probe(ctx)
+	if nftErr == nil {
+		return nft, nil
+	}
+	b.log.Warn("the userspace mode cannot redirect with nftables; trying iptables REDIRECT", "err", nftErr)
+	if err := ipt.probe(ctx); err != nil {
+		return nil, fmt.Errorf("userspace probe: neither nftables nor iptables can redirect: %w",
+			errors.Join(fmt.Errorf("nftables: %w", nftErr), fmt.Errorf("iptables: %w", err)))
+	}
+	return ipt, nil
+}
+
+// cleanupIPTables removes the KP-USERSPACE- chains (both iptables
+// flavors and families), running the binaries in the backend's namespace.
+func cleanupIPTables(ctx context.Context, ops *netOps, log *slog.Logger) error {
+	return ops.inNS(func() error {
+		_, err := iptables.CleanupOwned(ctx, log, iptables.UserspaceChainPrefix)
+		return err
+	})
+}
+
+// isNoNFTables reports an error of a kernel without nf_tables.
+func isNoNFTables(err error) bool {
+	return errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT)
+}
