@@ -72,9 +72,6 @@ type Option func(*Backend)
 // (tests: inside a network namespace).
 func WithNetOps(ops netOps) Option { return func(b *Backend) { b.ops = ops } }
 
-// WithUDPIdleTimeout replaces the UDP session idle timeout.
-func WithUDPIdleTimeout(d time.Duration) Option { return func(b *Backend) { b.idle = d } }
-
 // New returns the userspace backend for cfg.
 func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 	if log == nil {
