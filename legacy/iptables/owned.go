@@ -119,21 +119,51 @@ func ownedBlock(b *strings.Builder, t Table, d *Dump, o OwnedRules) {
 			gone = append(gone, name)
 		}
 	}
-	// The jumps: a wanted one found once stays; missing or doubled (a hand
-	// edit, a second instance), it is inserted afresh. Every other rule of
-	// a built-in chain leading under o.Prefix is deleted by its saved spec
-	// (-D deletes the first rule of that spec: all copies go, one by one).
+	// The jumps, per built-in chain: when each wanted one is there once,
+	// in o's order, they stay; otherwise (missing, doubled by a hand edit
+	// or a second instance, out of order) they are all deleted and
+	// inserted afresh, first in the chain in o's order. Every other rule
+	// of a built-in chain leading under o.Prefix is deleted by its saved
+	// spec (-D deletes the first rule of that spec: copies go one by one).
 	var insert []jump
 	var del []string
 	kept := map[string]bool{} // "FROM SPEC" of the rules kept
+	var froms []string
+	byFrom := map[string][]Jump{}
 	for _, j := range o.Jumps {
-		if j.Table != t {
+		if j.Table == t {
+			if byFrom[j.From] == nil {
+				froms = append(froms, j.From)
+			}
+			byFrom[j.From] = append(byFrom[j.From], j)
+		}
+	}
+	for _, from := range froms {
+		js := byFrom[from]
+		ok, last := true, -1
+		var specs []string
+		for _, j := range js {
+			found := jumpRules(d, j.internal())
+			if len(found) != 1 {
+				ok = false
+				break
+			}
+			i := slices.IndexFunc(d.Rules[from], func(r SavedRule) bool { return r.Spec == found[0].Spec })
+			if i <= last {
+				ok = false
+				break
+			}
+			last = i
+			specs = append(specs, found[0].Spec)
+		}
+		if ok {
+			for _, sp := range specs {
+				kept[from+" "+sp] = true
+			}
 			continue
 		}
-		if found := jumpRules(d, j.internal()); len(found) == 1 {
-			kept[j.From+" "+found[0].Spec] = true
-		} else {
-			insert = append(insert, j.internal())
+		for i := len(js) - 1; i >= 0; i-- { // each goes first: the last first
+			insert = append(insert, js[i].internal())
 		}
 	}
 	for _, chain := range d.Chains {

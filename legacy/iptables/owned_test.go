@@ -124,3 +124,32 @@ func TestTheIPTablesModeLeavesTheOtherModesChainsAlone(t *testing.T) {
 		}
 	}
 }
+
+func TestWriteOwnedKeepsItsJumpsInItsOrder(t *testing.T) {
+	const p = UserspaceChainPrefix
+	o := OwnedRules{Prefix: p,
+		Chains: []*Chain{{Table: TableFilter, Name: p + "A"}, {Table: TableFilter, Name: p + "B"}},
+		Jumps: []Jump{
+			{Table: TableFilter, From: "FORWARD", To: p + "A", Comment: "first"},
+			{Table: TableFilter, From: "FORWARD", To: p + "B", Comment: "second"},
+		}}
+	fk := NewFake(FlavorLegacy, proxy.IPv4)
+	want := "FORWARD: -m comment --comment \"first\" -j KP-USERSPACE-A\nFORWARD: -m comment --comment \"second\" -j KP-USERSPACE-B"
+	for _, step := range []struct{ name, before string }{
+		{"first write", ""},
+		{"one jump lost", "*filter\n-D FORWARD -m comment --comment \"first\" -j KP-USERSPACE-A\nCOMMIT\n"},
+		{"swapped", "*filter\n-D FORWARD -m comment --comment \"first\" -j KP-USERSPACE-A\n-A FORWARD -m comment --comment \"first\" -j KP-USERSPACE-A\nCOMMIT\n"},
+	} {
+		if step.before != "" {
+			if err := fk.Restore(context.Background(), []byte(step.before)); err != nil {
+				t.Fatalf("%s: %v", step.name, err)
+			}
+		}
+		if err := WriteOwned(context.Background(), fk, o); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if got := fk.Dump(TableFilter); got != want {
+			t.Errorf("%s: filter\n%s\nwant\n%s", step.name, got, want)
+		}
+	}
+}
