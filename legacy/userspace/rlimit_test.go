@@ -1,0 +1,139 @@
+package userspace
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// syncBuffer is a log sink safe for the proxy's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// withSoftNoFile runs fn with the process's soft RLIMIT_NOFILE at soft,
+// then puts it back (the hard limit is never touched: without
+// CAP_SYS_RESOURCE it could not be raised again).
+func withSoftNoFile(t *testing.T, soft uint64, fn func(rl unix.Rlimit)) {
+	t.Helper()
+	var orig unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+			t.Errorf("restore RLIMIT_NOFILE: %v", err)
+		}
+	}()
+	low := unix.Rlimit{Cur: soft, Max: orig.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	fn(low)
+}
+
+func TestRaiseNoFileRaisesTheSoftLimitToTheHardOneAndLogsIt(t *testing.T) {
+	var out syncBuffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	withSoftNoFile(t, 256, func(low unix.Rlimit) {
+		got := raiseNoFile(log)
+		var rl unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+			t.Fatal(err)
+		}
+		if rl.Cur != low.Max || got.cur != low.Max || got.max != low.Max {
+			t.Errorf("after raiseNoFile: soft %d (reported %d/%d), want the hard limit %d", rl.Cur, got.cur, got.max, low.Max)
+		}
+	})
+	if !strings.Contains(out.String(), "RLIMIT_NOFILE=") {
+		t.Errorf("no log line names the limit:\n%s", out.String())
+	}
+}
+
+// Out of descriptors: opening a listener fails with an error naming the
+// limit and what to do; a listener that cannot accept logs a line naming
+// the limit, and serves again once descriptors are free.
+func TestOutOfFileDescriptorsIsSaidClearly(t *testing.T) {
+	var out syncBuffer
+	b, err := New(proxy.Config{}, slog.New(slog.NewTextHandler(&out, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := tcpEcho(t)
+	p, err := b.ensure(proxyKey{name: proxy.ServicePortName{Port: "http"}}, v1.ProtocolTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.stop()
+	p.balancers().v4.update([]netip.AddrPort{ep}, 0)
+	addr := fmt.Sprintf("127.0.0.1:%d", p.port())
+	var client net.Conn
+	withSoftNoFile(t, 64, func(low unix.Rlimit) {
+		b.rlimit = rlimitInfo{cur: low.Cur, max: low.Max}
+		var fill []*os.File
+		defer func() {
+			for _, f := range fill {
+				f.Close()
+			}
+		}()
+		for {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				if !errors.Is(err, syscall.EMFILE) {
+					t.Fatal(err)
+				}
+				break
+			}
+			fill = append(fill, f)
+		}
+		_, err := b.ensure(proxyKey{name: proxy.ServicePortName{Port: "dns"}}, v1.ProtocolUDP)
+		if err == nil || !strings.Contains(err.Error(), "RLIMIT_NOFILE is 64") || !strings.Contains(err.Error(), "hard limit") {
+			t.Errorf("opening a listener out of descriptors: %v, want an error naming RLIMIT_NOFILE and the hard limit", err)
+		}
+		// One descriptor for the client; the proxy's accept then has none.
+		fill[len(fill)-1].Close()
+		fill = fill[:len(fill)-1]
+		if client, err = net.Dial("tcp4", addr); err != nil {
+			t.Fatal(err)
+		}
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !strings.Contains(out.String(), "out of file descriptors"); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	defer client.Close()
+	if log := out.String(); !strings.Contains(log, "out of file descriptors") || !strings.Contains(log, "limit=64") {
+		t.Errorf("no log line says the proxy is out of descriptors, naming the limit:\n%s", log)
+	}
+	// Descriptors free again: the waiting connection is proxied.
+	if err := echoOnce(client, bufio.NewReader(client), "after"); err != nil {
+		t.Errorf("the connection that waited for a descriptor: %v", err)
+	}
+}
