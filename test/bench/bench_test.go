@@ -192,6 +192,12 @@ func TestBenchSmoke(t *testing.T) {
 		if len(res.dataPath(p, 100)) != 1 {
 			t.Errorf("%s: no data-path measurement at N=100", p)
 		}
+		if len(res.bulk(p, 100)) != 1 {
+			t.Errorf("%s: no bulk measurement at N=100", p)
+		}
+		if got := res.fullSync(p, 100, func(f FullSync) float64 { return float64(f.FDs) }); len(got) != 1 || got[0] < 3 {
+			t.Errorf("%s: open descriptors after the cold start %v, want one count of at least 3", p, got)
+		}
 	}
 	for _, p := range []string{KP, KPIPTables} {
 		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
@@ -203,7 +209,13 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
-	want := []string{"## Full sync", "## Incremental", "## Data path", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	want := []string{"## Full sync", "## Incremental", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	if len(res.bulk(NoProxy, 100)) != 1 {
+		t.Errorf("no direct bulk measurement at N=100")
+	}
+	if slices.Contains(cfg.Proxies, KPUserspace) {
+		want = append(want, "| kp-userspace |", "kp-userspace / kp", "## Targets (issue 16")
+	}
 	if slices.Contains(cfg.Proxies, KPIPTables) {
 		want = append(want, "| kp-iptables |", "## Targets (issue 13", "iptables-nft-restore --noflush |")
 	}
@@ -236,9 +248,12 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 			t.Run(fmt.Sprintf("N=%d/%s", n, proxy), func(t *testing.T) {
 				w, node := c.newWorld(t)
 				c.pointSamples(w, n)
+				startSink(t, w.Pods()[0].NS)
 				if i == 0 {
 					pod := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(podPort))
 					res.DataPaths = append(res.DataPaths, dataPath(w, NoProxy, n, pod, cfg)...)
+					sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
+					res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
 				}
 				measureProxy(t, c, w, node, proxy, n, cfg, res)
 			})
@@ -281,6 +296,7 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 	}
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
 	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
 	if n > len(samples(n)) {
 		inc := p.incremental(c, n, changes)
 		res.Incrementals = append(res.Incrementals, inc...)
