@@ -23,6 +23,7 @@ var errIdle = errors.New("idle timeout")
 type idleWatch struct {
 	timeout time.Duration
 	last    atomic.Int64 // unix nanoseconds of the last progress seen
+	fired   atomic.Bool  // one copy returned errIdle (the other need not)
 }
 
 func newIdleWatch(timeout time.Duration) *idleWatch {
@@ -49,7 +50,10 @@ func (w *idleWatch) copy(dst io.Writer, src *net.TCPConn) (int64, error) {
 			return total, err
 		}
 		if now.Sub(time.Unix(0, w.last.Load())) >= w.timeout {
-			return total, errIdle
+			if w.fired.CompareAndSwap(false, true) {
+				return total, errIdle
+			}
+			return total, err // the other copy closes the connection
 		}
 	}
 }
