@@ -236,21 +236,21 @@ func countNFT(ns, table string) (int, error) {
 }
 
 // countUserspace counts the benchmark's Services in the userspace mode's
-// redirect table: one rule per ClusterIP and port.
+// redirect map (address . protocol . port : listener port).
 func countUserspace(ns string) (int, error) {
-	out, err := netns.Exec(ns, "nft", "list", "table", "ip", "kp-userspace")
+	out, err := netns.Exec(ns, "nft", "list", "map", "ip", "kp-userspace", "redirects")
 	if err != nil {
 		if strings.Contains(out, "No such file") {
 			return 0, nil
 		}
 		return 0, err
 	}
-	return strings.Count(out, fmt.Sprintf("tcp dport %d redirect to :", servicePort)), nil
+	return len(serviceElement.FindAllStringIndex(out, -1)), nil
 }
 
 // serviceElement is one benchmark Service port in a service-ips listing:
 // "10.96.3.4 . tcp . 80 : goto …", with or without a comment before the
-// colon.
+// colon (in kp-userspace's redirects map: ": 40001").
 var serviceElement = regexp.MustCompile(fmt.Sprintf(` \. tcp \. %d (comment "[^"]*" )?: `, servicePort))
 
 // countIPTables counts the benchmark's Services in the nat table as save
