@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -209,6 +210,13 @@ func testServicesAnswerRoundRobin(t *testing.T, red redirectMethod) {
 	rules, err := k.rules("ip")
 	if err != nil || !strings.Contains(rules, `comment "demo/web"`) || !strings.Contains(rules, "redirect to :") && !strings.Contains(rules, "REDIRECT --to-ports") {
 		t.Errorf("the %s redirects: %v\n%s", red.name, err, rules)
+	}
+	if red.iptablesBackend == "" {
+		// The map's elements, as nft lists them (test/bench counts them so).
+		out, err := k.w.NFT("list", "map", "ip", TableName, mapRedirects)
+		if err != nil || !regexp.MustCompile(`10\.96\.0\.10 \. tcp \. 80 comment "demo/web" : \d+`).MatchString(out) {
+			t.Errorf("nft list map ip %s %s: %v\n%s", TableName, mapRedirects, err, out)
+		}
 	}
 	if got := k.b.Redirector(); !strings.HasPrefix(got, red.redirect) || !strings.HasSuffix(got, red.iptablesBackend) {
 		t.Errorf("Redirector() = %q, want %s", got, red.name)
