@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	vnetns "github.com/vishvananda/netns"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -420,4 +421,52 @@ func TestKernelShutdownRefusesNewConnectionsAndDrainsOpenOnesWithinItsBound(t *t
 	}
 	lingering.Close()
 	finishing.Close()
+}
+
+// A kernel whose nftables cannot redirect (here: netlink refuses, as
+// without nf_tables) gets the iptables redirects under auto, and traffic
+// flows through them; Cleanup still succeeds.
+func TestKernelAutoFallsBackToIPTablesWhenNFTablesCannotRedirect(t *testing.T) {
+	netns.Require(t, "iptables-nft-restore", "iptables-legacy-restore")
+	w := netns.NewWorld(t, netns.Options{Pods: 1})
+	h, err := vnetns.GetFromName(w.Node())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	b, err := New(proxy.Config{Mode: proxy.ModeUserspace, UserspaceRedirect: RedirectAuto}, nil, NamespaceOps(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ops.nft = func() (*nftables.Conn, error) {
+		return nil, fmt.Errorf("netlink: %w", syscall.EPROTONOSUPPORT)
+	}
+	if err := b.Probe(context.Background()); err != nil {
+		t.Fatalf("Probe with nftables refused: %v", err)
+	}
+	if got := b.Redirector(); !strings.HasPrefix(got, RedirectIPTables) {
+		t.Fatalf("Redirector() = %q, want the iptables fallback", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		b.Shutdown(sctx)
+	}()
+	k := &kernelWorld{t: t, w: w, b: b, syncCtx: ctx, st: &proxy.State{
+		Services:  map[proxy.ServicePortName]*proxy.ServicePort{},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
+		Node:      proxy.Node{Name: "node-1", IPs: []netip.Addr{w.NodeIP()}},
+	}}
+	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080, w.Pods()[0].IP.String()+":8080")
+	k.sync()
+	for _, addr := range []string{"10.96.0.10:80", w.NodeIP().String() + ":30080"} {
+		if name, err := k.ask(w.Client(), "tcp", addr); err != nil || name != "pod-0" {
+			t.Errorf("%s through the iptables fallback: %q %v", addr, name, err)
+		}
+	}
+	if err := b.Cleanup(context.Background()); err != nil {
+		t.Errorf("Cleanup without nftables: %v", err)
+	}
 }

@@ -75,6 +75,9 @@ func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) err
 // holds none: that is not an error.
 func cleanupNFT(ops *netOps) error {
 	conn, err := ops.nft()
+	if isNoNFTables(err) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("open netlink: %w", err)
 	}
