@@ -465,7 +465,7 @@ type netOps struct {
 	listenTCP func() (*net.TCPListener, error)
 	listenUDP func() ([]*net.UDPConn, error)
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	nft       func() (*nftables.Conn, error)
+	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
 	// inNS runs fn in the namespace (iptables binaries run in the calling
 	// thread's).
 	inNS func(fn func() error) error

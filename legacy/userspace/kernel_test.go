@@ -438,7 +438,7 @@ func TestKernelAutoFallsBackToIPTablesWhenNFTablesCannotRedirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.ops.nft = func() (*nftables.Conn, error) {
+	b.ops.nft = func(...nftables.ConnOption) (*nftables.Conn, error) {
 		return nil, fmt.Errorf("netlink: %w", syscall.EPROTONOSUPPORT)
 	}
 	if err := b.Probe(context.Background()); err != nil {
@@ -468,5 +468,23 @@ func TestKernelAutoFallsBackToIPTablesWhenNFTablesCannotRedirect(t *testing.T) {
 	}
 	if err := b.Cleanup(context.Background()); err != nil {
 		t.Errorf("Cleanup without nftables: %v", err)
+	}
+}
+
+// Thousands of service ports are one nftables transaction, larger than a
+// netlink socket's default send buffer (212 kB: EMSGSIZE without
+// batchBuffers), and still answer.
+func TestKernelThousandsOfServicesSyncInOneTransaction(t *testing.T) {
+	k := newKernelWorld(t, 1)
+	p0 := k.w.Pods()[0].IP.String() + ":8080"
+	const n = 3000
+	for i := range n {
+		k.add(fmt.Sprintf("s%04d", i), v1.ProtocolTCP, fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), 80, 0, p0)
+	}
+	k.sync()
+	for _, addr := range []string{"10.96.1.1:80", fmt.Sprintf("10.96.%d.%d:80", 1+(n-1)/250, 1+(n-1)%250)} {
+		if name, err := k.ask(k.w.Client(), "tcp", addr); err != nil || name != "pod-0" {
+			t.Errorf("%s among %d Services: %q %v", addr, n, name, err)
+		}
 	}
 }

@@ -20,7 +20,7 @@ func hostOps() netOps {
 		listenTCP: listenTCP,
 		listenUDP: listenUDP,
 		dial:      (&net.Dialer{}).DialContext,
-		nft:       func() (*nftables.Conn, error) { return nftables.New() },
+		nft:       func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
 		inNS:      func(fn func() error) error { return fn() },
 	}
 }
@@ -38,8 +38,8 @@ func NamespaceOps(ns netns.NsHandle) Option {
 			return s, err
 		},
 		dial: nsenter.DialContext(ns),
-		nft: func() (*nftables.Conn, error) {
-			return nftables.New(nftables.WithNetNSFd(int(ns)))
+		nft: func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+			return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(int(ns))}, opts...)...)
 		},
 		inNS: func(fn func() error) error { return nsenter.Run(ns, fn) },
 	})
