@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -240,4 +241,37 @@ func CleanupOwned(ctx context.Context, log *slog.Logger, prefix string) (Removed
 		log.Info("removed kp's iptables chains", "prefix", prefix, "removed", removed.String())
 	}
 	return removed, err
+}
+
+// DispatchEntry is one rule of an owned chain with what kp's dispatch trie
+// (dispatch.go) splits on: its destination address (AddrDispatch), or
+// its protocol and destination port (PortDispatch). Rules of one key keep
+// Order (lower first).
+type DispatchEntry struct {
+	Addr  netip.Addr
+	Proto string // "tcp", "udp", "sctp"
+	Port  int32
+	Order int
+	Rule  Rule
+}
+
+// AddrDispatch splits es into kp's address trie, as the iptables mode's
+// KP-SERVICES: the rules for the chain itself and the trie's chains, named
+// prefix-BITS-HEX (prefix at most 16 characters).
+func AddrDispatch(table Table, fam proxy.Family, prefix string, es []DispatchEntry) ([]Rule, []*Chain) {
+	in := make([]entry, len(es))
+	for i, e := range es {
+		in[i] = entry{key: addrKey(e.Addr), order: e.Order, rule: e.Rule}
+	}
+	return addrTree(table, fam, prefix, in)
+}
+
+// PortDispatch splits es by protocol, then port, as the iptables mode's
+// KP-NODEPORTS.
+func PortDispatch(table Table, fam proxy.Family, prefix string, es []DispatchEntry) ([]Rule, []*Chain) {
+	in := make([]entry, len(es))
+	for i, e := range es {
+		in[i] = entry{key: uint32(e.Port), proto: e.Proto, order: e.Order, rule: e.Rule}
+	}
+	return portTree(table, fam, prefix, in)
 }
