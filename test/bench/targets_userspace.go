@@ -14,7 +14,11 @@ const (
 // writeUserspaceTargets judges issue 16's targets at n and reports its
 // cold start with the process's descriptors and RSS.
 func writeUserspaceTargets(b *strings.Builder, r *Results, n int) {
-	fmt.Fprintf(b, "## Targets (issue 16: %s, judged at N = 1 and N = %s)\n\n", KPUserspace, fmtN(n))
+	at := "N = 1"
+	if n != 1 {
+		at += " and N = " + fmtN(n)
+	}
+	fmt.Fprintf(b, "## Targets (issue 16: %s, judged at %s)\n\n", KPUserspace, at)
 	b.WriteString("| target | measured | |\n|---|---|---|\n")
 	for _, at := range []int{1, n} {
 		us, kp := Median(r.dataPath(KPUserspace, at)), Median(r.dataPath(KP, at))
