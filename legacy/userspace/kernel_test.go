@@ -473,13 +473,14 @@ func TestKernelAutoFallsBackToIPTablesWhenNFTablesCannotRedirect(t *testing.T) {
 
 // Thousands of service ports are one nftables transaction, larger than a
 // netlink socket's default send buffer (212 kB: EMSGSIZE without
-// batchBuffers), and still answer.
+// batchBuffers), their elements (with long Service names in comments) more
+// than one netlink attribute holds (64 KiB: elemChunks), and still answer.
 func TestKernelThousandsOfServicesSyncInOneTransaction(t *testing.T) {
 	k := newKernelWorld(t, 1)
 	p0 := k.w.Pods()[0].IP.String() + ":8080"
 	const n = 3000
 	for i := range n {
-		k.add(fmt.Sprintf("s%04d", i), v1.ProtocolTCP, fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), 80, 0, p0)
+		k.add(fmt.Sprintf("a-service-with-a-rather-long-name-of-fifty-chars-%04d", i), v1.ProtocolTCP, fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), 80, 0, p0)
 	}
 	k.sync()
 	for _, addr := range []string{"10.96.1.1:80", fmt.Sprintf("10.96.%d.%d:80", 1+(n-1)/250, 1+(n-1)%250)} {

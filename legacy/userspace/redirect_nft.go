@@ -239,7 +239,7 @@ func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
 		n++
 	}
 	for _, name := range setNames {
-		for es := range slices.Chunk(elems[name], 1024) {
+		for _, es := range elemChunks(elems[name]) {
 			if err := conn.SetAddElements(sets[name], es); err != nil {
 				return fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
 			}
@@ -357,4 +357,29 @@ func deleteTables(conn *nftables.Conn) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxElemBytes bounds one NEWSETELEM message's element list: a netlink
+// attribute's length is 16 bits, so a list past 64 KiB (about 1,000
+// elements with their comments) is refused as "length too short or too
+// large".
+const maxElemBytes = 32 << 10
+
+// elemChunks splits es into lists of at most maxElemBytes (a generous
+// estimate of each element's encoding).
+func elemChunks(es []nftables.SetElement) [][]nftables.SetElement {
+	var out [][]nftables.SetElement
+	start, size := 0, 0
+	for i, e := range es {
+		n := len(e.Key) + len(e.Val) + len(e.Comment) + 64
+		if size+n > maxElemBytes && i > start {
+			out = append(out, es[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(es) {
+		out = append(out, es[start:])
+	}
+	return out
 }
