@@ -2,6 +2,7 @@ package userspace
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,8 +39,12 @@ func tcpEcho(t *testing.T) netip.AddrPort {
 	go func() {
 		for {
 			c, err := ln.Accept()
-			if err != nil {
+			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if err != nil { // EMFILE in TestOutOfFileDescriptorsIsSaidClearly
+				time.Sleep(10 * time.Millisecond)
+				continue
 			}
 			go func() {
 				defer c.Close()

@@ -185,6 +185,10 @@ func (p *tcpProxy) dial(bal *balancer, client netip.Addr) (*net.TCPConn, netip.A
 			return c.(*net.TCPConn), ep, true
 		}
 		p.b.stats.dialErrors.WithLabelValues("TCP").Inc()
+		if isFDExhausted(err) {
+			p.b.fdError(p.name, err)
+			break // no other endpoint can be dialed either
+		}
 		p.log.Debug("dial endpoint failed; trying the next", "servicePort", p.name.String(), "endpoint", ep, "err", err)
 	}
 	return nil, netip.AddrPort{}, false
