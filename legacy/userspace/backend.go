@@ -45,6 +45,16 @@ type Backend struct {
 	// unknown (start, after a failed write) and written by the next sync.
 	lastRules map[proxy.Family]Rules
 	lastWrite time.Time // when both families were last written
+	// last is each service port's listener ports and usability as the
+	// last successful sync left them; nil after a failure (the next sync
+	// looks at every service port).
+	last map[proxy.ServicePortName]portState
+}
+
+// portState is what a service port contributes to the redirect rules.
+type portState struct {
+	ports  listenerPorts
+	usable bool
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -149,6 +159,11 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	want := map[proxyKey]bool{}
 	keep := map[proxy.EndpointRef]bool{}
 	var errs []error
+	// After a successful sync only s.Changed needs a look (unless the Node
+	// changed: topology and local endpoints); the others keep their
+	// listeners and balancers as they are.
+	incremental := b.last != nil && !s.NodeChanged
+	rulesSame := incremental && !s.ServiceCIDRsChanged
 	for name, sp := range s.Services {
 		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
 			continue // SCTP: not proxied (Go has no SCTP sockets)
@@ -156,6 +171,16 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		eps := s.Endpoints[name]
 		for _, e := range eps {
 			keep[ref(name, e.AddrPort())] = true
+		}
+		if _, changed := s.Changed[name]; incremental && !changed {
+			if ps, ok := b.last[name]; ok {
+				ports[name], usable[name] = ps.ports, ps.usable
+				want[proxyKey{name: name}] = true
+				if sp.HasExternal() {
+					want[proxyKey{name: name, external: true}] = true
+				}
+				continue
+			}
 		}
 		var lp listenerPorts
 		ok := true
@@ -186,7 +211,22 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
 		}
 	}
-	if err := b.writeRules(ctx, s, ports, usable); err != nil {
+	if rulesSame {
+		// The rules change only with a service port's listener ports or
+		// usability (or a service port coming or going): endpoint changes,
+		// the most common, leave them.
+		for name := range s.Changed {
+			old, had := b.last[name]
+			lp, has := ports[name]
+			if had != has || old.ports != lp || old.usable != usable[name] {
+				rulesSame = false
+				break
+			}
+		}
+	}
+	if rulesSame && len(b.lastRules) == len(b.red.families()) && b.now().Sub(b.lastWrite) < rewriteInterval {
+		// Nothing to write.
+	} else if err := b.writeRules(ctx, s, ports, usable); err != nil {
 		errs = append(errs, err)
 	}
 	// Listeners of service ports that are gone close after the rules no
@@ -198,7 +238,15 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	b.stats.forget(keep)
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		b.last = nil
+		return errors.Join(errs...)
+	}
+	b.last = make(map[proxy.ServicePortName]portState, len(ports))
+	for name, lp := range ports {
+		b.last[name] = portState{ports: lp, usable: usable[name]}
+	}
+	return nil
 }
 
 // update gives p the endpoints its traffic may use: SelectEndpoints per

@@ -122,6 +122,15 @@ func (k *kernelWorld) setEndpoints(n proxy.ServicePortName, eps ...string) {
 		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true, NodeName: "node-1"})
 	}
 	k.st.Endpoints[n] = list
+	k.markChanged(n)
+}
+
+// markChanged names n in the next sync's Changed, as the core does.
+func (k *kernelWorld) markChanged(n proxy.ServicePortName) {
+	if k.st.Changed == nil {
+		k.st.Changed = map[proxy.ServicePortName]struct{}{}
+	}
+	k.st.Changed[n] = struct{}{}
 }
 
 func (k *kernelWorld) sync() {
@@ -129,6 +138,7 @@ func (k *kernelWorld) sync() {
 	k.gen++
 	st := *k.st
 	st.Generation = k.gen
+	k.st.Changed = nil
 	if err := k.b.Sync(k.syncCtx, &st); err != nil {
 		k.t.Fatalf("sync: %v", err)
 	}
