@@ -147,9 +147,17 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	redone := func(proxy string, n int) bool { return proxies[proxy] && slices.Contains(res.Ns, n) }
 	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
 	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
-	// The earlier run's reference (no proxy) stands.
-	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy })
+	// The earlier run's reference (no proxy) stands where it has one.
+	hasNone := func(n int) bool {
+		return slices.ContainsFunc(base.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
+	}
+	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy && hasNone(x.N) })
 	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool { return redone(x.Proxy, x.N) }), fresh...)
+	hasNoneBulk := func(n int) bool {
+		return slices.ContainsFunc(base.Bulks, func(x Bulk) bool { return x.Proxy == NoProxy && x.N == n })
+	}
+	freshBulk := slices.DeleteFunc(slices.Clone(res.Bulks), func(x Bulk) bool { return x.Proxy == NoProxy && hasNoneBulk(x.N) })
+	base.Bulks = append(slices.DeleteFunc(base.Bulks, func(x Bulk) bool { return redone(x.Proxy, x.N) }), freshBulk...)
 	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
 	base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return redone(x.proxy(), x.N) }), res.Floors...)
 	for _, n := range res.Ns {
