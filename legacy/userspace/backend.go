@@ -55,6 +55,7 @@ type Backend struct {
 type portState struct {
 	ports  listenerPorts
 	usable bool
+	sp     *proxy.ServicePort // its addresses, ports and source ranges
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -212,13 +213,15 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	if rulesSame {
-		// The rules change only with a service port's listener ports or
-		// usability (or a service port coming or going): endpoint changes,
-		// the most common, leave them.
+		// The rules change only with a service port's Service (addresses,
+		// ports, source ranges), listener ports or usability, or a service
+		// port coming or going: endpoint changes, the most common, leave
+		// them.
 		for name := range s.Changed {
 			old, had := b.last[name]
 			lp, has := ports[name]
-			if had != has || old.ports != lp || old.usable != usable[name] {
+			if had != has || old.ports != lp || old.usable != usable[name] ||
+				has && !reflect.DeepEqual(old.sp, s.Services[name]) {
 				rulesSame = false
 				break
 			}
@@ -244,7 +247,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.last = make(map[proxy.ServicePortName]portState, len(ports))
 	for name, lp := range ports {
-		b.last[name] = portState{ports: lp, usable: usable[name]}
+		b.last[name] = portState{ports: lp, usable: usable[name], sp: s.Services[name]}
 	}
 	return nil
 }
