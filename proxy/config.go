@@ -36,6 +36,21 @@ type Config struct {
 	// 127.0.0.0/8 (upstream --iptables-localhost-nodeports).
 	LocalhostNodePorts bool
 
+	// The userspace mode's settings (kp's own flags; upstream removed the
+	// mode). UserspaceRedirect is how Service traffic reaches its
+	// listeners: "auto" (or empty: nftables when the kernel runs it, else
+	// iptables), "nftables" or "iptables".
+	UserspaceRedirect string
+	// UserspaceMaxConnections caps the TCP connections proxied at once per
+	// service port; past it new ones are refused (reset). 0: no cap.
+	UserspaceMaxConnections int
+	// UserspaceTCPIdleTimeout ends a proxied TCP connection that carried
+	// nothing either way for this long. 0: never.
+	UserspaceTCPIdleTimeout time.Duration
+	// UserspaceUDPIdleTimeout ends a UDP session that carried nothing
+	// either way for this long. 0: the mode's default.
+	UserspaceUDPIdleTimeout time.Duration
+
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period
 	ConfigSyncPeriod time.Duration // informer resync (upstream --config-sync-period)

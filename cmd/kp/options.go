@@ -14,6 +14,7 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/legacy/userspace"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -50,6 +51,8 @@ type proxyOptions struct {
 
 	iptablesBackend            string
 	iptablesLocalhostNodePorts bool
+
+	userspace userspaceOptions
 
 	syncPeriod            time.Duration
 	minSyncPeriod         time.Duration
@@ -119,6 +122,7 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
 
 	o.conntrack.addFlags(fs)
+	o.userspace.addFlags(fs)
 	o.compat.addFlags(fs)
 }
 
@@ -150,15 +154,19 @@ type ignoredSetting struct {
 func defaultSettings() settings {
 	return settings{
 		cfg: proxy.Config{
-			Mode:               proxy.ModeNFTables,
-			MasqueradeBit:      defaultMasqueradeBit,
-			IPTablesBackend:    string(iptables.FlavorAuto),
-			LocalhostNodePorts: true,
-			SyncPeriod:         defaultSyncPeriod,
-			MinSyncPeriod:      defaultMinSyncPeriod,
-			ConfigSyncPeriod:   defaultConfigSyncPeriod,
-			MetricsBindAddress: defaultMetricsBindAddress,
-			HealthzBindAddress: defaultHealthzBindAddress,
+			Mode:                    proxy.ModeNFTables,
+			MasqueradeBit:           defaultMasqueradeBit,
+			IPTablesBackend:         string(iptables.FlavorAuto),
+			LocalhostNodePorts:      true,
+			UserspaceRedirect:       userspace.RedirectAuto,
+			UserspaceMaxConnections: defaultUserspaceMaxConnections,
+			UserspaceTCPIdleTimeout: defaultUserspaceTCPIdleTimeout,
+			UserspaceUDPIdleTimeout: defaultUserspaceUDPIdleTimeout,
+			SyncPeriod:              defaultSyncPeriod,
+			MinSyncPeriod:           defaultMinSyncPeriod,
+			ConfigSyncPeriod:        defaultConfigSyncPeriod,
+			MetricsBindAddress:      defaultMetricsBindAddress,
+			HealthzBindAddress:      defaultHealthzBindAddress,
 		},
 		conntrack: conntrack.DefaultTuning(),
 		log:       defaultLogOptions(),
@@ -306,6 +314,7 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 	}
 
 	errs = append(errs, o.conntrack.apply(fs, s)...)
+	errs = append(errs, o.userspace.apply(fs, s)...)
 	errs = append(errs, o.compat.apply(fs, s)...)
 	return errs
 }

@@ -23,11 +23,17 @@ func defaultsFor(dir string) proxy.Config {
 		MasqueradeBit:      14,
 		IPTablesBackend:    "auto",
 		LocalhostNodePorts: true,
-		SyncPeriod:         30 * time.Second,
-		MinSyncPeriod:      time.Second,
-		ConfigSyncPeriod:   15 * time.Minute,
-		MetricsBindAddress: "127.0.0.1:10249",
-		HealthzBindAddress: "0.0.0.0:10256",
+		UserspaceRedirect:  "auto",
+		// The userspace mode's: 10,000 connections per service port, TCP
+		// idle 24 h, UDP idle 30 s.
+		UserspaceMaxConnections: 10000,
+		UserspaceTCPIdleTimeout: 24 * time.Hour,
+		UserspaceUDPIdleTimeout: 30 * time.Second,
+		SyncPeriod:              30 * time.Second,
+		MinSyncPeriod:           time.Second,
+		ConfigSyncPeriod:        15 * time.Minute,
+		MetricsBindAddress:      "127.0.0.1:10249",
+		HealthzBindAddress:      "0.0.0.0:10256",
 	}
 }
 
@@ -106,6 +112,15 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 		{name: "iptables mode answers NodePorts on every local IP, as upstream's", args: []string{"--proxy-mode", "iptables"},
 			modes: []proxy.Mode{proxy.ModeIPTables},
 			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
+		{name: "userspace mode's redirect, connection cap and idle timeouts", args: []string{"--proxy-mode", "userspace",
+			"--userspace-redirect", "iptables", "--userspace-max-connections", "0",
+			"--userspace-tcp-idle-timeout", "10m", "--userspace-udp-idle-timeout", "5s"},
+			modes: []proxy.Mode{proxy.ModeUserspace},
+			want: func(c *proxy.Config) {
+				c.Mode, c.NodePortPrimary = proxy.ModeUserspace, false
+				c.UserspaceRedirect, c.UserspaceMaxConnections = "iptables", 0
+				c.UserspaceTCPIdleTimeout, c.UserspaceUDPIdleTimeout = 10*time.Minute, 5*time.Second
+			}},
 		{name: "harmless kube-proxy flags change nothing", args: []string{
 			"--conntrack-max-per-core=0", "--conntrack-min", "131072", "--oom-score-adj=-999",
 			"--kube-api-qps", "20", "--feature-gates", "NFTablesProxyMode=true,AllAlpha=false",
@@ -160,6 +175,12 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --service-cidrs "10.96.0.1": invalid CIDR`},
 		{"service CIDR covering everything", []string{"--service-cidrs", "0.0.0.0/0"},
 			`kp: --service-cidrs "0.0.0.0/0": 0.0.0.0/0 covers every address; give the Service CIDRs only`},
+		{"unknown userspace redirect", []string{"--userspace-redirect", "ipvs"},
+			`kp: --userspace-redirect "ipvs": want auto, nftables or iptables`},
+		{"zero UDP idle timeout", []string{"--userspace-udp-idle-timeout", "0"},
+			`kp: --userspace-udp-idle-timeout "0s": must be greater than 0`},
+		{"negative connection cap", []string{"--userspace-max-connections", "-1"},
+			`kp: --userspace-max-connections "-1": must not be negative`},
 		{"mark bit out of range", []string{"--iptables-masquerade-bit", "32"},
 			`kp: --iptables-masquerade-bit "32": must be within [0, 31]`},
 		{"zero sync period", []string{"--sync-period", "0"},

@@ -113,8 +113,9 @@ const (
 	chainClusterIPsCheck  = "KP-CLUSTER-IPS-CHECK"
 )
 
-// isKPChain reports whether name is one of kp's chains.
-func isKPChain(name string) bool { return strings.HasPrefix(name, "KP-") }
+// isKPChain reports whether name is one of the iptables mode's chains: a
+// KP- chain that is not another mode's (owned.go).
+func isKPChain(name string) bool { return strings.HasPrefix(name, "KP-") && !ownedByOther(name) }
 
 // Per-service-port chain names, as upstream's: a hash of the service port
 // name and protocol (and endpoint for KP-SEP-).

@@ -42,7 +42,7 @@ func TestJumpRuleArgsFindsOnlyJumpsToKPChains(t *testing.T) {
 		{"PREROUTING", `-A OTHER -j KP-X`, nil}, // not a rule of the chain listed
 		{"PREROUTING", `-P PREROUTING ACCEPT`, nil},
 	} {
-		got, ok := jumpRuleArgs(tc.spec, tc.chain)
+		got, ok := jumpRuleArgs(tc.spec, tc.chain, isKPChain)
 		if ok != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("jumpRuleArgs(%s, %s) = %q, %v; want %q", tc.spec, tc.chain, got, ok, tc.want)
 		}

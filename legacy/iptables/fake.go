@@ -16,8 +16,9 @@ import (
 // Fake is an in-memory Runner for unit tests. It applies iptables-restore
 // --noflush input as the kernel does, one table block at a time, each all
 // or nothing: a chain line creates or flushes a user chain, -A appends, -I
-// inserts, -X deletes an existing user chain; at COMMIT every jump must
-// name an existing chain and a deleted chain must not be jumped to. A
+// inserts, -D deletes a rule by its spec, -X deletes an existing user
+// chain; at COMMIT every jump must name an existing chain and a deleted
+// chain must not be jumped to. A
 // refused line is a *RestoreError naming it, like the real runner's.
 type Fake struct {
 	Fl     Flavor
@@ -147,6 +148,12 @@ func (f *Fake) Restore(_ context.Context, data []byte) error {
 					spec = after
 				}
 				cur.Rules[chain] = append([]string{spec}, cur.Rules[chain]...)
+			case "-D":
+				i := slices.Index(cur.Rules[chain], spec)
+				if i < 0 {
+					return refuse("no such rule in " + chain)
+				}
+				cur.Rules[chain] = slices.Delete(cur.Rules[chain], i, i+1)
 			case "-X":
 				if slices.Contains(builtinChains[curName], chain) || len(cur.Rules[chain]) > 0 {
 					return refuse("cannot delete chain " + chain)
@@ -210,11 +217,11 @@ func (f *Fake) Save(_ context.Context, table Table, counters bool) ([]byte, erro
 }
 
 // Dump lists the table's chains and their rules, one "CHAIN: rule" a
-// line, chains sorted by name and rules in order, for assertions.
+// line, chains in creation order and rules in order, for assertions.
 func (f *Fake) Dump(table Table) string {
 	t := f.Tables[table]
 	var lines []string
-	for _, c := range slices.Sorted(slices.Values(t.Chains)) {
+	for _, c := range t.Chains {
 		for _, r := range t.Rules[c] {
 			lines = append(lines, c+": "+r)
 		}

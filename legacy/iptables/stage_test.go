@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,7 +84,7 @@ func TestColdStartOnIptablesNftStagesEveryChainInSmallRestoresThenLinksThem(t *t
 		t.Errorf("the sync's own restore does not link the dispatch chains:\n%s", final)
 	}
 	for _, tb := range []Table{TableNAT, TableFilter} {
-		if got, want := fk.Dump(tb), refFake.Dump(tb); got != want {
+		if got, want := sortedDump(fk, tb), sortedDump(refFake, tb); got != want {
 			t.Errorf("%s after a staged cold start differs from one restore's:\n%s\nwant:\n%s", tb, got, want)
 		}
 	}
@@ -147,7 +148,17 @@ func TestRefusedStagingRestoreLeavesNothingReachableAndNamesTheService(t *testin
 	mustSync(t, b, w.next())
 	ref, refFake := stagedBackend(t, FlavorNFT, 0)
 	mustSync(t, ref, w.next())
-	if got, want := fk.Dump(TableNAT), refFake.Dump(TableNAT); got != want {
+	if got, want := sortedDump(fk, TableNAT), sortedDump(refFake, TableNAT); got != want {
 		t.Errorf("nat after the retry differs from a clean cold start:\n%s\nwant:\n%s", got, want)
 	}
+}
+
+// sortedDump is fk.Dump(tb) with the chains sorted by name, each chain's
+// rules in order: staging creates chains in another order.
+func sortedDump(fk *Fake, tb Table) string {
+	lines := strings.Split(fk.Dump(tb), "\n")
+	slices.SortStableFunc(lines, func(a, b string) int {
+		return strings.Compare(strings.SplitN(a, ":", 2)[0], strings.SplitN(b, ":", 2)[0])
+	})
+	return strings.Join(lines, "\n")
 }

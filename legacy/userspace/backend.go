@@ -30,6 +30,8 @@ type Backend struct {
 	idle  time.Duration // UDP session idle timeout
 	stats *stats
 	conns *connSet
+	// red writes the redirect rules (chosen by Probe).
+	red redirector
 	// nodeIPs are the Node's addresses (clients inside the cluster).
 	nodeIPs atomic.Pointer[[]netip.Addr]
 
@@ -43,6 +45,17 @@ type Backend struct {
 	// unknown (start, after a failed write) and written by the next sync.
 	lastRules map[proxy.Family]Rules
 	lastWrite time.Time // when both families were last written
+	// last is each service port's listener ports and usability as the
+	// last successful sync left them; nil after a failure (the next sync
+	// looks at every service port).
+	last map[proxy.ServicePortName]portState
+}
+
+// portState is what a service port contributes to the redirect rules.
+type portState struct {
+	ports  listenerPorts
+	usable bool
+	sp     *proxy.ServicePort // its addresses, ports and source ranges
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -70,15 +83,19 @@ type Option func(*Backend)
 // (tests: inside a network namespace).
 func WithNetOps(ops netOps) Option { return func(b *Backend) { b.ops = ops } }
 
-// WithUDPIdleTimeout replaces the UDP session idle timeout.
-func WithUDPIdleTimeout(d time.Duration) Option { return func(b *Backend) { b.idle = d } }
-
 // New returns the userspace backend for cfg.
 func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: udpIdleTimeout,
+	if _, err := ParseRedirect(cfg.UserspaceRedirect); err != nil {
+		return nil, err
+	}
+	idle := udpIdleTimeout
+	if cfg.UserspaceUDPIdleTimeout > 0 {
+		idle = cfg.UserspaceUDPIdleTimeout
+	}
+	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: idle,
 		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
 	for _, o := range opts {
 		o(b)
@@ -91,21 +108,33 @@ func (b *Backend) Mode() proxy.Mode { return proxy.ModeUserspace }
 // Collectors are the proxy's own metrics, for the metrics server.
 func (b *Backend) Collectors() []prometheus.Collector { return b.stats.collectors() }
 
-// Probe checks that this kernel can redirect with nftables (it writes and
-// deletes a throwaway table in one transaction) and raises RLIMIT_NOFILE:
-// every listener and every proxied connection holds descriptors.
+// Probe chooses how Service traffic is redirected to the listeners
+// (--userspace-redirect: nftables when the kernel runs it, else iptables
+// REDIRECT; each probed with a throwaway table or chain) and raises
+// RLIMIT_NOFILE: every listener and every proxied connection holds
+// descriptors.
 func (b *Backend) Probe(ctx context.Context) error {
 	b.rlimit = raiseNoFile(b.log)
-	conn, err := b.ops.nft()
+	red, err := b.chooseRedirector(ctx)
 	if err != nil {
-		return fmt.Errorf("userspace probe: open netlink: %w", err)
+		return err
 	}
-	defer conn.CloseLasting()
-	t := conn.AddTable(&nftables.Table{Name: "kp-userspace-probe", Family: nftables.TableFamilyIPv4})
-	if err := applyProbe(conn, t); err != nil {
-		return fmt.Errorf("userspace probe: the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
-	}
+	b.log.Info("userspace proxy redirects", "with", red.String(), "families", red.families())
+	b.mu.Lock()
+	b.red = red
+	b.mu.Unlock()
 	return nil
+}
+
+// Redirector is how the redirects are written: "nftables",
+// "iptables-nft" or "iptables-legacy" ("" before Probe).
+func (b *Backend) Redirector() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.red == nil {
+		return ""
+	}
+	return b.red.String()
 }
 
 // Sync makes the listeners and the redirect table match s. Every sync is
@@ -116,6 +145,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	defer b.mu.Unlock()
 	if b.down {
 		return errors.New("the userspace proxy is shutting down")
+	}
+	if b.red == nil {
+		return errors.New("the userspace proxy was not probed: no redirect method chosen")
 	}
 	if !b.expiring {
 		b.expiring = true
@@ -128,6 +160,11 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	want := map[proxyKey]bool{}
 	keep := map[proxy.EndpointRef]bool{}
 	var errs []error
+	// After a successful sync only s.Changed needs a look (unless the Node
+	// changed: topology and local endpoints); the others keep their
+	// listeners and balancers as they are.
+	incremental := b.last != nil && !s.NodeChanged
+	rulesSame := incremental && !s.ServiceCIDRsChanged
 	for name, sp := range s.Services {
 		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
 			continue // SCTP: not proxied (Go has no SCTP sockets)
@@ -135,6 +172,16 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		eps := s.Endpoints[name]
 		for _, e := range eps {
 			keep[ref(name, e.AddrPort())] = true
+		}
+		if _, changed := s.Changed[name]; incremental && !changed {
+			if ps, ok := b.last[name]; ok {
+				ports[name], usable[name] = ps.ports, ps.usable
+				want[proxyKey{name: name}] = true
+				if sp.HasExternal() {
+					want[proxyKey{name: name, external: true}] = true
+				}
+				continue
+			}
 		}
 		var lp listenerPorts
 		ok := true
@@ -165,7 +212,24 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
 		}
 	}
-	if err := b.writeRules(s, ports, usable); err != nil {
+	if rulesSame {
+		// The rules change only with a service port's Service (addresses,
+		// ports, source ranges), listener ports or usability, or a service
+		// port coming or going: endpoint changes, the most common, leave
+		// them.
+		for name := range s.Changed {
+			old, had := b.last[name]
+			lp, has := ports[name]
+			if had != has || old.ports != lp || old.usable != usable[name] ||
+				has && !reflect.DeepEqual(old.sp, s.Services[name]) {
+				rulesSame = false
+				break
+			}
+		}
+	}
+	if rulesSame && len(b.lastRules) == len(b.red.families()) && b.now().Sub(b.lastWrite) < rewriteInterval {
+		// Nothing to write.
+	} else if err := b.writeRules(ctx, s, ports, usable); err != nil {
 		errs = append(errs, err)
 	}
 	// Listeners of service ports that are gone close after the rules no
@@ -177,7 +241,15 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	b.stats.forget(keep)
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		b.last = nil
+		return errors.Join(errs...)
+	}
+	b.last = make(map[proxy.ServicePortName]portState, len(ports))
+	for name, lp := range ports {
+		b.last[name] = portState{ports: lp, usable: usable[name], sp: s.Services[name]}
+	}
+	return nil
 }
 
 // update gives p the endpoints its traffic may use: SelectEndpoints per
@@ -281,16 +353,17 @@ func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) 
 	return p, nil
 }
 
-// writeRules renders and applies both families' tables.
-// A family's table is written only when its rendering differs from what kp
-// last wrote (most syncs change endpoints only, which live in the
+// writeRules renders and applies the families the redirector programs.
+// A family's rules are written only when their rendering differs from what
+// kp last wrote (most syncs change endpoints only, which live in the
 // balancers), and at least every rewriteInterval, which repairs edits made
 // behind kp's back.
-func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
 	now := b.now()
+	fams := b.red.families()
 	rules := map[proxy.Family]Rules{}
 	var changed []proxy.Family
-	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+	for _, f := range fams {
 		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
 		last, ok := b.lastRules[f]
 		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
@@ -300,26 +373,20 @@ func (b *Backend) writeRules(s *proxy.State, ports map[proxy.ServicePortName]lis
 	if len(changed) == 0 {
 		return nil
 	}
-	conn, err := b.ops.nft()
-	if err != nil {
-		b.lastRules = nil
-		return fmt.Errorf("open netlink: %w", err)
-	}
-	defer conn.CloseLasting()
 	var errs []error
 	if b.lastRules == nil {
 		b.lastRules = map[proxy.Family]Rules{}
 	}
 	for _, f := range changed {
-		if err := applyRules(conn, f, rules[f]); err != nil {
+		if err := b.red.write(ctx, f, rules[f]); err != nil {
 			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("write the %s redirects (%s): %w", b.red, f, err))
 			delete(b.lastRules, f) // unknown: rewrite next time
 			continue
 		}
 		b.lastRules[f] = rules[f]
 	}
-	if len(changed) == 2 {
+	if len(changed) == len(fams) {
 		b.lastWrite = now
 	}
 	return errors.Join(errs...)
@@ -372,15 +439,18 @@ func (b *Backend) expireLoop(ctx context.Context) {
 	}
 }
 
-// Cleanup removes the redirect tables (the listeners die with the
-// process).
+// Cleanup removes the redirects, whichever way they were written: the
+// kp-userspace tables and the KP-USERSPACE- chains of both iptables
+// flavors (the listeners die with the process).
 func (b *Backend) Cleanup(ctx context.Context) error {
-	conn, err := b.ops.nft()
-	if err != nil {
-		return fmt.Errorf("open netlink: %w", err)
+	var errs []error
+	if err := cleanupNFT(&b.ops); err != nil {
+		errs = append(errs, fmt.Errorf("nftables: %w", err))
 	}
-	defer conn.CloseLasting()
-	return deleteTables(conn)
+	if err := cleanupIPTables(ctx, &b.ops, b.log); err != nil {
+		errs = append(errs, fmt.Errorf("iptables: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // Shutdown stops accepting (listeners closed, so new connections to the
@@ -446,5 +516,8 @@ type netOps struct {
 	listenTCP func() (*net.TCPListener, error)
 	listenUDP func() ([]*net.UDPConn, error)
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	nft       func() (*nftables.Conn, error)
+	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
+	// inNS runs fn in the namespace (iptables binaries run in the calling
+	// thread's).
+	inNS func(fn func() error) error
 }

@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	vnetns "github.com/vishvananda/netns"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,19 +32,56 @@ type kernelWorld struct {
 	t       *testing.T
 	w       *netns.World
 	b       *Backend
+	red     redirectMethod
 	st      *proxy.State
 	gen     uint64
 	syncCtx context.Context
 }
 
+// redirectMethod is one way the kernel tests have the redirects written.
+type redirectMethod struct {
+	name, redirect, iptablesBackend string
+}
+
+// redirectMethods: the nftables table, and the iptables fallback in both
+// iptables backends.
+var redirectMethods = []redirectMethod{
+	{"nftables", RedirectNFTables, ""},
+	{"iptables-legacy", RedirectIPTables, "legacy"},
+	{"iptables-nft", RedirectIPTables, "nft"},
+}
+
+// forEachRedirect runs body once per redirect method, as subtests.
+func forEachRedirect(t *testing.T, body func(t *testing.T, red redirectMethod)) {
+	for _, red := range redirectMethods {
+		t.Run(red.name, func(t *testing.T) {
+			if red.iptablesBackend != "" {
+				netns.Require(t, "iptables-"+red.iptablesBackend+"-restore", "ip6tables-"+red.iptablesBackend+"-save")
+			}
+			body(t, red)
+		})
+	}
+}
+
 func newKernelWorld(t *testing.T, pods int) *kernelWorld {
+	return newKernelWorldWith(t, pods, redirectMethods[0], proxy.Config{})
+}
+
+// newKernelWorldWith is newKernelWorld with the redirects written by red
+// and cfg's userspace settings.
+func newKernelWorldWith(t *testing.T, pods int, red redirectMethod, cfg proxy.Config) *kernelWorld {
 	t.Helper()
 	w := netns.NewWorld(t, netns.Options{Pods: pods})
 	h, err := vnetns.GetFromName(w.Node())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(proxy.Config{Mode: proxy.ModeUserspace}, nil, NamespaceOps(h), WithUDPIdleTimeout(2*time.Second))
+	cfg.Mode = proxy.ModeUserspace
+	cfg.UserspaceRedirect, cfg.IPTablesBackend = red.redirect, red.iptablesBackend
+	if cfg.UserspaceUDPIdleTimeout == 0 {
+		cfg.UserspaceUDPIdleTimeout = 2 * time.Second
+	}
+	b, err := New(cfg, nil, NamespaceOps(h))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +96,7 @@ func newKernelWorld(t *testing.T, pods int) *kernelWorld {
 		b.Shutdown(sctx)
 		h.Close()
 	})
-	kw := &kernelWorld{t: t, w: w, b: b, st: &proxy.State{
+	kw := &kernelWorld{t: t, w: w, b: b, red: red, st: &proxy.State{
 		Services:  map[proxy.ServicePortName]*proxy.ServicePort{},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
 		Node:      proxy.Node{Name: "node-1", IPs: []netip.Addr{w.NodeIP()}},
@@ -83,6 +122,15 @@ func (k *kernelWorld) setEndpoints(n proxy.ServicePortName, eps ...string) {
 		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true, NodeName: "node-1"})
 	}
 	k.st.Endpoints[n] = list
+	k.markChanged(n)
+}
+
+// markChanged names n in the next sync's Changed, as the core does.
+func (k *kernelWorld) markChanged(n proxy.ServicePortName) {
+	if k.st.Changed == nil {
+		k.st.Changed = map[proxy.ServicePortName]struct{}{}
+	}
+	k.st.Changed[n] = struct{}{}
 }
 
 func (k *kernelWorld) sync() {
@@ -90,9 +138,30 @@ func (k *kernelWorld) sync() {
 	k.gen++
 	st := *k.st
 	st.Generation = k.gen
+	k.st.Changed = nil
 	if err := k.b.Sync(k.syncCtx, &st); err != nil {
 		k.t.Fatalf("sync: %v", err)
 	}
+}
+
+// rules lists the redirects of family ("ip" or "ip6"): the nftables table,
+// or the iptables-save lines naming a KP-USERSPACE- chain.
+func (k *kernelWorld) rules(family string) (string, error) {
+	if k.red.iptablesBackend == "" {
+		return k.w.NFT("list", "table", family, TableName)
+	}
+	bin := "iptables-" + k.red.iptablesBackend + "-save"
+	if family == "ip6" {
+		bin = "ip6" + bin[2:]
+	}
+	out, err := k.w.Exec(k.w.Node(), bin)
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "*") || strings.Contains(l, "KP-USERSPACE-") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n"), err
 }
 
 // ask dials addr from namespace ns and returns the echo server's name.
@@ -103,7 +172,11 @@ func (k *kernelWorld) ask(ns, network, addr string) (string, error) {
 }
 
 func TestKernelServicesAnswerThroughTheProxyRoundRobinFromEveryWhere(t *testing.T) {
-	k := newKernelWorld(t, 2)
+	forEachRedirect(t, testServicesAnswerRoundRobin)
+}
+
+func testServicesAnswerRoundRobin(t *testing.T, red redirectMethod) {
+	k := newKernelWorldWith(t, 2, red, proxy.Config{})
 	p0, p1 := k.w.Pods()[0], k.w.Pods()[1]
 	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080, p0.IP.String()+":8080", p1.IP.String()+":8080")
 	k.add("dns", v1.ProtocolUDP, "10.96.0.12", 53, 30053, p0.IP.String()+":5353", p1.IP.String()+":5353")
@@ -145,14 +218,28 @@ func TestKernelServicesAnswerThroughTheProxyRoundRobinFromEveryWhere(t *testing.
 	if conns != 32 {
 		t.Errorf("the proxy counted %d new connections and sessions, want 32: %v", conns, counters)
 	}
-	rules, err := k.w.NFT("list", "table", "ip", TableName)
-	if err != nil || !strings.Contains(rules, `comment "demo/web"`) || !strings.Contains(rules, "redirect to :") {
-		t.Errorf("nft list table ip %s: %v\n%s", TableName, err, rules)
+	rules, err := k.rules("ip")
+	if err != nil || !strings.Contains(rules, `comment "demo/web"`) || !strings.Contains(rules, "redirect to :") && !strings.Contains(rules, "REDIRECT --to-ports") {
+		t.Errorf("the %s redirects: %v\n%s", red.name, err, rules)
+	}
+	if red.iptablesBackend == "" {
+		// The map's elements, as nft lists them (test/bench counts them so).
+		out, err := k.w.NFT("list", "map", "ip", TableName, mapRedirects)
+		if err != nil || !regexp.MustCompile(`10\.96\.0\.10 \. tcp \. 80 comment "demo/web" : \d+`).MatchString(out) {
+			t.Errorf("nft list map ip %s %s: %v\n%s", TableName, mapRedirects, err, out)
+		}
+	}
+	if got := k.b.Redirector(); !strings.HasPrefix(got, red.redirect) || !strings.HasSuffix(got, red.iptablesBackend) {
+		t.Errorf("Redirector() = %q, want %s", got, red.name)
 	}
 }
 
-func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheTable(t *testing.T) {
-	k := newKernelWorld(t, 1)
+func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheRules(t *testing.T) {
+	forEachRedirect(t, testNoEndpointsRefusesAtOnce)
+}
+
+func testNoEndpointsRefusesAtOnce(t *testing.T, red redirectMethod) {
+	k := newKernelWorldWith(t, 1, red, proxy.Config{})
 	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080)
 	k.add("dns", v1.ProtocolUDP, "10.96.0.12", 53, 0)
 	k.sync()
@@ -173,6 +260,13 @@ func TestKernelNoEndpointsRefusesAtOnceAndCleanupRemovesTheTable(t *testing.T) {
 	}
 	if out, err := k.w.NFT("list", "tables"); err != nil || strings.Contains(out, TableName) {
 		t.Errorf("after Cleanup: %v\n%s", err, out)
+	}
+	for _, fl := range []string{"legacy", "nft"} {
+		for _, bin := range []string{"iptables-" + fl + "-save", "ip6tables-" + fl + "-save"} {
+			if out, err := k.w.Exec(k.w.Node(), bin); err != nil || strings.Contains(out, "KP-") {
+				t.Errorf("after Cleanup, %s: %v\n%s", bin, err, out)
+			}
+		}
 	}
 	if err := k.b.Cleanup(context.Background()); err != nil {
 		t.Errorf("a second Cleanup: %v", err)
@@ -337,4 +431,71 @@ func TestKernelShutdownRefusesNewConnectionsAndDrainsOpenOnesWithinItsBound(t *t
 	}
 	lingering.Close()
 	finishing.Close()
+}
+
+// A kernel whose nftables cannot redirect (here: netlink refuses, as
+// without nf_tables) gets the iptables redirects under auto, and traffic
+// flows through them; Cleanup still succeeds.
+func TestKernelAutoFallsBackToIPTablesWhenNFTablesCannotRedirect(t *testing.T) {
+	netns.Require(t, "iptables-nft-restore", "iptables-legacy-restore")
+	w := netns.NewWorld(t, netns.Options{Pods: 1})
+	h, err := vnetns.GetFromName(w.Node())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	b, err := New(proxy.Config{Mode: proxy.ModeUserspace, UserspaceRedirect: RedirectAuto}, nil, NamespaceOps(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ops.nft = func(...nftables.ConnOption) (*nftables.Conn, error) {
+		return nil, fmt.Errorf("netlink: %w", syscall.EPROTONOSUPPORT)
+	}
+	if err := b.Probe(context.Background()); err != nil {
+		t.Fatalf("Probe with nftables refused: %v", err)
+	}
+	if got := b.Redirector(); !strings.HasPrefix(got, RedirectIPTables) {
+		t.Fatalf("Redirector() = %q, want the iptables fallback", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		b.Shutdown(sctx)
+	}()
+	k := &kernelWorld{t: t, w: w, b: b, syncCtx: ctx, st: &proxy.State{
+		Services:  map[proxy.ServicePortName]*proxy.ServicePort{},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
+		Node:      proxy.Node{Name: "node-1", IPs: []netip.Addr{w.NodeIP()}},
+	}}
+	k.add("web", v1.ProtocolTCP, "10.96.0.10", 80, 30080, w.Pods()[0].IP.String()+":8080")
+	k.sync()
+	for _, addr := range []string{"10.96.0.10:80", w.NodeIP().String() + ":30080"} {
+		if name, err := k.ask(w.Client(), "tcp", addr); err != nil || name != "pod-0" {
+			t.Errorf("%s through the iptables fallback: %q %v", addr, name, err)
+		}
+	}
+	if err := b.Cleanup(context.Background()); err != nil {
+		t.Errorf("Cleanup without nftables: %v", err)
+	}
+}
+
+// Thousands of service ports are one nftables transaction, larger than a
+// netlink socket's default send buffer (212 kB: EMSGSIZE without
+// batchBuffers), their elements (with long Service names in comments) more
+// than one netlink attribute holds (64 KiB: elemChunks), and still answer.
+func TestKernelThousandsOfServicesSyncInOneTransaction(t *testing.T) {
+	k := newKernelWorld(t, 1)
+	p0 := k.w.Pods()[0].IP.String() + ":8080"
+	const n = 3000
+	for i := range n {
+		k.add(fmt.Sprintf("a-service-with-a-rather-long-name-of-fifty-chars-%04d", i), v1.ProtocolTCP, fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), 80, 0, p0)
+	}
+	k.sync()
+	for _, addr := range []string{"10.96.1.1:80", fmt.Sprintf("10.96.%d.%d:80", 1+(n-1)/250, 1+(n-1)%250)} {
+		if name, err := k.ask(k.w.Client(), "tcp", addr); err != nil || name != "pod-0" {
+			t.Errorf("%s among %d Services: %q %v", addr, n, name, err)
+		}
+	}
 }

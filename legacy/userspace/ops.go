@@ -20,7 +20,8 @@ func hostOps() netOps {
 		listenTCP: listenTCP,
 		listenUDP: listenUDP,
 		dial:      (&net.Dialer{}).DialContext,
-		nft:       func() (*nftables.Conn, error) { return nftables.New() },
+		nft:       func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
+		inNS:      func(fn func() error) error { return fn() },
 	}
 }
 
@@ -37,9 +38,10 @@ func NamespaceOps(ns netns.NsHandle) Option {
 			return s, err
 		},
 		dial: nsenter.DialContext(ns),
-		nft: func() (*nftables.Conn, error) {
-			return nftables.New(nftables.WithNetNSFd(int(ns)))
+		nft: func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+			return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(int(ns))}, opts...)...)
 		},
+		inNS: func(fn func() error) error { return nsenter.Run(ns, fn) },
 	})
 }
 

@@ -29,6 +29,6 @@ func raiseNoFile(log *slog.Logger) rlimitInfo {
 		}
 		rl = want
 	}
-	log.Info("userspace proxy file descriptor limit", "RLIMIT_NOFILE", rl.Cur)
+	log.Info("userspace proxy file descriptor limit", "RLIMIT_NOFILE", rl.Cur, "hardLimit", rl.Max)
 	return rlimitInfo{cur: rl.Cur, max: rl.Max}
 }

@@ -27,6 +27,10 @@ type stats struct {
 	dialErrors *prometheus.CounterVec
 	bytes      *prometheus.CounterVec
 	conns      *prometheus.CounterVec
+	// refused counts connections reset at the cap; idleClosed those
+	// closed at the idle timeout.
+	refused    *prometheus.CounterVec
+	idleClosed *prometheus.CounterVec
 	// syncFailures counts failed writes of a family's redirect table.
 	syncFailures *prometheus.CounterVec
 }
@@ -50,20 +54,32 @@ func newStats() *stats {
 			Name: "kp_userspace_connections_total",
 			Help: "Connections (TCP) and sessions (UDP) the userspace proxy opened to endpoints",
 		}, []string{"protocol"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_refused_connections_total",
+			Help: "Connections reset at once because their service port held --userspace-max-connections already",
+		}, []string{"protocol"}),
+		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_idle_closed_total",
+			Help: "Connections (TCP) and sessions (UDP) ended by their idle timeout",
+		}, []string{"protocol"}),
 		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kp_userspace_sync_failures_total",
 			Help: "Syncs whose redirect table write failed",
 		}, []string{"ip_family"}),
 	}
-	// Series start at zero, so rate() sees the first failure.
+	// Series start at zero, so rate() sees the first event.
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 		s.syncFailures.WithLabelValues(f.String())
+	}
+	s.refused.WithLabelValues("TCP")
+	for _, p := range []string{"TCP", "UDP"} {
+		s.idleClosed.WithLabelValues(p)
 	}
 	return s
 }
 
 func (s *stats) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.syncFailures}
+	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.syncFailures}
 }
 
 // endpoint returns the counters of ref, creating them on first use.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
@@ -25,6 +26,9 @@ type tcpProxy struct {
 	b     *Backend
 	log   *slog.Logger
 	close chan struct{}
+	// open counts the connections this listener holds (accepted, not yet
+	// closed), against the cap --userspace-max-connections.
+	open atomic.Int64
 }
 
 func (p *tcpProxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
@@ -52,11 +56,24 @@ func (p *tcpProxy) serve() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		if max := int64(p.b.cfg.UserspaceMaxConnections); max > 0 && p.open.Load() >= max {
+			// Over the cap: a reset at once, so the client fails fast
+			// (and retries elsewhere) instead of waiting on a backlog.
+			p.b.stats.refused.WithLabelValues("TCP").Inc()
+			p.log.Debug("connection cap reached; refused", "servicePort", p.name.String(), "max", max)
+			c.SetLinger(0)
+			c.Close()
+			continue
+		}
 		if !p.b.conns.add(c) { // shutting down
 			c.Close()
 			continue
 		}
-		go p.handle(c)
+		p.open.Add(1)
+		go func() {
+			defer p.open.Add(-1)
+			p.handle(c)
+		}()
 	}
 }
 
@@ -103,13 +120,22 @@ func (p *tcpProxy) handle(client *net.TCPConn) {
 	// io.Copy between two *net.TCPConn splices (the bytes stay in the
 	// kernel); each direction half-closes the other side when its source
 	// ends, so a client that shuts down writing still gets the answer.
+	// With an idle timeout, a connection silent both ways that long is
+	// closed (both sides, which ends both copies).
+	idle := newIdleWatch(p.b.cfg.UserspaceTCPIdleTimeout)
 	up := make(chan int64, 1)
 	go func() {
-		n, _ := io.Copy(back, client)
+		n, err := idle.copy(back, client)
+		if errors.Is(err, errIdle) {
+			p.idleClose(client, back)
+		}
 		back.CloseWrite()
 		up <- n
 	}()
-	down, _ := io.Copy(client, back)
+	down, err := idle.copy(client, back)
+	if errors.Is(err, errIdle) {
+		p.idleClose(client, back)
+	}
 	client.CloseWrite()
 	n := <-up
 	client.Close()
@@ -117,6 +143,14 @@ func (p *tcpProxy) handle(client *net.TCPConn) {
 	st.bytes.Add(uint64(n + down))
 	p.b.stats.bytes.WithLabelValues("TCP", "to_endpoint").Add(float64(n))
 	p.b.stats.bytes.WithLabelValues("TCP", "to_client").Add(float64(down))
+}
+
+// idleClose ends a connection that was idle past the timeout.
+func (p *tcpProxy) idleClose(client, back *net.TCPConn) {
+	p.b.stats.idleClosed.WithLabelValues("TCP").Inc()
+	p.log.Debug("idle connection closed", "servicePort", p.name.String(), "client", client.RemoteAddr())
+	client.Close()
+	back.Close()
 }
 
 // dropHold is how long a connection that has no endpoint to go to is held
@@ -151,6 +185,10 @@ func (p *tcpProxy) dial(bal *balancer, client netip.Addr) (*net.TCPConn, netip.A
 			return c.(*net.TCPConn), ep, true
 		}
 		p.b.stats.dialErrors.WithLabelValues("TCP").Inc()
+		if isFDExhausted(err) {
+			p.b.fdError(p.name, err)
+			break // no other endpoint can be dialed either
+		}
 		p.log.Debug("dial endpoint failed; trying the next", "servicePort", p.name.String(), "endpoint", ep, "err", err)
 	}
 	return nil, netip.AddrPort{}, false

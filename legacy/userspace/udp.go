@@ -16,8 +16,8 @@ import (
 )
 
 // udpIdleTimeout ends a UDP session that carried nothing either way for
-// this long (upstream's userspace proxy used 250 ms per read and a
-// configurable idle timeout; DNS needs far less than this).
+// this long, unless --userspace-udp-idle-timeout says (upstream's
+// userspace proxy had --udp-timeout, 250 ms; DNS needs far less than this).
 const udpIdleTimeout = 30 * time.Second
 
 // udpProxy receives one service port's redirected datagrams and forwards
@@ -142,9 +142,12 @@ func (p *udpProxy) replies(s *udpSession) {
 		n, err := s.back.Read(buf)
 		if err != nil {
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() &&
-				time.Since(time.Unix(0, s.last.Load())) < p.idle {
-				continue // the client spoke meanwhile
+			if errors.As(err, &ne) && ne.Timeout() {
+				if time.Since(time.Unix(0, s.last.Load())) < p.idle {
+					continue // the client spoke meanwhile
+				}
+				p.b.stats.idleClosed.WithLabelValues("UDP").Inc()
+				return
 			}
 			if errors.Is(err, unix.ECONNREFUSED) {
 				continue // the endpoint's ICMP for an earlier datagram

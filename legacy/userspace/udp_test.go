@@ -36,7 +36,7 @@ func udpEcho(t *testing.T) netip.AddrPort {
 // proxy on loopback (no redirect): a session per client port, replies from
 // the address the client sent to, and its end after the idle timeout.
 func TestUDPSessionsAnswerFromTheServiceAddressAndExpireWhenIdle(t *testing.T) {
-	b, err := New(proxy.Config{}, slog.New(slog.DiscardHandler), WithUDPIdleTimeout(300*time.Millisecond))
+	b, err := New(proxy.Config{UserspaceUDPIdleTimeout: 300 * time.Millisecond}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +103,9 @@ func TestUDPSessionsAnswerFromTheServiceAddressAndExpireWhenIdle(t *testing.T) {
 	}
 	if st.activeConns.Load() != 0 || b.conns.len() != 0 {
 		t.Errorf("after the idle timeout: %d sessions, %d sockets open", st.activeConns.Load(), b.conns.len())
+	}
+	if n := counterValue(t, b.stats.idleClosed.WithLabelValues("UDP")); n != 2 {
+		t.Errorf("kp_userspace_idle_closed_total{protocol=\"UDP\"} = %v, want 2", n)
 	}
 	// The client may speak again: a new session.
 	if got := ask(c1, "d"); got != "re:d" || st.newConns.Load() != 3 {

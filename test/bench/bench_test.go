@@ -147,9 +147,17 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	redone := func(proxy string, n int) bool { return proxies[proxy] && slices.Contains(res.Ns, n) }
 	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
 	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
-	// The earlier run's reference (no proxy) stands.
-	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy })
+	// The earlier run's reference (no proxy) stands where it has one.
+	hasNone := func(n int) bool {
+		return slices.ContainsFunc(base.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
+	}
+	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy && hasNone(x.N) })
 	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool { return redone(x.Proxy, x.N) }), fresh...)
+	hasNoneBulk := func(n int) bool {
+		return slices.ContainsFunc(base.Bulks, func(x Bulk) bool { return x.Proxy == NoProxy && x.N == n })
+	}
+	freshBulk := slices.DeleteFunc(slices.Clone(res.Bulks), func(x Bulk) bool { return x.Proxy == NoProxy && hasNoneBulk(x.N) })
+	base.Bulks = append(slices.DeleteFunc(base.Bulks, func(x Bulk) bool { return redone(x.Proxy, x.N) }), freshBulk...)
 	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
 	base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return redone(x.proxy(), x.N) }), res.Floors...)
 	for _, n := range res.Ns {
@@ -192,6 +200,12 @@ func TestBenchSmoke(t *testing.T) {
 		if len(res.dataPath(p, 100)) != 1 {
 			t.Errorf("%s: no data-path measurement at N=100", p)
 		}
+		if len(res.bulk(p, 100)) != 1 {
+			t.Errorf("%s: no bulk measurement at N=100", p)
+		}
+		if got := res.fullSync(p, 100, func(f FullSync) float64 { return float64(f.FDs) }); len(got) != 1 || got[0] < 3 {
+			t.Errorf("%s: open descriptors after the cold start %v, want one count of at least 3", p, got)
+		}
 	}
 	for _, p := range []string{KP, KPIPTables} {
 		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
@@ -203,7 +217,13 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
-	want := []string{"## Full sync", "## Incremental", "## Data path", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	want := []string{"## Full sync", "## Incremental", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	if len(res.bulk(NoProxy, 100)) != 1 {
+		t.Errorf("no direct bulk measurement at N=100")
+	}
+	if slices.Contains(cfg.Proxies, KPUserspace) {
+		want = append(want, "| kp-userspace |", "kp-userspace / kp", "## Targets (issue 16")
+	}
 	if slices.Contains(cfg.Proxies, KPIPTables) {
 		want = append(want, "| kp-iptables |", "## Targets (issue 13", "iptables-nft-restore --noflush |")
 	}
@@ -236,9 +256,12 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 			t.Run(fmt.Sprintf("N=%d/%s", n, proxy), func(t *testing.T) {
 				w, node := c.newWorld(t)
 				c.pointSamples(w, n)
+				startSink(t, w.Pods()[0].NS)
 				if i == 0 {
 					pod := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(podPort))
 					res.DataPaths = append(res.DataPaths, dataPath(w, NoProxy, n, pod, cfg)...)
+					sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
+					res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
 				}
 				measureProxy(t, c, w, node, proxy, n, cfg, res)
 			})
@@ -281,6 +304,7 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 	}
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
 	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
 	if n > len(samples(n)) {
 		inc := p.incremental(c, n, changes)
 		res.Incrementals = append(res.Incrementals, inc...)

@@ -64,6 +64,7 @@ func (p *proxyRun) coldStart(c *cluster, n int, syncTimeout time.Duration) FullS
 		p.t.Fatalf("%s: %v", p.name, err)
 	}
 	res.CPUSeconds, res.PeakRSS = st.cpu, st.hwm
+	res.FDs = openFDs(pid)
 	p.checkSamples(c, n)
 	return res
 }
@@ -376,7 +377,7 @@ func (m *monitor) nextCommit(timeout time.Duration) (time.Time, int, error) {
 func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
 	p.t.Helper()
 	var m *monitor
-	if n <= monitorMaxN && !isIPTables(p.name) {
+	if n <= monitorMaxN && writesNFTables(p.name) {
 		var err error
 		if m, err = startMonitor(p.w.Node()); err != nil {
 			p.t.Fatalf("nft monitor: %v", err)
@@ -436,4 +437,14 @@ func tail(s string) string {
 		lines = lines[len(lines)-30:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// openFDs counts the open file descriptors of process pid (0 when /proc
+// cannot tell).
+func openFDs(pid int) int {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0
+	}
+	return len(fds)
 }

@@ -58,7 +58,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		"--conntrack-tcp-timeout-close-wait", "0",
 	}
 	switch name {
-	case KP, KPIPTables:
+	case KP, KPIPTables, KPUserspace:
 		p.bin = kpBin(t)
 		p.args = append(append([]string{"proxy"}, common...),
 			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
@@ -68,6 +68,10 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 			// `iptables` is iptables-nft (Machine.IPTables says so).
 			p.args = append(p.args, "--proxy-mode", "iptables", "--iptables-backend", "nft")
 			p.count = func() (int, error) { return countIPTables(w.Node(), "iptables-nft-save", "KP-") }
+		}
+		if name == KPUserspace {
+			p.args = append(p.args, "--proxy-mode", "userspace", "--userspace-redirect", "nftables")
+			p.count = func() (int, error) { return countUserspace(w.Node()) }
 		}
 	case UpstreamNFT, UpstreamIPTables:
 		mode := "nftables"
@@ -231,9 +235,22 @@ func countNFT(ns, table string) (int, error) {
 	return len(serviceElement.FindAllStringIndex(out, -1)), nil
 }
 
+// countUserspace counts the benchmark's Services in the userspace mode's
+// redirect map (address . protocol . port : listener port).
+func countUserspace(ns string) (int, error) {
+	out, err := netns.Exec(ns, "nft", "list", "map", "ip", "kp-userspace", "redirects")
+	if err != nil {
+		if strings.Contains(out, "No such file") {
+			return 0, nil
+		}
+		return 0, err
+	}
+	return len(serviceElement.FindAllStringIndex(out, -1)), nil
+}
+
 // serviceElement is one benchmark Service port in a service-ips listing:
 // "10.96.3.4 . tcp . 80 : goto …", with or without a comment before the
-// colon.
+// colon (in kp-userspace's redirects map: ": 40001").
 var serviceElement = regexp.MustCompile(fmt.Sprintf(` \. tcp \. %d (comment "[^"]*" )?: `, servicePort))
 
 // countIPTables counts the benchmark's Services in the nat table as save

@@ -49,6 +49,9 @@ func WriteReport(w io.Writer, r *Results) error {
 			if r.has(KPIPTables, n) {
 				writeIPTablesTargets(b, r, n)
 			}
+			if r.has(KPUserspace, n) {
+				writeUserspaceTargets(b, r, n)
+			}
 		}
 	}
 
@@ -73,6 +76,11 @@ func WriteReport(w io.Writer, r *Results) error {
 	proxyTable(b, r, "Peak RSS of the proxy process (VmHWM)", fmtBytes, fs(func(f FullSync) float64 { return float64(f.PeakRSS) }))
 	proxyTable(b, r, "Peak RSS of its largest child (nft / iptables-restore), sampled", fmtBytes,
 		fs(func(f FullSync) float64 { return float64(f.ChildRSS) }))
+	proxyTable(b, r, "Open file descriptors of the proxy process at the end (kp-userspace: a listener per service port)", fmtCount,
+		func(proxy string, n int) []float64 {
+			v := r.fullSync(proxy, n, func(f FullSync) float64 { return float64(f.FDs) })
+			return slices.DeleteFunc(v, func(x float64) bool { return x <= 0 }) // runs before the count
+		})
 
 	writeFloors(b, r)
 
@@ -110,6 +118,13 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("connections to one ClusterIP with 10 pod endpoints, from several workers, for a fixed window; median of the\n")
 	p("windows. \"none\" dials a pod directly through the node with no proxy running: the physical reference.\n\n")
 	writeDataPath(b, r)
+
+	p("## Bulk throughput: one long TCP connection\n\n")
+	p("The client sends as fast as it can for the window over one TCP connection to a sink in a pod (which counts\n")
+	p("what it received), through Service `bulk`'s ClusterIP (its one endpoint is the sink), or straight to the pod\n")
+	p("(\"none\"): a proxy that NATs in the kernel should not show; kp-userspace copies every byte through its own\n")
+	p("process (splice, so the bytes stay in the kernel).\n\n")
+	writeBulk(b, r)
 
 	p("## Idle after the full sync\n\n")
 	idle := func(f func(Idle) float64) func(string, int) []float64 {
@@ -259,6 +274,38 @@ func writeDataPath(b *strings.Builder, r *Results) {
 		tableRow(b, row)
 	}
 	b.WriteString("\n")
+}
+
+// writeBulk writes the bulk throughputs and each proxy's share of direct.
+func writeBulk(b *strings.Builder, r *Results) {
+	proxies := r.proxies()
+	rate := func(p string, n int) float64 { return Median(r.bulk(p, n)) }
+	head := append([]string{"N", "none"}, proxies...)
+	for _, p := range proxies {
+		head = append(head, p+" / none")
+	}
+	b.WriteString("**MB/s (10^6 bytes per second the sink received; median of the windows)**\n\n")
+	tableHead(b, append(head, "windows"))
+	for _, n := range r.sortedNs() {
+		row := []string{fmtN(n), fmtMBps(rate(NoProxy, n))}
+		runs := len(r.bulk(NoProxy, n))
+		for _, p := range proxies {
+			row = append(row, fmtMBps(rate(p, n)))
+			runs = max(runs, len(r.bulk(p, n)))
+		}
+		for _, p := range proxies {
+			row = append(row, fmtPercent(rate(p, n)/rate(NoProxy, n)))
+		}
+		tableRow(b, append(row, fmt.Sprint(runs)))
+	}
+	b.WriteString("\n")
+}
+
+func fmtMBps(v float64) string {
+	if !known(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", v)
 }
 
 // comparisons are those of the comparisons whose two proxies r measured.

@@ -1,4 +1,4 @@
-// Package bench measures kp (its nftables and iptables modes) against
+// Package bench measures kp (its nftables, iptables and userspace modes) against
 // upstream kube-proxy (nftables and iptables modes) side by side, in one run, against one real kube-apiserver,
 // each proxy a real process in a network namespace of its own. `make bench`
 // runs it (TestBench with -bench.n) and writes REPORT.md; `make test` runs
@@ -23,16 +23,25 @@ const (
 	UpstreamNFT      = "upstream-nft"
 	KPIPTables       = "kp-iptables" // kp --proxy-mode iptables --iptables-backend nft
 	UpstreamIPTables = "upstream-iptables"
-	NoProxy          = "none (direct to pod)"
+	// KPUserspace is kp --proxy-mode userspace (nftables redirects): no
+	// upstream counterpart (upstream removed the mode); it is compared
+	// with kp's nftables mode and with no proxy.
+	KPUserspace = "kp-userspace"
+	NoProxy     = "none (direct to pod)"
 )
 
 // Proxies lists the proxies under test in report order: each of kp's modes
 // next to upstream's same mode.
-var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables}
+var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace}
 
 // isKP says whether proxy is one of kp's modes: those are never cut short
 // by the limits set for upstream at large N (-bench.big).
-func isKP(proxy string) bool { return proxy == KP || proxy == KPIPTables }
+func isKP(proxy string) bool { return proxy == KP || proxy == KPIPTables || proxy == KPUserspace }
+
+// writesNFTables says whether every change of proxy is an nftables
+// transaction nft monitor can see (the userspace mode keeps endpoints in
+// its own memory: an endpoint change writes nothing).
+func writesNFTables(proxy string) bool { return proxy == KP || proxy == UpstreamNFT }
 
 // isIPTables says whether proxy writes through iptables-restore, whose
 // transactions nft monitor does not report in the proxy's namespace.
@@ -42,7 +51,7 @@ func isIPTables(proxy string) bool { return proxy == KPIPTables || proxy == Upst
 type comparison struct{ kp, upstream string }
 
 // comparisons are the ratios of the report, like for like first.
-var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}}
+var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}, {KPUserspace, KP}}
 
 func (c comparison) String() string { return c.kp + " / " + c.upstream }
 
@@ -55,6 +64,9 @@ type FullSync struct {
 	PeakRSS    int64   // bytes, VmHWM of the proxy process
 	ChildRSS   int64   // bytes, largest VmHWM seen of a child (nft, iptables-restore)
 	Elements   int     // Services seen programmed in the kernel
+	// FDs is the proxy process's open file descriptors at the end of the
+	// cold start (the userspace mode holds a listener per service port).
+	FDs int `json:",omitempty"`
 	// Unfinished: the kernel did not hold every Service before the time
 	// limit; Seconds is that limit (a lower bound), and no other measure
 	// of this proxy at this N was taken.
@@ -104,6 +116,17 @@ type DataPath struct {
 	Errors     int
 }
 
+// Bulk is one long TCP connection's throughput: the client sends as much
+// as it can for the window to a sink in a pod, through the proxy's
+// ClusterIP (or, for NoProxy, to the pod directly).
+type Bulk struct {
+	Proxy   string
+	N       int
+	MBps    float64 // 10^6 bytes per second the sink received
+	Bytes   int64
+	Seconds float64
+}
+
 // Idle is a proxy's cost while nothing changes, after its full sync.
 type Idle struct {
 	Proxy      string
@@ -138,6 +161,7 @@ type Results struct {
 	Incrementals []Incremental
 	Floors       []Floor
 	DataPaths    []DataPath
+	Bulks        []Bulk `json:",omitempty"`
 	Idles        []Idle
 }
 
@@ -222,6 +246,10 @@ func (r *Results) incremental(proxy string, n int, value func(Incremental) float
 func (r *Results) dataPath(proxy string, n int) []float64 {
 	return pick(r.DataPaths, func(d DataPath) bool { return d.Proxy == proxy && d.N == n },
 		func(d DataPath) float64 { return d.ConnPerSec })
+}
+
+func (r *Results) bulk(proxy string, n int) []float64 {
+	return pick(r.Bulks, func(d Bulk) bool { return d.Proxy == proxy && d.N == n }, func(d Bulk) float64 { return d.MBps })
 }
 
 func (r *Results) idle(proxy string, n int, value func(Idle) float64) []float64 {

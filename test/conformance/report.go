@@ -13,7 +13,7 @@ import (
 
 // Columns in the order the report shows them; a mode not listed here comes
 // after them, in name order.
-var columnOrder = []string{"upstream-nftables", "kp-nftables", "upstream-iptables", "kp-iptables", "upstream-ipvs", "kp-ipvs"}
+var columnOrder = []string{"upstream-nftables", "kp-nftables", "upstream-iptables", "kp-iptables", "upstream-ipvs", "kp-ipvs", "kp-userspace"}
 
 // Baseline is the column a kp column is compared with when upstream has no
 // column of its mode: a test that passes there must pass in every kp

@@ -54,7 +54,7 @@ func newEnvSerial(t *testing.T, m mode, pods int) *env {
 	t.Helper()
 	netns.Require(t)
 	skipUnselected(t, m)
-	if m.iptables() {
+	if m.rulesInIPTables() {
 		netns.Require(t, m.save("ip"), m.save("ip6"))
 	}
 	if _, err := netns.Build("./cmd/kp"); err != nil {

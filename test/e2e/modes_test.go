@@ -41,10 +41,13 @@ import (
 
 // mode is one way kp programs the kernel, as the e2e suite runs it.
 type mode struct {
-	name      string   // subtest name and KP_E2E_MODES entry
-	proxyMode string   // what kp reports: status API, /proxyMode
-	backend   string   // iptables backend, "nft" or "legacy"; "" in nftables mode
-	args      []string // kp proxy's flags for this mode
+	name      string // subtest name and KP_E2E_MODES entry
+	proxyMode string // what kp reports: status API, /proxyMode
+	// backend is the iptables backend, "nft" or "legacy", of the iptables
+	// mode or of the userspace mode's iptables redirects; "" when kp's
+	// rules are nftables tables.
+	backend string
+	args    []string // kp proxy's flags for this mode
 	// syncFailures is the mode's own upstream failure counter, which a
 	// healthy run keeps at 0.
 	syncFailures string
@@ -53,7 +56,8 @@ type mode struct {
 	// primary IPs (upstream's nftables mode).
 	nodePortsOnEveryIP bool
 	// userspace: kp proxies the connections itself (legacy/userspace);
-	// its rules are the redirect table kp-userspace.
+	// its rules are the redirect table kp-userspace, or with a backend
+	// its KP-USERSPACE- chains.
 	userspace bool
 }
 
@@ -71,15 +75,37 @@ var (
 		nodePortsOnEveryIP: true}
 
 	modeUserspace = mode{name: "userspace", proxyMode: "userspace", userspace: true,
-		args:               []string{"--proxy-mode", "userspace"},
+		args:               []string{"--proxy-mode", "userspace", "--userspace-redirect", "nftables"},
+		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
+		nodePortsOnEveryIP: true}
+	// modeUserspaceIPTables is the userspace mode with its fallback
+	// redirects, iptables REDIRECT rules, in the backend a kernel without
+	// nftables has: iptables-legacy.
+	modeUserspaceIPTables = mode{name: "userspace-iptables", proxyMode: "userspace", userspace: true, backend: "legacy",
+		args:               []string{"--proxy-mode", "userspace", "--userspace-redirect", "iptables", "--iptables-backend", "legacy"},
 		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
 		nodePortsOnEveryIP: true}
 
 	// allModes is every mode that claims the Service features.
-	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace}
+	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace, modeUserspaceIPTables}
 )
 
-func (m mode) iptables() bool { return m.backend != "" }
+// iptables reports the iptables mode (upstream's rule layout).
+func (m mode) iptables() bool { return m.backend != "" && !m.userspace }
+
+// rulesInIPTables reports whether kp's rules are iptables chains (the
+// iptables mode's, or the userspace mode's iptables redirects), listed with
+// iptables-save.
+func (m mode) rulesInIPTables() bool { return m.backend != "" }
+
+// entryChain is the first chain of kp's iptables rules, which every
+// listing of them holds.
+func (m mode) entryChain() string {
+	if m.userspace {
+		return "KP-USERSPACE-PORTALS"
+	}
+	return "KP-SERVICES"
+}
 
 // feature is something a test proves that not every mode claims.
 type feature string
@@ -96,17 +122,22 @@ const (
 // one place the suite's per-mode skips come from, and what the README's
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
-	"userspace": {
-		featureClientIP: "the proxy opens its own connection to the endpoint, which sees the node's address " +
-			"(externalTrafficPolicy Local keeps to local endpoints but cannot keep the source)",
-		featureKernelAffinity: "ClientIP affinity is held in kp's memory, not in a kernel table the test could read " +
-			"(the behaviour is proven all the same)",
-		featureConntrackNAT: "the proxy makes two flows (client to node, node to endpoint); no conntrack entry joins " +
-			"the client to the endpoint, so kp flows cannot attribute an endpoint from conntrack",
-		featureRestart: "the listeners and the connections live in the kp process: while kp restarts, new " +
-			"connections are refused and open ones end",
-		featureSCTP: "Go has no SCTP sockets: SCTP Service ports are not proxied",
-	},
+	"userspace":          userspaceUnclaimed,
+	"userspace-iptables": userspaceUnclaimed,
+}
+
+// userspaceUnclaimed is what the userspace mode does not claim, however
+// it redirects.
+var userspaceUnclaimed = map[feature]string{
+	featureClientIP: "the proxy opens its own connection to the endpoint, which sees the node's address " +
+		"(externalTrafficPolicy Local keeps to local endpoints but cannot keep the source)",
+	featureKernelAffinity: "ClientIP affinity is held in kp's memory, not in a kernel table the test could read " +
+		"(the behaviour is proven all the same)",
+	featureConntrackNAT: "the proxy makes two flows (client to node, node to endpoint); no conntrack entry joins " +
+		"the client to the endpoint, so kp flows cannot attribute an endpoint from conntrack",
+	featureRestart: "the listeners and the connections live in the kp process: while kp restarts, new " +
+		"connections are refused and open ones end",
+	featureSCTP: "Go has no SCTP sockets: SCTP Service ports are not proxied",
 }
 
 // claims reports whether mode m claims feature f.
@@ -154,7 +185,7 @@ func selectedModes(t *testing.T) []mode {
 		name = strings.TrimSpace(name)
 		i := indexMode(name)
 		if i < 0 {
-			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace", name)
+			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace, userspace-iptables", name)
 		}
 		out = append(out, allModes[i])
 	}
@@ -220,7 +251,7 @@ func (e *env) rules() string {
 func (e *env) listRules() (string, error) {
 	var b strings.Builder
 	for _, family := range []string{"ip", "ip6"} {
-		if !e.mode.iptables() {
+		if !e.mode.rulesInIPTables() {
 			out, err := e.w.NFT("list", "table", family, e.mode.nftTable())
 			if err != nil {
 				return b.String(), err
@@ -271,7 +302,7 @@ func (e *env) noKPRules() error { return noKPRules(e.w, e.mode) }
 // table (nftables), no KP- chain or jump in either family of m's backend
 // (iptables).
 func noKPRules(w *netns.World, m mode) error {
-	if !m.iptables() {
+	if !m.rulesInIPTables() {
 		out, err := w.NFT("list", "tables")
 		if err != nil {
 			return err

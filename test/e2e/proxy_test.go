@@ -342,7 +342,7 @@ func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
 				Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}})
 		e.startKP()
 		e.answers(e.w.Client(), "tcp", webTCP)
-		if m.iptables() {
+		if m.rulesInIPTables() {
 			e.checkIPTablesListing(t)
 		} else {
 			e.checkNFTListing(t)
@@ -387,8 +387,8 @@ func (e *env) checkIPTablesListing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s in the node: %v\n%s", save, err, out)
 		}
-		if !strings.Contains(out, ":KP-SERVICES") {
-			t.Errorf("%s: no KP-SERVICES chain", save)
+		if !strings.Contains(out, ":"+e.mode.entryChain()) {
+			t.Errorf("%s: no %s chain", save, e.mode.entryChain())
 		}
 		// Each Service is named, namespace/name, in a comment (perhaps
 		// followed by ":port"); iptables-save quotes a comment with spaces.

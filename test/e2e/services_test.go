@@ -466,6 +466,9 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 			// commented with the Service port; NodePorts match local
 			// addresses by fib.
 			extWords, dnsWords = []string{"fib daddr type local"}, []string{"e2e/web:dns"}
+			if m.rulesInIPTables() {
+				extWords = []string{"--dst-type LOCAL"}
+			}
 		}
 		lacks := func(what string, words ...string) {
 			t.Helper()
