@@ -15,6 +15,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kpproxy/kp/internal/nlsock"
 )
 
 // Conn is the seam between the backend and the kernel: the netlink
@@ -106,48 +108,20 @@ func (c *netlinkConn) open() (*nftables.Conn, error) {
 const (
 	sndBytesPerOp = 2048
 	rcvBytesPerOp = 1024
-	minSockBuffer = 1 << 20
-	maxSockBuffer = 1<<31 - 1
 )
 
 // batchBuffers sizes the netlink socket for a batch of ops messages, as
-// the nft CLI does for its batches. google/nftables sends a whole
-// transaction in one sendmsg, which the kernel refuses (EMSGSIZE) beyond
-// the send buffer (212 kB by default: about 4,000 operations, 100 Services
-// of 10 endpoints), and a batch that fails everywhere queues an error per
-// message before kp reads any, which overruns the default receive buffer.
-// The *FORCE options need CAP_NET_ADMIN, which kp has anyway; they set
-// limits, not allocations.
-//
-// With the batch's size known (bytes > 0), the send buffer is sized from it:
-// the kernel doubles what it is given and refuses a message past the
-// result.
+// the nft CLI does for its batches (nlsock.Buffers: a send buffer of the
+// default 212 kB holds about 4,000 operations, 100 Services of 10
+// endpoints). With the batch's size known (bytes > 0), the send buffer is
+// sized from it: the kernel doubles what it is given and refuses a message
+// past the result.
 func batchBuffers(ops, bytes int) nftables.SockOption {
-	size := func(per int) int { return min(max(ops*per, minSockBuffer), maxSockBuffer) }
-	snd := size(sndBytesPerOp)
+	snd := ops * sndBytesPerOp
 	if bytes > 0 {
-		snd = min(max(bytes, minSockBuffer), maxSockBuffer)
+		snd = bytes
 	}
-	return func(conn *netlink.Conn) error {
-		raw, err := conn.SyscallConn()
-		if err != nil {
-			return err
-		}
-		var serr error
-		err = raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, snd)
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size(rcvBytesPerOp))
-			}
-		})
-		if err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("size the netlink socket for %d operations: %w", ops, serr)
-		}
-		return nil
-	}
+	return nlsock.Buffers(ops, snd, ops*rcvBytesPerOp)
 }
 
 func nfTable(f family) *nftables.Table { return &nftables.Table{Name: TableName, Family: f.nf} }

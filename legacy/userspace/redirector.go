@@ -7,9 +7,9 @@ import (
 	"log/slog"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kpproxy/kp/internal/nlsock"
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -74,44 +74,11 @@ func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) err
 	return applyRules(conn, f, rules)
 }
 
-// Per-operation allowances for batchBuffers: a generous bound on one
-// message's bytes (an element with its comment) and on the kernel's
-// accounting of an error it sends back.
-const (
-	sndBytesPerOp = 1024
-	rcvBytesPerOp = 1024
-	minSockBuffer = 1 << 20
-	maxSockBuffer = 1<<31 - 1
-)
-
 // batchBuffers sizes the netlink socket for a transaction of ops
-// messages: google/nftables sends a transaction in one sendmsg, which the
-// kernel refuses (EMSGSIZE) beyond the send buffer (212 kB by default:
-// about 1,500 Services' elements with their comments). The *FORCE options
-// need CAP_NET_ADMIN, which kp has; they set limits, not allocations.
-func batchBuffers(ops int) nftables.SockOption {
-	size := func(per int) int { return min(max(ops*per, minSockBuffer), maxSockBuffer) }
-	return func(conn *netlink.Conn) error {
-		raw, err := conn.SyscallConn()
-		if err != nil {
-			return err
-		}
-		var serr error
-		err = raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size(sndBytesPerOp))
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size(rcvBytesPerOp))
-			}
-		})
-		if err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("size the netlink socket for %d operations: %w", ops, serr)
-		}
-		return nil
-	}
-}
+// messages (nlsock.Buffers): 1,024 bytes an operation bounds an element
+// with its comment, and the kernel's accounting of an error it sends back;
+// the default 212 kB held about 1,500 Services' elements.
+func batchBuffers(ops int) nftables.SockOption { return nlsock.Buffers(ops, ops*1024, ops*1024) }
 
 // cleanupNFT removes the kp-userspace tables. A kernel without nf_tables
 // holds none: that is not an error.
