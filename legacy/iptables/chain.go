@@ -103,8 +103,21 @@ const (
 	chainClusterIPsCheck  = "KP-CLUSTER-IPS-CHECK"
 )
 
-// isKPChain reports whether name is one of kp's chains.
-func isKPChain(name string) bool { return strings.HasPrefix(name, "KP-") }
+// isKPChain reports whether name is one of the iptables mode's chains: a
+// KP- chain that is not the ipvs mode's.
+func isKPChain(name string) bool {
+	return strings.HasPrefix(name, "KP-") && !strings.HasPrefix(name, IPVSChainPrefix)
+}
+
+// IPVSChainPrefix starts the name of every chain of the ipvs mode, which
+// writes its iptables part through this package: KP- chains that the
+// iptables mode neither rewrites nor removes, and whose removal
+// (CleanupChains) leaves the iptables mode's alone.
+const IPVSChainPrefix = "KP-IPVS-"
+
+// Line prints the rule as a line of iptables-restore input appending it to
+// chain (for the ipvs mode's chains).
+func (r Rule) Line(chain string) string { return r.line(chain) }
 
 // Per-service-port chain names, as upstream's: a hash of the service port
 // name and protocol (and endpoint for KP-SEP-).

@@ -72,22 +72,29 @@ func (r Removed) Total() (chains, rules int) {
 // flavor's iptables-save output to learn which tables exist: asking
 // iptables-legacy about a table the kernel has not loaded would create it.
 func Cleanup(ctx context.Context, log *slog.Logger) (Removed, error) {
+	return CleanupChains(ctx, log, "iptables", isKPChain)
+}
+
+// CleanupChains is Cleanup for the chains owns accepts (the ipvs mode's
+// KP-IPVS- chains): their jump rules, then the chains. what names the
+// owner in the log line.
+func CleanupChains(ctx context.Context, log *slog.Logger, what string, owns func(chain string) bool) (Removed, error) {
 	var removed Removed
 	var errs []error
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-			c, err := cleanupOne(ctx, log, fl, f)
+			c, err := cleanupOne(ctx, log, fl, f, owns)
 			if err != nil {
 				errs = append(errs, err)
 			}
 			removed = append(removed, c)
 		}
 	}
-	log.Info("removed kp's iptables rules", "removed", removed.String())
+	log.Info("removed kp's "+what+" iptables rules", "removed", removed.String())
 	return removed, errors.Join(errs...)
 }
 
-func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family) (RemovedCount, error) {
+func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family, owns func(string) bool) (RemovedCount, error) {
 	c := RemovedCount{Flavor: fl, Family: f}
 	bin := strings.TrimSuffix(saveBinary(fl, f), "-save")
 	skip := func(why string) (RemovedCount, error) {
@@ -119,7 +126,7 @@ func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family
 		if dumps[t] == nil {
 			continue // the kernel has no such table here: nothing of kp's in it
 		}
-		chains, rules, err := cleanupTable(ctx, ipt, NewRunner(fl, f), dumps[t])
+		chains, rules, err := cleanupTable(ctx, ipt, NewRunner(fl, f), dumps[t], owns)
 		c.Chains += chains
 		c.Rules += rules
 		if err != nil {
@@ -133,7 +140,7 @@ func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family
 // the table's iptables-save, picks the chains worth listing: running
 // iptables once per chain of a large ruleset (kube-proxy's thousands of
 // KUBE- chains) would take minutes.
-func cleanupTable(ctx context.Context, ipt *goipt.IPTables, r Runner, saved *Dump) (chains, rules int, err error) {
+func cleanupTable(ctx context.Context, ipt *goipt.IPTables, r Runner, saved *Dump, owns func(string) bool) (chains, rules int, err error) {
 	table := saved.Table
 	all, err := ipt.ListChains(string(table))
 	if err != nil {
@@ -142,12 +149,12 @@ func cleanupTable(ctx context.Context, ipt *goipt.IPTables, r Runner, saved *Dum
 	var own []string
 	var errs []error
 	for _, chain := range all {
-		if strings.HasPrefix(chain, ownChainPrefix) {
+		if owns(chain) {
 			own = append(own, chain)
 			continue
 		}
 		if !slices.ContainsFunc(saved.Rules[chain], func(r SavedRule) bool {
-			_, ok := jumpRuleArgs("-A "+chain+" "+r.Spec, chain)
+			_, ok := jumpRuleArgs("-A "+chain+" "+r.Spec, chain, owns)
 			return ok
 		}) {
 			continue
@@ -161,7 +168,7 @@ func cleanupTable(ctx context.Context, ipt *goipt.IPTables, r Runner, saved *Dum
 			if err := ctx.Err(); err != nil {
 				return chains, rules, err
 			}
-			args, ok := jumpRuleArgs(spec, chain)
+			args, ok := jumpRuleArgs(spec, chain, owns)
 			if !ok {
 				continue
 			}
@@ -206,7 +213,7 @@ func removeChains(ctx context.Context, r Runner, table Table, chains []string) e
 
 // jumpRuleArgs returns the arguments that delete spec, a line of
 // "iptables -S chain", when the rule jumps or goes to a KP- chain.
-func jumpRuleArgs(spec, chain string) ([]string, bool) {
+func jumpRuleArgs(spec, chain string, owns func(string) bool) ([]string, bool) {
 	args, err := splitRuleSpec(spec)
 	if err != nil || len(args) < 2 || args[0] != "-A" || args[1] != chain {
 		return nil, false
@@ -215,7 +222,7 @@ func jumpRuleArgs(spec, chain string) ([]string, bool) {
 	for i := 0; i+1 < len(args); i++ {
 		switch args[i] {
 		case "-j", "--jump", "-g", "--goto":
-			if strings.HasPrefix(args[i+1], ownChainPrefix) {
+			if owns(args[i+1]) {
 				return args, true
 			}
 		}

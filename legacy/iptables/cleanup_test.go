@@ -41,8 +41,9 @@ func TestJumpRuleArgsFindsOnlyJumpsToKPChains(t *testing.T) {
 		{"PREROUTING", `-A PREROUTING -j KUBE-SERVICES`, nil},
 		{"PREROUTING", `-A OTHER -j KP-X`, nil}, // not a rule of the chain listed
 		{"PREROUTING", `-P PREROUTING ACCEPT`, nil},
+		{"PREROUTING", `-A PREROUTING -j KP-IPVS-SERVICES`, nil}, // the ipvs mode's
 	} {
-		got, ok := jumpRuleArgs(tc.spec, tc.chain)
+		got, ok := jumpRuleArgs(tc.spec, tc.chain, isKPChain)
 		if ok != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("jumpRuleArgs(%s, %s) = %q, %v; want %q", tc.spec, tc.chain, got, ok, tc.want)
 		}
