@@ -147,7 +147,7 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 	// The userspace mode has no DNAT entries to clean, but a UDP flow the
 	// kernel confirmed to a Service address before kp had a rule for it
 	// blackholes there too (the cleaner deletes those).
-	if cfg.Mode == proxy.ModeNFTables || cfg.Mode == proxy.ModeIPTables || cfg.Mode == proxy.ModeUserspace {
+	if cfg.Mode != "" {
 		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
 			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
 		opts.Observers = append(opts.Observers, cleaner)

@@ -373,7 +373,8 @@ func sortedNames(m map[proxy.ServicePortName]struct{}) []proxy.ServicePortName {
 	for k := range m {
 		out = append(out, k)
 	}
-	slices.SortFunc(out, func(a, b proxy.ServicePortName) int { return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol)) })
+	slices.SortFunc(out, func(a, b proxy.ServicePortName) int {
+		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+	})
 	return out
 }
-
