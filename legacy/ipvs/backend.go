@@ -73,6 +73,21 @@ func WithKernel(h Handle, l Links, s IPSet, runners ...iptables.Runner) Option {
 	}
 }
 
+// WithHandle wraps the IPVS socket kp opens (tests: fault injection,
+// recording).
+func WithHandle(wrap func(Handle) Handle) Option {
+	return func(b *Backend) {
+		open := b.newHandle
+		b.newHandle = func() (Handle, error) {
+			h, err := open()
+			if err != nil {
+				return nil, err
+			}
+			return wrap(h), nil
+		}
+	}
+}
+
 // WithClock replaces time.Now.
 func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
 
