@@ -181,10 +181,15 @@ func TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses(t *test
 	k.setEndpoints(web, other)
 	w.sync(b, k.next())
 
+	// Its own IPVS socket: the backend's drain loop uses the backend's,
+	// and a netlink socket read by two goroutines mixes their answers.
+	var h *ipvs.Handle
+	w.in(func() (err error) { h, err = ipvs.New(""); return err })
+	defer h.Close()
 	dest := func() *ipvs.Destination {
 		var found *ipvs.Destination
 		w.in(func() error {
-			ds, err := rec.Handle.GetDestinations(keyService(vsKey{"TCP", netip.MustParseAddr("10.96.0.10"), 80}))
+			ds, err := h.GetDestinations(keyService(vsKey{"TCP", netip.MustParseAddr("10.96.0.10"), 80}))
 			for _, d := range ds {
 				if destAddrPort(d).Addr() == w.podIPs[idx] {
 					found = d

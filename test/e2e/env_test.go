@@ -54,6 +54,10 @@ func newEnvSerial(t *testing.T, m mode, pods int) *env {
 	t.Helper()
 	netns.Require(t)
 	skipUnselected(t, m)
+	if m.ipvs {
+		requireIPVS(t)
+		netns.Require(t, "ipvsadm", "ipset")
+	}
 	if m.iptables() {
 		netns.Require(t, m.save("ip"), m.save("ip6"))
 	}

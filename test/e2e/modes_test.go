@@ -55,6 +55,10 @@ type mode struct {
 	// userspace: kp proxies the connections itself (legacy/userspace);
 	// its rules are the redirect table kp-userspace.
 	userspace bool
+	// ipvs: IPVS virtual servers, kp's ipsets and KP-IPVS- chains (in
+	// backend's iptables); the host's kernel has none, the VM runs it
+	// (TestIPVSModeInTheVM).
+	ipvs bool
 }
 
 var (
@@ -75,11 +79,18 @@ var (
 		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
 		nodePortsOnEveryIP: true}
 
+	modeIPVS = mode{name: "ipvs", proxyMode: "ipvs", backend: "nft", ipvs: true,
+		args:               []string{"--proxy-mode", "ipvs", "--iptables-backend", "nft"},
+		syncFailures:       `kp_sync_proxy_rules_failures_total`,
+		nodePortsOnEveryIP: true}
+
 	// allModes is every mode that claims the Service features.
-	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace}
+	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace, modeIPVS}
 )
 
-func (m mode) iptables() bool { return m.backend != "" }
+// iptables reports whether the mode is the iptables mode (the ipvs mode
+// writes iptables too, but not that layout).
+func (m mode) iptables() bool { return m.backend != "" && !m.ipvs }
 
 // feature is something a test proves that not every mode claims.
 type feature string
@@ -154,7 +165,7 @@ func selectedModes(t *testing.T) []mode {
 		name = strings.TrimSpace(name)
 		i := indexMode(name)
 		if i < 0 {
-			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace", name)
+			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace, ipvs", name)
 		}
 		out = append(out, allModes[i])
 	}
@@ -218,6 +229,9 @@ func (e *env) rules() string {
 }
 
 func (e *env) listRules() (string, error) {
+	if e.mode.ipvs {
+		return ipvsListing(e.w)
+	}
 	var b strings.Builder
 	for _, family := range []string{"ip", "ip6"} {
 		if !e.mode.iptables() {
@@ -271,6 +285,9 @@ func (e *env) noKPRules() error { return noKPRules(e.w, e.mode) }
 // table (nftables), no KP- chain or jump in either family of m's backend
 // (iptables).
 func noKPRules(w *netns.World, m mode) error {
+	if m.ipvs {
+		return noIPVSState(w)
+	}
 	if !m.iptables() {
 		out, err := w.NFT("list", "tables")
 		if err != nil {
@@ -306,6 +323,9 @@ func noKPRules(w *netns.World, m mode) error {
 // within the timeout, by its last_seen in jiffies.
 func (e *env) affinityRemembers(clientIP string, timeout time.Duration) bool {
 	e.t.Helper()
+	if e.mode.ipvs {
+		return ipvsRemembers(e.w, clientIP)
+	}
 	if !e.mode.iptables() {
 		return strings.Contains(e.rules(), clientIP)
 	}

@@ -461,6 +461,10 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 		if m.iptables() {
 			extWords, dnsWords = []string{"KP-EXT-", "KP-FW-"}, []string{"e2e/web:dns"}
 		}
+		if m.ipvs {
+			// Its virtual servers (ipvsadm -Ln) and set entries.
+			extWords, dnsWords = []string{"10.96.200.2,tcp:80", ":30080 "}, []string{"10.96.0.10:53", "10.96.0.10,udp:53"}
+		}
 		if m.userspace {
 			// Its redirect table: a rule per address and port, each
 			// commented with the Service port; NodePorts match local
