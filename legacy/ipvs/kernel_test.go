@@ -41,12 +41,18 @@ func (r *recording) take() []string {
 	return out
 }
 
-func (r *recording) NewService(s *ipvs.Service) error { r.note(s, "new"); return r.Handle.NewService(s) }
+func (r *recording) NewService(s *ipvs.Service) error {
+	r.note(s, "new")
+	return r.Handle.NewService(s)
+}
 func (r *recording) UpdateService(s *ipvs.Service) error {
 	r.note(s, "update")
 	return r.Handle.UpdateService(s)
 }
-func (r *recording) DelService(s *ipvs.Service) error { r.note(s, "del"); return r.Handle.DelService(s) }
+func (r *recording) DelService(s *ipvs.Service) error {
+	r.note(s, "del")
+	return r.Handle.DelService(s)
+}
 func (r *recording) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error) {
 	r.note(s, "read")
 	return r.Handle.GetDestinations(s)
