@@ -7,11 +7,11 @@ import (
 	"time"
 )
 
-// DefaultDrainBound is how long a drained real server may keep its
-// connections before kp deletes it anyway: IPVS's own idle timeout for an
-// established TCP connection (900 s), so only a connection that stayed busy
-// all along is cut, and a server never lingers forever.
-const DefaultDrainBound = 15 * time.Minute
+// DefaultDrainBound is how long a drained real server may keep inactive
+// connections (closing ones: FIN_WAIT, TIME_WAIT, which IPVS keeps for
+// up to 2 minutes) before kp deletes it. An active connection is never cut:
+// a server with one stays at weight 0 as long as it lasts.
+const DefaultDrainBound = time.Minute
 
 type drainKey struct {
 	key  vsKey
@@ -20,7 +20,7 @@ type drainKey struct {
 
 // graceful is upstream's graceful termination manager: real servers kp no
 // longer wants, at weight 0 (IPVS sends them no new connection), deleted
-// once they hold no connection or after bound.
+// once they hold no connection, or no active one after bound.
 type graceful struct {
 	bound time.Duration
 	since map[drainKey]time.Time
@@ -72,7 +72,7 @@ func (g *graceful) check(h Handle, now time.Time) error {
 			switch {
 			case cur < 0 || kd[cur].Weight != 0:
 				g.forget(k, d)
-			case kd[cur].ActiveConnections+kd[cur].InactiveConnections == 0 || now.Sub(g.since[drainKey{k, d}]) >= g.bound:
+			case kd[cur].ActiveConnections == 0 && (kd[cur].InactiveConnections == 0 || now.Sub(g.since[drainKey{k, d}]) >= g.bound):
 				if err := h.DelDestination(svc, kd[cur]); err != nil {
 					errs = append(errs, fmt.Errorf("delete drained real server %s of %s: %w", d, k, err))
 					continue

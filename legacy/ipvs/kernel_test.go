@@ -168,7 +168,7 @@ func TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses(t *test
 	inVM(t)
 	w := newKWorld(t, 2)
 	rec := &recording{}
-	b := newKernelBackend(t, kernelConfig("rr"), rec, WithDrain(time.Minute, 100*time.Millisecond))
+	b := newKernelBackend(t, kernelConfig("rr"), rec, WithDrain(2*time.Second, 100*time.Millisecond))
 	k := newKState()
 	web := k.add("web", "10.96.0.10", 80, 0, w.podIPs...)
 	w.sync(b, k.next())
@@ -215,11 +215,12 @@ func TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses(t *test
 		if name, err := w.askOnce("10.96.0.10:80"); err != nil || name == pod {
 			t.Errorf("a new connection went to the draining %s (%q, %v)", pod, name, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(700 * time.Millisecond) // past the drain bound: an active connection outlives it
 	}
 	c.c.Close()
-	// IPVS keeps the closed connection as inactive for the FIN timeout (1 s
-	// here); then the drain loop deletes the real server.
+	// IPVS keeps the closed connection as inactive (TIME_WAIT, 2 minutes);
+	// past the drain bound, with no active connection, the drain loop
+	// deletes the real server.
 	deadline := time.Now().Add(20 * time.Second)
 	for dest() != nil {
 		if time.Now().After(deadline) {

@@ -19,7 +19,7 @@ func TestVMRunsTheKernelTests(t *testing.T) {
 		t.Skip("already in the VM")
 	}
 	start := time.Now()
-	out, err := vm.RunPackage(t, vm.Options{Timeout: 8 * time.Minute}, "./legacy/ipvs", "TestKernel")
+	out, err := vm.RunPackage(t, vm.Options{Timeout: 8 * time.Minute}, "./legacy/ipvs", "TestKernel", "-test.timeout=6m")
 	t.Logf("VM run: %v", time.Since(start).Round(time.Millisecond))
 	if err != nil {
 		t.Fatalf("kernel tests in the VM: %v\n%s", err, out)
