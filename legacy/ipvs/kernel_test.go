@@ -134,11 +134,19 @@ func TestKernelRoundRobinSpreadsExactlyEvenlyAndSyncsOnlyTheChange(t *testing.T)
 		}
 	}
 
-	var counters map[proxy.EndpointRef]proxy.EndpointCounter
-	w.in(func() (err error) { counters, err = b.EndpointCounters(k.st); return err })
-	c := counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.AddrPortFrom(w.podIPs[0], 8080)}]
-	if c.Packets < 20 || c.Active == nil {
-		t.Errorf("pod-0's counters of web = %+v, want at least 20 connections (ClusterIP and NodePort) and an active count", c)
+	// IPVS sums its per-CPU statistics every 2 s (its rate estimator):
+	// the counts lag the connections by that much.
+	var c proxy.EndpointCounter
+	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		var counters map[proxy.EndpointRef]proxy.EndpointCounter
+		w.in(func() (err error) { counters, err = b.EndpointCounters(k.st); return err })
+		c = counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.AddrPortFrom(w.podIPs[0], 8080)}]
+		if c.Packets >= 20 && c.Active != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if c.Packets < 20 || c.Active == nil || c.Bytes == 0 {
+		t.Errorf("pod-0's counters of web = %+v, want at least 20 connections (ClusterIP and NodePort), bytes and an active count", c)
 	}
 }
 

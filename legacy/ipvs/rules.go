@@ -21,6 +21,7 @@ const (
 	chainFirewall     = iptables.IPVSChainPrefix + "PROXY-FIREWALL"
 	chainSourceRanges = iptables.IPVSChainPrefix + "SOURCE-RANGES-FW"
 	chainFilter       = iptables.IPVSChainPrefix + "FILTER"
+	chainServiceCIDRs = iptables.IPVSChainPrefix + "SERVICE-CIDRS"
 )
 
 // jump is a rule of a built-in chain leading to one of kp's.
@@ -39,6 +40,8 @@ var jumps = []jump{
 	{iptables.TableFilter, "INPUT", chainFirewall, "kp ipvs firewall rules"},
 	{iptables.TableFilter, "FORWARD", chainFirewall, "kp ipvs firewall rules"},
 	{iptables.TableFilter, "INPUT", chainFilter, "kp ipvs access filter"},
+	{iptables.TableFilter, "FORWARD", chainServiceCIDRs, "kp ipvs unallocated service addresses"},
+	{iptables.TableFilter, "OUTPUT", chainServiceCIDRs, "kp ipvs unallocated service addresses"},
 }
 
 func (j jump) line() string {
@@ -51,6 +54,9 @@ type rulesInput struct {
 	masqMark      uint32
 	masqueradeAll bool
 	clusterCIDRs  []netip.Prefix
+	// serviceCIDRs: traffic to an address of them that no Service holds
+	// is dropped (kp's other modes do so; upstream's ipvs mode does not).
+	serviceCIDRs []netip.Prefix
 }
 
 // renderChains builds the ipvs mode's chains, as upstream's ipvs mode
@@ -139,6 +145,11 @@ func renderChains(in rulesInput) []*iptables.Chain {
 		r("", "-m set --match-set %s dst -j RETURN", set(setHealthCheck)),
 		r("other ports of Service addresses", "-m conntrack --ctstate NEW -m set --match-set %s dst -j REJECT", set(setIPVSIPs)),
 	)
+	var cidrs []iptables.Rule
+	for _, c := range proxy.FilterPrefixes(f, in.serviceCIDRs) {
+		cidrs = append(cidrs, r("unallocated service address", "-d %s -m set ! --match-set %s dst -j DROP", c, set(setIPVSIPs)))
+	}
+	add(filter, chainServiceCIDRs, cidrs...)
 	return out
 }
 

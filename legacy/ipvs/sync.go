@@ -15,7 +15,8 @@ import (
 )
 
 // Sync makes the kernel match s. A full sync (the first, after a failure,
-// when the Node or its NodePort addresses changed, and hourly) re-renders
+// when the Node, its NodePort addresses or the service CIDRs changed, and
+// hourly) re-renders
 // every service port and reconciles every virtual server kp owns against
 // the kernel's; a partial sync re-renders s.Changed only and touches only
 // their virtual servers, real servers, addresses and set entries. Either
@@ -34,7 +35,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	nodeAddrs := map[proxy.Family][]netip.Addr{}
-	full := b.books == nil || s.NodeChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
 	for _, f := range b.families {
 		nodeAddrs[f] = b.nodePortAddrs(f, s.Node, dummy)
 		if bk := b.books[f]; bk != nil && !slices.Equal(bk.nodeAddrs, nodeAddrs[f]) {
@@ -164,7 +165,7 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 	if err := b.ipset.Restore(ctx, fullSetsInput(books, b.families)); err != nil {
 		return err
 	}
-	if err := b.writeRules(ctx); err != nil {
+	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
 		return err
 	}
 	for _, a := range haveAddrs {
@@ -269,7 +270,7 @@ func (b *Backend) applyAll(ops []op) error {
 
 // writeRules writes the chains and the missing jumps, per family, in one
 // iptables-restore each.
-func (b *Backend) writeRules(ctx context.Context) error {
+func (b *Backend) writeRules(ctx context.Context, serviceCIDRs []netip.Prefix) error {
 	for _, f := range b.families {
 		r := b.runner(b.flavor, f)
 		saved := map[iptables.Table]*iptables.Dump{}
@@ -284,7 +285,8 @@ func (b *Backend) writeRules(ctx context.Context) error {
 			}
 			saved[t] = dumps[t]
 		}
-		chains := renderChains(rulesInput{family: f, masqMark: b.masqMark, masqueradeAll: b.cfg.MasqueradeAll, clusterCIDRs: b.cfg.ClusterCIDRs})
+		chains := renderChains(rulesInput{family: f, masqMark: b.masqMark, masqueradeAll: b.cfg.MasqueradeAll,
+			clusterCIDRs: b.cfg.ClusterCIDRs, serviceCIDRs: serviceCIDRs})
 		if err := r.Restore(ctx, restoreInput(chains, saved)); err != nil {
 			return fmt.Errorf("%s: write the ipvs mode's iptables chains: %w", f, err)
 		}

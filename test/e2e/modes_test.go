@@ -101,12 +101,22 @@ const (
 	featureConntrackNAT   feature = "one conntrack entry from the client to the endpoint"
 	featureRestart        feature = "connections survive a kp restart"
 	featureSCTP           feature = "SCTP Service ports"
+	// featureLocalPolicyInternalReach: with externalTrafficPolicy Local,
+	// pods and the node reach every endpoint through the NodePort and
+	// external addresses, and outside clients are dropped (not refused)
+	// when the node has no local endpoint.
+	featureLocalPolicyInternalReach feature = "externalTrafficPolicy Local: pods and the node reach every endpoint; no local endpoint drops"
 )
 
 // unclaimed says, per mode, which features it does not claim and why: the
 // one place the suite's per-mode skips come from, and what the README's
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
+	"ipvs": {
+		featureLocalPolicyInternalReach: "as upstream's ipvs mode: a NodePort or external address is one IPVS virtual server " +
+			"whose real servers are the node's local endpoints, whoever the client (pods and the node too); with none, " +
+			"IPVS answers new connections with ICMP port unreachable (refused, not dropped)",
+	},
 	"userspace": {
 		featureClientIP: "the proxy opens its own connection to the endpoint, which sees the node's address " +
 			"(externalTrafficPolicy Local keeps to local endpoints but cannot keep the source)",

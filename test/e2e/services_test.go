@@ -160,6 +160,9 @@ func TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints(t *
 
 		// Pods and the node itself still reach every endpoint, as upstream.
 		all := e.podNames(pods[:3]...)
+		if !m.claims(featureLocalPolicyInternalReach) {
+			skipUnclaimed(t, m, featureLocalPolicyInternalReach)
+		}
 		for _, from := range []string{inCluster.NS, e.w.Node()} {
 			counts := e.only(t, from, "tcp", nodeTCP, 60, all...)
 			if counts[remote.Name] == 0 {
