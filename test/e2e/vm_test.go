@@ -57,12 +57,24 @@ func TestIPVSModeInTheVM(t *testing.T) {
 	}
 	skipUnselected(t, modeIPVS)
 	vm.Require(t)
-	kp, err := netns.Build("./cmd/kp")
-	if err != nil {
+	// The binaries go to a folder of this test's: the guest's tests sweep
+	// netns.Build's folders as stale (their pid is the host's).
+	binDir := filepath.Join(t.TempDir(), "bin")
+	if err := os.Mkdir(binDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := netns.Build("./test/echo"); err != nil {
-		t.Fatal(err)
+	for _, pkg := range []string{"./cmd/kp", "./test/echo"} {
+		p, err := netns.Build(pkg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(binDir, filepath.Base(p)), data, 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	pattern := "^(" + strings.Join(vmServiceTests, "|") + ")$"
 	if p := os.Getenv("KP_VM_E2E_RUN"); p != "" {
@@ -72,7 +84,7 @@ func TestIPVSModeInTheVM(t *testing.T) {
 	wd, _ := os.Getwd()
 	start := time.Now()
 	out, err := vm.Run(t, vm.Options{Timeout: 40 * time.Minute, MemoryMiB: 3072, Dir: wd,
-		Env: []string{"KP_E2E_MODES=ipvs", netns.BinDirEnv + "=" + filepath.Dir(kp)}},
+		Env: []string{"KP_E2E_MODES=ipvs", netns.BinDirEnv + "=" + binDir}},
 		bin, "-test.v", "-test.count=1", "-test.timeout=38m", "-test.run", pattern)
 	t.Logf("the ipvs column in the VM: %v", time.Since(start).Round(time.Second))
 	passed := regexp.MustCompile(`(?m)^\s*--- PASS: (\S+/ipvs)`).FindAllStringSubmatch(out, -1)
