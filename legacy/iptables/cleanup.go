@@ -90,7 +90,7 @@ func CleanupChains(ctx context.Context, log *slog.Logger, what string, owns func
 			removed = append(removed, c)
 		}
 	}
-	log.Info("removed kp's "+what+" iptables rules", "removed", removed.String())
+	log.Info("removed kp's "+what+" mode's iptables rules", "removed", removed.String())
 	return removed, errors.Join(errs...)
 }
 
