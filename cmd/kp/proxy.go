@@ -139,20 +139,19 @@ func (a *app) drain(backend proxy.Backend) {
 	}
 }
 
-// runOptions adds to the backend what follows its syncs: in the modes that
-// DNAT with conntrack (nftables and iptables; ipvs when it lands), the
-// cleaner of stale UDP conntrack entries.
+// runOptions adds to the backend what follows its syncs: in every mode, the
+// cleaner of stale UDP conntrack entries (nftables and iptables DNAT with
+// conntrack; IPVS keeps conntrack entries of its connections, with
+// net.ipv4.vs.conntrack=1, as upstream's ipvs mode cleans them too).
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
 	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
 	// The userspace mode has no DNAT entries to clean, but a UDP flow the
 	// kernel confirmed to a Service address before kp had a rule for it
 	// blackholes there too (the cleaner deletes those).
-	if cfg.Mode != "" {
-		cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
-			KeepRedirected: cfg.Mode == proxy.ModeUserspace})
-		opts.Observers = append(opts.Observers, cleaner)
-		opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
-	}
+	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
+		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
+	opts.Observers = append(opts.Observers, cleaner)
+	opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	// After the first sync: remove kube-proxy's rules and kp's other modes'
 	// (TakeOver spares cfg.Mode's).
 	takeover := &migrate.TakeOver{Mode: cfg.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{}}
