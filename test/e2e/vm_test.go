@@ -49,13 +49,31 @@ var vmServiceTests = []string{
 
 // TestIPVSModeInTheVM boots the 6.1 kernel (test/vm) and runs the suite's
 // Service-feature tests there with KP_E2E_MODES=ipvs: the ipvs column of
-// the README's feature table. kp and the echo server are built here and
-// run there (KP_TEST_BINDIR). KP_VM_E2E_RUN replaces the -run pattern.
+// the README's feature table. KP_VM_E2E_RUN replaces the -run pattern.
 func TestIPVSModeInTheVM(t *testing.T) {
+	skipUnselected(t, modeIPVS)
+	runModesInVM(t, "ipvs")
+}
+
+// TestPlatformMatrixInTheVM runs the other modes' columns on the VM's 6.1
+// kernel (the host runs them on its own): too slow under software
+// emulation for every CI run, so only with KP_VM_MATRIX=1.
+func TestPlatformMatrixInTheVM(t *testing.T) {
+	if os.Getenv("KP_VM_MATRIX") != "1" {
+		t.Skip("set KP_VM_MATRIX=1 to run nftables, iptables-nft and iptables-legacy on kernel 6.1 in the VM")
+	}
+	for _, m := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
+		t.Run(m, func(t *testing.T) { runModesInVM(t, m) })
+	}
+}
+
+// runModesInVM runs vmServiceTests (or KP_VM_E2E_RUN) with KP_E2E_MODES=modes
+// in one boot. kp and the echo server are built here and run there
+// (KP_TEST_BINDIR).
+func runModesInVM(t *testing.T, modes string) {
 	if os.Getenv("KP_VM") == "1" {
 		t.Skip("already in the VM")
 	}
-	skipUnselected(t, modeIPVS)
 	vm.Require(t)
 	// The binaries go to a folder of this test's: the guest's tests sweep
 	// netns.Build's folders as stale (their pid is the host's).
@@ -84,17 +102,17 @@ func TestIPVSModeInTheVM(t *testing.T) {
 	wd, _ := os.Getwd()
 	start := time.Now()
 	out, err := vm.Run(t, vm.Options{Timeout: 40 * time.Minute, MemoryMiB: 3072, Dir: wd,
-		Env: []string{"KP_E2E_MODES=ipvs", netns.BinDirEnv + "=" + binDir}},
+		Env: []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}},
 		bin, "-test.v", "-test.count=1", "-test.timeout=38m", "-test.run", pattern)
-	t.Logf("the ipvs column in the VM: %v", time.Since(start).Round(time.Second))
-	passed := regexp.MustCompile(`(?m)^\s*--- PASS: (\S+/ipvs)`).FindAllStringSubmatch(out, -1)
-	skipped := regexp.MustCompile(`(?m)^\s*--- SKIP: (\S+/ipvs)`).FindAllStringSubmatch(out, -1)
-	t.Logf("ipvs subtests: %d passed, %d skipped (unclaimed)", len(passed), len(skipped))
+	t.Logf("the %s column in the VM: %v", modes, time.Since(start).Round(time.Second))
+	passed := regexp.MustCompile(`(?m)^\s*--- PASS: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
+	skipped := regexp.MustCompile(`(?m)^\s*--- SKIP: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
+	t.Logf("%s subtests: %d passed, %d skipped (unclaimed)", modes, len(passed), len(skipped))
 	if err != nil {
-		t.Fatalf("the e2e suite in ipvs mode in the VM: %v\n%s", err, out)
+		t.Fatalf("the e2e suite in %s mode in the VM: %v\n%s", modes, err, out)
 	}
 	if len(passed) == 0 {
-		t.Fatalf("no ipvs subtest passed:\n%s", out)
+		t.Fatalf("no %s subtest passed:\n%s", modes, out)
 	}
 	if testing.Verbose() {
 		t.Log(out)
