@@ -33,6 +33,7 @@ type Backend struct {
 	set      bool // setup done
 
 	newHandle  func() (Handle, error)
+	haveIPVS   func(ctx context.Context) bool
 	links      Links
 	ipset      IPSet
 	runner     func(iptables.Flavor, proxy.Family) iptables.Runner
@@ -118,6 +119,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		cfg: cfg, log: log, masqMark: masqMark,
 		families:   []proxy.Family{proxy.IPv4},
 		newHandle:  newHandle,
+		haveIPVS:   haveIPVS,
 		links:      netlinkLinks{},
 		ipset:      execIPSet{},
 		runner:     iptables.NewRunner,

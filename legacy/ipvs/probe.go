@@ -29,13 +29,9 @@ func (b *Backend) Probe(ctx context.Context) error {
 		return err
 	}
 	if b.handle == nil {
-		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-			// As upstream, try to load it; kp in a pod needs /lib/modules.
-			_ = exec.CommandContext(ctx, "modprobe", "ip_vs").Run()
-			if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-				return errors.New("the kernel has no IPVS: the ip_vs module is not loaded; load it with " +
-					"`modprobe ip_vs` on the node (and ip_vs_" + b.scheduler() + " for --ipvs-scheduler), or choose another mode")
-			}
+		if !b.haveIPVS(ctx) {
+			return errors.New("the kernel has no IPVS: the ip_vs module is not loaded; load it with " +
+				"`modprobe ip_vs` on the node (and ip_vs_" + b.scheduler() + " for --ipvs-scheduler), or choose another mode")
 		}
 		h, err := b.newHandle()
 		if err != nil {
@@ -80,4 +76,16 @@ func (b *Backend) probeScheduler() error {
 		return fmt.Errorf("IPVS: delete the probe's virtual server: %w", err)
 	}
 	return nil
+}
+
+// haveIPVS reports whether the kernel has IPVS in this namespace, loading
+// ip_vs as upstream does when it is missing (kp in a pod needs the node's
+// /lib/modules for that).
+func haveIPVS(ctx context.Context) bool {
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		return true
+	}
+	_ = exec.CommandContext(ctx, "modprobe", "ip_vs").Run()
+	_, err := os.Stat("/proc/net/ip_vs")
+	return err == nil
 }
