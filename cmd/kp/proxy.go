@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,12 +159,26 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 	for m := range a.backends {
 		takeover.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
 	}
-	opts.Observers = append(opts.Observers, takeover)
+	opts.Observers = append(opts.Observers, &inBackground{SyncObserver: takeover})
 	// A backend's own metrics (the iptables mode's, with upstream's names).
 	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
 		opts.Collectors = append(opts.Collectors, c.Collectors()...)
 	}
 	return opts
+}
+
+// inBackground runs an observer's first call in a goroutine of its own
+// and ignores later calls: the take-over reads and rewrites other modes'
+// and kube-proxy's rules (tens of iptables runs, many seconds on a slow or
+// busy node; 20 s in the test VM), which must not hold back the syncs of
+// the Service changes that follow kp's first one.
+type inBackground struct {
+	proxy.SyncObserver
+	once sync.Once
+}
+
+func (b *inBackground) Synced(ctx context.Context, prev, cur *proxy.State) {
+	b.once.Do(func() { go b.SyncObserver.Synced(ctx, prev, cur) })
 }
 
 // sources picks where Services come from: the folder if --manifests is set,

@@ -113,6 +113,9 @@ const (
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
 	"ipvs": {
+		featureKernelAffinity: "IPVS keeps a persistence template as long as a connection it placed lives (a closed " +
+			"TCP connection stays in TIME_WAIT for 2 minutes), not for the Service's timeout after the last packet, so " +
+			"the test's kernel-table check does not apply (the behaviour is proven all the same)",
 		featureLocalPolicyInternalReach: "as upstream's ipvs mode: a NodePort or external address is one IPVS virtual server " +
 			"whose real servers are the node's local endpoints, whoever the client (pods and the node too); with none, " +
 			"IPVS answers new connections with ICMP port unreachable (refused, not dropped)",
