@@ -105,6 +105,7 @@ const (
 	// pods and the node reach every endpoint through the NodePort and
 	// external addresses, and outside clients are dropped (not refused)
 	// when the node has no local endpoint.
+	featureStaleUDPByKP             feature = "stale UDP flows are deleted by kp's conntrack cleaner"
 	featureLocalPolicyInternalReach feature = "externalTrafficPolicy Local: pods and the node reach every endpoint; no local endpoint drops"
 )
 
@@ -113,6 +114,9 @@ const (
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
 	"ipvs": {
+		featureStaleUDPByKP: "IPVS ends a flow to a deleted real server itself (net.ipv4.vs.expire_nodest_conn=1: the " +
+			"flow's next packet expires the IPVS connection and its conntrack entry) before kp's cleaner sees it; the " +
+			"client following its server is proven all the same",
 		featureKernelAffinity: "IPVS keeps a persistence template as long as a connection it placed lives (a closed " +
 			"TCP connection stays in TIME_WAIT for 2 minutes), not for the Service's timeout after the last packet, so " +
 			"the test's kernel-table check does not apply (the behaviour is proven all the same)",
