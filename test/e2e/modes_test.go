@@ -105,6 +105,7 @@ const (
 	// pods and the node reach every endpoint through the NodePort and
 	// external addresses, and outside clients are dropped (not refused)
 	// when the node has no local endpoint.
+	featureServiceComments          feature = "every Service named in a comment of kp's rules"
 	featureStaleUDPByKP             feature = "stale UDP flows are deleted by kp's conntrack cleaner"
 	featureLocalPolicyInternalReach feature = "externalTrafficPolicy Local: pods and the node reach every endpoint; no local endpoint drops"
 )
@@ -114,6 +115,8 @@ const (
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
 	"ipvs": {
+		featureServiceComments: "IPVS virtual servers and ipset entries carry no names (ipvsadm -Ln lists addresses " +
+			"and ports, as with upstream's ipvs mode); the KP-IPVS- chains are static and commented",
 		featureStaleUDPByKP: "IPVS ends a flow to a deleted real server itself (net.ipv4.vs.expire_nodest_conn=1: the " +
 			"flow's next packet expires the IPVS connection and its conntrack entry) before kp's cleaner sees it; the " +
 			"client following its server is proven all the same",
