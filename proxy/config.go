@@ -51,6 +51,10 @@ type Config struct {
 	// either way for this long. 0: the mode's default.
 	UserspaceUDPIdleTimeout time.Duration
 
+	// IPVS holds the ipvs mode's settings (upstream's --ipvs-* flags and
+	// the config file's ipvs section).
+	IPVS IPVSConfig
+
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period
 	ConfigSyncPeriod time.Duration // informer resync (upstream --config-sync-period)
@@ -69,4 +73,20 @@ func (c Config) MasqueradeMark() (uint32, error) {
 		return 0, fmt.Errorf("masquerade bit %d: must be within 0..31", c.MasqueradeBit)
 	}
 	return 1 << uint(c.MasqueradeBit), nil
+}
+
+// IPVSConfig is the ipvs mode's part of Config, with upstream's meanings.
+type IPVSConfig struct {
+	// Scheduler is the IPVS scheduler of every virtual server (rr when
+	// empty): rr, wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq, mh.
+	Scheduler string
+	// StrictARP sets arp_ignore=1 and arp_announce=2, so the node does not
+	// answer ARP for the Service addresses its dummy interface holds.
+	StrictARP bool
+	// ExcludeCIDRs are ranges whose virtual servers kp never deletes
+	// (other programs' IPVS services).
+	ExcludeCIDRs []netip.Prefix
+	// TCPTimeout, TCPFinTimeout and UDPTimeout set IPVS's connection
+	// timeouts (0 keeps the kernel's).
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
 }

@@ -165,17 +165,13 @@ func (f *fileConfig) apply(s *settings) []error {
 		s.cfg.LocalhostNodePorts = *v
 	}
 
-	ipvs := kc.IPVS
+	for _, err := range applyIPVSSection(kc.IPVS, s) {
+		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
+	}
 	for _, u := range []struct {
 		field string
 		set   bool
 	}{
-		{"ipvs.scheduler", ipvs.Scheduler != ""},
-		{"ipvs.excludeCIDRs", len(ipvs.ExcludeCIDRs) > 0},
-		{"ipvs.strictARP", ipvs.StrictARP},
-		{"ipvs.tcpTimeout", ipvs.TCPTimeout.Duration != 0},
-		{"ipvs.tcpFinTimeout", ipvs.TCPFinTimeout.Duration != 0},
-		{"ipvs.udpTimeout", ipvs.UDPTimeout.Duration != 0},
 		{"winkernel", kc.Winkernel != v1alpha1.KubeProxyWinkernelConfiguration{}},
 		{"windowsRunAsService", kc.WindowsRunAsService},
 		{"portRange", kc.PortRange != ""},

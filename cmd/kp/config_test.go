@@ -154,6 +154,16 @@ iptables: {localhostNodePorts: true}
 ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}
 `, want: func(*proxy.Config) {}},
 		{name: "profiling", file: header + "enableProfiling: true\n", want: func(c *proxy.Config) { c.Profiling = true }},
+		{name: "the ipvs section in ipvs mode", file: header + `
+mode: ipvs
+iptables: {masqueradeBit: 5}
+ipvs: {scheduler: sh, strictARP: true, excludeCIDRs: [10.1.0.0/16], tcpTimeout: 10s, tcpFinTimeout: 5s, udpTimeout: 3s, syncPeriod: 20s, minSyncPeriod: 2s}
+`, modes: []proxy.Mode{proxy.ModeIPVS}, want: func(c *proxy.Config) {
+			c.Mode, c.MasqueradeBit, c.NodePortPrimary = proxy.ModeIPVS, 5, false
+			c.SyncPeriod, c.MinSyncPeriod = 20*time.Second, 2*time.Second
+			c.IPVS = proxy.IPVSConfig{Scheduler: "sh", StrictARP: true, ExcludeCIDRs: prefixes("10.1.0.0/16"),
+				TCPTimeout: 10 * time.Second, TCPFinTimeout: 5 * time.Second, UDPTimeout: 3 * time.Second}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,11 +213,12 @@ func TestConfigFileErrors(t *testing.T) {
 		args []string
 		want string // stderr after "kp: --config PATH: "; several lines are joined with "\n--config PATH: "
 	}{
-		{"an unsupported field names the field", header + "ipvs: {scheduler: rr}\n",
-			nil, "field ipvs.scheduler is not supported by kp; remove it or leave it empty"},
-		{"every unsupported field at once", header + "portRange: 30000-32767\nwinkernel: {networkName: l2bridge}\nipvs: {strictARP: true}\n",
-			nil, "field ipvs.strictARP is not supported by kp; remove it or leave it empty\n" +
-				"--config PATH: field winkernel is not supported by kp; remove it or leave it empty\n" +
+		{"an unsupported field names the field", header + "portRange: 30000-32767\n",
+			nil, "field portRange is not supported by kp; remove it or leave it empty"},
+		{"an unknown IPVS scheduler", header + "ipvs: {scheduler: fancy}\n",
+			nil, `ipvs.scheduler "fancy": unknown IPVS scheduler; use one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos`},
+		{"every unsupported field at once", header + "portRange: 30000-32767\nwinkernel: {networkName: l2bridge}\n",
+			nil, "field winkernel is not supported by kp; remove it or leave it empty\n" +
 				"--config PATH: field portRange is not supported by kp; remove it or leave it empty"},
 		{"other local traffic detection", header + "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
 			nil, "field detectLocal.bridgeInterface is not supported by kp; remove it or leave it empty\n" +

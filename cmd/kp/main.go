@@ -19,6 +19,7 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/legacy/ipvs"
 	"github.com/kpproxy/kp/legacy/userspace"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
@@ -74,6 +75,9 @@ func newApp(stdout, stderr io.Writer) *app {
 			},
 			proxy.ModeIPTables: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
 				return iptables.New(cfg, log)
+			},
+			proxy.ModeIPVS: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
+				return ipvs.New(cfg, log)
 			},
 			proxy.ModeUserspace: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
 				return userspace.New(cfg, log)

@@ -64,6 +64,8 @@ type proxyOptions struct {
 	profiling          bool
 	healthzBindAddress string
 
+	ipvs ipvsOptions
+
 	conntrack conntrackOptions
 	compat    compatOptions
 }
@@ -75,7 +77,7 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
 
 	fs.StringVar(&o.mode, "proxy-mode", "auto",
-		"Which proxy mode to use: nftables, iptables or userspace (ipvs is not built yet), or auto "+
+		"Which proxy mode to use: nftables, iptables, ipvs or userspace, or auto "+
 			"(the default, also when empty) for the first of nftables, iptables, ipvs, userspace that this node's kernel runs.")
 	fs.StringVar(&o.iptablesBackend, "iptables-backend", "auto",
 		"kp only: the iptables binaries the iptables mode uses: nft (iptables-nft), legacy (iptables-legacy), "+
@@ -121,6 +123,7 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
 
+	o.ipvs.addFlags(fs)
 	o.conntrack.addFlags(fs)
 	o.userspace.addFlags(fs)
 	o.compat.addFlags(fs)
@@ -313,6 +316,7 @@ func (o *proxyOptions) apply(fs *pflag.FlagSet, logFlags logOptions, s *settings
 		s.log.verbosity = logFlags.verbosity
 	}
 
+	errs = append(errs, o.ipvs.apply(fs, s)...)
 	errs = append(errs, o.conntrack.apply(fs, s)...)
 	errs = append(errs, o.userspace.apply(fs, s)...)
 	errs = append(errs, o.compat.apply(fs, s)...)

@@ -70,6 +70,15 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 	}{
 		{name: "defaults are kube-proxy's, nftables answers NodePorts on primary IPs", want: func(*proxy.Config) {}},
 		{name: "empty proxy mode means nftables", args: []string{"--proxy-mode="}, want: func(*proxy.Config) {}},
+		{name: "ipvs flags", args: []string{"--proxy-mode", "ipvs", "--ipvs-scheduler", "mh", "--ipvs-strict-arp",
+			"--ipvs-exclude-cidrs", "10.1.0.0/16,fd00:1::/64", "--ipvs-tcp-timeout", "1m", "--ipvs-tcpfin-timeout", "30s",
+			"--ipvs-udp-timeout", "5s", "--ipvs-sync-period", "45s", "--ipvs-min-sync-period", "3s"},
+			modes: []proxy.Mode{proxy.ModeIPVS}, want: func(c *proxy.Config) {
+				c.Mode, c.NodePortPrimary = proxy.ModeIPVS, false
+				c.SyncPeriod, c.MinSyncPeriod = 45*time.Second, 3*time.Second
+				c.IPVS = proxy.IPVSConfig{Scheduler: "mh", StrictARP: true, ExcludeCIDRs: prefixes("10.1.0.0/16", "fd00:1::/64"),
+					TCPTimeout: time.Minute, TCPFinTimeout: 30 * time.Second, UDPTimeout: 5 * time.Second}
+			}},
 		{name: "hostname override is trimmed and lower-cased", args: []string{"--hostname-override", " Worker-7 "},
 			want: func(c *proxy.Config) { c.HostnameOverride = "worker-7" }},
 		{name: "dual-stack cluster CIDR", args: []string{"--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"},
@@ -195,6 +204,8 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --iptables-backend "xtables": want auto, nft or legacy`},
 		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},
 			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`},
+		{"unknown IPVS scheduler", []string{"--ipvs-scheduler", "fastest"},
+			`kp: --ipvs-scheduler "fastest": unknown IPVS scheduler; use one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos`},
 		{"iptables not built yet", []string{"--proxy-mode=iptables"},
 			`kp: --proxy-mode=iptables is not implemented yet; use nftables`},
 		{"userspace not built yet", []string{"--proxy-mode", "userspace"},

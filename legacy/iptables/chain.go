@@ -114,8 +114,18 @@ const (
 )
 
 // isKPChain reports whether name is one of the iptables mode's chains: a
-// KP- chain that is not another mode's (owned.go).
+// KP- chain that is not another mode's (owned.go, IPVSChainPrefix).
 func isKPChain(name string) bool { return strings.HasPrefix(name, "KP-") && !ownedByOther(name) }
+
+// IPVSChainPrefix starts the name of every chain of the ipvs mode, which
+// writes its iptables part through this package: KP- chains that the
+// iptables mode neither rewrites nor removes, and whose removal
+// (CleanupChains) leaves the iptables mode's alone.
+const IPVSChainPrefix = "KP-IPVS-"
+
+// Line prints the rule as a line of iptables-restore input appending it to
+// chain (for the ipvs mode's chains).
+func (r Rule) Line(chain string) string { return r.line(chain) }
 
 // Per-service-port chain names, as upstream's: a hash of the service port
 // name and protocol (and endpoint for KP-SEP-).

@@ -75,8 +75,15 @@ func (r Removed) Total() (chains, rules int) {
 // The chains of the other modes that write through WriteOwned (the
 // userspace mode's KP-USERSPACE-) are theirs: CleanupOwned removes them.
 func Cleanup(ctx context.Context, log *slog.Logger) (Removed, error) {
-	removed, err := cleanupAll(ctx, log, isKPChain)
-	log.Info("removed kp's iptables rules", "removed", removed.String())
+	return CleanupChains(ctx, log, "iptables", isKPChain)
+}
+
+// CleanupChains is Cleanup for the chains owns accepts (the ipvs mode's
+// KP-IPVS- chains): their jump rules, then the chains. what names the
+// owner in the log line.
+func CleanupChains(ctx context.Context, log *slog.Logger, what string, owns func(chain string) bool) (Removed, error) {
+	removed, err := cleanupAll(ctx, log, owns)
+	log.Info("removed kp's "+what+" mode's iptables rules", "removed", removed.String())
 	return removed, err
 }
 

@@ -41,6 +41,7 @@ func TestJumpRuleArgsFindsOnlyJumpsToKPChains(t *testing.T) {
 		{"PREROUTING", `-A PREROUTING -j KUBE-SERVICES`, nil},
 		{"PREROUTING", `-A OTHER -j KP-X`, nil}, // not a rule of the chain listed
 		{"PREROUTING", `-P PREROUTING ACCEPT`, nil},
+		{"PREROUTING", `-A PREROUTING -j KP-IPVS-SERVICES`, nil}, // the ipvs mode's
 	} {
 		got, ok := jumpRuleArgs(tc.spec, tc.chain, isKPChain)
 		if ok != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {

@@ -21,9 +21,11 @@ import (
 // redirects.
 const UserspaceChainPrefix = "KP-USERSPACE-"
 
-// otherOwners are the chain prefixes of the modes that write through
-// WriteOwned.
-var otherOwners = []string{UserspaceChainPrefix}
+// otherOwners are the chain prefixes of the other modes that write
+// iptables chains through this package (the userspace mode through
+// WriteOwned, the ipvs mode its own way): the iptables mode never rewrites
+// nor removes them.
+var otherOwners = []string{UserspaceChainPrefix, IPVSChainPrefix}
 
 // ownedByOther reports whether chain belongs to another mode's rules.
 func ownedByOther(chain string) bool {

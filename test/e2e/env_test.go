@@ -15,6 +15,16 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 
+// slow stretches a wait for the VM (KP_VM=1), where qemu emulates the CPU
+// in software: every exec of iptables or ipset, every sync, takes several
+// times as long as on the host.
+func slow(d time.Duration) time.Duration {
+	if os.Getenv("KP_VM") == "1" {
+		return 4 * d
+	}
+	return d
+}
+
 // nodeName is kp's --hostname-override in every world.
 const nodeName = "node"
 
@@ -54,7 +64,11 @@ func newEnvSerial(t *testing.T, m mode, pods int) *env {
 	t.Helper()
 	netns.Require(t)
 	skipUnselected(t, m)
-	if m.rulesInIPTables() {
+	if m.ipvs {
+		requireIPVS(t)
+		netns.Require(t, "ipvsadm", "ipset")
+	}
+	if m.rulesInIPTables() || m.ipvs {
 		netns.Require(t, m.save("ip"), m.save("ip6"))
 	}
 	if _, err := netns.Build("./cmd/kp"); err != nil {
@@ -112,7 +126,7 @@ func (e *env) launchKP(extra ...string) {
 // says 200 (kp has synced), failing early if kp exits.
 func (e *env) waitHealthy() {
 	e.t.Helper()
-	err := e.kp.WaitHTTP("http://"+healthzAddr+"/healthz", 30*time.Second, func(code int, _ string) bool { return code == 200 })
+	err := e.kp.WaitHTTP("http://"+healthzAddr+"/healthz", slow(30*time.Second), func(code int, _ string) bool { return code == 200 })
 	if err != nil {
 		e.t.Fatalf("kp not healthy: %v", err)
 	}
@@ -130,6 +144,7 @@ func (e *env) write(file string, objs ...any) {
 // with cond's last error after timeout.
 func (e *env) eventually(what string, timeout time.Duration, cond func() error) {
 	e.t.Helper()
+	timeout = slow(timeout)
 	start := time.Now()
 	deadline := start.Add(timeout)
 	for {

@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -238,10 +239,27 @@ func TestStatusAPIReportsSyncsEndpointsAndNewConnections(t *testing.T) {
 			t.Errorf("/kp/v1/status: %+v", st)
 		}
 
-		svcs, err := c.Services(ctx, "e2e", "web")
-		if err != nil {
-			t.Fatal(err)
-		}
+		// Counters may lag the connections a little (IPVS sums its
+		// per-CPU statistics every 2 s): wait until they hold them all.
+		var svcs *statusapi.Services
+		e.eventually("the counters hold the test's connections", 10*time.Second, func() error {
+			var err error
+			if svcs, err = c.Services(ctx, "e2e", "web"); err != nil {
+				return err
+			}
+			var total uint64
+			for _, sp := range svcs.ServicePorts {
+				for _, ep := range sp.Endpoints {
+					if sp.PortName == "http" && ep.Counters != nil {
+						total += ep.Counters.NewConnections
+					}
+				}
+			}
+			if total < n {
+				return fmt.Errorf("%d new connections counted, want at least %d", total, n)
+			}
+			return nil
+		})
 		if len(svcs.ServicePorts) != 2 {
 			t.Fatalf("/kp/v1/services?namespace=e2e&service=web: %d ports, want 2 (http, dns)", len(svcs.ServicePorts))
 		}

@@ -381,7 +381,7 @@ func TestKubeUnallocatedAddressesOfTheClustersServiceCIDRsAreDropped(t *testing.
 			{"ip6", netns.ServiceCIDR6.String(), "[fd00:96::77]:80"},
 		} {
 			k.eventually("kp has the ServiceCIDR "+c.cidr, 30*time.Second, func() error {
-				if !m.iptables() && !m.userspace {
+				if !m.iptables() && !m.userspace && !m.ipvs {
 					out, err := k.w.NFT("list", "set", c.family, "kp", "service-cidrs")
 					if err != nil || !strings.Contains(out, c.cidr) {
 						return fmt.Errorf("set service-cidrs: %v\n%s", err, out)

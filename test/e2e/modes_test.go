@@ -59,6 +59,10 @@ type mode struct {
 	// its rules are the redirect table kp-userspace, or with a backend
 	// its KP-USERSPACE- chains.
 	userspace bool
+	// ipvs: IPVS virtual servers, kp's ipsets and KP-IPVS- chains (in
+	// backend's iptables); the host's kernel has none, the VM runs it
+	// (TestIPVSModeInTheVM).
+	ipvs bool
 }
 
 var (
@@ -86,23 +90,33 @@ var (
 		syncFailures:       `kp_userspace_sync_failures_total{ip_family="IPv4"}`,
 		nodePortsOnEveryIP: true}
 
+	modeIPVS = mode{name: "ipvs", proxyMode: "ipvs", backend: "nft", ipvs: true,
+		args:               []string{"--proxy-mode", "ipvs", "--iptables-backend", "nft"},
+		syncFailures:       `kp_sync_proxy_rules_failures_total`,
+		nodePortsOnEveryIP: true}
+
 	// allModes is every mode that claims the Service features.
-	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace, modeUserspaceIPTables}
+	allModes = []mode{modeNFTables, modeIPTablesNFT, modeIPTablesLegacy, modeUserspace, modeUserspaceIPTables, modeIPVS}
 )
 
-// iptables reports the iptables mode (upstream's rule layout).
-func (m mode) iptables() bool { return m.backend != "" && !m.userspace }
+// iptables reports the iptables mode (upstream's rule layout; the ipvs and
+// userspace modes write iptables chains too, but not that layout).
+func (m mode) iptables() bool { return m.backend != "" && !m.userspace && !m.ipvs }
 
 // rulesInIPTables reports whether kp's rules are iptables chains (the
 // iptables mode's, or the userspace mode's iptables redirects), listed with
-// iptables-save.
-func (m mode) rulesInIPTables() bool { return m.backend != "" }
+// iptables-save. The ipvs mode's are IPVS virtual servers, ipsets and
+// chains, listed together (ipvsListing).
+func (m mode) rulesInIPTables() bool { return m.backend != "" && !m.ipvs }
 
 // entryChain is the first chain of kp's iptables rules, which every
 // listing of them holds.
 func (m mode) entryChain() string {
-	if m.userspace {
+	switch {
+	case m.userspace:
 		return "KP-USERSPACE-PORTALS"
+	case m.ipvs:
+		return "KP-IPVS-SERVICES"
 	}
 	return "KP-SERVICES"
 }
@@ -116,6 +130,13 @@ const (
 	featureConntrackNAT   feature = "one conntrack entry from the client to the endpoint"
 	featureRestart        feature = "connections survive a kp restart"
 	featureSCTP           feature = "SCTP Service ports"
+	// featureLocalPolicyInternalReach: with externalTrafficPolicy Local,
+	// pods and the node reach every endpoint through the NodePort and
+	// external addresses, and outside clients are dropped (not refused)
+	// when the node has no local endpoint.
+	featureServiceComments          feature = "every Service named in a comment of kp's rules"
+	featureStaleUDPByKP             feature = "stale UDP flows are deleted by kp's conntrack cleaner"
+	featureLocalPolicyInternalReach feature = "externalTrafficPolicy Local: pods and the node reach every endpoint; no local endpoint drops"
 )
 
 // unclaimed says, per mode, which features it does not claim and why: the
@@ -124,6 +145,19 @@ const (
 var unclaimed = map[string]map[feature]string{
 	"userspace":          userspaceUnclaimed,
 	"userspace-iptables": userspaceUnclaimed,
+	"ipvs": {
+		featureServiceComments: "IPVS virtual servers and ipset entries carry no names (ipvsadm -Ln lists addresses " +
+			"and ports, as with upstream's ipvs mode); the KP-IPVS- chains are static and commented",
+		featureStaleUDPByKP: "IPVS ends a flow to a deleted real server itself (net.ipv4.vs.expire_nodest_conn=1: the " +
+			"flow's next packet expires the IPVS connection and its conntrack entry) before kp's cleaner sees it; the " +
+			"client following its server is proven all the same",
+		featureKernelAffinity: "IPVS keeps a persistence template as long as a connection it placed lives (a closed " +
+			"TCP connection stays in TIME_WAIT for 2 minutes), not for the Service's timeout after the last packet, so " +
+			"the test's kernel-table check does not apply (the behaviour is proven all the same)",
+		featureLocalPolicyInternalReach: "as upstream's ipvs mode: a NodePort or external address is one IPVS virtual server " +
+			"whose real servers are the node's local endpoints, whoever the client (pods and the node too); with none, " +
+			"IPVS answers new connections with ICMP port unreachable (refused, not dropped)",
+	},
 }
 
 // userspaceUnclaimed is what the userspace mode does not claim, however
@@ -185,11 +219,20 @@ func selectedModes(t *testing.T) []mode {
 		name = strings.TrimSpace(name)
 		i := indexMode(name)
 		if i < 0 {
-			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are nftables, iptables-nft, iptables-legacy, userspace, userspace-iptables", name)
+			t.Fatalf("KP_E2E_MODES: unknown mode %q; modes are %s", name, modeNames())
 		}
 		out = append(out, allModes[i])
 	}
 	return out
+}
+
+// modeNames lists allModes' names, for an error.
+func modeNames() string {
+	names := make([]string, len(allModes))
+	for i, m := range allModes {
+		names[i] = m.name
+	}
+	return strings.Join(names, ", ")
 }
 
 func indexMode(name string) int {
@@ -249,6 +292,9 @@ func (e *env) rules() string {
 }
 
 func (e *env) listRules() (string, error) {
+	if e.mode.ipvs {
+		return ipvsListing(e.w)
+	}
 	var b strings.Builder
 	for _, family := range []string{"ip", "ip6"} {
 		if !e.mode.rulesInIPTables() {
@@ -302,6 +348,9 @@ func (e *env) noKPRules() error { return noKPRules(e.w, e.mode) }
 // table (nftables), no KP- chain or jump in either family of m's backend
 // (iptables).
 func noKPRules(w *netns.World, m mode) error {
+	if m.ipvs {
+		return noIPVSState(w)
+	}
 	if !m.rulesInIPTables() {
 		out, err := w.NFT("list", "tables")
 		if err != nil {
@@ -337,6 +386,9 @@ func noKPRules(w *netns.World, m mode) error {
 // within the timeout, by its last_seen in jiffies.
 func (e *env) affinityRemembers(clientIP string, timeout time.Duration) bool {
 	e.t.Helper()
+	if e.mode.ipvs {
+		return ipvsRemembers(e.w, clientIP)
+	}
 	if !e.mode.iptables() {
 		return strings.Contains(e.rules(), clientIP)
 	}

@@ -330,6 +330,7 @@ func TestBrokenManifestLeavesOtherServicesWorking(t *testing.T) {
 // every KP- chain a rule jumps to exists; nothing the tool cannot print).
 func TestRulesetListsCleanlyWithServiceComments(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
+		skipUnclaimed(t, m, featureServiceComments)
 		e := newEnv(t, m, 3)
 		pods := e.w.Pods()
 		svc := web(pods...)

@@ -160,6 +160,9 @@ func TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints(t *
 
 		// Pods and the node itself still reach every endpoint, as upstream.
 		all := e.podNames(pods[:3]...)
+		if !m.claims(featureLocalPolicyInternalReach) {
+			skipUnclaimed(t, m, featureLocalPolicyInternalReach)
+		}
 		for _, from := range []string{inCluster.NS, e.w.Node()} {
 			counts := e.only(t, from, "tcp", nodeTCP, 60, all...)
 			if counts[remote.Name] == 0 {
@@ -460,6 +463,10 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 		extWords, dnsWords := []string{"ext-e2e/web"}, []string{"udp . 53", "e2e/web/udp/dns"}
 		if m.iptables() {
 			extWords, dnsWords = []string{"KP-EXT-", "KP-FW-"}, []string{"e2e/web:dns"}
+		}
+		if m.ipvs {
+			// Its virtual servers (ipvsadm -Ln) and set entries.
+			extWords, dnsWords = []string{"10.96.200.2,tcp:80", ":30080 "}, []string{"10.96.0.10:53", "10.96.0.10,udp:53"}
 		}
 		if m.userspace {
 			// Its redirect table: a rule per address and port, each

@@ -236,7 +236,11 @@ func (w *World) AddPod() *Pod {
 		"-listen", portList(w.opts.TCPPorts), "-udp", portList(w.opts.UDPPorts))
 	// Ready when it answers through the bridge, which also proves the wiring.
 	addr := netip.AddrPortFrom(p.IP, uint16(w.opts.TCPPorts[0])).String()
-	deadline := time.Now().Add(10 * time.Second)
+	wait := 10 * time.Second
+	if os.Getenv("KP_VM") == "1" {
+		wait *= 4 // qemu emulates the CPU in software (test/vm)
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		reply, err := Dial(node, "tcp", addr, time.Second)
 		if err == nil && strings.HasPrefix(reply, p.Name+" ") {

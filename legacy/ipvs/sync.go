@@ -1,0 +1,382 @@
+package ipvs
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Sync makes the kernel match s. A full sync (the first, after a failure,
+// when the Node, its NodePort addresses or the service CIDRs changed, and
+// hourly) re-renders
+// every service port and reconciles every virtual server kp owns against
+// the kernel's; a partial sync re-renders s.Changed only and touches only
+// their virtual servers, real servers, addresses and set entries. Either
+// way the IPVS state is read back from the kernel before it is changed, so
+// a sync after a failed one reconciles from what is really there.
+func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	dummy := map[netip.Addr]bool{}
+	for _, bk := range b.books {
+		for a := range bk.addrs {
+			dummy[a] = true
+		}
+	}
+	nodeAddrs := map[proxy.Family][]netip.Addr{}
+	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	for _, f := range b.families {
+		nodeAddrs[f] = b.nodePortAddrs(f, s.Node, dummy)
+		if bk := b.books[f]; bk != nil && !slices.Equal(bk.nodeAddrs, nodeAddrs[f]) {
+			full = true
+		}
+	}
+	var err error
+	if full {
+		err = b.syncFull(ctx, s, nodeAddrs)
+	} else {
+		err = b.syncPartial(ctx, s, nodeAddrs)
+	}
+	b.lastSyncFull = full
+	if err != nil {
+		b.books = nil
+		return err
+	}
+	if full {
+		b.lastFull = b.now()
+	}
+	if b.drain.len() > 0 {
+		if err := b.drain.check(b.handle, b.now()); err != nil {
+			b.log.Warn("drained real servers", "err", err)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) renderInput(f proxy.Family, s *proxy.State, nodeAddrs []netip.Addr) renderInput {
+	return renderInput{family: f, scheduler: b.scheduler(), node: s.Node, nodeAddrs: nodeAddrs}
+}
+
+// syncFull re-renders everything and reconciles it with the kernel.
+func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) error {
+	if err := b.links.Ensure(); err != nil {
+		return err
+	}
+	books := map[proxy.Family]*book{}
+	for _, f := range b.families {
+		bk := newBook()
+		bk.nodeAddrs = nodeAddrs[f]
+		in := b.renderInput(f, s, nodeAddrs[f])
+		for name, sp := range s.Services {
+			bk.set(name, render(in, sp, s.Endpoints[name]), newChange())
+		}
+		books[f] = bk
+	}
+
+	// What the kernel holds: the virtual servers, which of them are kp's
+	// (recorded in the KP-IPVS-SERVERS sets, or on kp-ipvs0's addresses),
+	// and kp-ipvs0's addresses.
+	sets, err := b.ipset.List(ctx)
+	if err != nil {
+		return err
+	}
+	haveAddrs, err := b.links.Addrs()
+	if err != nil {
+		return err
+	}
+	onDummy := map[netip.Addr]bool{}
+	for _, a := range haveAddrs {
+		onDummy[a] = true
+	}
+	owned := map[vsKey]bool{}
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		for _, e := range sets[setName(f, setServers)] {
+			if k, ok := parseIPPort(e); ok {
+				owned[k] = true
+			}
+		}
+	}
+	kernel, err := b.handle.GetServices()
+	if err != nil {
+		return fmt.Errorf("list IPVS virtual servers: %w", err)
+	}
+
+	// Addresses first: a new Service's packets must reach INPUT.
+	want := map[netip.Addr]bool{}
+	for _, bk := range books {
+		for a := range bk.addrs {
+			want[a] = true
+			if !onDummy[a] {
+				if err := b.links.AddAddr(a); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	seen := map[vsKey]bool{}
+	for _, ks := range kernel {
+		k, ok := kernelKey(ks)
+		if !ok {
+			continue
+		}
+		seen[k] = true
+		var vs *VirtualServer
+		if bk := books[familyOf(k.Addr)]; bk != nil {
+			vs = bk.servers[k]
+		}
+		if vs == nil && !(owned[k] || onDummy[k.Addr]) {
+			continue // another program's
+		}
+		if vs == nil && b.excluded(k.Addr) {
+			continue
+		}
+		have := &kernelServer{svc: ks}
+		if vs != nil {
+			if have.dests, err = b.handle.GetDestinations(ks); err != nil {
+				return fmt.Errorf("service port %s: read the real servers of %s: %w", vs.Owner, k, err)
+			}
+		}
+		if err := b.applyAll(diffServer(k, vs, have, proxy.ServicePortName{})); err != nil {
+			return err
+		}
+	}
+	for _, bk := range books {
+		for _, k := range sortedKeys(bk.servers) {
+			if !seen[k] {
+				if err := b.applyAll(diffServer(k, bk.servers[k], nil, proxy.ServicePortName{})); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	if err := b.ipset.Restore(ctx, fullSetsInput(books, b.families)); err != nil {
+		return err
+	}
+	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
+		return err
+	}
+	for _, a := range haveAddrs {
+		if !want[a] {
+			if err := b.links.DelAddr(a); err != nil {
+				return err
+			}
+		}
+	}
+	b.books = books
+	return nil
+}
+
+// syncPartial re-renders the changed service ports.
+func (b *Backend) syncPartial(ctx context.Context, s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) error {
+	changes := map[proxy.Family]*change{}
+	for _, f := range b.families {
+		bk := b.books[f]
+		c := newChange()
+		in := b.renderInput(f, s, nodeAddrs[f])
+		for _, name := range sortedNames(s.Changed) {
+			if sp := s.Services[name]; sp != nil {
+				bk.set(name, render(in, sp, s.Endpoints[name]), c)
+			} else {
+				bk.set(name, nil, c)
+			}
+		}
+		c.settle()
+		changes[f] = c
+	}
+	for _, f := range b.families {
+		for _, a := range changes[f].addAddrs {
+			if err := b.links.AddAddr(a); err != nil {
+				return err
+			}
+		}
+	}
+	for _, f := range b.families {
+		c, bk := changes[f], b.books[f]
+		for _, k := range sortedKeys(c.servers) {
+			vs := bk.servers[k]
+			have, err := b.readServer(k, vs != nil)
+			if err != nil {
+				return fmt.Errorf("service port %s: %w", c.serversOwners[k], err)
+			}
+			if err := b.applyAll(diffServer(k, vs, have, c.serversOwners[k])); err != nil {
+				return err
+			}
+		}
+	}
+	if in := partialSetsInput(changes, b.families); len(in) > 0 {
+		if err := b.ipset.Restore(ctx, in); err != nil {
+			return err
+		}
+	}
+	for _, f := range b.families {
+		for _, a := range changes[f].delAddrs {
+			if err := b.links.DelAddr(a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readServer reads one virtual server back from the kernel (nil when
+// absent), with its real servers when dests is set.
+func (b *Backend) readServer(k vsKey, dests bool) (*kernelServer, error) {
+	ks := keyService(k)
+	if !b.handle.IsServicePresent(ks) {
+		return nil, nil
+	}
+	svc, err := b.handle.GetService(ks)
+	if err != nil {
+		return nil, fmt.Errorf("read virtual server %s: %w", k, err)
+	}
+	have := &kernelServer{svc: svc}
+	if dests {
+		if have.dests, err = b.handle.GetDestinations(svc); err != nil {
+			return nil, fmt.Errorf("read the real servers of %s: %w", k, err)
+		}
+	}
+	return have, nil
+}
+
+// applyAll sends ops in order and keeps the drain list current.
+func (b *Backend) applyAll(ops []op) error {
+	now := b.now()
+	for _, o := range ops {
+		if err := apply(b.handle, o); err != nil {
+			return err
+		}
+		switch o.kind {
+		case opDrainDest:
+			b.drain.add(o.key, o.dest, now)
+		case opAddDest, opRestoreDest, opDelDest:
+			b.drain.forget(o.key, o.dest)
+		}
+	}
+	return nil
+}
+
+// writeRules writes the chains and the missing jumps, per family, in one
+// iptables-restore each.
+func (b *Backend) writeRules(ctx context.Context, serviceCIDRs []netip.Prefix) error {
+	for _, f := range b.families {
+		r := b.runner(b.flavor, f)
+		saved := map[iptables.Table]*iptables.Dump{}
+		for _, t := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
+			data, err := r.Save(ctx, t, false)
+			if err != nil {
+				return fmt.Errorf("read the %s table (%s): %w", t, f, err)
+			}
+			dumps, err := iptables.ParseSave(data)
+			if err != nil {
+				return fmt.Errorf("read the %s table (%s): %w", t, f, err)
+			}
+			saved[t] = dumps[t]
+		}
+		chains := renderChains(rulesInput{family: f, masqMark: b.masqMark, masqueradeAll: b.cfg.MasqueradeAll,
+			clusterCIDRs: b.cfg.ClusterCIDRs, serviceCIDRs: serviceCIDRs})
+		if err := r.Restore(ctx, restoreInput(chains, saved)); err != nil {
+			return fmt.Errorf("%s: write the ipvs mode's iptables chains: %w", f, err)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) excluded(a netip.Addr) bool {
+	return slices.ContainsFunc(b.cfg.IPVS.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// fullSetsInput rewrites every set of the families: each is filled under a
+// temporary name and swapped in, so packets never see it half filled.
+func fullSetsInput(books map[proxy.Family]*book, fams []proxy.Family) []byte {
+	var w strings.Builder
+	for _, f := range fams {
+		byKind := map[setKind][]string{}
+		for e := range books[f].entries {
+			byKind[e.Kind] = append(byKind[e.Kind], e.Entry)
+		}
+		for i, k := range setKinds {
+			name, tmp := setName(f, k), fmt.Sprintf("KP-TMP-%d-%d", f, i)
+			w.WriteString(createLine(f, k, name) + " -exist\n")
+			w.WriteString(createLine(f, k, tmp) + " -exist\n")
+			w.WriteString("flush " + tmp + "\n")
+			entries := byKind[k]
+			slices.Sort(entries)
+			for _, e := range entries {
+				w.WriteString("add " + tmp + " " + e + " -exist\n")
+			}
+			w.WriteString("swap " + tmp + " " + name + "\n")
+			w.WriteString("destroy " + tmp + "\n")
+		}
+	}
+	return []byte(w.String())
+}
+
+// partialSetsInput adds and deletes the entries the changes name.
+func partialSetsInput(changes map[proxy.Family]*change, fams []proxy.Family) []byte {
+	var w strings.Builder
+	for _, f := range fams {
+		c := changes[f]
+		for _, e := range c.delEntries {
+			w.WriteString("del " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
+		}
+		for _, e := range c.addEntries {
+			w.WriteString("add " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
+		}
+	}
+	return []byte(w.String())
+}
+
+// parseIPPort reads a hash:ip,port entry ("10.96.0.10,tcp:80").
+func parseIPPort(e string) (vsKey, bool) {
+	ip, pp, ok := strings.Cut(e, ",")
+	if !ok {
+		return vsKey{}, false
+	}
+	proto, port, ok := strings.Cut(pp, ":")
+	a, err := netip.ParseAddr(ip)
+	n, perr := strconv.ParseUint(port, 10, 16)
+	if !ok || err != nil || perr != nil {
+		return vsKey{}, false
+	}
+	return vsKey{Proto: v1.Protocol(strings.ToUpper(proto)), Addr: a, Port: uint16(n)}, true
+}
+
+func familyOf(a netip.Addr) proxy.Family {
+	if a.Is4() {
+		return proxy.IPv4
+	}
+	return proxy.IPv6
+}
+
+func sortedKeys[V any](m map[vsKey]V) []vsKey {
+	out := make([]vsKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b vsKey) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+func sortedNames(m map[proxy.ServicePortName]struct{}) []proxy.ServicePortName {
+	out := make([]proxy.ServicePortName, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b proxy.ServicePortName) int {
+		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+	})
+	return out
+}

@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kpproxy/kp/test/netns"
+	"github.com/kpproxy/kp/test/vm"
+)
+
+// vmServiceTests are the suite's Service-feature tests, run in the VM for
+// the ipvs mode (the kube, manifests, TUI and sysctl tests are about
+// sources and the process, proven on the host, and the API server would
+// take minutes to start under software emulation).
+var vmServiceTests = []string{
+	"TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem",
+	"TestNodePortAnswersFromOffNodeClient",
+	"TestServiceWithoutEndpointsIsRefusedAtOnce",
+	"TestRemovedEndpointIsNeverReachedByNewConnections",
+	"TestDeletedServiceNoLongerAnswers",
+	"TestDualStackClusterIPAnswersOverIPv6",
+	"TestRestartLosesNoConnections",
+	"TestSessionAffinityClientIPKeepsEachClientOnOneEndpoint",
+	"TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints",
+	"TestExternalTrafficPolicyClusterMasqueradesOutsideClients",
+	"TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints",
+	"TestTerminatingEndpointsServeOnlyWhenNoneIsReady",
+	"TestTopologyHintsKeepTrafficInTheNodesZone",
+	"TestLoadBalancerAndExternalIPsWithSourceRanges",
+	"TestClusterIPRejectsOtherPortsAndUnallocatedServiceAddressesAreDropped",
+	"TestIPv6OnlyServiceAnswersOnItsClusterIPAndNodePort",
+	"TestNodePortAnswersOnlyOnTheNodePortAddresses",
+	"TestServiceChangesOnALiveNodeLeaveNoStaleRules",
+	"TestCleanupRemovesEveryKPRuleAndNothingElse",
+	"TestUDPClientFollowsItsServerPodWhenThePodIsReplaced",
+	"TestUDPClientFollowsARollingReplacement",
+	"TestUDPClientThatStartedBeforeTheFirstEndpointGetsAnswers",
+	"TestTCPConnectionsAreNotTouchedByConntrackCleanup",
+	"TestStatusAPIReportsSyncsEndpointsAndNewConnections",
+	"TestKpFlowsShowsTheConnectionsTheTestMade",
+	"TestHealthCheckNodePortReportsLocalEndpoints",
+	"TestMetricsEndpointHasUpstreamMetricsWithSensibleValues",
+	"TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks",
+}
+
+// vmCITests are the ones a plain run (CI's) takes from vmServiceTests:
+// under software emulation each world takes 1.5–3 minutes, the whole list
+// about 45. KP_VM_E2E=all runs the whole list.
+var vmCITests = []string{
+	"TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem",
+	"TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints",
+	"TestLoadBalancerAndExternalIPsWithSourceRanges",
+	"TestCleanupRemovesEveryKPRuleAndNothingElse",
+}
+
+// TestIPVSModeInTheVM boots the 6.1 kernel (test/vm) and runs the suite's
+// Service-feature tests there with KP_E2E_MODES=ipvs: the ipvs column of
+// the README's feature table.
+func TestIPVSModeInTheVM(t *testing.T) {
+	skipUnselected(t, modeIPVS)
+	t.Parallel() // the VM's CPU is mostly the host's second core
+	runModesInVM(t, "ipvs")
+}
+
+// TestPlatformMatrixInTheVM runs the other modes' columns on the VM's 6.1
+// kernel (the host runs them on its own): too slow under software
+// emulation for every CI run, so only with KP_VM_MATRIX=1.
+func TestPlatformMatrixInTheVM(t *testing.T) {
+	if os.Getenv("KP_VM_MATRIX") != "1" {
+		t.Skip("set KP_VM_MATRIX=1 to run nftables, iptables-nft and iptables-legacy on kernel 6.1 in the VM")
+	}
+	for _, m := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
+		t.Run(m, func(t *testing.T) { runModesInVM(t, m) })
+	}
+}
+
+// runModesInVM runs vmCITests (KP_VM_E2E=all: vmServiceTests; or the
+// pattern KP_VM_E2E_RUN) with KP_E2E_MODES=modes
+// in one boot. kp and the echo server are built here and run there
+// (KP_TEST_BINDIR).
+func runModesInVM(t *testing.T, modes string) {
+	if os.Getenv("KP_VM") == "1" {
+		t.Skip("already in the VM")
+	}
+	vm.Require(t)
+	// The binaries go to a folder of this test's: the guest's tests sweep
+	// netns.Build's folders as stale (their pid is the host's).
+	binDir := filepath.Join(t.TempDir(), "bin")
+	if err := os.Mkdir(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range []string{"./cmd/kp", "./test/echo"} {
+		p, err := netns.Build(pkg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(p)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(binDir, filepath.Base(p)), data, 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := vmCITests
+	if os.Getenv("KP_VM_E2E") == "all" {
+		tests = vmServiceTests
+	}
+	pattern := "^(" + strings.Join(tests, "|") + ")$"
+	if p := os.Getenv("KP_VM_E2E_RUN"); p != "" {
+		pattern = p
+	}
+	bin := vm.BuildTest(t, "./test/e2e")
+	wd, _ := os.Getwd()
+	start := time.Now()
+	out, err := vm.Run(t, vm.Options{Timeout: 40 * time.Minute, MemoryMiB: 3072, Dir: wd,
+		Env: []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}},
+		bin, "-test.v", "-test.count=1", "-test.timeout=38m", "-test.run", pattern)
+	t.Logf("the %s column in the VM: %v", modes, time.Since(start).Round(time.Second))
+	passed := regexp.MustCompile(`(?m)^\s*--- PASS: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
+	skipped := regexp.MustCompile(`(?m)^\s*--- SKIP: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
+	t.Logf("%s subtests: %d passed, %d skipped (unclaimed)", modes, len(passed), len(skipped))
+	if err != nil {
+		t.Fatalf("the e2e suite in %s mode in the VM: %v\n%s", modes, err, out)
+	}
+	if len(passed) == 0 {
+		t.Fatalf("no %s subtest passed:\n%s", modes, out)
+	}
+	if testing.Verbose() {
+		t.Log(out)
+	}
+}
