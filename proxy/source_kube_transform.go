@@ -100,14 +100,18 @@ func compactEndpointSlice(s *discovery.EndpointSlice) *discovery.EndpointSlice {
 	return c
 }
 
-// nodeLabels are the Node labels kp reads (topology).
-var nodeLabels = []string{v1.LabelTopologyZone}
+// nodeLabels are the Node labels kp reads (topology); nodeAnnotations the
+// mode a switch asks for (AnnotationProxyMode, kp migrate).
+var (
+	nodeLabels      = []string{v1.LabelTopologyZone}
+	nodeAnnotations = []string{AnnotationProxyMode}
+)
 
 // compactNode keeps the Node's addresses; not its images, conditions,
 // capacity or system information, which kubelets keep updating.
 func compactNode(n *v1.Node) *v1.Node {
 	return &v1.Node{
-		ObjectMeta: compactMeta(&n.ObjectMeta, nodeLabels, nil),
+		ObjectMeta: compactMeta(&n.ObjectMeta, nodeLabels, nodeAnnotations),
 		Status:     v1.NodeStatus{Addresses: n.Status.Addresses},
 	}
 }

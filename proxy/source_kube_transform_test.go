@@ -125,7 +125,8 @@ func TestTransformKeepsWhatKpReads(t *testing.T) {
 	}
 
 	node := &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a", "kubernetes.io/os": "linux"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a", "kubernetes.io/os": "linux"},
+			Annotations: map[string]string{AnnotationProxyMode: "iptables", "node.alpha.kubernetes.io/ttl": "0"}},
 		Status: v1.NodeStatus{
 			Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.1"}, {Type: v1.NodeExternalIP, Address: "2001:db8::1"}},
 			Images:    []v1.ContainerImage{{Names: []string{"registry.k8s.io/pause:3.10"}, SizeBytes: 320000}},
@@ -133,8 +134,9 @@ func TestTransformKeepsWhatKpReads(t *testing.T) {
 	}
 	wantNode, _ := nodeFrom("node-a", node)
 	gotNode, _ := nodeFrom("node-a", compactNode(node))
-	if !reflect.DeepEqual(gotNode.IPs, wantNode.IPs) || gotNode.Zone() != wantNode.Zone() || len(compactNode(node).Status.Images) != 0 {
-		t.Errorf("compacted Node converts to %+v, want the addresses and zone of %+v", gotNode, wantNode)
+	if !reflect.DeepEqual(gotNode.IPs, wantNode.IPs) || gotNode.Zone() != wantNode.Zone() || gotNode.ProxyMode != "iptables" ||
+		len(compactNode(node).Status.Images) != 0 {
+		t.Errorf("compacted Node converts to %+v, want the addresses, zone and requested mode of %+v", gotNode, wantNode)
 	}
 }
 
