@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 
@@ -91,7 +92,7 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			m = map[string]uint64{}
 			model.elements[set] = m
 		}
-		for _, k := range sortedKeys(want.elements[set]) {
+		for _, k := range elementOrder(want.elements[set]) {
 			e := want.elements[set][k]
 			d := e.digest()
 			cur, ok := m[k]
@@ -222,4 +223,17 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 		v.counters[name] = true
 	}
 	return v
+}
+
+// elementOrder lists a set's element ids by key, each interval's start
+// before its end (keyID puts every end after every start). The kernel's
+// interval sets (rbtree) take a batch's elements in that order, as the nft
+// CLI sends them; with the ends last, a second interval's start arriving
+// between the first's start and end made it refuse the batch (EEXIST).
+func elementOrder(m map[string]Element) []string {
+	ks := sortedKeys(m)
+	slices.SortStableFunc(ks, func(a, b string) int {
+		return cmp.Or(strings.Compare(string(keyBytes(a)), string(keyBytes(b))), cmp.Compare(a[0], b[0]))
+	})
+	return ks
 }

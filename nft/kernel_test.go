@@ -390,3 +390,22 @@ func requireReloads(t *testing.T, listing string) {
 		t.Errorf("the listing does not reload to itself:\n--- kp wrote ---\n%s\n--- reloaded ---\n%s", listing, reloaded)
 	}
 }
+
+// A firewall set of several ranges, one of them a single address: its
+// elements once went to the kernel with every interval end after every
+// start, which the interval set refused (EEXIST), failing the whole sync.
+func TestKernelLoadBalancerWithSeveralSourceRangesLoads(t *testing.T) {
+	_, _, b := kernelBackend(t)
+	w := newWorld()
+	n := spName("e2e", "legacy", "http")
+	w.addService(n, "10.96.0.73", 80, 30080, "10.244.1.2:8080")
+	st := w.state()
+	sp := st.Services[n]
+	sp.Type = v1.ServiceTypeLoadBalancer
+	sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("10.96.200.3")}
+	sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("10.96.201.3")}
+	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.129.2.2/32"), netip.MustParsePrefix("10.255.1.7/24")}
+	if err := b.Sync(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+}
