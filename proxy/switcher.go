@@ -59,6 +59,11 @@ type Switcher struct {
 	cur       Backend
 	curTarget Target
 	synced    bool
+	// failed: the last sync of the current backend failed; full: for a
+	// backend that cannot say (FullSyncReporter), whether its last sync
+	// counts as full, by the sync loop's own rule: the first, and the one
+	// after a failure.
+	failed, full bool
 	// annotation is the last kpproxy.io/proxy-mode value acted on.
 	annotation string
 	pending    *switchRequest
@@ -118,12 +123,27 @@ func (s *Switcher) EndpointCounters(st *State) (map[EndpointRef]EndpointCounter,
 	return nil, nil
 }
 
-// LastSyncFull asks the current backend; a backend that cannot say counts
-// as partial.
+// LastSyncFull asks the current backend; for a backend that cannot say,
+// the first sync and the one after a failure are full, as without a
+// Switcher.
 func (s *Switcher) LastSyncFull() bool {
 	b, _ := s.Current()
-	r, ok := b.(FullSyncReporter)
-	return ok && r.LastSyncFull()
+	if r, ok := b.(FullSyncReporter); ok {
+		return r.LastSyncFull()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.full
+}
+
+// noteSync records the outcome of a sync of the current backend.
+func (s *Switcher) noteSync(first bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		s.full = first || s.failed
+	}
+	s.failed = err != nil
 }
 
 // Shutdown drains the current backend when it proxies connections itself.
@@ -213,7 +233,9 @@ func (s *Switcher) Sync(ctx context.Context, st *State) error {
 		return s.firstSync(ctx, st, req)
 	}
 	cur, _ := s.Current()
-	if err := cur.Sync(ctx, st); err != nil {
+	err := cur.Sync(ctx, st)
+	s.noteSync(false, err)
+	if err != nil {
 		s.putBack(req)
 		return err
 	}
@@ -260,13 +282,15 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 			cur, curT = b, t
 		}
 	}
-	if err := cur.Sync(ctx, st); err != nil {
+	err := cur.Sync(ctx, st)
+	s.noteSync(true, err)
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.synced = true
 	s.mu.Unlock()
-	err := s.cfg.Retire(ctx, curT, st)
+	err = s.cfg.Retire(ctx, curT, st)
 	if err != nil {
 		s.cfg.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
 	}

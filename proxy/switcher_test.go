@@ -151,3 +151,40 @@ func TestSwitcherRemovesRulesThatShadowTheRunningModeThenVerifiesAgain(t *testin
 		t.Errorf("phase %s: %s", m.Phase, m.Error)
 	}
 }
+
+// failingBackend fails its syncs while fail is set.
+type failingBackend struct {
+	recBackend
+	fail bool
+}
+
+func (b *failingBackend) Sync(ctx context.Context, st *State) error {
+	if b.fail {
+		return errors.New("refused")
+	}
+	return b.recBackend.Sync(ctx, st)
+}
+
+func TestSwitcherCountsTheFirstSyncAndTheOneAfterAFailureFullForABackendThatCannotSay(t *testing.T) {
+	var log []string
+	b := &failingBackend{recBackend: recBackend{mode: ModeUserspace, log: &log}}
+	s := NewSwitcher(SwitcherConfig{Initial: b, InitialTarget: Target{Mode: ModeUserspace},
+		Retire: func(context.Context, Target, *State) error { return nil }})
+	ctx, st := context.Background(), &State{}
+	var got []bool
+	sync := func() {
+		if err := s.Sync(ctx, st); err == nil {
+			got = append(got, s.LastSyncFull())
+		}
+	}
+	sync()
+	sync()
+	b.fail = true
+	sync()
+	b.fail = false
+	sync()
+	sync()
+	if want := []bool{true, false, true, false}; !slices.Equal(got, want) {
+		t.Errorf("full after each successful sync = %v, want %v", got, want)
+	}
+}
