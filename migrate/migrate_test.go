@@ -199,3 +199,25 @@ var counters = regexp.MustCompile(`(?m)^#.*$|\[\d+:\d+\]`)
 
 // normalise drops iptables-save's comments (dates) and counters.
 func normalise(s string) string { return strings.TrimSpace(counters.ReplaceAllString(s, "")) }
+
+func TestTakeOverInIPVSModeKeepsTheNodePortVirtualServersKpServesToo(t *testing.T) {
+	for _, tc := range []struct {
+		mode proxy.Mode
+		want int
+	}{{proxy.ModeNFTables, 1}, {proxy.ModeIPVS, 0}} {
+		var got []NodePort
+		to := &TakeOver{Mode: tc.mode, Log: slog.New(slog.DiscardHandler), NodePorts: []NodePort{{Protocol: 6, Port: 30080}},
+			kubeProxyIPTables: func(context.Context, bool) ([]IPTablesFound, error) { return nil, nil },
+			kubeProxyNFTables: func(bool) ([]NFTablesFound, error) { return nil, nil },
+			kubeProxyIPVS: func(_ context.Context, _ bool, ps []NodePort) (IPVSFound, error) {
+				got = ps
+				return IPVSFound{}, nil
+			}}
+		if err := to.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != tc.want {
+			t.Errorf("running %s: kube-proxy's NodePort virtual servers to remove %v, want %d", tc.mode, got, tc.want)
+		}
+	}
+}

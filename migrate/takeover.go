@@ -68,7 +68,14 @@ func (t *TakeOver) Run(ctx context.Context) error {
 		}
 	}
 	// After the iptables rules: an ipset a rule references cannot go.
-	ipvsFound, err := vs(ctx, true, t.NodePorts)
+	// kube-proxy's NodePort virtual servers sit on the node's own addresses,
+	// where kp's ipvs mode serves the same NodePorts: running that mode, kp
+	// keeps them (its sync rewrites them as its own) and removes the rest.
+	nodePorts := t.NodePorts
+	if t.Mode == proxy.ModeIPVS {
+		nodePorts = nil
+	}
+	ipvsFound, err := vs(ctx, true, nodePorts)
 	if err != nil {
 		errs = append(errs, err)
 	}
