@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,7 +122,7 @@ spec:
 	ft.cleanups = nil
 
 	for _, pid := range pids {
-		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+		if running(pid) {
 			t.Errorf("process %d of the node survived", pid)
 		}
 	}
@@ -178,4 +179,17 @@ func equal(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// running reports whether pid is a live process: not gone, and not a
+// zombie that has died but waits for its parent (a shim's children are
+// reparented when the shim dies, and reaped a moment later) to reap it.
+func running(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
