@@ -535,6 +535,15 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 			}
 			return nil
 		})
+		// The file's EndpointSlice and Service may go in two syncs: with the
+		// first, the ClusterIP already refuses (no endpoints) while its
+		// rules are there; the second must remove every one of them.
+		e.eventually("deleted: its rules are gone", 15*time.Second, func() error {
+			if out := e.rules(); strings.Contains(out, "e2e/web") || strings.Contains(out, "10.96.0.10") {
+				return fmt.Errorf("the ruleset still holds e2e/web or 10.96.0.10")
+			}
+			return nil
+		})
 		lacks("deleted", "e2e/web", "10.96.0.10")
 		svc.ClusterIPs = []string{"10.96.0.12"}
 		e.write("web.yaml", svc)
