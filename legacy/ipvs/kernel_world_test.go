@@ -76,31 +76,17 @@ func newKWorld(t *testing.T, pods int) *kworld {
 
 // serve answers every line on every connection to ns's TCP 8080 with name.
 func (w *kworld) serve(ns, name string) {
-	var l net.Listener
-	if err := netns.InNamespace(ns, func() (err error) { l, err = net.Listen("tcp4", ":8080"); return err }); err != nil {
-		w.t.Fatal(err)
-	}
-	w.t.Cleanup(func() { l.Close() })
-	go func() {
+	netns.Serve(w.t, ns, "0.0.0.0:8080", func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := l.Accept()
-			if err != nil {
+			if _, err := r.ReadString('\n'); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					if _, err := r.ReadString('\n'); err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(name + "\n")); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := c.Write([]byte(name + "\n")); err != nil {
+				return
+			}
 		}
-	}()
+	})
 }
 
 // conn is an open client connection to a Service.

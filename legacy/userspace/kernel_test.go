@@ -292,32 +292,15 @@ func TestKernelFailedDialIsRetriedOnTheNextEndpoint(t *testing.T) {
 // gets the last answer.
 func serveInPod(t *testing.T, ns string, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.InNamespace(ns, func() (err error) {
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				sc := bufio.NewScanner(c)
-				n := 0
-				for sc.Scan() {
-					n++
-					fmt.Fprintf(c, "echo: %s\n", sc.Text())
-				}
-				fmt.Fprintf(c, "bye %d\n", n)
-			}()
+	netns.Serve(t, ns, fmt.Sprintf(":%d", port), func(c net.Conn) {
+		sc := bufio.NewScanner(c)
+		n := 0
+		for sc.Scan() {
+			n++
+			fmt.Fprintf(c, "echo: %s\n", sc.Text())
 		}
-	}()
+		fmt.Fprintf(c, "bye %d\n", n)
+	})
 }
 
 func TestKernelHalfCloseAndOpenConnectionsSurviveEndpointRemoval(t *testing.T) {

@@ -31,27 +31,10 @@ const (
 // startSink runs the sink in namespace ns until the test ends.
 func startSink(t *testing.T, ns string) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.InNamespace(ns, func() (err error) {
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", sinkPort))
-		return err
-	}); err != nil {
-		t.Fatalf("bulk sink in %s: %v", ns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				n, _ := io.Copy(io.Discard, c)
-				fmt.Fprintf(c, "%d\n", n)
-			}()
-		}
-	}()
+	netns.Serve(t, ns, fmt.Sprintf(":%d", sinkPort), func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", n)
+	})
 }
 
 // pointBulk creates Service bulk (once) and points its endpoints at the

@@ -34,32 +34,18 @@ type traffic struct {
 // echo server answers once and closes).
 func streamServer(t *testing.T, p *netns.Pod) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.InNamespace(p.NS, func() (err error) { ln, err = net.Listen("tcp", ":9090"); return err }); err != nil {
-		t.Fatalf("stream server in %s: %v", p.Name, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	netns.Serve(t, p.NS, ":9090", func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "%s %s", p.Name, line); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := fmt.Fprintf(c, "%s %s", p.Name, line); err != nil {
+				return
+			}
 		}
-	}()
+	})
 }
 
 // startTraffic starts the loops from namespace ns: new connections to each
