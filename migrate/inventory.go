@@ -83,7 +83,7 @@ func Inventory(ctx context.Context) ([]Found, error) {
 	}
 	// NodePort virtual servers are counted when the take-over removes
 	// them (it knows the NodePorts); the plan counts those on kube-ipvs0.
-	if v, err := KubeProxyIPVS(ctx, false, nil); err == nil && !v.empty() {
+	if v, err := KubeProxyIPVS(ctx, FindOnly, nil); err == nil && !v.empty() {
 		f := Found{Owner: "kube-proxy", Mode: "ipvs", Where: "ipvs", VirtualServers: v.VirtualServers, Elements: 0}
 		if v.Interface {
 			f.Where = "ipvs, interface " + kubeIPVSInterface

@@ -85,7 +85,7 @@ iptables-nft -t nat -A KUBE-SERVICES -m comment --comment "Kubernetes service cl
 		if _, err := KubeProxyIPTables(ctx, true); err != nil {
 			return err
 		}
-		if found, err = KubeProxyIPVS(ctx, true, []NodePort{{Protocol: syscall.IPPROTO_TCP, Port: 30080}}); err != nil {
+		if found, err = KubeProxyIPVS(ctx, RemoveAll, []NodePort{{Protocol: syscall.IPPROTO_TCP, Port: 30080}}); err != nil {
 			return err
 		}
 		svcs, err := h.GetServices()
@@ -95,7 +95,7 @@ iptables-nft -t nat -A KUBE-SERVICES -m comment --comment "Kubernetes service cl
 		for _, s := range svcs {
 			left = append(left, net.JoinHostPort(s.Address.String(), strconv.Itoa(int(s.Port))))
 		}
-		again, err = KubeProxyIPVS(ctx, true, nil)
+		again, err = KubeProxyIPVS(ctx, RemoveAll, nil)
 		return err
 	})
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
+
+	kpipvs "github.com/kpproxy/kp/legacy/ipvs"
 )
 
 // kubeIPVSInterface is the dummy interface upstream kube-proxy's ipvs mode
@@ -20,7 +22,8 @@ import (
 const kubeIPVSInterface = "kube-ipvs0"
 
 // kubeProxyIPSets are the ipsets upstream kube-proxy's ipvs mode creates
-// (v1.36); its IPv6 sets carry the same names after "KUBE-6-".
+// (v1.36); its IPv6 sets carry the same names after "KUBE-6-", cut to
+// ipset's 31 characters (KUBE-6-NODE-PORT-LOCAL-SCTP-HAS).
 var kubeProxyIPSets = map[string]bool{
 	"KUBE-LOOP-BACK": true, "KUBE-CLUSTER-IP": true, "KUBE-EXTERNAL-IP": true, "KUBE-EXTERNAL-IP-LOCAL": true,
 	"KUBE-LOAD-BALANCER": true, "KUBE-LOAD-BALANCER-LOCAL": true, "KUBE-LOAD-BALANCER-FW": true,
@@ -31,8 +34,26 @@ var kubeProxyIPSets = map[string]bool{
 }
 
 func isKubeProxyIPSet(name string) bool {
-	return kubeProxyIPSets[name] || kubeProxyIPSets["KUBE-"+strings.TrimPrefix(name, "KUBE-6-")]
+	if kubeProxyIPSets[name] {
+		return true
+	}
+	if !strings.HasPrefix(name, "KUBE-6-") {
+		return false
+	}
+	for s := range kubeProxyIPSets {
+		v6 := "KUBE-6-" + strings.TrimPrefix(s, "KUBE-")
+		if len(v6) > ipsetMaxName {
+			v6 = v6[:ipsetMaxName]
+		}
+		if v6 == name {
+			return true
+		}
+	}
+	return false
 }
+
+// ipsetMaxName is the longest name an ipset may have.
+const ipsetMaxName = 31
 
 // NodePort is a Service's NodePort, which kube-proxy's ipvs mode serves
 // with a virtual server on each node address.
@@ -41,11 +62,30 @@ type NodePort struct {
 	Port     uint16
 }
 
+// Removal is what KubeProxyIPVS removes of what it finds.
+type Removal int
+
+const (
+	// FindOnly removes nothing.
+	FindOnly Removal = iota
+	// RemoveAll removes everything.
+	RemoveAll
+	// RemoveIdle keeps the virtual servers with established connections,
+	// their addresses on kube-ipvs0 and the ipsets, for a later call:
+	// IPVS takes a connection's packets in the INPUT hook, so only while
+	// its Service address is local, and drops those of a real server it
+	// no longer has.
+	RemoveIdle
+)
+
 // IPVSFound is what kube-proxy's ipvs mode left.
 type IPVSFound struct {
 	Interface      bool // kube-ipvs0
 	VirtualServers int
-	IPSets         []string
+	// Kept counts the virtual servers RemoveIdle left for their
+	// connections.
+	Kept   int
+	IPSets []string
 	// Skipped says why IPVS was not looked at (no IPVS in this kernel).
 	Skipped string
 }
@@ -54,19 +94,24 @@ func (f IPVSFound) String() string {
 	if f.Skipped != "" {
 		return "ipvs: skipped (" + f.Skipped + ")"
 	}
-	return fmt.Sprintf("ipvs: interface %s %v, %d virtual servers, ipsets %v", kubeIPVSInterface, f.Interface, f.VirtualServers, f.IPSets)
+	s := fmt.Sprintf("ipvs: interface %s %v, %d virtual servers, ipsets %v", kubeIPVSInterface, f.Interface, f.VirtualServers, f.IPSets)
+	if f.Kept > 0 {
+		s += fmt.Sprintf(" (%d virtual servers kept while their established connections last)", f.Kept)
+	}
+	return s
 }
 
 func (f IPVSFound) empty() bool { return !f.Interface && f.VirtualServers == 0 && len(f.IPSets) == 0 }
 
 // KubeProxyIPVS finds what upstream kube-proxy's ipvs mode left in the
-// calling thread's network namespace and, when remove is set, removes it:
+// calling thread's network namespace and removes it as how says:
 // the virtual servers it owned (those on an address of kube-ipvs0, and
 // those on another local address whose port is one of nodePorts), then
 // kube-ipvs0, then its ipsets (run it after KubeProxyIPTables: an ipset an
 // iptables rule still references cannot be destroyed). Another program's
 // virtual servers and ipsets stay; upstream's own cleanup flushes them all.
-func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVSFound, error) {
+func KubeProxyIPVS(ctx context.Context, how Removal, nodePorts []NodePort) (IPVSFound, error) {
+	remove := how != FindOnly
 	var found IPVSFound
 	var errs []error
 	link, err := netlink.LinkByName(kubeIPVSInterface)
@@ -74,6 +119,7 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 		errs = append(errs, fmt.Errorf("look up %s: %w", kubeIPVSInterface, err))
 	}
 	bound := map[netip.Addr]bool{}
+	var linkAddrs []netlink.Addr
 	if link != nil {
 		found.Interface = true
 		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
@@ -85,7 +131,9 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 				bound[ip.Unmap()] = true
 			}
 		}
+		linkAddrs = addrs
 	}
+	kept := map[netip.Addr]bool{}
 	local, err := localAddrs()
 	if err != nil {
 		errs = append(errs, err)
@@ -114,6 +162,11 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 				continue
 			}
 			found.VirtualServers++
+			if how == RemoveIdle && kpipvs.ActiveConnections(h, s) > 0 {
+				found.Kept++
+				kept[ip] = true
+				continue
+			}
 			if remove {
 				if err := h.DelService(s); err != nil {
 					errs = append(errs, fmt.Errorf("delete IPVS virtual server %s:%d: %w", ip, s.Port, err))
@@ -121,7 +174,16 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 			}
 		}
 	}
-	if link != nil && remove {
+	switch {
+	case link != nil && remove && found.Kept > 0:
+		for _, a := range linkAddrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && !kept[ip.Unmap()] {
+				if err := netlink.AddrDel(link, &a); err != nil {
+					errs = append(errs, fmt.Errorf("delete %s from %s: %w", ip, kubeIPVSInterface, err))
+				}
+			}
+		}
+	case link != nil && remove:
 		if err := netlink.LinkDel(link); err != nil {
 			errs = append(errs, fmt.Errorf("delete %s: %w", kubeIPVSInterface, err))
 		}
@@ -135,7 +197,7 @@ func KubeProxyIPVS(ctx context.Context, remove bool, nodePorts []NodePort) (IPVS
 			continue
 		}
 		found.IPSets = append(found.IPSets, name)
-		if remove {
+		if remove && found.Kept == 0 {
 			if out, err := exec.CommandContext(ctx, "ipset", "destroy", name).CombinedOutput(); err != nil {
 				errs = append(errs, fmt.Errorf("ipset destroy %s: %v: %s", name, err, strings.TrimSpace(string(out))))
 			}

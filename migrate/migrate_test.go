@@ -171,15 +171,18 @@ table ip foreign {
 func TestTakeOverRunsOnceAfterTheFirstSyncAndSparesTheRunningMode(t *testing.T) {
 	var calls []string
 	to := &TakeOver{Mode: proxy.ModeNFTables, Log: slog.New(slog.DiscardHandler),
-		Others: map[proxy.Mode]func(context.Context) error{
-			proxy.ModeNFTables: func(context.Context) error { calls = append(calls, "nftables"); return nil },
-			proxy.ModeIPTables: func(context.Context) error { calls = append(calls, "iptables"); return errors.New("boom") },
+		Others: map[proxy.Mode]func(context.Context, bool) (int, error){
+			proxy.ModeNFTables: func(context.Context, bool) (int, error) { calls = append(calls, "nftables"); return 0, nil },
+			proxy.ModeIPTables: func(context.Context, bool) (int, error) {
+				calls = append(calls, "iptables")
+				return 0, errors.New("boom")
+			},
 		},
 		kubeProxyIPTables: func(_ context.Context, remove bool) ([]IPTablesFound, error) {
 			calls = append(calls, "kube-proxy iptables")
 			return nil, nil
 		},
-		kubeProxyIPVS: func(context.Context, bool, []NodePort) (IPVSFound, error) {
+		kubeProxyIPVS: func(context.Context, Removal, []NodePort) (IPVSFound, error) {
 			calls = append(calls, "kube-proxy ipvs")
 			return IPVSFound{}, nil
 		},
@@ -209,15 +212,72 @@ func TestTakeOverInIPVSModeKeepsTheNodePortVirtualServersKpServesToo(t *testing.
 		to := &TakeOver{Mode: tc.mode, Log: slog.New(slog.DiscardHandler), NodePorts: []NodePort{{Protocol: 6, Port: 30080}},
 			kubeProxyIPTables: func(context.Context, bool) ([]IPTablesFound, error) { return nil, nil },
 			kubeProxyNFTables: func(bool) ([]NFTablesFound, error) { return nil, nil },
-			kubeProxyIPVS: func(_ context.Context, _ bool, ps []NodePort) (IPVSFound, error) {
+			kubeProxyIPVS: func(_ context.Context, _ Removal, ps []NodePort) (IPVSFound, error) {
 				got = ps
 				return IPVSFound{}, nil
 			}}
-		if err := to.Run(context.Background()); err != nil {
+		if _, err := to.Run(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		if len(got) != tc.want {
 			t.Errorf("running %s: kube-proxy's NodePort virtual servers to remove %v, want %d", tc.mode, got, tc.want)
+		}
+	}
+}
+
+// With KeepActive, kube-proxy's ipvs leftovers and kp's ipvs mode keep what
+// carries established connections, and Run sums what they kept; without it
+// everything goes.
+func TestTakeOverKeepsIPVSStateWithConnectionsOnlyWhenAsked(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		var how Removal
+		var othersKeep bool
+		to := &TakeOver{Mode: proxy.ModeNFTables, Log: slog.New(slog.DiscardHandler), KeepActive: keep,
+			Others: map[proxy.Mode]func(context.Context, bool) (int, error){
+				proxy.ModeIPVS: func(_ context.Context, k bool) (int, error) {
+					othersKeep = k
+					if k {
+						return 2, nil
+					}
+					return 0, nil
+				},
+			},
+			kubeProxyIPTables: func(context.Context, bool) ([]IPTablesFound, error) { return nil, nil },
+			kubeProxyNFTables: func(bool) ([]NFTablesFound, error) { return nil, nil },
+			kubeProxyIPVS: func(_ context.Context, h Removal, _ []NodePort) (IPVSFound, error) {
+				how = h
+				if h == RemoveIdle {
+					return IPVSFound{VirtualServers: 3, Kept: 1}, nil
+				}
+				return IPVSFound{VirtualServers: 3}, nil
+			}}
+		kept, err := to.Run(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantHow, wantKept := RemoveAll, 0
+		if keep {
+			wantHow, wantKept = RemoveIdle, 3
+		}
+		if how != wantHow || othersKeep != keep || kept != wantKept {
+			t.Errorf("KeepActive %v: kube-proxy's removal %v, kp's ipvs mode keeping %v, kept %d; want %v, %v, %d",
+				keep, how, othersKeep, kept, wantHow, keep, wantKept)
+		}
+	}
+}
+
+func TestKubeProxyIPSetsAreKnownByTheirIPv6NamesCutTo31Characters(t *testing.T) {
+	for name, want := range map[string]bool{
+		"KUBE-CLUSTER-IP":                  true,
+		"KUBE-6-CLUSTER-IP":                true,
+		"KUBE-6-NODE-PORT-LOCAL-SCTP-HAS":  true, // KUBE-6-NODE-PORT-LOCAL-SCTP-HASH, cut
+		"KUBE-6-LOAD-BALANCER-SOURCE-CID":  true,
+		"KUBE-6-NODE-PORT-LOCAL-SCTP-HASH": false, // ipset has no such name
+		"KUBE-6-MINE":                      false,
+		"KP-CLUSTER-IP":                    false,
+	} {
+		if got := isKubeProxyIPSet(name); got != want {
+			t.Errorf("isKubeProxyIPSet(%q) = %v, want %v", name, got, want)
 		}
 	}
 }

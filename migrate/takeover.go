@@ -18,9 +18,15 @@ import (
 type TakeOver struct {
 	// Mode is the mode kp runs; its rules stay.
 	Mode proxy.Mode
-	// Others clean up kp's other modes, by mode.
-	Others map[proxy.Mode]func(context.Context) error
+	// Others clean up kp's other modes, by mode; with keepActive, a mode
+	// whose state carries established connections (the ipvs mode's
+	// virtual servers) keeps that part and says how much it kept.
+	Others map[proxy.Mode]func(ctx context.Context, keepActive bool) (kept int, err error)
 	Log    *slog.Logger
+	// KeepActive keeps the IPVS virtual servers, kp's or kube-proxy's,
+	// that still carry established connections (see RemoveIdle); Run
+	// reports them, and a later Run removes them once they are idle.
+	KeepActive bool
 
 	// NodePorts are the Services' NodePorts: kube-proxy's ipvs-mode
 	// virtual servers on node addresses are recognised by them.
@@ -28,7 +34,7 @@ type TakeOver struct {
 	// kubeProxyIPTables, kubeProxyIPVS and kubeProxyNFTables are the
 	// finders (tests replace them).
 	kubeProxyIPTables func(ctx context.Context, remove bool) ([]IPTablesFound, error)
-	kubeProxyIPVS     func(ctx context.Context, remove bool, nodePorts []NodePort) (IPVSFound, error)
+	kubeProxyIPVS     func(ctx context.Context, how Removal, nodePorts []NodePort) (IPVSFound, error)
 	kubeProxyNFTables func(remove bool) ([]NFTablesFound, error)
 
 	once sync.Once
@@ -38,14 +44,15 @@ type TakeOver struct {
 // do nothing.
 func (t *TakeOver) Synced(ctx context.Context, _, _ *proxy.State) {
 	t.once.Do(func() {
-		if err := t.Run(ctx); err != nil {
+		if _, err := t.Run(ctx); err != nil {
 			t.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
 		}
 	})
 }
 
-// Run removes the leftovers now and logs what it removed.
-func (t *TakeOver) Run(ctx context.Context) error {
+// Run removes the leftovers now and logs what it removed. It returns how
+// many IPVS virtual servers it kept for their connections (KeepActive).
+func (t *TakeOver) Run(ctx context.Context) (kept int, err error) {
 	ipt, nft := t.kubeProxyIPTables, t.kubeProxyNFTables
 	if ipt == nil {
 		ipt = KubeProxyIPTables
@@ -75,10 +82,17 @@ func (t *TakeOver) Run(ctx context.Context) error {
 	if t.Mode == proxy.ModeIPVS {
 		nodePorts = nil
 	}
-	ipvsFound, err := vs(ctx, true, nodePorts)
+	// Running the ipvs mode, kp's own virtual servers took over
+	// kube-proxy's: nothing is kept for connections.
+	how := RemoveAll
+	if t.KeepActive && t.Mode != proxy.ModeIPVS {
+		how = RemoveIdle
+	}
+	ipvsFound, err := vs(ctx, how, nodePorts)
 	if err != nil {
 		errs = append(errs, err)
 	}
+	kept = ipvsFound.Kept
 	if !ipvsFound.empty() && ipvsFound.Skipped == "" {
 		t.Log.Info("removed kube-proxy's ipvs-mode leftovers", "where", ipvsFound.String())
 	}
@@ -93,9 +107,11 @@ func (t *TakeOver) Run(ctx context.Context) error {
 		if m == t.Mode {
 			continue
 		}
-		if err := cleanup(ctx); err != nil {
+		n, err := cleanup(ctx, t.KeepActive)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("remove kp's %s-mode rules: %w", m, err))
 		}
+		kept += n
 	}
-	return errors.Join(errs...)
+	return kept, errors.Join(errs...)
 }

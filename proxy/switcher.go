@@ -24,8 +24,10 @@ type SwitcherConfig struct {
 	// Retire removes what else programs the node's Services besides the
 	// running target's rules: kp's other modes and upstream kube-proxy's
 	// leftovers. It runs after the first successful sync and after every
-	// switch.
-	Retire func(ctx context.Context, running Target, st *State) error
+	// switch. With keepActive, it keeps the old mode's state that still
+	// carries established connections (IPVS virtual servers) and returns
+	// how much it kept; the Switcher runs it again at later syncs.
+	Retire func(ctx context.Context, running Target, st *State, keepActive bool) (kept int, err error)
 	// Verify proves that b carries every Service of st; nil is
 	// VerifyServices with real sockets.
 	Verify func(ctx context.Context, st *State, b Backend) (*statusapi.Verification, error)
@@ -36,7 +38,8 @@ type SwitcherConfig struct {
 	// it as an Event on its Node).
 	Finished func(m statusapi.Migration)
 	// Drain bounds how long an old mode that proxies connections itself
-	// (userspace) keeps serving its open connections after a switch.
+	// (userspace) keeps serving its open connections after a switch, and
+	// how long Retire keeps state for established connections.
 	Drain time.Duration
 	Log   *slog.Logger
 	Clock clock.PassiveClock
@@ -69,6 +72,12 @@ type Switcher struct {
 	pending    *switchRequest
 	progress   *statusapi.Migration
 	nextID     uint64
+	// keepUntil ends the drain bound of the last change of mode; kept is
+	// what the last Retire kept for connections, looked at again from
+	// nextRetire (switcher_retire.go).
+	keepUntil  time.Time
+	kept       int
+	nextRetire time.Time
 }
 
 type switchRequest struct {
@@ -241,6 +250,8 @@ func (s *Switcher) Sync(ctx context.Context, st *State) error {
 	}
 	if req != nil {
 		s.migrate(ctx, st, req)
+	} else {
+		s.retireKept(ctx, st)
 	}
 	return nil
 }
@@ -290,13 +301,14 @@ func (s *Switcher) firstSync(ctx context.Context, st *State, req *switchRequest)
 	s.mu.Lock()
 	s.synced = true
 	s.mu.Unlock()
-	err = s.cfg.Retire(ctx, curT, st)
+	s.startDrain()
+	err = s.retire(ctx, curT, st)
 	if err != nil {
 		s.cfg.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
 	}
 	if req != nil && s.running(p) {
 		end := s.step(p, "remove")
-		end("removed other modes' and kube-proxy's rules", err)
+		end("removed other modes' and kube-proxy's rules"+s.keptNote(), err)
 		s.finish(p, err)
 	}
 	return nil
@@ -343,7 +355,7 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		end(fmt.Sprintf("not proven yet, rules written after kp's come first in the nat hooks: %v", err), nil)
 		log.Warn("migration: kp's rules are shadowed by rules written after them; removing those and verifying again", "err", err)
 		end = s.step(p, "remove")
-		rerr := s.cfg.Retire(ctx, nt, st)
+		rerr := s.retire(ctx, nt, st)
 		end("removed the rules that came first (kp's other modes, kube-proxy's)", rerr)
 		end = s.step(p, "verify")
 		v, err = s.verify(ctx, st, nb, nt, p)
@@ -362,13 +374,14 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 
 	if !same {
 		s.swap(nb, nt)
+		s.startDrain()
 	}
 	end = s.step(p, "remove")
-	err = s.cfg.Retire(ctx, nt, st)
+	err = s.retire(ctx, nt, st)
 	if !same {
 		s.drain(old, log)
 	}
-	end(fmt.Sprintf("removed every rule but %s's (kp's other modes, kube-proxy's)", nt), err)
+	end(fmt.Sprintf("removed every rule but %s's (kp's other modes, kube-proxy's)%s", nt, s.keptNote()), err)
 	if err != nil {
 		err = fmt.Errorf("remove the old rules: %w (%s serves; re-run to retry)", err, nt)
 	}

@@ -61,6 +61,7 @@ func (s *Switcher) step(p *statusapi.Migration, name string) func(detail string,
 func (s *Switcher) finish(p *statusapi.Migration, err error) {
 	s.mu.Lock()
 	p.Ended = s.cfg.Clock.Now()
+	p.KeptForConnections = s.kept
 	p.Phase = statusapi.MigrationSucceeded
 	if err != nil {
 		p.Phase, p.Error = statusapi.MigrationFailed, err.Error()

@@ -3,8 +3,13 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
@@ -34,9 +39,9 @@ func newTestSwitcher(log *[]string, verifyErr error) *Switcher {
 			*log = append(*log, "build "+t.String())
 			return &recBackend{mode: t.Mode, log: log}, t, nil
 		},
-		Retire: func(_ context.Context, running Target, _ *State) error {
+		Retire: func(_ context.Context, running Target, _ *State, _ bool) (int, error) {
 			*log = append(*log, "retire all but "+running.String())
-			return nil
+			return 0, nil
 		},
 		Verify: func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
 			*log = append(*log, "verify "+string(b.Mode()))
@@ -169,7 +174,7 @@ func TestSwitcherCountsTheFirstSyncAndTheOneAfterAFailureFullForABackendThatCann
 	var log []string
 	b := &failingBackend{recBackend: recBackend{mode: ModeUserspace, log: &log}}
 	s := NewSwitcher(SwitcherConfig{Initial: b, InitialTarget: Target{Mode: ModeUserspace},
-		Retire: func(context.Context, Target, *State) error { return nil }})
+		Retire: func(context.Context, Target, *State, bool) (int, error) { return 0, nil }})
 	ctx, st := context.Background(), &State{}
 	var got []bool
 	sync := func() {
@@ -186,5 +191,56 @@ func TestSwitcherCountsTheFirstSyncAndTheOneAfterAFailureFullForABackendThatCann
 	sync()
 	if want := []bool{true, false, true, false}; !slices.Equal(got, want) {
 		t.Errorf("full after each successful sync = %v, want %v", got, want)
+	}
+}
+
+// After a switch, what the old mode keeps for established connections
+// (IPVS virtual servers) is looked at again at later syncs, every
+// retireRetry, until nothing is kept; past the drain bound Retire is told
+// to keep nothing.
+func TestSwitcherRetiresWhatWasKeptForConnectionsAtLaterSyncs(t *testing.T) {
+	var log []string
+	clk := testingclock.NewFakeClock(time.Unix(1000, 0))
+	active := 2 // the old mode's virtual servers with established connections
+	s := newTestSwitcher(&log, nil)
+	s.cfg.Clock, s.cfg.Drain = clk, time.Minute
+	s.cfg.Retire = func(_ context.Context, running Target, _ *State, keep bool) (int, error) {
+		log = append(log, fmt.Sprintf("retire all but %s keeping %v", running, keep))
+		if keep {
+			return active, nil
+		}
+		return 0, nil
+	}
+	ctx := context.Background()
+	sync := func() []string {
+		log = nil
+		if err := s.Sync(ctx, &State{}); err != nil {
+			t.Fatal(err)
+		}
+		return log
+	}
+	sync()
+	if _, err := s.Request(Target{Mode: ModeIPTables, IPTablesBackend: "nft"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sync()
+	if m := s.Migration(); m.Phase != statusapi.MigrationSucceeded || !strings.Contains(m.Steps[len(m.Steps)-1].Detail, "2 IPVS virtual servers kept") {
+		t.Errorf("migration %+v", m)
+	}
+	if got := sync(); !slices.Equal(got, []string{"iptables sync"}) {
+		t.Errorf("a sync before retireRetry: %q", got)
+	}
+	clk.Step(retireRetry)
+	active = 1
+	if got, want := sync(), []string{"iptables sync", "retire all but iptables-nft keeping true"}; !slices.Equal(got, want) {
+		t.Errorf("a sync after retireRetry: %q, want %q", got, want)
+	}
+	clk.Step(time.Minute) // past the drain bound
+	if got, want := sync(), []string{"iptables sync", "retire all but iptables-nft keeping false"}; !slices.Equal(got, want) {
+		t.Errorf("a sync past the drain bound: %q, want %q", got, want)
+	}
+	clk.Step(retireRetry)
+	if got := sync(); !slices.Equal(got, []string{"iptables sync"}) {
+		t.Errorf("a sync once nothing is kept: %q", got)
 	}
 }

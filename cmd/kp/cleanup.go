@@ -55,9 +55,22 @@ func (a *app) cleanup(ctx context.Context, cfg proxy.Config) error {
 
 // cleanupMode removes what mode m (a built one) ever wrote.
 func (a *app) cleanupMode(ctx context.Context, m proxy.Mode, cfg proxy.Config) error {
+	_, err := a.cleanupModeKeeping(ctx, m, cfg, false)
+	return err
+}
+
+// cleanupModeKeeping is cleanupMode after a switch: with keepActive, a mode
+// whose state carries established connections (ipvs) keeps that part and
+// returns how much it kept.
+func (a *app) cleanupModeKeeping(ctx context.Context, m proxy.Mode, cfg proxy.Config, keepActive bool) (int, error) {
 	b, err := a.backends[m](cfg, a.log)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return b.Cleanup(ctx)
+	if k, ok := b.(interface {
+		CleanupKeepingActive(context.Context) (int, error)
+	}); ok && keepActive {
+		return k.CleanupKeepingActive(ctx)
+	}
+	return 0, b.Cleanup(ctx)
 }

@@ -176,9 +176,15 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	printFound(a.stdout, left)
 	var stale []string
 	for _, f := range left {
-		if !f.Is("kp", target) {
+		// IPVS virtual servers that established connections still use
+		// stay until those end (kp removes them then).
+		if !f.Is("kp", target) && !(final.KeptForConnections > 0 && f.Mode == "ipvs") {
 			stale = append(stale, f.Owner+" "+f.Mode+" in "+f.Where)
 		}
+	}
+	if n := final.KeptForConnections; n > 0 {
+		fmt.Fprintf(a.stdout, "\n%d IPVS virtual servers stay while their established connections last (IPVS drops a\n"+
+			"connection's packets once its virtual server is gone); kp removes them when those connections end.\n", n)
 	}
 	if len(stale) > 0 {
 		return migrateError(node, "remove", fmt.Errorf("still on the node: %s (re-run to retry)", strings.Join(stale, "; ")))

@@ -41,11 +41,13 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 			}
 			return b, targetOf(b), nil
 		},
-		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State) error {
-			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, Others: map[proxy.Mode]func(context.Context) error{},
-				NodePorts: nodePorts(st)}
+		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State, keepActive bool) (int, error) {
+			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, NodePorts: nodePorts(st), KeepActive: keepActive,
+				Others: map[proxy.Mode]func(context.Context, bool) (int, error){}}
 			for m := range a.backends {
-				to.Others[m] = func(ctx context.Context) error { return a.cleanupMode(ctx, m, cfg) }
+				to.Others[m] = func(ctx context.Context, keepActive bool) (int, error) {
+					return a.cleanupModeKeeping(ctx, m, cfg, keepActive)
+				}
 			}
 			return to.Run(ctx)
 		},

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/moby/ipvs"
+
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -18,6 +20,24 @@ import (
 // jumps (both iptables backends and families), then kp's ipsets. On a
 // kernel without IPVS or ipset, their parts are skipped.
 func (b *Backend) Cleanup(ctx context.Context) error {
+	_, err := b.cleanup(ctx, false)
+	return err
+}
+
+// CleanupKeepingActive is Cleanup for a node that another mode now serves:
+// a virtual server with established connections stays, with its address
+// on kp-ipvs0, and so do kp's ipsets (which tell its NodePort virtual
+// servers apart); a later call removes them once those connections have
+// ended. IPVS takes a connection's packets in the INPUT hook, so only
+// while its Service address is local, and drops those of a real server it
+// no longer has: removing them at once would break every connection the
+// ipvs mode made, where conntrack carries the other modes' over. It
+// returns how many virtual servers stayed.
+func (b *Backend) CleanupKeepingActive(ctx context.Context) (int, error) {
+	return b.cleanup(ctx, true)
+}
+
+func (b *Backend) cleanup(ctx context.Context, keepActive bool) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.books = nil
@@ -36,12 +56,17 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	} else {
 		errs = append(errs, err)
 	}
-	if n, err := b.cleanupServers(sets, onDummy); err != nil {
+	n, kept, err := b.cleanupServers(sets, onDummy, keepActive)
+	if err != nil {
 		errs = append(errs, err)
-	} else if n > 0 {
+	}
+	if n > 0 {
 		b.log.Info("ipvs cleanup: removed virtual servers", "count", n)
 	}
-	if err := b.links.Delete(); err != nil {
+	if len(kept) > 0 {
+		b.log.Info("ipvs cleanup: virtual servers kept while their established connections last", "count", len(kept))
+	}
+	if err := b.cleanupDummy(onDummy, kept); err != nil {
 		errs = append(errs, err)
 	}
 	if b.cleanupChains != nil {
@@ -49,7 +74,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if haveIPSet && len(sets) > 0 {
+	if haveIPSet && len(sets) > 0 && len(kept) == 0 {
 		var in strings.Builder
 		for _, n := range allSetNames() {
 			if _, ok := sets[n]; ok {
@@ -60,17 +85,38 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("destroy kp's ipsets: %w", err))
 		}
 	}
+	return len(kept), errors.Join(errs...)
+}
+
+// cleanupDummy deletes kp-ipvs0, or, while virtual servers are kept, the
+// addresses none of them is on.
+func (b *Backend) cleanupDummy(onDummy []netip.Addr, kept []vsKey) error {
+	if len(kept) == 0 {
+		return b.links.Delete()
+	}
+	keep := map[netip.Addr]bool{}
+	for _, k := range kept {
+		keep[k.Addr] = true
+	}
+	var errs []error
+	for _, a := range onDummy {
+		if !keep[a] {
+			errs = append(errs, b.links.DelAddr(a))
+		}
+	}
 	return errors.Join(errs...)
 }
 
-func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr) (int, error) {
+// cleanupServers deletes kp's virtual servers, but, with keepActive, those
+// whose real servers hold established connections, which it returns.
+func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr, keepActive bool) (int, []vsKey, error) {
 	if b.handle == nil {
 		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-			return 0, nil // no IPVS: nothing of kp's there
+			return 0, nil, nil // no IPVS: nothing of kp's there
 		}
 		h, err := b.newHandle()
 		if err != nil {
-			return 0, fmt.Errorf("open IPVS: %w", err)
+			return 0, nil, fmt.Errorf("open IPVS: %w", err)
 		}
 		b.handle = h
 	}
@@ -88,13 +134,18 @@ func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr)
 	}
 	svcs, err := b.handle.GetServices()
 	if err != nil {
-		return 0, fmt.Errorf("list IPVS virtual servers: %w", err)
+		return 0, nil, fmt.Errorf("list IPVS virtual servers: %w", err)
 	}
 	n := 0
+	var kept []vsKey
 	var errs []error
 	for _, s := range svcs {
 		k, ok := kernelKey(s)
 		if !ok || !(owned[k] || dummy[k.Addr]) {
+			continue
+		}
+		if keepActive && ActiveConnections(b.handle, s) > 0 {
+			kept = append(kept, k)
 			continue
 		}
 		if err := b.handle.DelService(s); err != nil {
@@ -103,7 +154,21 @@ func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr)
 		}
 		n++
 	}
-	return n, errors.Join(errs...)
+	return n, kept, errors.Join(errs...)
+}
+
+// ActiveConnections counts s's established connections over its real
+// servers (an unreadable list counts as none).
+func ActiveConnections(h Handle, s *ipvs.Service) int {
+	ds, err := h.GetDestinations(s)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, d := range ds {
+		n += d.ActiveConnections
+	}
+	return n
 }
 
 // defaultCleanupChains removes the KP-IPVS- chains from both iptables

@@ -217,6 +217,10 @@ type Migration struct {
 	Ended   time.Time       `json:"ended,omitempty"`
 	// Verification is what the verify step found.
 	Verification *Verification `json:"verification,omitempty"`
+	// KeptForConnections counts the IPVS virtual servers (of kp's ipvs
+	// mode or kube-proxy's) the remove step kept because established
+	// connections still use them; kp removes them once those end.
+	KeptForConnections int `json:"keptForConnections,omitempty"`
 }
 
 // MigrationStep is one step of a migration.

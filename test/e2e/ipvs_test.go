@@ -19,6 +19,19 @@ func requireIPVS(t *testing.T) {
 	}
 }
 
+// onlyWithIPVSInTheVM sorts a migration between the host and the VM:
+// one from or to an ipvs mode runs where IPVS is (the VM's kernel), the
+// others on the host only (TestIPVSMigrationsInTheVM runs the migration
+// tests with the nftables mode selected too).
+func onlyWithIPVSInTheVM(t *testing.T, ipvs bool) {
+	t.Helper()
+	if ipvs {
+		requireIPVS(t)
+	} else if os.Getenv("KP_VM") == "1" {
+		t.Skip("proven on the host")
+	}
+}
+
 // ipvsListing is the ipvs mode's state in the node: the virtual servers
 // and their real servers (ipvsadm -Ln), kp's ipsets, and the lines of both
 // families' iptables-nft-save that name a KP- chain.
@@ -48,10 +61,11 @@ func ipvsListing(w *netns.World) (string, error) {
 	return b.String(), nil
 }
 
-// noIPVSState reports nil when the node holds nothing of the ipvs mode:
-// no virtual server, no kp-ipvs0, no KP- ipset, no KP-IPVS- chain. (Every
-// virtual server in a test's node is kp's.) On a kernel without IPVS there
-// is nothing to look at.
+// noIPVSState reports nil when the node holds nothing of an ipvs mode,
+// kp's or kube-proxy's: no virtual server, no kp-ipvs0 or kube-ipvs0, no
+// KP- or KUBE- ipset, no KP-IPVS- chain. (Every virtual server in a test's
+// node is kp's or kube-proxy's.) On a kernel without IPVS there is nothing
+// to look at.
 func noIPVSState(w *netns.World) error {
 	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
 		return nil
@@ -60,12 +74,35 @@ func noIPVSState(w *netns.World) error {
 	if err != nil {
 		return fmt.Errorf("list the ipvs state: %v\n%s", err, out)
 	}
-	for _, re := range []string{`(?m)^(TCP|UDP|SCTP) `, `kp-ipvs0`, `(?m)^KP-`, `KP-IPVS-`} {
+	for _, re := range []string{`(?m)^(TCP|UDP|SCTP) `, `kp-ipvs0`, `kube-ipvs0`, `(?m)^KP-`, `(?m)^KUBE-`, `KP-IPVS-`} {
 		if m := regexp.MustCompile(re).FindString(out); m != "" {
 			return fmt.Errorf("the ipvs mode's %q is still there:\n%s", m, out)
 		}
 	}
 	return nil
+}
+
+// ipvsKeptOnly checks what a switch away from an ipvs mode leaves while
+// connections last: the virtual server TCP addr, which the long-lived
+// connection uses, is kept (others may be, for connections of the loop
+// still open at the switch), no UDP one (conntrack carries UDP flows over)
+// and no KP-IPVS- or KUBE- chain.
+func (e *env) ipvsKeptOnly(addr string) {
+	e.t.Helper()
+	out, err := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Ln; iptables-nft-save")
+	if err != nil {
+		e.t.Fatalf("list the ipvs state: %v\n%s", err, out)
+	}
+	kept := false
+	for _, m := range regexp.MustCompile(`(?m)^(TCP|UDP|SCTP) +(\S+)`).FindAllStringSubmatch(out, -1) {
+		kept = kept || m[1] == "TCP" && m[2] == addr
+		if m[1] != "TCP" {
+			e.t.Errorf("after the switch from ipvs the virtual server %s %s is left", m[1], m[2])
+		}
+	}
+	if !kept || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
+		e.t.Errorf("after the switch from ipvs, want the virtual server TCP %s (its connection is established) and no KP-IPVS- or KUBE- chain:\n%s", addr, out)
+	}
 }
 
 // ipvsRemembers reports whether IPVS holds a persistence template for

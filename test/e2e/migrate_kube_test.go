@@ -14,7 +14,8 @@ import (
 )
 
 // Upstream kube-proxy v1.36.3 (the binary the tests build) programs the
-// node in its iptables or nftables mode and serves the traffic; kp
+// node in its iptables, nftables or ipvs mode (ipvs in the VM:
+// TestIPVSMigrationsInTheVM) and serves the traffic; kp
 // (nftables) starts beside it, kube-proxy stops (as its pod leaving the
 // node would), and kp migrate node --to nftables proves kp's path and
 // removes kube-proxy's leftovers, while endpoints change: no new connection
@@ -23,8 +24,12 @@ import (
 func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save")
 	t.Parallel()
-	for _, kubeMode := range []string{"iptables", "nftables"} {
+	for _, kubeMode := range []string{"iptables", "nftables", "ipvs"} {
 		t.Run("kube-proxy-"+kubeMode+"-to-nftables", func(t *testing.T) {
+			onlyWithIPVSInTheVM(t, kubeMode == "ipvs")
+			if kubeMode == "ipvs" {
+				netns.Require(t, "ipvsadm", "ipset")
+			}
 			k := newKubeEnv(t, modeNFTables, 5, apiserver.Options{})
 			e := k.env
 			pods := e.w.Pods()
@@ -48,7 +53,7 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				"--healthz-bind-address", "127.0.0.1:20256",
 				"--metrics-bind-address", "127.0.0.1:20249",
 				"--v", "2")
-			if err := kubeProxy.WaitHTTP("http://127.0.0.1:20256/healthz", 2*time.Minute, func(code int, _ string) bool { return code == 200 }); err != nil {
+			if err := kubeProxy.WaitHTTP("http://127.0.0.1:20256/healthz", slow(2*time.Minute), func(code int, _ string) bool { return code == 200 }); err != nil {
 				t.Fatalf("kube-proxy: %v\n%s", err, tail(kubeProxy.Log(), 40))
 			}
 			client := e.w.Client()
@@ -101,10 +106,22 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 			if !strings.Contains(res.out, "kube-proxy") || !strings.Contains(res.out, "remove   removed") {
 				t.Errorf("the migration did not plan and remove kube-proxy's rules:\n%s", res.out)
 			}
-			e.expectOnly("nftables")
+			if kubeMode == "ipvs" {
+				// The long-lived connection's virtual server stays until
+				// it ends (IPVS drops the packets of a connection whose
+				// virtual server is gone).
+				e.ipvsKeptOnly(streamTCP)
+			} else {
+				e.expectOnly("nftables")
+			}
 			e.onlyFrom(client, apiTCP, apiPods...)
 			time.Sleep(500 * time.Millisecond)
 			tr.stop("")
+			if kubeMode == "ipvs" {
+				e.eventually("kube-proxy's last virtual server removed once its connection ended", time.Minute,
+					func() error { return noIPVSState(e.w) })
+				e.expectOnly("nftables")
+			}
 		})
 	}
 }

@@ -23,6 +23,8 @@ var migrations = []migration{
 	{name: "nftables-iptables-nft-nftables", from: modeNFTables, targets: []string{"iptables-nft", "nftables"}},
 	{name: "nftables-iptables-legacy", from: modeNFTables, targets: []string{"iptables-legacy"}},
 	{name: "nftables-userspace-nftables", from: modeNFTables, targets: []string{"userspace", "nftables"}},
+	// In the VM (TestIPVSModeInTheVM): this kernel has no IPVS.
+	{name: "ipvs-nftables", from: modeIPVS, targets: []string{"nftables"}},
 }
 
 // Services the migrations carry traffic for: web (TCP and UDP) and api on
@@ -43,6 +45,7 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 	t.Parallel()
 	for _, mg := range migrations {
 		t.Run(mg.name, func(t *testing.T) {
+			onlyWithIPVSInTheVM(t, mg.from.ipvs)
 			e := newEnv(t, mg.from, 5)
 			pods := e.w.Pods()
 			streamServer(t, pods[4])
@@ -94,7 +97,14 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 				}
 				out := res.out
 				t.Logf("kp migrate node --to %s:\n%s", target, out)
-				e.expectOnly(target)
+				if mg.from.ipvs {
+					// IPVS drops the packets of a connection whose virtual
+					// server is gone: the long-lived connection's stays
+					// until it ends, the rest goes.
+					e.ipvsKeptOnly(streamTCP)
+				} else {
+					e.expectOnly(target)
+				}
 				wantMode, _, _ := strings.Cut(target, "-")
 				if _, body, err := netns.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || body != wantMode {
 					t.Errorf("/proxyMode says %q (%v), want %s", body, err, wantMode)
@@ -105,9 +115,8 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 				if target == "userspace" && i < len(mg.targets)-1 {
 					inUserspace = startTraffic(t, client, []string{webTCP, apiTCP}, streamTCP, webUDP)
 				}
-				// Re-running finds nothing to do.
-				if out := e.migrate("--to", target); !strings.Contains(out, "Nothing to do") {
-					t.Errorf("re-running kp migrate node --to %s:\n%s", target, out)
+				if !mg.from.ipvs {
+					e.nothingToDo(target)
 				}
 			}
 			time.Sleep(500 * time.Millisecond)
@@ -115,6 +124,13 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 			if inUserspace != nil {
 				t.Log("traffic started in userspace:")
 				inUserspace.stop("")
+			}
+			if mg.from.ipvs {
+				last := mg.targets[len(mg.targets)-1]
+				e.eventually("the ipvs mode's last virtual server removed once its connection ended", time.Minute,
+					func() error { return noIPVSState(e.w) })
+				e.expectOnly(last)
+				e.nothingToDo(last)
 			}
 		})
 	}
@@ -138,6 +154,15 @@ func (e *env) onlyFrom(ns, addr string, pods ...*netns.Pod) {
 	})
 }
 
+// nothingToDo checks that re-running kp migrate node --to target finds
+// nothing to do.
+func (e *env) nothingToDo(target string) {
+	e.t.Helper()
+	if out := e.migrate("--to", target); !strings.Contains(out, "Nothing to do") {
+		e.t.Errorf("re-running kp migrate node --to %s:\n%s", target, out)
+	}
+}
+
 // migrate runs kp migrate node in the node namespace, failing the test if
 // it fails.
 func (e *env) migrate(args ...string) string {
@@ -156,7 +181,7 @@ func (e *env) tryMigrate(args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := append([]string{kp, "migrate", "node", "--status-address", metricsAddr, "--timeout", "60s"}, args...)
+	cmd := append([]string{kp, "migrate", "node", "--status-address", metricsAddr, "--timeout", slow(time.Minute).String()}, args...)
 	return e.w.Exec(e.w.Node(), cmd...)
 }
 
@@ -235,6 +260,14 @@ func (e *env) expectOnly(target string) {
 	}
 	never := func(string) bool { return false }
 	kpChains := func(x string) bool { return strings.HasPrefix(x, "KP-") }
+	// The ipvs mode's own chains are in iptables-nft (modeIPVS), beside
+	// its virtual servers and ipsets.
+	inNFT := target == "iptables-nft" || target == "ipvs"
+	if target != "ipvs" {
+		if err := noIPVSState(e.w); err != nil {
+			e.t.Errorf("kp runs %s: %v", target, err)
+		}
+	}
 	switch target {
 	case "nftables":
 		check("nftables", true, isTable("kp"))
@@ -243,8 +276,8 @@ func (e *env) expectOnly(target string) {
 	default:
 		check("nftables", false, never)
 	}
-	check("iptables-nft-save", target == "iptables-nft", func(x string) bool { return target == "iptables-nft" && kpChains(x) })
-	check("ip6tables-nft-save", false, func(x string) bool { return target == "iptables-nft" && kpChains(x) })
+	check("iptables-nft-save", inNFT, func(x string) bool { return inNFT && kpChains(x) })
+	check("ip6tables-nft-save", false, func(x string) bool { return inNFT && kpChains(x) })
 	check("iptables-legacy-save", target == "iptables-legacy", func(x string) bool { return target == "iptables-legacy" && kpChains(x) })
 	check("ip6tables-legacy-save", false, func(x string) bool { return target == "iptables-legacy" && kpChains(x) })
 	if e.t.Failed() {

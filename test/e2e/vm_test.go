@@ -57,13 +57,38 @@ var vmCITests = []string{
 	"TestCleanupRemovesEveryKPRuleAndNothingElse",
 }
 
+// vmMigrationTests are the migration tests whose ipvs rows run in the VM
+// (onlyWithIPVSInTheVM): kp ipvs → kp nftables, upstream kube-proxy's ipvs
+// mode → kp nftables.
+var vmMigrationTests = []string{
+	"TestMigrateNodeSwitchesModesDroppingNothing",
+	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing",
+}
+
 // TestIPVSModeInTheVM boots the 6.1 kernel (test/vm) and runs the suite's
 // Service-feature tests there with KP_E2E_MODES=ipvs: the ipvs column of
 // the README's feature table.
 func TestIPVSModeInTheVM(t *testing.T) {
 	skipUnselected(t, modeIPVS)
 	t.Parallel() // the VM's CPU is mostly the host's second core
-	runModesInVM(t, "ipvs")
+	runModesInVM(t, "ipvs", vmTests(vmCITests, vmServiceTests))
+}
+
+// TestIPVSMigrationsInTheVM runs the migrations from an ipvs mode, kp's
+// and upstream kube-proxy's, to kp's nftables mode on the VM's kernel.
+func TestIPVSMigrationsInTheVM(t *testing.T) {
+	skipUnselected(t, modeIPVS)
+	skipUnselected(t, modeNFTables)
+	t.Parallel()
+	runModesInVM(t, "ipvs,nftables", vmMigrationTests)
+}
+
+// vmTests is ci, or all with KP_VM_E2E=all.
+func vmTests(ci, all []string) []string {
+	if os.Getenv("KP_VM_E2E") == "all" {
+		return all
+	}
+	return ci
 }
 
 // TestPlatformMatrixInTheVM runs the other modes' columns on the VM's 6.1
@@ -74,15 +99,14 @@ func TestPlatformMatrixInTheVM(t *testing.T) {
 		t.Skip("set KP_VM_MATRIX=1 to run nftables, iptables-nft and iptables-legacy on kernel 6.1 in the VM")
 	}
 	for _, m := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
-		t.Run(m, func(t *testing.T) { runModesInVM(t, m) })
+		t.Run(m, func(t *testing.T) { runModesInVM(t, m, vmTests(vmCITests, vmServiceTests)) })
 	}
 }
 
-// runModesInVM runs vmCITests (KP_VM_E2E=all: vmServiceTests; or the
-// pattern KP_VM_E2E_RUN) with KP_E2E_MODES=modes
-// in one boot. kp and the echo server are built here and run there
-// (KP_TEST_BINDIR).
-func runModesInVM(t *testing.T, modes string) {
+// runModesInVM runs tests (or the pattern KP_VM_E2E_RUN) with
+// KP_E2E_MODES=modes in one boot. kp and the echo server are built here and
+// run there (KP_TEST_BINDIR).
+func runModesInVM(t *testing.T, modes string, tests []string) {
 	if os.Getenv("KP_VM") == "1" {
 		t.Skip("already in the VM")
 	}
@@ -106,10 +130,6 @@ func runModesInVM(t *testing.T, modes string) {
 			t.Fatal(err)
 		}
 	}
-	tests := vmCITests
-	if os.Getenv("KP_VM_E2E") == "all" {
-		tests = vmServiceTests
-	}
 	pattern := "^(" + strings.Join(tests, "|") + ")$"
 	if p := os.Getenv("KP_VM_E2E_RUN"); p != "" {
 		pattern = p
@@ -121,8 +141,12 @@ func runModesInVM(t *testing.T, modes string) {
 		Env: []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}},
 		bin, "-test.v", "-test.count=1", "-test.timeout=38m", "-test.run", pattern)
 	t.Logf("the %s column in the VM: %v", modes, time.Since(start).Round(time.Second))
-	passed := regexp.MustCompile(`(?m)^\s*--- PASS: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
-	skipped := regexp.MustCompile(`(?m)^\s*--- SKIP: (\S+/`+regexp.QuoteMeta(modes)+`) `).FindAllStringSubmatch(out, -1)
+	// A subtest of the modes: named after one (nftables) or a migration
+	// from or to one (kube-proxy-ipvs-to-nftables).
+	names := strings.ReplaceAll(regexp.QuoteMeta(modes), ",", "|")
+	sub := `(\S+/[^/\s]*(` + names + `)[^/\s]*) `
+	passed := regexp.MustCompile(`(?m)^\s*--- PASS: `+sub).FindAllStringSubmatch(out, -1)
+	skipped := regexp.MustCompile(`(?m)^\s*--- SKIP: `+sub).FindAllStringSubmatch(out, -1)
 	t.Logf("%s subtests: %d passed, %d skipped (unclaimed)", modes, len(passed), len(skipped))
 	if err != nil {
 		t.Fatalf("the e2e suite in %s mode in the VM: %v\n%s", modes, err, out)
