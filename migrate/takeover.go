@@ -44,8 +44,13 @@ func (t *TakeOver) Synced(ctx context.Context, _, _ *proxy.State) {
 	})
 }
 
-// Run removes the leftovers now and logs what it removed.
+// Run removes the leftovers now and logs what it removed. Running the
+// none mode (a node being handed back to kube-proxy), it removes kp's
+// other modes only: kube-proxy's rules are the returning kube-proxy's.
 func (t *TakeOver) Run(ctx context.Context) error {
+	if t.Mode == proxy.ModeNone {
+		return t.removeOthers(ctx, nil)
+	}
 	ipt, nft := t.kubeProxyIPTables, t.kubeProxyNFTables
 	if ipt == nil {
 		ipt = KubeProxyIPTables
@@ -89,6 +94,11 @@ func (t *TakeOver) Run(ctx context.Context) error {
 	for _, f := range nftFound {
 		t.Log.Info("removed kube-proxy's nftables table", "where", f.String())
 	}
+	return t.removeOthers(ctx, errs)
+}
+
+// removeOthers removes kp's rules of every mode but the running one.
+func (t *TakeOver) removeOthers(ctx context.Context, errs []error) error {
 	for m, cleanup := range t.Others {
 		if m == t.Mode {
 			continue
