@@ -40,11 +40,12 @@ func running(st *statusapi.Status) string {
 }
 
 // synced says why st is not yet kp healthy and synced in want ("" when it
-// is; want "" takes any mode but none). afterID > 0 requires a mode
-// switch newer than afterID to have succeeded, and a sync after it.
-func synced(st *statusapi.Status, want string, afterID uint64) (string, error) {
+// is; want "" takes any mode but none). afterID >= 0 requires a mode
+// switch newer than afterID to have succeeded, and a sync after it; -1
+// takes kp's state as it is.
+func synced(st *statusapi.Status, want string, afterID int64) (string, error) {
 	m := st.Migration
-	if afterID > 0 && m != nil && m.ID > afterID && m.Phase == statusapi.MigrationFailed {
+	if afterID >= 0 && m != nil && int64(m.ID) > afterID && m.Phase == statusapi.MigrationFailed {
 		return "", fmt.Errorf("kp's switch to %s failed%s: %s", m.To, failedStep(m), m.Error)
 	}
 	switch {
@@ -57,8 +58,8 @@ func synced(st *statusapi.Status, want string, afterID uint64) (string, error) {
 	case st.LastSync == nil:
 		return fmt.Sprintf("kp runs %s but has not synced yet", running(st)), nil
 	}
-	if afterID > 0 {
-		if m == nil || m.ID <= afterID {
+	if afterID >= 0 {
+		if m == nil || int64(m.ID) <= afterID {
 			return fmt.Sprintf("kp runs %s; its switch has not started", running(st)), nil
 		}
 		if m.Phase != statusapi.MigrationSucceeded {

@@ -89,6 +89,8 @@ func (c *Controller) Run(ctx context.Context, req Request) error {
 		return err
 	}
 	plan.Print(c.cfg.Out)
+	todo := plan.Todo()
+	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, len(plan.Nodes)-len(todo), todo)
 	if req.FromKubeProxy {
 		if err := c.prepareFromKubeProxy(ctx, req, plan); err != nil {
 			return err
@@ -108,7 +110,6 @@ func (c *Controller) Run(ctx context.Context, req Request) error {
 // ones in flight finish.
 func (c *Controller) rollout(ctx context.Context, req Request, plan *Plan) error {
 	todo := plan.Todo()
-	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, len(plan.Nodes)-len(todo), todo)
 	sem := make(chan struct{}, req.MaxUnavailable)
 	var (
 		wg      sync.WaitGroup

@@ -83,7 +83,7 @@ func (r *nodeRun) kpStatus(ctx context.Context) (*v1.Pod, *statusapi.Status, str
 
 // awaitMode waits until the node's kp runs want, healthy and synced (after
 // a switch newer than afterID, by the kp that started at started).
-func (r *nodeRun) awaitMode(ctx context.Context, step, want string, afterID uint64, started time.Time) (string, error) {
+func (r *nodeRun) awaitMode(ctx context.Context, step, want string, afterID int64, started time.Time) (string, error) {
 	var last *statusapi.Status
 	err := r.c.wait(ctx, r.node, step, r.req.NodeTimeout, func(ctx context.Context) (string, error) {
 		_, st, pending, err := r.kpStatus(ctx)
@@ -92,7 +92,7 @@ func (r *nodeRun) awaitMode(ctx context.Context, step, want string, afterID uint
 		}
 		id := afterID
 		if !st.StartTime.Equal(started) {
-			id = 0 // a new kp started with the annotation's mode: its IDs start over
+			id = -1 // a new kp started with the annotation's mode: its IDs start over
 		}
 		pending, err = synced(st, want, id)
 		if err != nil {
@@ -109,8 +109,9 @@ func (r *nodeRun) awaitMode(ctx context.Context, step, want string, afterID uint
 
 // setMode sets the node's kpproxy.io/proxy-mode to mode (remove: "") and
 // returns the kp's last switch ID and start time before it, for
-// awaitMode.
-func (r *nodeRun) setMode(ctx context.Context, mode string) (uint64, time.Time, string, error) {
+// awaitMode (-1 when the annotation had that value already: no switch
+// comes).
+func (r *nodeRun) setMode(ctx context.Context, mode string) (int64, time.Time, string, error) {
 	_, st, pending, err := r.kpStatus(ctx)
 	if err == nil && st == nil {
 		err = fmt.Errorf("%s", pending)
@@ -118,9 +119,9 @@ func (r *nodeRun) setMode(ctx context.Context, mode string) (uint64, time.Time, 
 	if err != nil {
 		return 0, time.Time{}, "", err
 	}
-	var id uint64
+	var id int64
 	if st.Migration != nil {
-		id = st.Migration.ID
+		id = int64(st.Migration.ID)
 	}
 	n, err := r.c.cfg.Client.CoreV1().Nodes().Get(ctx, r.node, metav1.GetOptions{})
 	if err != nil {
@@ -128,7 +129,7 @@ func (r *nodeRun) setMode(ctx context.Context, mode string) (uint64, time.Time, 
 	}
 	if n.Annotations[annotationProxyMode] == mode {
 		// No change for kp to see: the gate takes its state as it is.
-		return 0, st.StartTime, fmt.Sprintf("%s=%s already", annotationProxyMode, mode), nil
+		return -1, st.StartTime, fmt.Sprintf("%s=%s already", annotationProxyMode, mode), nil
 	}
 	var v *string
 	if mode != "" {

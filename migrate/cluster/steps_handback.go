@@ -53,7 +53,7 @@ func (c *Controller) handBack(ctx context.Context, req Request, node string) err
 	}); err != nil {
 		return err
 	}
-	var id uint64
+	var id int64
 	var started time.Time
 	if err := r.step(ctx, "kp to none", func(ctx context.Context) (detail string, err error) {
 		id, started, detail, err = r.setMode(ctx, ModeNone)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -116,7 +117,7 @@ func (c *Controller) takeOver(ctx context.Context, req Request, node string) err
 		return err
 	}
 	if err := r.step(ctx, "kp ready", func(ctx context.Context) (string, error) {
-		return r.awaitMode(ctx, "kp ready", req.To, 0, r.c.cfg.Clock.Now())
+		return r.awaitMode(ctx, "kp ready", req.To, -1, time.Time{})
 	}); err != nil {
 		return err
 	}

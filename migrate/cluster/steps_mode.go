@@ -35,7 +35,7 @@ func (c *Controller) switchMode(ctx context.Context, req Request, node string) e
 	if err != nil {
 		return err
 	}
-	var id uint64
+	var id int64
 	var started time.Time
 	err = r.step(ctx, "annotate", func(ctx context.Context) (detail string, err error) {
 		id, started, detail, err = r.setMode(ctx, req.To)
@@ -65,7 +65,7 @@ func (c *Controller) switchBack(ctx context.Context, req Request, node string) e
 	if prev == "" {
 		return &StepError{Node: node, Step: "read", Err: errors.New("the node's record names no previous mode to return to")}
 	}
-	var id uint64
+	var id int64
 	var started time.Time
 	err = r.step(ctx, "annotate", func(ctx context.Context) (detail string, err error) {
 		if err := r.write(ctx, PhaseRollingBack); err != nil {
