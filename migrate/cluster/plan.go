@@ -92,7 +92,7 @@ func (p *Plan) Todo() []NodePlan {
 // name first; nodes it never reached are skipped.
 func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 	p := &Plan{Request: req}
-	var resume, fresh, back []NodePlan
+	var resume, fresh, back, skip []NodePlan
 	sorted := append([]v1.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for i := range sorted {
@@ -109,13 +109,13 @@ func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 		case req.Rollback && mine:
 			back = append(back, NodePlan{Node: n.Name, Action: ActionRollback, Reason: "this rollout reached it (" + rec.Phase + ")"})
 		case req.Rollback:
-			p.Nodes = append(p.Nodes, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "not reached by this rollout"})
+			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "not reached by this rollout"})
 		case mine && rec.Phase == PhaseDone && (!req.FromKubeProxy || n.Labels[LabelProxy] == ProxyKP):
-			p.Nodes = append(p.Nodes, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "done"})
+			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "done"})
 		case mine:
 			resume = append(resume, NodePlan{Node: n.Name, Action: ActionMigrate, Reason: "resume: " + describe(rec)})
 		case req.FromKubeProxy && n.Labels[LabelProxy] == ProxyKP:
-			p.Nodes = append(p.Nodes, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "kp runs there already (label " + LabelProxy + "=kp)"})
+			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "kp runs there already (label " + LabelProxy + "=kp)"})
 		default:
 			fresh = append(fresh, NodePlan{Node: n.Name, Action: ActionMigrate, Reason: "not started"})
 		}
@@ -123,7 +123,7 @@ func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 	for i := len(back) - 1; i >= 0; i-- {
 		p.Nodes = append(p.Nodes, back[i])
 	}
-	p.Nodes = append(append(resume, fresh...), p.Nodes...)
+	p.Nodes = append(append(append(p.Nodes, resume...), fresh...), skip...)
 	return p, nil
 }
 
@@ -147,11 +147,12 @@ func (p *Plan) Print(w io.Writer) {
 	if p.Request.FromKubeProxy {
 		what = "from kube-proxy " + what
 	}
-	verb := "Migrating"
 	if p.Request.Rollback {
-		verb = "Rolling back"
+		what = "Rolling back the migration " + what
+	} else {
+		what = "Migrating " + what
 	}
-	fmt.Fprintf(w, "%s %s, %d node(s) at a time:\n", verb, what, p.Request.MaxUnavailable)
+	fmt.Fprintf(w, "%s, %d node(s) at a time:\n", what, p.Request.MaxUnavailable)
 	for i, n := range p.Nodes {
 		fmt.Fprintf(w, "  %2d. %-24s %-9s %s\n", i+1, n.Node, n.Action, n.Reason)
 	}

@@ -24,15 +24,6 @@ func kubeProxyImage(t *testing.T) image.Image {
 	return img
 }
 
-// kpWithoutIPTables is kp's image without its Debian userland: kp runs
-// (nftables mode), but a switch to the iptables mode fails its probe. The
-// test loads it on one node under kp's own name, to make that node fail.
-func kpWithoutIPTables(full image.Image) image.Image {
-	img := full
-	img.Layers = [][]image.Entry{full.Layers[len(full.Layers)-1]}
-	return img
-}
-
 // kubeProxyManifest is upstream kube-proxy as a DaemonSet, as kubeadm
 // deploys it (hostNetwork, privileged, the system:node-proxier role), in
 // iptables mode, reaching the API server at its real address with its

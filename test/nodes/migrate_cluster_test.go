@@ -3,7 +3,6 @@ package nodes
 import (
 	"encoding/json"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +20,10 @@ import (
 // against two real nodes while a client pod's new connections, a node's
 // new connections and one long-lived connection run through all of it:
 // from upstream kube-proxy's DaemonSet (iptables mode) to kp, node by
-// node; then --to iptables with kp on node-1 unable to run it (its image
-// lacks iptables): the rollout pauses there with node-2 untouched, and
-// resumes once node-1 is fixed; then --rollback back to nftables.
+// node; then --to userspace with node-1's kp kept from Ready (the cluster
+// autoscaler's deletion taint fails its /healthz): the rollout pauses
+// there with node-2 untouched, and resumes once the taint is gone; then
+// --rollback back to nftables.
 func TestMigrateClusterOnRealNodes(t *testing.T) {
 	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save")
 	begin := time.Now()
@@ -140,13 +140,25 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		t.FailNow()
 	}
 
-	t.Run("--to iptables pauses at node-1, which cannot run it, leaves node-2 untouched, resumes once fixed", func(t *testing.T) {
+	t.Run("--to userspace pauses at node-1, whose kp is not Ready, leaves node-2 untouched, resumes once fixed", func(t *testing.T) {
 		start := time.Now()
-		loadOn(t, n1, kpWithoutIPTables(full))
-		restartKP(t, c, n1.Name)
-		out, err := kpMigrate(t, c, kpBin, "--to", "iptables", "--node-timeout", "90s")
-		if err == nil || !strings.Contains(out, "node node-1: step switch") {
-			t.Fatalf("want the rollout to fail at node node-1, step switch; err %v", err)
+		// The cluster autoscaler's deletion taint makes kp's /healthz, and
+		// so its pod's readiness, fail (as upstream's): node-1's kp cannot
+		// reach Ready.
+		if out, err := c.Kubectl("taint", "node", n1.Name, "ToBeDeletedByClusterAutoscaler=1:NoSchedule"); err != nil {
+			t.Fatalf("kubectl taint: %v\n%s", err, out)
+		}
+		waitFor(t, "kp's pod on node-1 not Ready", time.Minute, func() string {
+			for _, p := range kpPods(t, c) {
+				if p.Spec.NodeName == n1.Name && cluster.PodReady(&p) {
+					return "still Ready"
+				}
+			}
+			return ""
+		})
+		out, err := kpMigrate(t, c, kpBin, "--to", "userspace", "--node-timeout", "20s")
+		if err == nil || !strings.Contains(out, "node node-1: step switch") || !strings.Contains(out, "not Ready") {
+			t.Fatalf("want the rollout to pause at node node-1, step switch, kp not Ready; err %v", err)
 		}
 		rec := nodeRecord(t, c, n1.Name)
 		if rec["phase"] != "failed" || rec["step"] != "switch" {
@@ -158,23 +170,29 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		if a := nodeAnnotation(t, c, n2.Name, "kpproxy.io/proxy-mode"); a != "" {
 			t.Errorf("node-2 annotated kpproxy.io/proxy-mode=%s after the pause at node-1, want it untouched", a)
 		}
-		phase("--to iptables up to the pause", start)
+		phase("--to userspace up to the pause", start)
 
 		start = time.Now()
-		loadOn(t, n1, full)
-		restartKP(t, c, n1.Name)
-		if _, err := kpMigrate(t, c, kpBin, "--to", "iptables", "--node-timeout", "2m"); err != nil {
+		if out, err := c.Kubectl("taint", "node", n1.Name, "ToBeDeletedByClusterAutoscaler-"); err != nil {
+			t.Fatalf("kubectl taint -: %v\n%s", err, out)
+		}
+		out, err = kpMigrate(t, c, kpBin, "--to", "userspace", "--node-timeout", "2m")
+		if err != nil {
 			t.Fatal(err)
 		}
+		if !strings.Contains(out, "resume: failed at step switch") {
+			t.Errorf("the re-run did not resume node-1")
+		}
 		for _, n := range c.Nodes {
-			if st := kpStatusOn(t, n); st.Mode != "iptables" || !st.Healthy {
-				t.Errorf("%s: kp runs %s, healthy %v after the resumed rollout; want iptables", n.Name, st.Mode, st.Healthy)
+			if st := kpStatusOn(t, n); st.Mode != "userspace" || !st.Healthy {
+				t.Errorf("%s: kp runs %s, healthy %v after the resumed rollout; want userspace", n.Name, st.Mode, st.Healthy)
 			}
 			if rec := nodeRecord(t, c, n.Name); rec["phase"] != "done" || rec["previous"] != "nftables" {
 				t.Errorf("%s: record %v, want done with previous nftables", n.Name, rec)
 			}
 		}
-		phase("--to iptables resumed", start)
+		checkEvents(t, c, n2.Name, "switch")
+		phase("--to userspace resumed", start)
 	})
 	if t.Failed() {
 		t.FailNow()
@@ -182,7 +200,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 
 	t.Run("--rollback returns every node to nftables and removes the annotations", func(t *testing.T) {
 		start := time.Now()
-		if _, err := kpMigrate(t, c, kpBin, "--to", "iptables", "--rollback", "--node-timeout", "2m"); err != nil {
+		if _, err := kpMigrate(t, c, kpBin, "--to", "userspace", "--rollback", "--node-timeout", "2m"); err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range c.Nodes {
@@ -195,7 +213,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 				}
 			}
 		}
-		phase("--to iptables --rollback", start)
+		phase("--to userspace --rollback", start)
 	})
 
 	t.Run("no new connection failed and the long-lived connection survived all of it", func(t *testing.T) {
@@ -296,35 +314,6 @@ func nodeRecord(t *testing.T, c *cluster.Cluster, node string) map[string]any {
 		}
 	}
 	return rec
-}
-
-// loadOn imports img into n's containerd, replacing an image of its name.
-func loadOn(t *testing.T, n *cluster.Node, img image.Image) {
-	t.Helper()
-	tar := filepath.Join(t.TempDir(), "image.tar")
-	if _, err := image.Write(tar, img); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.ImportImages(tar); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// restartKP deletes kp's pod on node and waits for its replacement.
-func restartKP(t *testing.T, c *cluster.Cluster, node string) {
-	t.Helper()
-	old := kpPodOn(t, c, node)
-	if err := c.Client().CoreV1().Pods("kube-system").Delete(ctx(t), old, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "kp's pod on "+node+" replaced and Ready", 2*time.Minute, func() string {
-		for _, p := range kpPods(t, c) {
-			if p.Spec.NodeName == node && p.Name != old && p.DeletionTimestamp == nil && cluster.PodReady(&p) {
-				return ""
-			}
-		}
-		return "not yet"
-	})
 }
 
 // checkEvents checks the rollout recorded its steps as Events on node.
