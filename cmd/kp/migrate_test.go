@@ -31,3 +31,30 @@ func TestMigrateHelpShowsExamples(t *testing.T) {
 		}
 	}
 }
+
+func TestMigrateClusterRefusesBadRequestsBeforeCallingTheAPI(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "cluster"}, "kp: --to MODE or --from-kube-proxy is required"},
+		{[]string{"migrate", "cluster", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
+		{[]string{"migrate", "cluster", "--to", "none"}, "kp: --to none: the none mode is the rollback's"},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--max-unavailable", "0"}, "kp: --max-unavailable 0: at least 1"},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--kubeconfig", "/nonexistent"}, "kp: API client (--kubeconfig, KUBECONFIG or ~/.kube/config)"},
+	} {
+		h := newHarness(t)
+		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, h.stderr.String(), tc.want)
+		}
+	}
+}
+
+func TestMigrateClusterHelpShowsExamples(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("migrate", "cluster", "--help"); code != 0 ||
+		!strings.Contains(h.stdout.String(), "kp migrate cluster --from-kube-proxy --keep-kube-proxy") ||
+		!strings.Contains(h.stdout.String(), "--rollback") {
+		t.Errorf("exit %d, output:\n%s", code, h.stdout.String())
+	}
+}
