@@ -2,7 +2,9 @@ package nodes
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -100,9 +102,17 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 	defer fromNode.Stop()
 	defer stream.Stop()
 
+	// KP_MIGRATE_FULL=1 adds the hand-back to kube-proxy (--from-kube-proxy
+	// --rollback) and a second migration from it: the first migration then
+	// keeps kube-proxy's DaemonSet, the second deletes it.
+	handback := os.Getenv("KP_MIGRATE_FULL") != ""
+	fromKubeProxy := []string{"--from-kube-proxy", "--node-timeout", "3m"}
+	if handback {
+		fromKubeProxy = append(fromKubeProxy, "--keep-kube-proxy")
+	}
 	t.Run("from kube-proxy: node by node, kube-proxy's rules serve until kp has synced, none left, its DaemonSet deleted", func(t *testing.T) {
 		start := time.Now()
-		out, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--node-timeout", "3m")
+		out, err := kpMigrate(t, c, kpBin, fromKubeProxy...)
 		if err == nil || !strings.Contains(out, "apply kp's manifests now") {
 			t.Fatalf("the first run, before kp's DaemonSet exists: want it to ask for kp's manifests; err %v", err)
 		}
@@ -117,22 +127,11 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		// From here: the first run rolled kube-proxy's pods over (their
 		// new affinity), which is no node's turn.
 		w := watchNodes(t, c)
-		if _, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--node-timeout", "3m"); err != nil {
+		if _, err := kpMigrate(t, c, kpBin, fromKubeProxy...); err != nil {
 			t.Fatal(err)
 		}
-		samples := w.Stop()
-		checkTakeOverOrder(t, samples, n1.Name, n2.Name)
-		for _, n := range c.Nodes {
-			if chains, err := kubeProxyChains(n); err != nil || len(chains) > 0 {
-				t.Errorf("%s: kube-proxy's chains left: %v (%v)", n.Name, chains, err)
-			}
-			if st := kpStatusOn(t, n); st.Mode != "nftables" || !st.Healthy {
-				t.Errorf("%s: kp runs %s, healthy %v; want nftables, healthy", n.Name, st.Mode, st.Healthy)
-			}
-		}
-		if _, err := c.Client().AppsV1().DaemonSets("kube-system").Get(ctx(t), "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			t.Errorf("kube-proxy's DaemonSet after the migration: %v, want it deleted", err)
-		}
+		checkTakeOverOrder(t, w.Stop(), n1.Name, n2.Name)
+		checkTakenOver(t, c, !handback)
 		checkEvents(t, c, n1.Name, "take-over")
 		phase("migrate cluster --from-kube-proxy", start)
 	})
@@ -157,12 +156,12 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 			return ""
 		})
 		out, err := kpMigrate(t, c, kpBin, "--to", "userspace", "--node-timeout", "20s")
-		if err == nil || !strings.Contains(out, "node node-1: step switch") || !strings.Contains(out, "not Ready") {
-			t.Fatalf("want the rollout to pause at node node-1, step switch, kp not Ready; err %v", err)
+		if err == nil || !strings.Contains(out, "node node-1: step read") || !strings.Contains(out, "not Ready") {
+			t.Fatalf("want the rollout to pause at node node-1, step read, kp not Ready; err %v", err)
 		}
 		rec := nodeRecord(t, c, n1.Name)
-		if rec["phase"] != "failed" || rec["step"] != "switch" {
-			t.Errorf("node-1's record after the pause: %v, want phase failed at step switch", rec)
+		if rec["phase"] != "failed" || rec["step"] != "read" {
+			t.Errorf("node-1's record after the pause: %v, want phase failed at step read", rec)
 		}
 		if st := kpStatusOn(t, n2); st.Mode != "nftables" {
 			t.Errorf("node-2 runs %s after the pause at node-1, want it untouched (nftables)", st.Mode)
@@ -180,7 +179,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(out, "resume: failed at step switch") {
+		if !strings.Contains(out, "resume: failed at step read") {
 			t.Errorf("the re-run did not resume node-1")
 		}
 		for _, n := range c.Nodes {
@@ -216,6 +215,59 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		phase("--to userspace --rollback", start)
 	})
 
+	if handback && !t.Failed() {
+		t.Run("--from-kube-proxy --rollback hands each node back to kube-proxy with no gap", func(t *testing.T) {
+			start := time.Now()
+			w := watchNodes(t, c)
+			if _, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--rollback", "--node-timeout", "2m"); err != nil {
+				t.Fatal(err)
+			}
+			samples := w.Stop()
+			for node, ss := range samples {
+				for _, s := range ss {
+					if s.kubeChains == 0 && !s.kpTable {
+						t.Errorf("%s at %s: neither kube-proxy's rules nor kp's in the kernel", node, s.at.Format("15:04:05.000"))
+					}
+				}
+			}
+			waitFor(t, "kube-proxy's pods Ready on both nodes, kp's gone", time.Minute, func() string {
+				if s := podsReady(t, c, "kube-system", "k8s-app=kube-proxy", 2); s != "" {
+					return s
+				}
+				if n := len(kpPods(t, c)); n != 0 {
+					return fmt.Sprintf("%d kp pods", n)
+				}
+				return ""
+			})
+			for _, n := range c.Nodes {
+				if chains, err := kubeProxyChains(n); err != nil || len(chains) == 0 {
+					t.Errorf("%s: no kube-proxy chain after the hand-back (%v)", n.Name, err)
+				}
+				if out, err := n.Exec("nft", "list", "tables"); err != nil || strings.Contains(out, " kp") {
+					t.Errorf("%s: kp's tables after the hand-back: %q (%v)", n.Name, out, err)
+				}
+				if l := nodeLabel(t, c, n.Name, "kpproxy.io/proxy"); l != "kube-proxy" {
+					t.Errorf("%s: label kpproxy.io/proxy=%q after the hand-back", n.Name, l)
+				}
+				for _, a := range []string{"kpproxy.io/proxy-mode", "kpproxy.io/migration"} {
+					if v := nodeAnnotation(t, c, n.Name, a); v != "" {
+						t.Errorf("%s: annotation %s=%s after the hand-back", n.Name, a, v)
+					}
+				}
+			}
+			phase("--from-kube-proxy --rollback", start)
+
+			start = time.Now()
+			w = watchNodes(t, c)
+			if _, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--node-timeout", "3m"); err != nil {
+				t.Fatal(err)
+			}
+			checkTakeOverOrder(t, w.Stop(), n1.Name, n2.Name)
+			checkTakenOver(t, c, true)
+			phase("--from-kube-proxy again, deleting kube-proxy's DaemonSet", start)
+		})
+	}
+
 	t.Run("no new connection failed and the long-lived connection survived all of it", func(t *testing.T) {
 		time.Sleep(time.Second)
 		for name, l := range map[string]*clientLoop{"pod client on node-2": fromPod, "node-1": fromNode} {
@@ -233,6 +285,28 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 			t.Logf("the long-lived connection to %s: %d exchanges, unbroken", streamAddr, n)
 		}
 	})
+}
+
+// checkTakenOver checks every node runs kp (nftables) with no kube-proxy
+// chain left, and kube-proxy's DaemonSet deleted (or kept, running
+// nowhere).
+func checkTakenOver(t *testing.T, c *cluster.Cluster, deleted bool) {
+	t.Helper()
+	for _, n := range c.Nodes {
+		if chains, err := kubeProxyChains(n); err != nil || len(chains) > 0 {
+			t.Errorf("%s: kube-proxy's chains left: %v (%v)", n.Name, chains, err)
+		}
+		if st := kpStatusOn(t, n); st.Mode != "nftables" || !st.Healthy {
+			t.Errorf("%s: kp runs %s, healthy %v; want nftables, healthy", n.Name, st.Mode, st.Healthy)
+		}
+	}
+	ds, err := c.Client().AppsV1().DaemonSets("kube-system").Get(ctx(t), "kube-proxy", metav1.GetOptions{})
+	switch {
+	case deleted && !apierrors.IsNotFound(err):
+		t.Errorf("kube-proxy's DaemonSet after the migration: %v, want it deleted", err)
+	case !deleted && (err != nil || ds.Status.DesiredNumberScheduled != 0):
+		t.Errorf("kube-proxy's DaemonSet after the migration with --keep-kube-proxy: %v, want it kept, on no node", err)
+	}
 }
 
 // checkTakeOverOrder checks the samples of a --from-kube-proxy rollout:
