@@ -105,9 +105,15 @@ func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 		if rec != nil && !mine && rec.Phase != PhaseDone {
 			return nil, fmt.Errorf("node %s: another rollout (%s) is %s there; finish or roll it back first", n.Name, rec, rec.Phase)
 		}
+		// The label says kp was given the node, whatever record a later
+		// rollout (--to) left there.
+		label := n.Labels[LabelProxy]
+		givenToKP := req.FromKubeProxy && (label == ProxyKP || label == ProxyHandback)
 		switch {
 		case req.Rollback && mine:
 			back = append(back, NodePlan{Node: n.Name, Action: ActionRollback, Reason: "this rollout reached it (" + rec.Phase + ")"})
+		case req.Rollback && givenToKP:
+			back = append(back, NodePlan{Node: n.Name, Action: ActionRollback, Reason: "labeled " + LabelProxy + "=" + label})
 		case req.Rollback:
 			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "not reached by this rollout"})
 		case mine && rec.Phase == PhaseDone && (!req.FromKubeProxy || n.Labels[LabelProxy] == ProxyKP):
