@@ -155,7 +155,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 			}
 			return ""
 		})
-		out, err := kpMigrate(t, c, kpBin, "--to", "userspace", "--node-timeout", "20s")
+		out, err := kpMigrate(t, c, kpBin, "--to", "userspace", "--node-timeout", "10s")
 		if err == nil || !strings.Contains(out, "node node-1: step read") || !strings.Contains(out, "not Ready") {
 			t.Fatalf("want the rollout to pause at node node-1, step read, kp not Ready; err %v", err)
 		}
