@@ -120,6 +120,8 @@ func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "done"})
 		case mine:
 			resume = append(resume, NodePlan{Node: n.Name, Action: ActionMigrate, Reason: "resume: " + describe(rec)})
+		case !req.FromKubeProxy && label == ProxyKubeProxy:
+			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "kube-proxy runs there (label " + LabelProxy + "=kube-proxy): no kp to switch"})
 		case req.FromKubeProxy && n.Labels[LabelProxy] == ProxyKP:
 			skip = append(skip, NodePlan{Node: n.Name, Action: ActionSkip, Reason: "kp runs there already (label " + LabelProxy + "=kp)"})
 		default:

@@ -41,6 +41,8 @@ func TestPlanOrder(t *testing.T) {
 		{"a failed node resumes first, done nodes are skipped", to,
 			[]v1.Node{node("a", "", done), node("b", "", nil), node("c", "", failed)},
 			"c:migrate b:migrate a:skip"},
+		{"--to skips the nodes kube-proxy still runs", to,
+			[]v1.Node{node("a", ProxyKubeProxy, nil), node("b", ProxyKP, nil)}, "b:migrate a:skip"},
 		{"another finished rollout's record does not count as done", to,
 			[]v1.Node{node("a", "", other)}, "a:migrate"},
 		{"rollback takes the reached nodes, last first, and skips the others", back,
