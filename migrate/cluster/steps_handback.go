@@ -27,6 +27,7 @@ func (c *Controller) handBack(ctx context.Context, req Request, node string) err
 	}
 	if err := r.step(ctx, "kube-proxy ready", func(ctx context.Context) (string, error) {
 		var detail string
+		seen := 0
 		err := c.wait(ctx, node, "kube-proxy ready", req.NodeTimeout, func(ctx context.Context) (string, error) {
 			pods, err := c.pods(ctx, c.cfg.KubeProxyDaemonSet, node)
 			if err != nil {
@@ -44,7 +45,14 @@ func (c *Controller) handBack(ctx context.Context, req Request, node string) err
 				return pending, err
 			}
 			if !kubeProxyServes(inv, st.ServicePorts) {
+				seen = 0
 				return fmt.Sprintf("kube-proxy's rules not in the kernel yet for kp's %d service ports (%s)", st.ServicePorts, programsOf(inv, "kube-proxy")), nil
+			}
+			// kube-proxy's iptables-restore commits its filter table, then
+			// its nat table: a look between the two sees half a sync. A
+			// second look, a poll interval later, sees both.
+			if seen++; seen < 2 {
+				return "kube-proxy's rules seen; looking again", nil
 			}
 			detail = "kube-proxy runs and its rules are in the kernel: " + programsOf(inv, "kube-proxy")
 			return "", nil
