@@ -159,6 +159,22 @@ func (w *world) Status(ctx context.Context, pod *v1.Pod) (*statusapi.Status, err
 	if k == nil {
 		return nil, fmt.Errorf("no kp on %s", n.Name)
 	}
+	w.follow(k, n)
+	st := &statusapi.Status{Mode: k.mode, Node: n.Name, Healthy: true, StartTime: time.Time{}, ServicePorts: 3,
+		LastSync: &statusapi.Sync{Time: k.lastSync}}
+	if k.migID > 0 {
+		st.Migration = &statusapi.Migration{ID: k.migID, To: k.annotation, Phase: k.phase, Started: k.started, Ended: k.ended}
+		if k.phase == statusapi.MigrationFailed {
+			st.Migration.Error = "iptables mode cannot run on this node"
+			st.Migration.Steps = []statusapi.MigrationStep{{Name: "program", Error: "no iptables"}}
+		}
+	}
+	return st, nil
+}
+
+// follow makes k act on a new value of n's annotation, as kp's switcher
+// does when its informer sees it; w.mu is held.
+func (w *world) follow(k *fakeKP, n *v1.Node) {
 	if a := n.Annotations[annotationProxyMode]; a != k.annotation {
 		k.annotation = a
 		if a != "" {
@@ -178,21 +194,15 @@ func (w *world) Status(ctx context.Context, pod *v1.Pod) (*statusapi.Status, err
 			w.log = append(w.log, fmt.Sprintf("%s: kp switch to %s %s", n.Name, a, k.phase))
 		}
 	}
-	st := &statusapi.Status{Mode: k.mode, Node: n.Name, Healthy: true, StartTime: time.Time{}, ServicePorts: 3,
-		LastSync: &statusapi.Sync{Time: k.lastSync}}
-	if k.migID > 0 {
-		st.Migration = &statusapi.Migration{ID: k.migID, To: k.annotation, Phase: k.phase, Started: k.started, Ended: k.ended}
-		if k.phase == statusapi.MigrationFailed {
-			st.Migration.Error = "iptables mode cannot run on this node"
-			st.Migration.Steps = []statusapi.MigrationStep{{Name: "program", Error: "no iptables"}}
-		}
-	}
-	return st, nil
 }
 
 // Inventory lists kube-proxy's rules while they are there: a kp that just
 // started takes them over after a few reads (unless in mode none).
-func (w *world) Inventory(_ context.Context, pod *v1.Pod) (*statusapi.Inventory, error) {
+func (w *world) Inventory(ctx context.Context, pod *v1.Pod) (*statusapi.Inventory, error) {
+	n, err := w.client.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	node := pod.Spec.NodeName
@@ -200,6 +210,7 @@ func (w *world) Inventory(_ context.Context, pod *v1.Pod) (*statusapi.Inventory,
 	if k == nil {
 		return nil, fmt.Errorf("no kp on %s", node)
 	}
+	w.follow(k, n)
 	if w.kubeProxyRules[node] && k.mode != ModeNone && !w.kubeProxyDSPodOn(node) {
 		if k.leftoverReads > 0 {
 			k.leftoverReads--

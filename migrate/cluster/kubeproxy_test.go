@@ -8,6 +8,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func fromKubeProxy() Request {
@@ -133,4 +135,28 @@ func lastIndex(log []string, s string) int {
 		}
 	}
 	return -1
+}
+
+func TestFromKubeProxyAsksKPToTakeOverAgainWhenLeftoversOutliveItsTakeOver(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	// A take-over that never finishes by itself: only a switch removes them.
+	w.client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		w.mu.Lock()
+		if k := w.kp["node-a"]; k != nil && k.leftoverReads > 0 && k.leftoverReads < 1000 {
+			k.leftoverReads = 1000
+		}
+		w.mu.Unlock()
+		return false, nil, nil
+	})
+	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	if !strings.Contains(w.out.String(), "after a second take-over: kpproxy.io/proxy-mode=nftables") {
+		t.Errorf("no second take-over in the progress:\n%s", w.out.String())
+	}
+	if w.kubeProxyRules["node-a"] {
+		t.Error("kube-proxy's rules still there")
+	}
 }

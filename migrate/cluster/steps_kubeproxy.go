@@ -122,19 +122,30 @@ func (c *Controller) takeOver(ctx context.Context, req Request, node string) err
 		return err
 	}
 	if err := r.step(ctx, "take-over", func(ctx context.Context) (string, error) {
-		var kp string
+		var kp, again string
+		looks := 0
 		err := c.wait(ctx, node, "take-over", req.NodeTimeout, func(ctx context.Context) (string, error) {
 			inv, pending, err := r.inventory(ctx)
 			if err != nil || inv == nil {
 				return pending, err
 			}
-			if left := programsOf(inv, "kube-proxy"); left != "" {
-				return "kube-proxy's rules still in the kernel: " + left, nil
+			left := programsOf(inv, "kube-proxy")
+			if left == "" {
+				kp = programsOf(inv, "kp")
+				return "", nil
 			}
-			kp = programsOf(inv, "kp")
-			return "", nil
+			if looks++; looks == retakeAfter {
+				// kp's take-over runs once, after its first sync: rules a
+				// kube-proxy still shutting down wrote after it stay. A
+				// switch to the mode kp runs removes them again.
+				again, err = r.retake(ctx)
+				if err != nil {
+					return "", err
+				}
+			}
+			return "kube-proxy's rules still in the kernel: " + left, nil
 		})
-		return "no kube-proxy rule left; " + kp, err
+		return "no kube-proxy rule left" + again + "; " + kp, err
 	}); err != nil {
 		return err
 	}
@@ -183,4 +194,25 @@ func (r *nodeRun) inventory(ctx context.Context) (*statusapi.Inventory, string, 
 		return nil, "", errors.New("kp's inventory: " + inv.Error)
 	}
 	return inv, "", nil
+}
+
+// retakeAfter is how many looks at kube-proxy's leftovers the take-over
+// gate waits before asking kp to remove them again.
+const retakeAfter = 10
+
+// retake asks the node's kp to take the node over again: the annotation
+// kpproxy.io/proxy-mode set to the mode it runs (a switch to the running
+// mode re-verifies it and removes every other proxy's rules). When the
+// annotation already says so, kp sees no change: nothing to do but wait.
+func (r *nodeRun) retake(ctx context.Context) (string, error) {
+	_, st, _, err := r.kpStatus(ctx)
+	if err != nil || st == nil {
+		return "", nil // the gate reads again
+	}
+	_, _, detail, err := r.setMode(ctx, running(st))
+	if err != nil {
+		return "", err
+	}
+	r.c.progress.line(r.node, "retake", "kube-proxy's rules outlived kp's take-over: "+detail)
+	return " (after a second take-over: " + detail + ")", nil
 }
