@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,5 +51,19 @@ func TestHealthzPortServesReadOnlyStatusAndInventory(t *testing.T) {
 	}
 	if rec := get(http.MethodGet, "/livez"); rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("/livez before any sync: %d, want 503 (the health handler still serves the rest)", rec.Code)
+	}
+}
+
+func TestMigrationRequestRefusesTheNoneMode(t *testing.T) {
+	sw := NewSwitcher(SwitcherConfig{Initial: NoneBackend{}, InitialTarget: Target{Mode: ModeNFTables}})
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, statusapi.MigrationPath, strings.NewReader(`{"to":"none"}`))
+	r.RemoteAddr = "127.0.0.1:40000"
+	serveMigrationRequest(rec, r, sw)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "annotation") {
+		t.Errorf("POST to none: %d %s, want 400 naming the annotation", rec.Code, rec.Body)
+	}
+	if sw.Migration() != nil {
+		t.Errorf("a switch was recorded: %+v", sw.Migration())
 	}
 }

@@ -113,6 +113,9 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	if err != nil {
 		return fmt.Errorf("--to: %w", err)
 	}
+	if target.Mode == proxy.ModeNone {
+		return errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
+	}
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.
 	node, _ := a.hostname()

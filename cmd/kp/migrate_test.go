@@ -14,6 +14,7 @@ func TestMigrateNodeErrorsNameTheNodeAndTheStep(t *testing.T) {
 			"kp: migrate node test-host: step plan: status API: "},
 		{[]string{"migrate", "node", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
 		{[]string{"migrate", "node"}, `required flag(s) "to" not set`},
+		{[]string{"migrate", "node", "--to", "none"}, "kp: --to none: the none mode removes kp's rules"},
 	} {
 		h := newHarness(t)
 		h.a.hostname = func() (string, error) { return "test-host", nil }
