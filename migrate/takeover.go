@@ -52,7 +52,13 @@ func (t *TakeOver) Synced(ctx context.Context, _, _ *proxy.State) {
 
 // Run removes the leftovers now and logs what it removed. It returns how
 // many IPVS virtual servers it kept for their connections (KeepActive).
+// Running the none mode (a node being handed back to kube-proxy), it
+// removes kp's other modes only: kube-proxy's rules are the returning
+// kube-proxy's.
 func (t *TakeOver) Run(ctx context.Context) (kept int, err error) {
+	if t.Mode == proxy.ModeNone {
+		return t.removeOthers(ctx, 0, nil)
+	}
 	ipt, nft := t.kubeProxyIPTables, t.kubeProxyNFTables
 	if ipt == nil {
 		ipt = KubeProxyIPTables
@@ -103,6 +109,12 @@ func (t *TakeOver) Run(ctx context.Context) (kept int, err error) {
 	for _, f := range nftFound {
 		t.Log.Info("removed kube-proxy's nftables table", "where", f.String())
 	}
+	return t.removeOthers(ctx, kept, errs)
+}
+
+// removeOthers removes kp's rules of every mode but the running one, adding
+// what they kept for connections to kept.
+func (t *TakeOver) removeOthers(ctx context.Context, kept int, errs []error) (int, error) {
 	for m, cleanup := range t.Others {
 		if m == t.Mode {
 			continue

@@ -24,6 +24,9 @@ type RunOptions struct {
 	Sysctls []statusapi.Sysctl
 	// ModeChoice is how the mode was chosen, for the status API.
 	ModeChoice *statusapi.ModeChoice
+	// Inventory lists what programs the node's Services in the kernel,
+	// served at /kp/v1/inventory; nil serves an empty list.
+	Inventory InventoryFunc
 }
 
 // SyncObserver is told about every successful sync, after the backend

@@ -105,7 +105,7 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 		NodePortAddresses: cfg.NodePortAddresses, NodePortPrimary: cfg.NodePortPrimary})
 	defer serviceHealth.Close()
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
-		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
+		{name: "healthz", addr: cfg.HealthzBindAddress, handler: withPublicStatus(health.Handler(), status, opts.Inventory, nodeName)},
 		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withProfiling(cfg.Profiling, withStatus(metrics.Handler(), status.Handler()))},
 	})
 	if err != nil {

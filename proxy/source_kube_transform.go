@@ -107,11 +107,20 @@ var (
 	nodeAnnotations = []string{AnnotationProxyMode}
 )
 
-// compactNode keeps the Node's addresses; not its images, conditions,
-// capacity or system information, which kubelets keep updating.
+// compactNode keeps the Node's addresses, and what /healthz's node
+// eligibility reads (Health.SyncNode: the deletion timestamp, the cluster
+// autoscaler's deletion taint); not its images, conditions, capacity or
+// system information, which kubelets keep updating.
 func compactNode(n *v1.Node) *v1.Node {
-	return &v1.Node{
+	c := &v1.Node{
 		ObjectMeta: compactMeta(&n.ObjectMeta, nodeLabels, nodeAnnotations),
 		Status:     v1.NodeStatus{Addresses: n.Status.Addresses},
 	}
+	c.DeletionTimestamp = n.DeletionTimestamp
+	for _, t := range n.Spec.Taints {
+		if t.Key == toBeDeletedTaint {
+			c.Spec.Taints = append(c.Spec.Taints, t)
+		}
+	}
+	return c
 }

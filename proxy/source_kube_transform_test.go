@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -137,6 +138,24 @@ func TestTransformKeepsWhatKpReads(t *testing.T) {
 	if !reflect.DeepEqual(gotNode.IPs, wantNode.IPs) || gotNode.Zone() != wantNode.Zone() || gotNode.ProxyMode != "iptables" ||
 		len(compactNode(node).Status.Images) != 0 {
 		t.Errorf("compacted Node converts to %+v, want the addresses, zone and requested mode of %+v", gotNode, wantNode)
+	}
+
+	// /healthz's node eligibility reads the autoscaler's taint and the
+	// deletion timestamp from the compacted Node.
+	node.Spec.Taints = []v1.Taint{{Key: "other", Effect: v1.TaintEffectNoSchedule}, {Key: toBeDeletedTaint, Value: "1", Effect: v1.TaintEffectNoSchedule}}
+	h := NewHealth(time.Minute, clocktesting.NewFakeClock(time.Now()))
+	h.SyncNode(compactNode(node))
+	if _, _, _, eligible := h.status(); eligible {
+		t.Errorf("a Node tainted %s is eligible once compacted", toBeDeletedTaint)
+	}
+	if got := compactNode(node).Spec.Taints; len(got) != 1 {
+		t.Errorf("compacted Node keeps taints %v, want only %s", got, toBeDeletedTaint)
+	}
+	now := metav1.Now()
+	node.Spec.Taints, node.DeletionTimestamp = nil, &now
+	h.SyncNode(compactNode(node))
+	if _, _, _, eligible := h.status(); eligible {
+		t.Error("a Node being deleted is eligible once compacted")
 	}
 }
 

@@ -37,6 +37,13 @@ func serveMigrationRequest(w http.ResponseWriter, r *http.Request, m Migrator) {
 		http.Error(w, "to: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if t.Mode == ModeNone {
+		// It leaves the node without a proxy unless another one serves
+		// it: only the Node annotation asks for it (kp migrate cluster
+		// --rollback, once kube-proxy's rules are in place).
+		http.Error(w, "to: none is asked for by the Node annotation "+AnnotationProxyMode+" only (kp migrate cluster --rollback)", http.StatusBadRequest)
+		return
+	}
 	by := req.RequestedBy
 	if by == "" {
 		by = "status API"

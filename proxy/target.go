@@ -7,7 +7,8 @@ import (
 
 // AnnotationProxyMode on a Node asks the kp running there to switch to a
 // mode (a Target's spelling: nftables, iptables, iptables-nft,
-// iptables-legacy, ipvs, userspace). It persists the choice: a restarted kp
+// iptables-legacy, ipvs, userspace; none, which removes kp's rules and
+// programs nothing, hands the node back to kube-proxy). It persists the choice: a restarted kp
 // starts in that mode whatever its flags say.
 const AnnotationProxyMode = "kpproxy.io/proxy-mode"
 
@@ -23,14 +24,14 @@ type Target struct {
 func ParseTarget(s string) (Target, error) {
 	s = strings.TrimSpace(s)
 	switch s {
-	case string(ModeNFTables), string(ModeIPTables), string(ModeIPVS), string(ModeUserspace):
+	case string(ModeNFTables), string(ModeIPTables), string(ModeIPVS), string(ModeUserspace), string(ModeNone):
 		return Target{Mode: Mode(s)}, nil
 	case "iptables-nft":
 		return Target{Mode: ModeIPTables, IPTablesBackend: "nft"}, nil
 	case "iptables-legacy":
 		return Target{Mode: ModeIPTables, IPTablesBackend: "legacy"}, nil
 	}
-	return Target{}, fmt.Errorf("unknown mode %q: want nftables, iptables, iptables-nft, iptables-legacy, ipvs or userspace", s)
+	return Target{}, fmt.Errorf("unknown mode %q: want nftables, iptables, iptables-nft, iptables-legacy, ipvs, userspace or none", s)
 }
 
 // String is the target's spelling, ParseTarget's input.

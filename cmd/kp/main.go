@@ -82,6 +82,7 @@ func newApp(stdout, stderr io.Writer) *app {
 			proxy.ModeUserspace: func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, error) {
 				return userspace.New(cfg, log)
 			},
+			proxy.ModeNone: func(proxy.Config, *slog.Logger) (proxy.Backend, error) { return proxy.NoneBackend{}, nil },
 		},
 		newKubeClient: proxy.NewKubeClient,
 		runProxy:      proxy.Run,

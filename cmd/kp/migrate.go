@@ -21,14 +21,19 @@ func newMigrateCommand(a *app) *cobra.Command {
 		Use:   "migrate",
 		Short: "Move a node between proxy modes, or from kube-proxy to kp, without dropping a connection",
 		Long: `Move a node's Services from what programs them now (kp in another mode, upstream
-kube-proxy's leftovers) to a kp mode, with a plan first and a proof at the end.`,
+kube-proxy's leftovers) to a kp mode, with a plan first and a proof at the end;
+or a whole cluster, node by node, from kube-proxy to kp or between kp modes.`,
 		Example: `  # On the node, as root: what would change, then do it
   kp migrate node --to iptables --dry-run
-  kp migrate node --to iptables`,
+  kp migrate node --to iptables
+
+  # The whole cluster, node by node, through the API server
+  kp migrate cluster --from-kube-proxy
+  kp migrate cluster --to iptables`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newMigrateNodeCommand(a))
+	cmd.AddCommand(newMigrateNodeCommand(a), newMigrateClusterCommand(a))
 	return cmd
 }
 
@@ -107,6 +112,9 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	target, err := proxy.ParseTarget(o.to)
 	if err != nil {
 		return fmt.Errorf("--to: %w", err)
+	}
+	if target.Mode == proxy.ModeNone {
+		return errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
 	}
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.

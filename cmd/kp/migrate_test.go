@@ -14,6 +14,7 @@ func TestMigrateNodeErrorsNameTheNodeAndTheStep(t *testing.T) {
 			"kp: migrate node test-host: step plan: status API: "},
 		{[]string{"migrate", "node", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
 		{[]string{"migrate", "node"}, `required flag(s) "to" not set`},
+		{[]string{"migrate", "node", "--to", "none"}, "kp: --to none: the none mode removes kp's rules"},
 	} {
 		h := newHarness(t)
 		h.a.hostname = func() (string, error) { return "test-host", nil }
@@ -29,5 +30,32 @@ func TestMigrateHelpShowsExamples(t *testing.T) {
 		if code := h.run(args...); code != 0 || !strings.Contains(h.stdout.String(), "kp migrate node --to") {
 			t.Errorf("%v: exit %d, output:\n%s", args, code, h.stdout.String())
 		}
+	}
+}
+
+func TestMigrateClusterRefusesBadRequestsBeforeCallingTheAPI(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "cluster"}, "kp: --to MODE or --from-kube-proxy is required"},
+		{[]string{"migrate", "cluster", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
+		{[]string{"migrate", "cluster", "--to", "none"}, "kp: --to none: the none mode is the rollback's"},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--max-unavailable", "0"}, "kp: --max-unavailable 0: at least 1"},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--kubeconfig", "/nonexistent"}, "kp: API client (--kubeconfig, KUBECONFIG or ~/.kube/config)"},
+	} {
+		h := newHarness(t)
+		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, h.stderr.String(), tc.want)
+		}
+	}
+}
+
+func TestMigrateClusterHelpShowsExamples(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("migrate", "cluster", "--help"); code != 0 ||
+		!strings.Contains(h.stdout.String(), "kp migrate cluster --from-kube-proxy --keep-kube-proxy") ||
+		!strings.Contains(h.stdout.String(), "--rollback") {
+		t.Errorf("exit %d, output:\n%s", code, h.stdout.String())
 	}
 }

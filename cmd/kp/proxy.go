@@ -115,6 +115,7 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	opts.Backend = sw
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
+	opts.Inventory = inventoryPrograms
 	err = a.runProxy(ctx, cfg, opts)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil

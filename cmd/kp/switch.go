@@ -11,6 +11,7 @@ import (
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // switcher wraps the started backend in the proxy.Switcher kp proxy runs:
@@ -50,6 +51,13 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 				}
 			}
 			return to.Run(ctx)
+		},
+		// The none mode carries nothing: there is nothing to prove.
+		Verify: func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error) {
+			if b.Mode() == proxy.ModeNone {
+				return &statusapi.Verification{}, nil
+			}
+			return proxy.VerifyServices(ctx, st, b, proxy.VerifyOptions{})
 		},
 		Switched: func(b proxy.Backend) {
 			if cleaner != nil {
@@ -104,4 +112,16 @@ func nodePorts(st *proxy.State) []migrate.NodePort {
 		out = append(out, migrate.NodePort{Protocol: proto, Port: uint16(sp.NodePort)})
 	}
 	return out
+}
+
+// inventoryPrograms is migrate.Inventory as the status API's
+// /kp/v1/inventory lists it.
+func inventoryPrograms(ctx context.Context) ([]statusapi.Program, error) {
+	found, err := migrate.Inventory(ctx)
+	out := make([]statusapi.Program, 0, len(found))
+	for _, f := range found {
+		out = append(out, statusapi.Program{Owner: f.Owner, Mode: f.Mode, Where: f.Where, Chains: f.Chains,
+			Rules: f.Rules, Elements: f.Elements, VirtualServers: f.VirtualServers})
+	}
+	return out, err
 }

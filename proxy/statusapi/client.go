@@ -73,6 +73,12 @@ func (c *Client) RequestMigration(ctx context.Context, req MigrationRequest) (*M
 	return &m, nil
 }
 
+// Inventory fetches /kp/v1/inventory.
+func (c *Client) Inventory(ctx context.Context) (*Inventory, error) {
+	var inv Inventory
+	return &inv, c.get(ctx, InventoryPath, nil, &inv)
+}
+
 func (c *Client) httpClient() *http.Client {
 	if c.HTTP == nil {
 		return http.DefaultClient

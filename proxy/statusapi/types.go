@@ -249,3 +249,37 @@ type Verification struct {
 	// moved) whose endpoint did not accept the probe.
 	Warnings []string `json:"warnings,omitempty"`
 }
+
+// InventoryPath is GET /kp/v1/inventory: what programs this node's
+// Services in the kernel now, kp's rules and any other proxy's (upstream
+// kube-proxy's), read when asked. kp migrate cluster reads it to gate a
+// node's step on what is in the kernel: kube-proxy's leftovers gone after
+// a take-over, the returning kube-proxy's rules in place before kp removes
+// its own.
+const InventoryPath = "/kp/" + Version + "/inventory"
+
+// Inventory is GET /kp/v1/inventory.
+type Inventory struct {
+	APIVersion string    `json:"apiVersion"` // "kp/v1"
+	Node       string    `json:"node"`
+	Time       time.Time `json:"time"`
+	Programs   []Program `json:"programs"`
+	// Error says what could not be read (a missing iptables flavor is not
+	// an error: it has nothing to list).
+	Error string `json:"error,omitempty"`
+}
+
+// Program is one place where a proxy programs the node's Services: an
+// nftables table, or one iptables flavor and family, with its size.
+type Program struct {
+	Owner string `json:"owner"` // kp, kube-proxy
+	// Mode is the owner's mode: for kp nftables, iptables-nft,
+	// iptables-legacy, userspace; for kube-proxy nftables, iptables/ipvs
+	// (its iptables chains serve both its modes) or ipvs.
+	Mode           string `json:"mode"`
+	Where          string `json:"where"` // "nftables ip kp", "iptables-nft IPv4"
+	Chains         int    `json:"chains"`
+	Rules          int    `json:"rules"`
+	Elements       int    `json:"elements,omitempty"`
+	VirtualServers int    `json:"virtualServers,omitempty"`
+}

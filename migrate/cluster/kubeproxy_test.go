@@ -1,0 +1,162 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func fromKubeProxy() Request {
+	return Request{FromKubeProxy: true, MaxUnavailable: 1, Pause: true, NodeTimeout: time.Minute}
+}
+
+// kubeProxyCluster is kube-proxy's DaemonSet on every node, its rules in
+// every kernel, no kp yet.
+func kubeProxyCluster(t *testing.T, nodes ...string) *world {
+	w := newWorld(t, nodes...)
+	w.daemonSet("kube-proxy")
+	w.kubeProxyDS = true
+	for _, n := range nodes {
+		w.kubeProxyRules[n] = true
+	}
+	return w
+}
+
+func TestFromKubeProxyAsksForKPsDaemonSetAfterLabelingEveryNode(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a", "node-b")
+	err := w.controller().Run(context.Background(), fromKubeProxy())
+	if err == nil || !strings.Contains(err.Error(), "apply kp's manifests now") {
+		t.Fatalf("want the command to ask for kp's DaemonSet, got %v", err)
+	}
+	for _, n := range []string{"node-a", "node-b"} {
+		if l := w.node(n).Labels[LabelProxy]; l != ProxyKubeProxy {
+			t.Errorf("%s: label %q, want kube-proxy", n, l)
+		}
+	}
+	ds, _ := w.client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{})
+	terms := ds.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || terms[0].MatchExpressions[0].Operator != v1.NodeSelectorOpIn {
+		t.Errorf("kube-proxy's affinity: %+v", terms)
+	}
+}
+
+func TestFromKubeProxyMovesANodeOnlyOnceThePreviousIsTakenOver(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a", "node-b", "node-c")
+	_ = w.controller().Run(context.Background(), fromKubeProxy()) // labels, asks for kp
+	w.daemonSet("kp")
+	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	log := w.events()
+	for i, n := range []string{"node-a", "node-b"} {
+		next := []string{"node-b", "node-c"}[i]
+		done := index(log, n+": kp took kube-proxy's rules over")
+		labeled := index(log, next+`: patch {"metadata":{"labels":{"kpproxy.io/proxy":"kp"}}}`)
+		if done < 0 || labeled < done {
+			t.Errorf("%s labeled kp (event %d) before kp took %s over (event %d):\n%s", next, labeled, n, done, strings.Join(log, "\n"))
+		}
+	}
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		if w.kubeProxyRules[n] || w.kp[n] == nil || w.kubeProxyDSPodOn(n) {
+			t.Errorf("%s: kube-proxy rules %v, kp %v, kube-proxy pod %v", n, w.kubeProxyRules[n], w.kp[n] != nil, w.kubeProxyDSPodOn(n))
+		}
+		if r := w.record(n); r == nil || r.Phase != PhaseDone {
+			t.Errorf("%s: record %v", n, r)
+		}
+	}
+	if _, err := w.client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err == nil {
+		t.Error("kube-proxy's DaemonSet still exists at the end (no --keep-kube-proxy)")
+	}
+	if !strings.Contains(w.out.String(), "take-over") {
+		t.Errorf("progress names no take-over step:\n%s", w.out.String())
+	}
+}
+
+func TestFromKubeProxyRollbackHandsBackWithKubeProxyServingBeforeKPsRulesGo(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a", "node-b")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	req := fromKubeProxy()
+	req.KeepKubeProxy = true
+	if err := w.controller().Run(context.Background(), req); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	req.Rollback = true
+	if err := w.controller().Run(context.Background(), req); err != nil {
+		t.Fatalf("rollback: %v\n%s", err, w.out.String())
+	}
+	log := w.events()
+	for _, n := range []string{"node-a", "node-b"} {
+		written := lastIndex(log, n+": kube-proxy's rules written")
+		none := lastIndex(log, n+": kp's rules removed")
+		leaves := lastIndex(log, n+": kp leaves")
+		if written < 0 || none < written || leaves < none {
+			t.Errorf("%s: kube-proxy's rules written at event %d, kp's removed at %d, kp left at %d: want that order\n%s",
+				n, written, none, leaves, strings.Join(log, "\n"))
+		}
+		if !w.kubeProxyRules[n] {
+			t.Errorf("%s: kube-proxy's rules gone after the rollback", n)
+		}
+		nd := w.node(n)
+		if nd.Labels[LabelProxy] != ProxyKubeProxy || len(nd.Annotations) != 0 {
+			t.Errorf("%s after the rollback: labels %v, annotations %v", n, nd.Labels, nd.Annotations)
+		}
+	}
+	if b, a := lastIndex(log, "node-b: kp leaves"), lastIndex(log, "node-a: kp leaves"); b > a {
+		t.Errorf("rollback order: node-b (event %d) should go back before node-a (event %d)", b, a)
+	}
+}
+
+func TestFromKubeProxyRollbackNeedsKubeProxysDaemonSet(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+		t.Fatal(err)
+	}
+	req := fromKubeProxy()
+	req.Rollback = true
+	err := w.controller().Run(context.Background(), req)
+	if err == nil || !strings.Contains(err.Error(), "--keep-kube-proxy") {
+		t.Fatalf("want an error saying kube-proxy's DaemonSet is gone, got %v", err)
+	}
+}
+
+func lastIndex(log []string, s string) int {
+	for i := len(log) - 1; i >= 0; i-- {
+		if strings.Contains(log[i], s) {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestFromKubeProxyAsksKPToTakeOverAgainWhenLeftoversOutliveItsTakeOver(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	// A take-over that never finishes by itself: only a switch removes them.
+	w.client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		w.mu.Lock()
+		if k := w.kp["node-a"]; k != nil && k.leftoverReads > 0 && k.leftoverReads < 1000 {
+			k.leftoverReads = 1000
+		}
+		w.mu.Unlock()
+		return false, nil, nil
+	})
+	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	if !strings.Contains(w.out.String(), "after a second take-over: kpproxy.io/proxy-mode=nftables") {
+		t.Errorf("no second take-over in the progress:\n%s", w.out.String())
+	}
+	if w.kubeProxyRules["node-a"] {
+		t.Error("kube-proxy's rules still there")
+	}
+}

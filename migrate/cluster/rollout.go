@@ -1,0 +1,185 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+)
+
+// Config configures a Controller.
+type Config struct {
+	Client kubernetes.Interface
+	// KP reads a kp pod's status and inventory (PodProxy).
+	KP KPReader
+	// Namespace of both DaemonSets (kube-system), and their names.
+	Namespace          string
+	KPDaemonSet        string
+	KubeProxyDaemonSet string
+	// Out receives the plan and the progress lines; nil discards.
+	Out io.Writer
+	Log *slog.Logger
+	// Clock and PollInterval pace the gates (tests use a fake clock).
+	Clock        clock.Clock
+	PollInterval time.Duration
+}
+
+// Controller carries out Requests.
+type Controller struct {
+	cfg      Config
+	progress *progress
+}
+
+// New returns a Controller with cfg's defaults filled in.
+func New(cfg Config) *Controller {
+	if cfg.Namespace == "" {
+		cfg.Namespace = metav1.NamespaceSystem
+	}
+	if cfg.KPDaemonSet == "" {
+		cfg.KPDaemonSet = "kp"
+	}
+	if cfg.KubeProxyDaemonSet == "" {
+		cfg.KubeProxyDaemonSet = "kube-proxy"
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	return &Controller{cfg: cfg}
+}
+
+// StepError is a node's failure: the node, the step, what went wrong.
+type StepError struct {
+	Node, Step string
+	Err        error
+}
+
+func (e *StepError) Error() string { return fmt.Sprintf("node %s: step %s: %v", e.Node, e.Step, e.Err) }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// Run plans req from the Nodes, prints the plan, and carries it out.
+func (c *Controller) Run(ctx context.Context, req Request) error {
+	if req.NodeTimeout <= 0 {
+		req.NodeTimeout = 5 * time.Minute
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	nodes, err := c.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	plan, err := NewPlan(req, nodes.Items)
+	if err != nil {
+		return err
+	}
+	plan.Print(c.cfg.Out)
+	todo := plan.Todo()
+	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, len(plan.Nodes)-len(todo), todo)
+	if req.FromKubeProxy {
+		if err := c.prepareFromKubeProxy(ctx, req, plan); err != nil {
+			return err
+		}
+	}
+	if err := c.rollout(ctx, req, plan); err != nil {
+		return err
+	}
+	if req.FromKubeProxy && !req.Rollback {
+		return c.finishFromKubeProxy(ctx, req)
+	}
+	return nil
+}
+
+// rollout runs each node of plan's to-do list, at most MaxUnavailable at
+// once. With Pause, the first failure stops new nodes from starting; the
+// ones in flight finish.
+func (c *Controller) rollout(ctx context.Context, req Request, plan *Plan) error {
+	todo := plan.Todo()
+	sem := make(chan struct{}, req.MaxUnavailable)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		errs    []error
+		stopped bool
+	)
+	for _, n := range todo {
+		sem <- struct{}{}
+		mu.Lock()
+		stop := stopped
+		mu.Unlock()
+		if stop || ctx.Err() != nil {
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func(node string) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c.progress.start(node)
+			err := c.node(ctx, req, node)
+			c.progress.end(node, err)
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				stopped = stopped || req.Pause
+				mu.Unlock()
+			}
+		}(n.Node)
+	}
+	wg.Wait()
+	c.progress.summary()
+	if len(errs) > 0 {
+		if req.Pause {
+			return fmt.Errorf("paused: %w (fix it and re-run the same command to resume, or add --rollback)", errors.Join(errs...))
+		}
+		return errors.Join(errs...)
+	}
+	return ctx.Err()
+}
+
+// node carries out req on one node.
+func (c *Controller) node(ctx context.Context, req Request, node string) error {
+	switch {
+	case req.FromKubeProxy && req.Rollback:
+		return c.handBack(ctx, req, node)
+	case req.FromKubeProxy:
+		return c.takeOver(ctx, req, node)
+	case req.Rollback:
+		return c.switchBack(ctx, req, node)
+	default:
+		return c.switchMode(ctx, req, node)
+	}
+}
+
+// PrintPlan prints what Run would do for req, changing nothing.
+func (c *Controller) PrintPlan(ctx context.Context, req Request) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	nodes, err := c.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	plan, err := NewPlan(req, nodes.Items)
+	if err != nil {
+		return err
+	}
+	plan.Print(c.cfg.Out)
+	fmt.Fprintln(c.cfg.Out, "Dry run: nothing changed.")
+	return nil
+}
