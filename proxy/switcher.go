@@ -360,6 +360,12 @@ func (s *Switcher) migrate(ctx context.Context, st *State, req *switchRequest) {
 		end = s.step(p, "verify")
 		v, err = s.verify(ctx, st, nb, nt, p)
 	}
+	if err != nil && !same && shadowed(v) && s.oldTakesTheProbes(ctx, st, old) {
+		end(fmt.Sprintf("not proven yet, %s's rules come first in the nat hooks and took the probes: %v", oldT, err), nil)
+		log.Warn("migration: the new mode's rules are shadowed by the old mode's; removing those first", "err", err)
+		s.handOverShadowed(ctx, st, &migrationRecord{progress: p, old: old, nb: nb, oldT: oldT, nt: nt}, log)
+		return
+	}
 	if err != nil {
 		end("", err)
 		if !same {

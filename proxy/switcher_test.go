@@ -66,7 +66,7 @@ func TestSwitcherProgramsVerifiesThenRemovesTheOldMode(t *testing.T) {
 			want: []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "retire all but iptables-nft"}},
 		{name: "verify fails: the new rules go, the old mode stays", to: "userspace", verifyErr: errors.New("no counters moved"),
 			phase: statusapi.MigrationFailed, mode: ModeNFTables,
-			want: []string{"nftables sync", "build userspace", "userspace sync", "verify userspace", "userspace cleanup"}},
+			want: []string{"nftables sync", "build userspace", "userspace sync", "verify userspace", "verify nftables", "userspace cleanup"}},
 		{name: "the running mode: re-verify and remove leftovers", to: "nftables", phase: statusapi.MigrationSucceeded, mode: ModeNFTables,
 			want: []string{"nftables sync", "verify nftables", "retire all but nftables"}},
 	} {
@@ -242,5 +242,86 @@ func TestSwitcherRetiresWhatWasKeptForConnectionsAtLaterSyncs(t *testing.T) {
 	clk.Step(retireRetry)
 	if got := sync(); !slices.Equal(got, []string{"iptables sync"}) {
 		t.Errorf("a sync once nothing is kept: %q", got)
+	}
+}
+
+// A new mode that synced but proved no Service while the old mode took
+// every probe is shadowed (the old mode's chains run first in the nat
+// hooks): the old mode goes first, then the new one is proven; if it still
+// proves nothing, the old mode is programmed again and the new one
+// removed.
+func TestSwitcherHandsOverFromAModeWhoseChainsComeFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		newCarries  bool // once the old mode is gone
+		want        []string
+		phase       string
+		mode        Mode
+		failureText string
+	}{
+		{name: "shadowed", newCarries: true, phase: statusapi.MigrationSucceeded, mode: ModeIPTables,
+			want: []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "verify nftables",
+				"retire all but iptables-nft", "verify iptables"}},
+		{name: "broken", newCarries: false, phase: statusapi.MigrationFailed, mode: ModeNFTables,
+			failureText: "nftables programmed again",
+			want: []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "verify nftables",
+				"retire all but iptables-nft", "verify iptables", "build nftables", "nftables sync", "iptables cleanup"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log []string
+			s := newTestSwitcher(&log, nil)
+			oldGone := false
+			s.cfg.Retire = func(_ context.Context, running Target, _ *State, _ bool) (int, error) {
+				log = append(log, "retire all but "+running.String())
+				oldGone = running.Mode != ModeNFTables
+				return 0, nil
+			}
+			s.cfg.Verify = func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
+				log = append(log, "verify "+string(b.Mode()))
+				if b.Mode() == ModeNFTables || oldGone && tc.newCarries {
+					return &statusapi.Verification{ServicePorts: 2}, nil
+				}
+				return &statusapi.Verification{Failed: []string{"web", "api"}}, nil
+			}
+			ctx := context.Background()
+			_ = s.Sync(ctx, &State{})
+			log = nil
+			if _, err := s.Request(Target{Mode: ModeIPTables, IPTablesBackend: "nft"}, "test"); err != nil {
+				t.Fatal(err)
+			}
+			_ = s.Sync(ctx, &State{})
+			if !slices.Equal(log, tc.want) {
+				t.Errorf("calls\n%q\nwant\n%q", log, tc.want)
+			}
+			m := s.Migration()
+			if m.Phase != tc.phase || s.Mode() != tc.mode || !strings.Contains(m.Error, tc.failureText) {
+				t.Errorf("phase %s (%s), mode %s; want %s, %s", m.Phase, m.Error, s.Mode(), tc.phase, tc.mode)
+			}
+		})
+	}
+}
+
+// A new mode that proves some Services and not others is broken, not
+// shadowed: the switch fails without touching the old mode.
+func TestSwitcherDoesNotHandOverToAModeThatCarriesOnlySomeServices(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	s.cfg.Verify = func(_ context.Context, _ *State, b Backend) (*statusapi.Verification, error) {
+		log = append(log, "verify "+string(b.Mode()))
+		if b.Mode() == ModeNFTables {
+			return &statusapi.Verification{ServicePorts: 2}, nil
+		}
+		return &statusapi.Verification{ServicePorts: 1, Failed: []string{"api"}}, nil
+	}
+	ctx := context.Background()
+	_ = s.Sync(ctx, &State{})
+	log = nil
+	if _, err := s.Request(Target{Mode: ModeIPTables, IPTablesBackend: "nft"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Sync(ctx, &State{})
+	want := []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "iptables cleanup"}
+	if !slices.Equal(log, want) || s.Mode() != ModeNFTables {
+		t.Errorf("calls %q (mode %s), want %q", log, s.Mode(), want)
 	}
 }

@@ -17,10 +17,15 @@ type migration struct {
 	name    string
 	from    mode
 	targets []string
+	// olderNAT: iptables-nft's nat chains exist before kp starts, as
+	// kubelet's and CNI plugins' do on a real node, so they run after
+	// kp's nftables chains: a switch to iptables-nft is shadowed until
+	// kp's nftables rules go.
+	olderNAT bool
 }
 
 var migrations = []migration{
-	{name: "nftables-iptables-nft-nftables", from: modeNFTables, targets: []string{"iptables-nft", "nftables"}},
+	{name: "nftables-iptables-nft-nftables", from: modeNFTables, targets: []string{"iptables-nft", "nftables"}, olderNAT: true},
 	{name: "nftables-iptables-legacy", from: modeNFTables, targets: []string{"iptables-legacy"}},
 	{name: "nftables-userspace-nftables", from: modeNFTables, targets: []string{"userspace", "nftables"}},
 	// In the VM (TestIPVSModeInTheVM): this kernel has no IPVS.
@@ -56,6 +61,15 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 			e.write("web.yaml", web(pods[0], pods[1], pods[2]))
 			e.write("api.yaml", api)
 			e.write("stream.yaml", stream)
+			if mg.olderNAT {
+				// Rules that match nothing (TEST-NET-1), in the chains the
+				// verify probes (OUTPUT) and the clients (PREROUTING) pass.
+				for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+					if out, err := e.w.Exec(e.w.Node(), "iptables-nft", "-t", "nat", "-A", chain, "-d", "192.0.2.1/32", "-j", "RETURN"); err != nil {
+						t.Fatalf("an older iptables-nft nat chain: %v\n%s", err, out)
+					}
+				}
+			}
 			e.startKP()
 			client := e.w.Client()
 			for _, a := range []string{webTCP, apiTCP} {
