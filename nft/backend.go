@@ -67,7 +67,7 @@ type tableBook struct {
 // own records fp as what name wrote; an empty footprint (a port of the
 // other family, for instance) is not kept.
 func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
-	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems) == 0 {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots) == 0 {
 		delete(book.owned, name)
 		return
 	}
