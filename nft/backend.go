@@ -258,7 +258,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		want.mergeObjects(v)
 		for set, es := range v.elements {
 			for k, e := range es {
-				if unshared(set) || book.owners.owner(elemRef{set, k}) == fp {
+				if unshared(set) || book.owners.owner(refTo(set, k)) == fp {
 					want.putElement(set, k, e)
 				}
 			}
@@ -330,7 +330,7 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 			continue
 		}
 		for k := range es {
-			o := book.owners.owner(elemRef{set, k})
+			o := book.owners.owner(refTo(set, k))
 			if o == nil {
 				continue
 			}

@@ -215,7 +215,7 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 			if _, ok := skel.elements[set][k]; ok {
 				continue
 			}
-			if unshared(set) && slots[slotOfKeyID(k)] || !unshared(set) && owners.owner(elemRef{set, k}) != nil {
+			if unshared(set) && slots[slotOfKeyID(k)] || !unshared(set) && owners.owner(refTo(set, k)) != nil {
 				continue
 			}
 			v.addElement(set, elementOfKey(set, k))

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"slices"
+	"unique"
 
 	"github.com/kpproxy/kp/proxy"
 )
@@ -24,8 +25,18 @@ type footprint struct {
 	slots  []slotRun // the endpoints map's keys
 }
 
-// elemRef names one element: its set and its keyID.
-type elemRef struct{ set, key string }
+// elemRef names one element: its set and its keyID. The set's name is
+// interned (a handle is 8 bytes where a string is 16): a footprint holds a
+// dozen references per service port.
+type elemRef struct {
+	set unique.Handle[string]
+	key string
+}
+
+func refTo(set, key string) elemRef { return elemRef{unique.Make(set), key} }
+
+// setName is the referenced element's set.
+func (r elemRef) setName() string { return r.set.Value() }
 
 // slotRun is the endpoint slots first … first+n-1.
 type slotRun struct{ first, n uint32 }
@@ -51,7 +62,7 @@ func footprintOf(name proxy.ServicePortName, v *view) *footprint {
 			continue
 		}
 		for k := range es {
-			fp.elems = append(fp.elems, elemRef{set, k})
+			fp.elems = append(fp.elems, refTo(set, k))
 		}
 	}
 	return fp
@@ -96,7 +107,7 @@ func (fp *footprint) hasSlot(slot uint32) bool {
 
 // has reports whether fp holds the element r.
 func (fp *footprint) has(r elemRef) bool {
-	if r.set == mapEndpoints {
+	if r.setName() == mapEndpoints {
 		return fp.hasSlot(slotOfKeyID(r.key))
 	}
 	return slices.Contains(fp.elems, r)
@@ -112,7 +123,8 @@ func (fp *footprint) scope() *view {
 		v.sets[s] = &Set{Name: s}
 	}
 	for _, r := range fp.elems {
-		v.putElement(r.set, r.key, elementOfKey(r.set, r.key))
+		set := r.setName()
+		v.putElement(set, r.key, elementOfKey(set, r.key))
 	}
 	for _, r := range fp.slots {
 		for s := r.first; s < r.first+r.n; s++ {

@@ -6,7 +6,7 @@ import "testing"
 // come and go in, a key belongs to the first of its owners by name, and to
 // nobody once the last one is gone.
 func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
-	r := elemRef{setClusterIPs, "k"}
+	r := refTo(setClusterIPs, "k")
 	fp := func(name string) *footprint {
 		return &footprint{name: spName("ns", name, ""), elems: []elemRef{r}}
 	}
@@ -48,7 +48,7 @@ func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
 func TestElementOwnersAreExactWhenKeysCollide(t *testing.T) {
 	o := newElementOwners()
 	o.hashOf = func(elemRef) uint64 { return 7 } // every key collides
-	r1, r2, r3 := elemRef{setClusterIPs, "k1"}, elemRef{setHairpin, "k2"}, elemRef{setClusterIPs, "k3"}
+	r1, r2, r3 := refTo(setClusterIPs, "k1"), refTo(setHairpin, "k2"), refTo(setClusterIPs, "k3")
 	a := &footprint{name: spName("ns", "a", ""), elems: []elemRef{r2}}
 	b := &footprint{name: spName("ns", "b", ""), elems: []elemRef{r1, r2}}
 	c := &footprint{name: spName("ns", "c", ""), elems: []elemRef{r1}}
