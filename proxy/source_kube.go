@@ -179,14 +179,7 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 	synced := make([]cache.InformerSynced, 0, len(watches))
 	for _, w := range watches {
 		ctl := cache.New(&cache.Config{
-			Queue: &streamCompactingQueue{
-				RealFIFO: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
-					Name:         w.kind,
-					KeyFunction:  cache.DeletionHandlingMetaNamespaceKeyFunc,
-					KnownObjects: w.known,
-				}),
-				transform: k.transform,
-			},
+			Queue:                        newStreamQueue(w, k.transform, k.log),
 			ListerWatcher:                w.lw,
 			ObjectType:                   w.object,
 			ObjectDescription:            w.kind,
@@ -240,22 +233,6 @@ func (k *KubeSource) watchReachability(ctx context.Context) {
 		}
 	}
 }
-
-// streamCompactingQueue is the queue between a reflector and its keyStore.
-// The reflector applies its Transformer to a streamed initial list
-// (watch-list), which it holds whole until the list's end: there, compact
-// objects take a third of the room. The queue itself transforms nothing: a
-// listed object is held by the list response while it is queued, so a
-// compact copy would add to the peak, not take from it, and a watched one
-// goes to the sink at once.
-type streamCompactingQueue struct {
-	*cache.RealFIFO
-	transform cache.TransformFunc
-}
-
-// Transformer is what the reflector applies to a streamed initial list
-// (cache.TransformingStore).
-func (q *streamCompactingQueue) Transformer() cache.TransformFunc { return q.transform }
 
 // informerShutdownTimeout bounds how long stopping waits for the watches.
 const informerShutdownTimeout = 5 * time.Second

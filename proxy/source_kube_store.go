@@ -92,6 +92,9 @@ func (s *keyStore[T]) process(obj any, _ bool) error {
 // upsert delivers obj unless its version was already delivered (a relist
 // lists every object again), or as a deletion when it stopped matching.
 func (s *keyStore[T]) upsert(obj any) {
+	if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
+		return // a streamed object's stand-in: delivered as it arrived (deliverStreamed)
+	}
 	o, ok := obj.(T)
 	if !ok {
 		s.log.Error("the kube source received an unexpected type", "kind", s.kind, "type", fmt.Sprintf("%T", obj))
@@ -160,4 +163,24 @@ func storeKey(namespace, name string) string {
 		return name
 	}
 	return namespace + "/" + name
+}
+
+// deliverStreamed is the reflector's transform for a streamed initial list
+// (watch-list) before the first one ended: it delivers obj at once and
+// returns a stand-in holding its key and version alone. The reflector
+// holds a streamed list whole until its end, then hands it to the queue
+// (the relist diff); with stand-ins, that is a few MB at 10,000 Services
+// where the objects, compacted, took about 40. The sink gets the objects
+// in the order they stream, as it would from the queue: nothing else is
+// queued before the first list ends. An object streamed by an attempt that
+// failed part way is a real version; the retry streams it again (skipped
+// when unchanged), and a deletion meanwhile is found by the relist diff.
+func (s *keyStore[T]) deliverStreamed(obj any) (any, error) {
+	o, ok := obj.(T)
+	if !ok {
+		return obj, nil
+	}
+	s.upsert(o)
+	return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
+		Name: o.GetName(), Namespace: o.GetNamespace(), ResourceVersion: o.GetResourceVersion()}}, nil
 }

@@ -421,3 +421,77 @@ func TestKubeSourceReportsTheAPIServerGoingAwayAndComingBack(t *testing.T) {
 		t.Errorf("one outage logged %d times:\n%s", n, logs)
 	}
 }
+
+// TestStreamQueue plays a reflector's streamed lists (watch-list) through
+// a kind's queue: the first list's objects reach the sink as they stream
+// and the reflector keeps stand-ins; the list's end finds the deletions; a
+// later list is compacted and delivered from the queue.
+func TestStreamQueue(t *testing.T) {
+	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	sink := newRecordingSink()
+	w := src.serviceWatch(sink)
+	q := newStreamQueue(w, transformObjects, slog.New(slog.DiscardHandler))
+	stream := func(objs ...*v1.Service) []any {
+		t.Helper()
+		var held []any
+		for _, o := range objs {
+			x, err := q.Transformer()(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, x)
+		}
+		return held
+	}
+	pop := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := q.Pop(cache.PopProcessFunc(w.process)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	web, api, added := kubeServiceAt("default", "web", "1", nil), kubeServiceAt("shop", "api", "1", nil), kubeServiceAt("shop", "new", "2", nil)
+	web.Spec.Selector = map[string]string{"app": "web"}
+
+	// A first attempt streams two objects and fails; the retry streams
+	// web again (unchanged), not api (deleted meanwhile), and a new one.
+	stream(web, api)
+	held := stream(web, added)
+	if got, want := sink.callsSince(0), []string{"set Service default/web", "set Service shop/api", "set Service shop/new"}; !slices.Equal(got, want) {
+		t.Errorf("streamed: calls = %q, want %q", got, want)
+	}
+	for _, h := range held {
+		if _, ok := h.(*metav1.PartialObjectMetadata); !ok {
+			t.Errorf("the reflector holds a %T, want a stand-in", h)
+		}
+	}
+	before := sink.callCount()
+	if err := q.Replace(held, "2"); err != nil {
+		t.Fatal(err)
+	}
+	pop(3) // api's deletion, two stand-ins
+	if got, want := sink.callsSince(before), []string{"delete Service shop/api"}; !slices.Equal(got, want) {
+		t.Errorf("first list's end: calls = %q, want %q", got, want)
+	}
+
+	// A later list (a watch that could not resume) is held compacted and
+	// delivered from the queue.
+	before = sink.callCount()
+	web2 := kubeServiceAt("default", "web", "3", nil)
+	web2.Spec.Selector = map[string]string{"app": "web"}
+	held = stream(web2)
+	if svc, ok := held[0].(*v1.Service); !ok || svc.Spec.Selector != nil {
+		t.Errorf("a later list is held as %#v, want the compact Service", held[0])
+	}
+	if n := sink.callCount(); n != before {
+		t.Errorf("a later list was delivered as it streamed: %q", sink.callsSince(before))
+	}
+	if err := q.Replace(held, "3"); err != nil {
+		t.Fatal(err)
+	}
+	pop(2) // new's deletion, web
+	if got, want := sink.callsSince(before), []string{"delete Service shop/new", "set Service default/web"}; !slices.Equal(got, want) {
+		t.Errorf("later list: calls = %q, want %q", got, want)
+	}
+}

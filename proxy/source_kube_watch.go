@@ -17,15 +17,17 @@ import (
 // kindWatch is one kind's list/watch and the keyStore its events go
 // through.
 type kindWatch struct {
-	kind    string
-	lw      cache.ListerWatcher
-	object  runtime.Object // the listed type, for the reflector
-	known   cache.KeyListerGetter
-	process cache.ProcessFunc
+	kind     string
+	lw       cache.ListerWatcher
+	object   runtime.Object // the listed type, for the reflector
+	known    cache.KeyListerGetter
+	process  cache.ProcessFunc
+	streamed cache.TransformFunc // keyStore.deliverStreamed
 }
 
 func newKindWatch[T kubeObject](s *keyStore[T], lw cache.ListerWatcher, object T) kindWatch {
-	return kindWatch{kind: s.kind, lw: lw, object: any(object).(runtime.Object), known: s, process: s.process}
+	return kindWatch{kind: s.kind, lw: lw, object: any(object).(runtime.Object), known: s, process: s.process,
+		streamed: s.deliverStreamed}
 }
 
 // listWatch lists and watches through a typed client's List and Watch,
