@@ -125,7 +125,8 @@ func (b *Backend) LastTransactionOps() int { return b.lastOps }
 // (proxy.FullSyncReporter).
 func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
 
-// Sync makes kp's tables match s in one transaction. After a successful
+// Sync makes kp's tables match s in one transaction (a large full sync into
+// a table that does not exist yet goes in a few: see applyStage). After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
 // a failure, when the Node changed, and every fullSyncInterval, when the
 // kernel is read again so that whatever changed behind kp's back (another
