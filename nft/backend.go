@@ -51,6 +51,10 @@ type Backend struct {
 
 	// lastOps is the size of the last applied batch, for tests.
 	lastOps int
+	// stagedFrom is how many Services a full sync into a table that does
+	// not exist yet must have to go in fullSyncStages transactions
+	// (stageFullSync); 0 never stages.
+	stagedFrom int
 	// lastFullSync reports whether the last Sync re-rendered everything.
 	lastFullSync bool
 }
@@ -67,7 +71,7 @@ type tableBook struct {
 // own records fp as what name wrote; an empty footprint (a port of the
 // other family, for instance) is not kept.
 func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
-	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems) == 0 {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots) == 0 {
 		delete(book.owned, name)
 		return
 	}
@@ -106,6 +110,7 @@ func newBackend(cfg proxy.Config, log *slog.Logger, conn Conn) (*Backend, error)
 		masqMark:     masqMark,
 		now:          time.Now,
 		slots:        map[family]*slotTable{familyIPv4: newSlotTable(), familyIPv6: newSlotTable()},
+		stagedFrom:   fullSyncStagedFrom,
 		localAddrs:   func() ([]netip.Addr, error) { return listLocalAddrsIn(0) },
 		defaultAddrs: func() ([]netip.Addr, error) { return defaultRouteAddrsIn(0) },
 	}, nil
@@ -120,7 +125,8 @@ func (b *Backend) LastTransactionOps() int { return b.lastOps }
 // (proxy.FullSyncReporter).
 func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
 
-// Sync makes kp's tables match s in one transaction. After a successful
+// Sync makes kp's tables match s in one transaction (a large full sync into
+// a table that does not exist yet goes in a few: see applyStage). After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
 // a failure, when the Node changed, and every fullSyncInterval, when the
 // kernel is read again so that whatever changed behind kp's back (another
@@ -154,6 +160,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	defer tx.discard()
 	for _, f := range families {
 		book := b.tables[f]
+		staged := false
 		if book == nil {
 			model, err := b.conn.Read(f)
 			if err != nil {
@@ -163,6 +170,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			if model == nil {
 				tx.addTable(f)
 				model = newTableState()
+				staged = b.stagedFrom > 0 && len(s.Services) >= b.stagedFrom
 			}
 			book = &tableBook{model: model}
 			b.tables[f] = book
@@ -172,7 +180,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
 		b.slotsMu.Lock()
 		if full {
-			err = b.syncFull(ctx, tx, f, book, s, skel)
+			err = b.syncFull(ctx, tx, f, book, s, skel, staged)
 		} else {
 			b.syncChanged(tx, f, book, s, skel)
 		}
@@ -216,6 +224,45 @@ const fullSyncGCPercent = 25
 // element messages.
 const fullSyncGroup = 256
 
+// A full sync into a table that does not exist yet (a node kp never ran
+// on, or one just rebooted) goes in fullSyncStages transactions instead of
+// one, when it has at least fullSyncStagedFrom Services: nothing of kp's is
+// in the kernel to keep whole, each stage holds whole Services (their
+// chains and every element naming them), and only a stage's batch is held,
+// not the whole table's (17 MB at 10,000 × 10, the largest single part of
+// kp's peak). The price is the kernel's: each transaction adding rules that
+// jump validates the whole table so far (20–60 ms at 10,000), hence few
+// stages. A sync over an existing table stays one transaction. A failed
+// stage fails the sync; the next one reads the kernel and reconciles in one
+// transaction.
+const (
+	fullSyncStages     = 4
+	fullSyncStagedFrom = 4 * fullSyncStages * fullSyncGroup
+)
+
+// stageSize is how many Services of n go in a stage: a whole number of
+// groups.
+func stageSize(n int) int {
+	groups := (n + fullSyncGroup - 1) / fullSyncGroup
+	return max(1, (groups+fullSyncStages-1)/fullSyncStages) * fullSyncGroup
+}
+
+// applyStage applies what tx holds and starts it again, empty.
+func (b *Backend) applyStage(tx *Transaction) error {
+	if err := b.conn.Apply(tx); err != nil {
+		return fmt.Errorf("apply a stage of a full sync into a new table: %w", err)
+	}
+	next := &Transaction{}
+	if st, ok := b.conn.(streamer); ok {
+		var err error
+		if next, err = st.Stream(); err != nil {
+			return fmt.Errorf("start the nftables transaction: %w", err)
+		}
+	}
+	*tx = *next
+	return nil
+}
+
 // streamer is a Conn that can encode a transaction while it is built
 // (netlinkConn; the Fake keeps every operation, for tests to read).
 type streamer interface {
@@ -230,7 +277,7 @@ type streamer interface {
 // (at 10,000 Services it was most of kp's peak memory). The skeleton goes
 // first, as service objects name its chains and sets; what nobody wants
 // any more is deleted last.
-func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) error {
+func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
 	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
 	book.owners = newElementOwners()
 	slots := b.slots[f]
@@ -247,6 +294,10 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		names = append(names, name)
 	}
 	slices.SortFunc(names, compareNames)
+	stage := len(names) + 1 // no stage ends before the last group
+	if staged {
+		stage = stageSize(len(names))
+	}
 	// Services are diffed and spilled a group at a time: one message per
 	// group for each set's elements, not one per Service.
 	want := newView()
@@ -258,7 +309,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		want.mergeObjects(v)
 		for set, es := range v.elements {
 			for k, e := range es {
-				if unshared(set) || book.owners.owner(elemRef{set, k}) == fp {
+				if unshared(set) || book.owners.owner(refTo(set, k)) == fp {
 					want.putElement(set, k, e)
 				}
 			}
@@ -274,6 +325,11 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 			return err
 		}
 		want = newView()
+		if (i+1)%stage == 0 && i != len(names)-1 {
+			if err := b.applyStage(tx); err != nil {
+				return err
+			}
+		}
 	}
 	slots.releaseUnseen(nil)
 	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners))
@@ -330,7 +386,7 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 			continue
 		}
 		for k := range es {
-			o := book.owners.owner(elemRef{set, k})
+			o := book.owners.owner(refTo(set, k))
 			if o == nil {
 				continue
 			}

@@ -179,7 +179,7 @@ func setOf(f family, name string, views ...*view) *Set {
 // service port owns (nor the skeleton), and any named counter. With an
 // empty want, diff deletes them all, in the kernel's order.
 func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners) *view {
-	chains, sets, unsharedKeys := map[string]bool{}, map[string]bool{}, map[elemRef]bool{}
+	chains, sets, slots := map[string]bool{}, map[string]bool{}, map[uint32]bool{}
 	for name := range skel.chains {
 		chains[name] = true
 	}
@@ -193,9 +193,9 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 		for _, s := range fp.sets {
 			sets[s] = true
 		}
-		for _, r := range fp.elems {
-			if unshared(r.set) {
-				unsharedKeys[r] = true
+		for _, r := range fp.slots {
+			for s := r.first; s < r.first+r.n; s++ {
+				slots[s] = true
 			}
 		}
 	}
@@ -212,8 +212,10 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 	}
 	for set, es := range m.elements {
 		for k := range es {
-			r := elemRef{set, k}
-			if _, ok := skel.elements[set][k]; ok || unsharedKeys[r] || owners.owner(r) != nil {
+			if _, ok := skel.elements[set][k]; ok {
+				continue
+			}
+			if unshared(set) && slots[slotOfKeyID(k)] || !unshared(set) && owners.owner(refTo(set, k)) != nil {
 				continue
 			}
 			v.addElement(set, elementOfKey(set, k))

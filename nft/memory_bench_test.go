@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +18,10 @@ import (
 // Memory benchmarks: what kp keeps after a full sync, and the peak of a
 // process that makes one. They measure, they assert nothing (make test
 // runs no benchmark); -bench.memory-sizes picks the sizes.
-var benchMemorySizes = flag.String("bench.memory-sizes", "10000,30000", "Services (of 10 endpoints) in the memory benchmarks")
+var (
+	benchMemorySizes = flag.String("bench.memory-sizes", "10000,30000", "Services (of 10 endpoints) in the memory benchmarks")
+	benchHeapProfile = flag.String("bench.heap-profile", "", "write BenchmarkRetainedHeapAfterAFullSync's heap profile, taken while the backend is alive, to this prefix")
+)
 
 func memorySizes(b *testing.B) []int {
 	var out []int
@@ -51,6 +55,9 @@ func BenchmarkRetainedHeapAfterAFullSync(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				retained = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / (1 << 20)
+				if *benchHeapProfile != "" {
+					writeHeapProfile(b, fmt.Sprintf("%s-%d.pprof", *benchHeapProfile, n))
+				}
 				runtime.KeepAlive(be)
 			}
 			b.ReportMetric(retained, "MiB-retained")
@@ -110,6 +117,17 @@ func TestPeakRSSChild(t *testing.T) {
 		base/1024, peak/1024, idle/1024, (peak-base)/1024, took.Seconds())
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(be)
+}
+
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func procStatusKiB(t testing.TB, field string) float64 {

@@ -6,7 +6,7 @@ import "testing"
 // come and go in, a key belongs to the first of its owners by name, and to
 // nobody once the last one is gone.
 func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
-	r := elemRef{setClusterIPs, "k"}
+	r := refTo(setClusterIPs, "k")
 	fp := func(name string) *footprint {
 		return &footprint{name: spName("ns", name, ""), elems: []elemRef{r}}
 	}
@@ -40,5 +40,36 @@ func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
 				t.Errorf("owners left behind: %v %v", o.first, o.more)
 			}
 		})
+	}
+}
+
+// TestElementOwnersAreExactWhenKeysCollide: the index is by a hash of the
+// key; keys sharing a hash keep their own owners.
+func TestElementOwnersAreExactWhenKeysCollide(t *testing.T) {
+	o := newElementOwners()
+	o.hashOf = func(elemRef) uint64 { return 7 } // every key collides
+	r1, r2, r3 := refTo(setClusterIPs, "k1"), refTo(setHairpin, "k2"), refTo(setClusterIPs, "k3")
+	a := &footprint{name: spName("ns", "a", ""), elems: []elemRef{r2}}
+	b := &footprint{name: spName("ns", "b", ""), elems: []elemRef{r1, r2}}
+	c := &footprint{name: spName("ns", "c", ""), elems: []elemRef{r1}}
+	for _, fp := range []*footprint{c, b, a} {
+		o.add(fp)
+	}
+	check := func(step string, want map[elemRef]*footprint) {
+		t.Helper()
+		for _, r := range []elemRef{r1, r2, r3} {
+			if got := o.owner(r); got != want[r] {
+				t.Errorf("%s: owner(%v) = %v, want %v", step, r, got, want[r])
+			}
+		}
+	}
+	check("all added", map[elemRef]*footprint{r1: b, r2: a})
+	o.remove(b)
+	check("b removed", map[elemRef]*footprint{r1: c, r2: a})
+	o.remove(a)
+	o.remove(c)
+	check("all removed", nil)
+	if len(o.first)+len(o.more) > 0 {
+		t.Errorf("owners left behind: %v %v", o.first, o.more)
 	}
 }

@@ -57,7 +57,7 @@ type Config struct {
 
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period
-	ConfigSyncPeriod time.Duration // informer resync (upstream --config-sync-period)
+	ConfigSyncPeriod time.Duration // upstream --config-sync-period; no effect (no informer cache)
 
 	MetricsBindAddress string
 	HealthzBindAddress string

@@ -139,7 +139,7 @@ func TestEndpointsFor(t *testing.T) {
 				}),
 			},
 			want: []Endpoint{ep("10.0.0.1:8080", func(e *Endpoint) {
-				e.NodeName, e.Zone, e.ZoneHints = "node-a", "zone-a", []string{"zone-a", "zone-b"}
+				e.NodeName, e.Zone, e.Hints = "node-a", "zone-a", &EndpointHints{ForZones: []string{"zone-a", "zone-b"}}
 			})},
 		},
 		{

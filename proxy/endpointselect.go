@@ -120,9 +120,9 @@ const (
 func (t topology) allows(e Endpoint, node Node) bool {
 	switch t {
 	case topologySameNode:
-		return slices.Contains(e.NodeHints, node.Name)
+		return slices.Contains(e.NodeHints(), node.Name)
 	case topologySameZone:
-		return slices.Contains(e.ZoneHints, node.Zone())
+		return slices.Contains(e.ZoneHints(), node.Zone())
 	}
 	return true
 }
@@ -139,14 +139,14 @@ func topologyMode(eps []Endpoint, node Node) topology {
 			continue
 		}
 		ready = true
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(e.NodeHints, node.Name) {
+		} else if slices.Contains(e.NodeHints(), node.Name) {
 			forNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if slices.Contains(e.ZoneHints, node.Zone()) {
+		} else if slices.Contains(e.ZoneHints(), node.Zone()) {
 			forZone = true
 		}
 	}
@@ -177,18 +177,26 @@ func derivedHints(sp *ServicePort, eps []Endpoint) []Endpoint {
 		return eps
 	}
 	if slices.ContainsFunc(eps, func(e Endpoint) bool {
-		return e.Ready && (len(e.ZoneHints) > 0 || len(e.NodeHints) > 0)
+		return e.Ready && (len(e.ZoneHints()) > 0 || len(e.NodeHints()) > 0)
 	}) {
 		return eps
 	}
 	out := slices.Clone(eps)
 	for i, e := range out {
 		// PreferSameNode falls back to the zone: the controller hints both.
+		var h EndpointHints
+		if e.Hints != nil {
+			h = *e.Hints // a copy: Hints are shared with the tracker's endpoints
+		}
 		if byNode && e.NodeName != "" {
-			out[i].NodeHints = []string{e.NodeName}
+			h.ForNodes = []string{e.NodeName}
 		}
 		if e.Zone != "" {
-			out[i].ZoneHints = []string{e.Zone}
+			h.ForZones = []string{e.Zone}
+		}
+		out[i].Hints = nil
+		if h.ForNodes != nil || h.ForZones != nil {
+			out[i].Hints = &h
 		}
 	}
 	return out

@@ -21,8 +21,16 @@ func TestSelectEndpoints(t *testing.T) {
 	terminating := func(e *Endpoint) { e.Ready, e.Terminating = false, true }
 	notServing := func(e *Endpoint) { e.Ready, e.Serving, e.Terminating = false, false, true }
 	notReady := func(e *Endpoint) { e.Ready, e.Serving = false, false }
-	zones := func(z ...string) func(*Endpoint) { return func(e *Endpoint) { e.ZoneHints = z } }
-	nodes := func(n ...string) func(*Endpoint) { return func(e *Endpoint) { e.NodeHints = n } }
+	hints := func(e *Endpoint) *EndpointHints {
+		h := &EndpointHints{}
+		if e.Hints != nil {
+			*h = *e.Hints
+		}
+		e.Hints = h
+		return h
+	}
+	zones := func(z ...string) func(*Endpoint) { return func(e *Endpoint) { hints(e).ForZones = z } }
+	nodes := func(n ...string) func(*Endpoint) { return func(e *Endpoint) { hints(e).ForNodes = n } }
 
 	cluster := &ServicePort{Type: v1.ServiceTypeClusterIP}
 	itpLocal := &ServicePort{Type: v1.ServiceTypeClusterIP, InternalPolicyLocal: true}

@@ -9,16 +9,9 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -72,12 +65,12 @@ func NewKubeClient(kubeconfig, master string) (kubernetes.Interface, error) {
 	return client, nil
 }
 
-// KubeSource is the API server source: shared informers for Services,
-// EndpointSlices and the proxy's own Node.
+// KubeSource is the API server source: a list/watch each for Services,
+// EndpointSlices, the proxy's own Node and ServiceCIDRs, delivering
+// straight to the sink (see keyStore: no informer cache).
 type KubeSource struct {
 	client   kubernetes.Interface
 	nodeName string
-	resync   time.Duration
 	log      *slog.Logger
 
 	waitLogInterval  time.Duration
@@ -87,21 +80,24 @@ type KubeSource struct {
 	// without a probe kp could say it waits but not why, and would say
 	// nothing when the API server goes away after the first sync.
 	probe func(context.Context) error
-	// transform compacts every object before the informers store it
-	// (transformObjects; nil stores them as listed, for the benchmark).
+	// transform compacts every object while client-go's queue holds it
+	// (transformObjects; nil keeps them as listed, for the benchmark).
 	transform cache.TransformFunc
 }
 
 var _ Source = (*KubeSource)(nil)
 
 // NewKubeSource returns a source watching the API server through client.
-// resync is the informers' resync period (upstream --config-sync-period; 0
-// disables it).
-func NewKubeSource(client kubernetes.Interface, nodeName string, resync time.Duration, log *slog.Logger) *KubeSource {
+// configSyncPeriod (upstream --config-sync-period, the informers' resync
+// period) is accepted and has no effect: a resync re-delivers the cached
+// objects unchanged, which the change tracker skips by resourceVersion, and
+// kp keeps no cache to re-deliver from. Missed deletions are found by the
+// reflector's relist, as before.
+func NewKubeSource(client kubernetes.Interface, nodeName string, configSyncPeriod time.Duration, log *slog.Logger) *KubeSource {
+	_ = configSyncPeriod
 	return &KubeSource{
 		client:           client,
 		nodeName:         nodeName,
-		resync:           resync,
 		log:              log.With("source", "kube"),
 		waitLogInterval:  kubeWaitLogInterval,
 		errorLogInterval: kubeErrorLogInterval,
@@ -150,39 +146,17 @@ func endpointSliceSelector() labels.Selector {
 	return serviceSelector().Add(*noHeadless)
 }
 
-// Run starts the informers, waits until every cache has synced and its
-// initial objects reached the sink, reports OnSynced, and keeps delivering
-// changes until ctx is done. API errors are never fatal: client-go retries
-// them for as long as it takes, and Run says what it is waiting for.
+// Run lists and watches Services, EndpointSlices, the proxy's own Node
+// and, when served, ServiceCIDRs, each through a client-go reflector over a
+// keyStore (no informer cache), waits until every initial object reached
+// the sink, reports OnSynced, and keeps delivering changes until ctx is
+// done. API errors are never fatal: client-go retries them for as long as
+// it takes, and Run says what it is waiting for.
 func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 	if k.nodeName == "" {
 		return errors.New("kube source: no node name (kp uses the hostname unless --hostname-override is set)")
 	}
-	svcSel, sliceSel := serviceSelector(), endpointSliceSelector()
-	factory := informers.NewSharedInformerFactory(k.client, k.resync)
-	svcInformer := factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.LabelSelector = svcSel.String() })
-	})
-	sliceInformer := factory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.LabelSelector = sliceSel.String() })
-	})
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(k.client, k.resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, k.nodeName).String()
-		}))
-	nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
-
-	handlers := []struct {
-		kind     string
-		informer cache.SharedIndexInformer
-		handler  cache.ResourceEventHandler
-	}{
-		{"Service", svcInformer, k.serviceHandler(sink, svcSel)},
-		{"EndpointSlice", sliceInformer, k.endpointSliceHandler(sink, sliceSel)},
-		{"Node", nodeInformer, k.nodeHandler(sink)},
-	}
+	watches := []kindWatch{k.serviceWatch(sink), k.endpointSliceWatch(sink), k.nodeWatch(sink)}
 	status := &apiStatus{log: k.log, interval: k.errorLogInterval}
 	waitDone := make(chan struct{})
 	go k.logWaiting(ctx, waitDone, status)
@@ -193,38 +167,31 @@ func (k *KubeSource) Run(ctx context.Context, sink Sink) error {
 			close(waitDone)
 		}
 	}()
-	inf, h, err := k.serviceCIDRInformer(ctx, factory, sink, status)
+	served, err := k.servesServiceCIDRs(ctx, status)
 	if err != nil {
 		return nil // ctx done before the API server answered: not a failure
 	}
-	if inf != nil {
-		handlers = append(handlers, struct {
-			kind     string
-			informer cache.SharedIndexInformer
-			handler  cache.ResourceEventHandler
-		}{"ServiceCIDR", inf, h})
+	if served {
+		watches = append(watches, k.serviceCIDRWatch(sink))
 	}
-	var synced []cache.InformerSynced
-	for _, h := range handlers {
-		if k.transform != nil {
-			if err := h.informer.SetTransform(k.transform); err != nil {
-				return fmt.Errorf("%s informer: %w", h.kind, err)
-			}
-		}
-		if err := h.informer.SetWatchErrorHandlerWithContext(status.watchError(h.kind)); err != nil {
-			return fmt.Errorf("%s informer: %w", h.kind, err)
-		}
-		reg, err := h.informer.AddEventHandler(h.handler)
-		if err != nil {
-			return fmt.Errorf("%s informer: %w", h.kind, err)
-		}
-		// The registration has synced once the handler, not just the
-		// cache, has seen every initial object.
-		synced = append(synced, reg.HasSynced)
+	runCtx, stop := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	synced := make([]cache.InformerSynced, 0, len(watches))
+	for _, w := range watches {
+		ctl := cache.New(&cache.Config{
+			Queue:                        newStreamQueue(w, k.transform, k.log),
+			ListerWatcher:                w.lw,
+			ObjectType:                   w.object,
+			ObjectDescription:            w.kind,
+			Process:                      w.process,
+			WatchErrorHandlerWithContext: status.watchError(w.kind),
+		})
+		running.Go(func() { ctl.RunWithContext(runCtx) })
+		// The queue has synced once the first list's objects, not just
+		// listed, have all been through process and reached the sink.
+		synced = append(synced, ctl.HasSynced)
 	}
-	factory.Start(ctx.Done())
-	nodeFactory.Start(ctx.Done())
-	defer k.shutdown(factory, nodeFactory)
+	defer k.shutdown(stop, &running)
 
 	ok := cache.WaitForCacheSync(ctx.Done(), synced...)
 	close(waitDone)
@@ -267,25 +234,23 @@ func (k *KubeSource) watchReachability(ctx context.Context) {
 	}
 }
 
-// informerShutdownTimeout bounds how long stopping waits for the informers.
+// informerShutdownTimeout bounds how long stopping waits for the watches.
 const informerShutdownTimeout = 5 * time.Second
 
-// shutdown stops the informer factories, waiting at most
-// informerShutdownTimeout: a list request to an API server that accepted the
-// connection and never answers is not cancelled by client-go, and must not
-// keep kp from exiting on SIGTERM.
-func (k *KubeSource) shutdown(factories ...informers.SharedInformerFactory) {
+// shutdown stops the watches, waiting at most informerShutdownTimeout: a
+// request to an API server that accepted the connection and never answers
+// must not keep kp from exiting on SIGTERM.
+func (k *KubeSource) shutdown(stop context.CancelFunc, running *sync.WaitGroup) {
+	stop()
 	done := make(chan struct{})
 	go func() {
-		for _, f := range factories {
-			f.Shutdown()
-		}
+		running.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
 	case <-time.After(informerShutdownTimeout):
-		k.log.Warn("informers still waiting on the API server after " + informerShutdownTimeout.String() + "; not waiting for them")
+		k.log.Warn("list/watch requests still waiting on the API server after " + informerShutdownTimeout.String() + "; not waiting for them")
 	}
 }
 
@@ -359,103 +324,4 @@ func (s *apiStatus) record(what string, err error) {
 		return
 	}
 	s.suppressed++
-}
-
-func (k *KubeSource) serviceHandler(sink Sink, sel labels.Selector) cache.ResourceEventHandler {
-	return &objectHandler[*v1.Service]{
-		kind:    "Service",
-		log:     k.log,
-		matches: func(svc *v1.Service) bool { return sel.Matches(labels.Set(svc.Labels)) },
-		deliver: sink.OnService,
-	}
-}
-
-func (k *KubeSource) endpointSliceHandler(sink Sink, sel labels.Selector) cache.ResourceEventHandler {
-	return &objectHandler[*discovery.EndpointSlice]{
-		kind:    "EndpointSlice",
-		log:     k.log,
-		matches: func(s *discovery.EndpointSlice) bool { return sel.Matches(labels.Set(s.Labels)) },
-		deliver: sink.OnEndpointSlice,
-	}
-}
-
-func (k *KubeSource) nodeHandler(sink Sink) cache.ResourceEventHandler {
-	return &objectHandler[*v1.Node]{
-		kind:    "Node",
-		log:     k.log,
-		matches: func(n *v1.Node) bool { return n.Name == k.nodeName },
-		deliver: func(_, name string, n *v1.Node) {
-			// The field selector already limits the informer to this
-			// node; checking again keeps a deletion of any other
-			// Node from clearing ours.
-			if name == k.nodeName {
-				sink.OnNode(n)
-			}
-		},
-	}
-}
-
-// objectHandler passes one kind's informer events to the sink. matches
-// repeats the informer's server-side filter, so an object that stops
-// matching on update is delivered as deleted whatever the server sends.
-type objectHandler[T interface {
-	*v1.Service | *discovery.EndpointSlice | *v1.Node | *networkingv1.ServiceCIDR
-	metav1.Object
-}] struct {
-	kind    string
-	log     *slog.Logger
-	matches func(T) bool
-	deliver func(namespace, name string, obj T) // nil obj: deleted
-}
-
-func (h *objectHandler[T]) OnAdd(obj any, _ bool) {
-	o, ok := obj.(T)
-	if !ok {
-		h.log.Error("informer delivered an unexpected type", "kind", h.kind, "type", fmt.Sprintf("%T", obj))
-		return
-	}
-	if h.matches(o) {
-		h.deliver(o.GetNamespace(), o.GetName(), o)
-	}
-}
-
-func (h *objectHandler[T]) OnUpdate(oldObj, newObj any) {
-	o, ok := newObj.(T)
-	if !ok {
-		h.log.Error("informer delivered an unexpected type", "kind", h.kind, "type", fmt.Sprintf("%T", newObj))
-		return
-	}
-	if h.matches(o) {
-		h.deliver(o.GetNamespace(), o.GetName(), o)
-		return
-	}
-	if old, ok := oldObj.(T); ok && h.matches(old) {
-		var deleted T
-		h.deliver(o.GetNamespace(), o.GetName(), deleted)
-	}
-}
-
-func (h *objectHandler[T]) OnDelete(obj any) {
-	var deleted T
-	// A deletion the informer missed while disconnected arrives as a
-	// tombstone; its Obj is the last state known, possibly stale.
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		if o, ok := tomb.Obj.(T); ok {
-			h.deliver(o.GetNamespace(), o.GetName(), deleted)
-			return
-		}
-		ns, name, err := cache.SplitMetaNamespaceKey(tomb.Key)
-		if err != nil {
-			h.log.Error("informer tombstone with an invalid key", "kind", h.kind, "key", tomb.Key, "error", err.Error())
-			return
-		}
-		h.deliver(ns, name, deleted)
-		return
-	}
-	o, ok := obj.(T)
-	if !ok {
-		h.log.Error("informer delivered an unexpected type", "kind", h.kind, "type", fmt.Sprintf("%T", obj))
-		return
-	}
-	h.deliver(o.GetNamespace(), o.GetName(), deleted)
 }

@@ -10,8 +10,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 )
 
 // servesServiceCIDRs asks the API server whether it serves
@@ -68,20 +66,4 @@ func (k *KubeSource) discoverServiceCIDRs(ctx context.Context) (bool, error) {
 
 func hasServiceCIDRs(list *metav1.APIResourceList) bool {
 	return list != nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == "servicecidrs" })
-}
-
-// serviceCIDRInformer returns the ServiceCIDR informer and its handler, or
-// nil when the API server does not serve them. It fails only when ctx is
-// done before the API server answered.
-func (k *KubeSource) serviceCIDRInformer(ctx context.Context, factory informers.SharedInformerFactory, sink Sink, status *apiStatus) (cache.SharedIndexInformer, cache.ResourceEventHandler, error) {
-	served, err := k.servesServiceCIDRs(ctx, status)
-	if err != nil || !served {
-		return nil, nil, err
-	}
-	return factory.Networking().V1().ServiceCIDRs().Informer(), &objectHandler[*networkingv1.ServiceCIDR]{
-		kind:    "ServiceCIDR",
-		log:     k.log,
-		matches: func(*networkingv1.ServiceCIDR) bool { return true },
-		deliver: func(_, name string, c *networkingv1.ServiceCIDR) { sink.OnServiceCIDR(name, c) },
-	}, nil
 }

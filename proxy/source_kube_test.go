@@ -179,75 +179,130 @@ func TestKubeSourceEvents(t *testing.T) {
 	}
 }
 
-func TestKubeHandlers(t *testing.T) {
+func kubeServiceAt(ns, name, rv string, labels map[string]string) *v1.Service {
+	svc := kubeService(ns, name, labels)
+	svc.ResourceVersion = rv
+	return svc
+}
+
+// TestKeyStore feeds one kind's events (client-go deltas) to its keyStore
+// and checks what reaches the sink.
+func TestKeyStore(t *testing.T) {
 	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
-	web := kubeService("default", "web", nil)
-	other := kubeService("default", "web", map[string]string{LabelServiceProxyName: "other"})
+	web := kubeServiceAt("default", "web", "1", nil)
+	web2 := kubeServiceAt("default", "web", "2", nil)
+	other := kubeServiceAt("default", "web", "3", map[string]string{LabelServiceProxyName: "other"})
+	add := func(o runtime.Object) cache.Delta { return cache.Delta{Type: cache.Added, Object: o} }
+	update := func(o runtime.Object) cache.Delta { return cache.Delta{Type: cache.Updated, Object: o} }
+	del := func(o any) cache.Delta { return cache.Delta{Type: cache.Deleted, Object: o} }
 	tests := []struct {
-		name  string
-		event func(svc, node cache.ResourceEventHandler)
-		want  []string
+		name string
+		svc  []cache.Delta
+		node []cache.Delta
+		want []string
 	}{
+		{name: "added Service is delivered", svc: []cache.Delta{add(web)}, want: []string{"set Service default/web"}},
+		{name: "added Service for another proxy is not", svc: []cache.Delta{add(other)}},
 		{
-			name:  "added Service is delivered",
-			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(web, true) },
-			want:  []string{"set Service default/web"},
+			name: "a version already delivered is not delivered again, a new one is",
+			svc:  []cache.Delta{add(web), {Type: cache.Replaced, Object: web}, update(web2)},
+			want: []string{"set Service default/web", "set Service default/web"},
 		},
 		{
-			name:  "added Service for another proxy is not",
-			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(other, false) },
+			name: "Service relabelled for another proxy is delivered as deleted, and back as set",
+			svc:  []cache.Delta{add(web), update(other), update(web2)},
+			want: []string{"set Service default/web", "delete Service default/web", "set Service default/web"},
 		},
 		{
-			name:  "Service relabelled for another proxy is delivered as deleted",
-			event: func(svc, _ cache.ResourceEventHandler) { svc.OnUpdate(web, other) },
-			want:  []string{"delete Service default/web"},
+			name: "deleted Service is delivered as deleted",
+			svc:  []cache.Delta{add(web), del(web2)},
+			want: []string{"set Service default/web", "delete Service default/web"},
+		},
+		{name: "deletion of a Service never delivered is dropped", svc: []cache.Delta{del(web)}},
+		{
+			name: "tombstone (a relist's deletion) is a deletion by key",
+			svc:  []cache.Delta{add(web), del(cache.DeletedFinalStateUnknown{Key: "default/web"})},
+			want: []string{"set Service default/web", "delete Service default/web"},
 		},
 		{
-			name:  "Service relabelled back is delivered",
-			event: func(svc, _ cache.ResourceEventHandler) { svc.OnUpdate(other, web) },
-			want:  []string{"set Service default/web"},
-		},
-		{
-			name: "tombstone with the last known object is a deletion",
-			event: func(svc, _ cache.ResourceEventHandler) {
-				svc.OnDelete(cache.DeletedFinalStateUnknown{Key: "default/web", Obj: web})
-			},
-			want: []string{"delete Service default/web"},
-		},
-		{
-			name: "tombstone without the object is a deletion by key",
-			event: func(svc, _ cache.ResourceEventHandler) {
-				svc.OnDelete(cache.DeletedFinalStateUnknown{Key: "shop/api"})
-			},
-			want: []string{"delete Service shop/api"},
-		},
-		{
-			name: "tombstone of another node is ignored",
-			event: func(_, node cache.ResourceEventHandler) {
-				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-b", Obj: kubeNode("node-b")})
-				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-b"})
-			},
+			name: "another node is ignored, even by tombstone",
+			node: []cache.Delta{add(kubeNode("node-b")), del(cache.DeletedFinalStateUnknown{Key: "node-b"})},
 		},
 		{
 			name: "tombstone of the proxy's node clears it",
-			event: func(_, node cache.ResourceEventHandler) {
-				node.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-a"})
-			},
-			want: []string{"delete Node"},
+			node: []cache.Delta{add(kubeNode("node-a")), del(cache.DeletedFinalStateUnknown{Key: "node-a"})},
+			want: []string{"set Node", "delete Node"},
 		},
-		{
-			name:  "unexpected type is dropped",
-			event: func(svc, _ cache.ResourceEventHandler) { svc.OnAdd(kubeNode("node-a"), false) },
-		},
+		{name: "unexpected type is dropped", svc: []cache.Delta{add(kubeNode("node-a"))}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sink := newRecordingSink()
-			tt.event(src.serviceHandler(sink, serviceSelector()), src.nodeHandler(sink))
+			svc, node := src.serviceWatch(sink), src.nodeWatch(sink)
+			for _, d := range tt.svc {
+				if err := svc.process(cache.Deltas{d}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, d := range tt.node {
+				if err := node.process(cache.Deltas{d}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if got := sink.callsSince(0); !slices.Equal(got, tt.want) {
 				t.Errorf("calls = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestKeyStoreRelist: a relist (the reflector's Replace, after a watch
+// expired or the API server came back) goes through client-go's queue with
+// the keyStore as its known objects: unchanged versions are not delivered
+// again, changed ones are, and an object the new list lacks (its deletion
+// missed while the watch was down) is delivered as deleted.
+func TestKeyStoreRelist(t *testing.T) {
+	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	sink := newRecordingSink()
+	w := src.serviceWatch(sink)
+	relist := func(objs ...any) []string {
+		t.Helper()
+		before := sink.callCount()
+		fifo := cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
+			KeyFunction: cache.DeletionHandlingMetaNamespaceKeyFunc, KnownObjects: w.known, Transformer: transformObjects})
+		if err := fifo.Replace(objs, "100"); err != nil {
+			t.Fatal(err)
+		}
+		fifo.Close()
+		for {
+			if _, err := fifo.Pop(cache.PopProcessFunc(w.process)); err != nil {
+				break
+			}
+		}
+		return sink.callsSince(before)
+	}
+	steps := []struct {
+		name string
+		list []any
+		want []string
+	}{
+		{"first list delivers everything", []any{kubeServiceAt("default", "web", "1", nil), kubeServiceAt("shop", "api", "1", nil)},
+			[]string{"set Service default/web", "set Service shop/api"}},
+		{"relist delivers changed versions alone", []any{kubeServiceAt("default", "web", "1", nil), kubeServiceAt("shop", "api", "2", nil)},
+			[]string{"set Service shop/api"}},
+		{"relist without an object delivers its deletion", []any{kubeServiceAt("default", "web", "1", nil)},
+			[]string{"delete Service shop/api"}},
+		{"relist with it relabelled for another proxy delivers its deletion",
+			[]any{kubeServiceAt("default", "web", "2", map[string]string{LabelServiceProxyName: "other"})},
+			[]string{"delete Service default/web"}},
+	}
+	for _, s := range steps {
+		if got := relist(s.list...); !slices.Equal(got, s.want) {
+			t.Errorf("%s: calls = %q, want %q", s.name, got, s.want)
+		}
+	}
+	if got := w.known.ListKeys(); len(got) != 0 {
+		t.Errorf("keys kept after every object went: %q", got)
 	}
 }
 
@@ -364,5 +419,79 @@ func TestKubeSourceReportsTheAPIServerGoingAwayAndComingBack(t *testing.T) {
 	waitLog(t, logs, "API server reachable again")
 	if n := strings.Count(logs.String(), "API server unreachable"); n != 1 {
 		t.Errorf("one outage logged %d times:\n%s", n, logs)
+	}
+}
+
+// TestStreamQueue plays a reflector's streamed lists (watch-list) through
+// a kind's queue: the first list's objects reach the sink as they stream
+// and the reflector keeps stand-ins; the list's end finds the deletions; a
+// later list is compacted and delivered from the queue.
+func TestStreamQueue(t *testing.T) {
+	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	sink := newRecordingSink()
+	w := src.serviceWatch(sink)
+	q := newStreamQueue(w, transformObjects, slog.New(slog.DiscardHandler))
+	stream := func(objs ...*v1.Service) []any {
+		t.Helper()
+		var held []any
+		for _, o := range objs {
+			x, err := q.Transformer()(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, x)
+		}
+		return held
+	}
+	pop := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := q.Pop(cache.PopProcessFunc(w.process)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	web, api, added := kubeServiceAt("default", "web", "1", nil), kubeServiceAt("shop", "api", "1", nil), kubeServiceAt("shop", "new", "2", nil)
+	web.Spec.Selector = map[string]string{"app": "web"}
+
+	// A first attempt streams two objects and fails; the retry streams
+	// web again (unchanged), not api (deleted meanwhile), and a new one.
+	stream(web, api)
+	held := stream(web, added)
+	if got, want := sink.callsSince(0), []string{"set Service default/web", "set Service shop/api", "set Service shop/new"}; !slices.Equal(got, want) {
+		t.Errorf("streamed: calls = %q, want %q", got, want)
+	}
+	for _, h := range held {
+		if _, ok := h.(*metav1.PartialObjectMetadata); !ok {
+			t.Errorf("the reflector holds a %T, want a stand-in", h)
+		}
+	}
+	before := sink.callCount()
+	if err := q.Replace(held, "2"); err != nil {
+		t.Fatal(err)
+	}
+	pop(3) // api's deletion, two stand-ins
+	if got, want := sink.callsSince(before), []string{"delete Service shop/api"}; !slices.Equal(got, want) {
+		t.Errorf("first list's end: calls = %q, want %q", got, want)
+	}
+
+	// A later list (a watch that could not resume) is held compacted and
+	// delivered from the queue.
+	before = sink.callCount()
+	web2 := kubeServiceAt("default", "web", "3", nil)
+	web2.Spec.Selector = map[string]string{"app": "web"}
+	held = stream(web2)
+	if svc, ok := held[0].(*v1.Service); !ok || svc.Spec.Selector != nil {
+		t.Errorf("a later list is held as %#v, want the compact Service", held[0])
+	}
+	if n := sink.callCount(); n != before {
+		t.Errorf("a later list was delivered as it streamed: %q", sink.callsSince(before))
+	}
+	if err := q.Replace(held, "3"); err != nil {
+		t.Fatal(err)
+	}
+	pop(2) // new's deletion, web
+	if got, want := sink.callsSince(before), []string{"delete Service shop/new", "set Service default/web"}; !slices.Equal(got, want) {
+		t.Errorf("later list: calls = %q, want %q", got, want)
 	}
 }

@@ -7,16 +7,16 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// Informer transforms. An informer keeps every object it lists in its
-// cache, as the API server sent it: managed fields, annotations kp never
-// reads (kubectl's last-applied-configuration, a copy of the whole object,
-// among them), selectors, owner references, target references. kp reads a
-// few fields of each (the converters in service.go, endpoints.go and
-// tracker_node.go), so each informer stores a copy holding those alone: at
-// 10,000 Services of 10 endpoints the caches shrink by about two thirds
-// (see BenchmarkInformerCacheHeap). A transform runs before the object is
-// stored and delivered: the handlers, the cache and kp's tracker only ever
-// see the compact copy.
+// Transforms. kp keeps no informer cache (see keyStore), but client-go's
+// reflector holds a streamed list (watch-list) whole until its end: the
+// first one's objects are delivered as they arrive (keyStore.
+// deliverStreamed), and a later one, after a watch that could not resume,
+// is held in the compact form these transforms make: managed fields,
+// annotations kp never reads (kubectl's last-applied-configuration, a copy
+// of the whole object, among them), selectors, owner references and target
+// references dropped, a third of the room. kp reads a few fields of each
+// (the converters in service.go, endpoints.go and tracker_node.go); the
+// compact copy keeps exactly those (TestTransformKeepsWhatKpReads).
 
 // transformObjects strips whatever kind of object the informer delivers;
 // tombstones and unknown types pass through.

@@ -203,7 +203,7 @@ func TestStatusUsableFollowsTheRulesSelection(t *testing.T) {
 	node := Node{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}
 	ep := func(ip, zone string) Endpoint {
 		return Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, NodeName: "node-b",
-			Zone: zone, ZoneHints: []string{zone}}
+			Zone: zone, Hints: &EndpointHints{ForZones: []string{zone}}}
 	}
 	sp := &ServicePort{Name: spName("ns", "web", "http", "TCP"), Type: v1.ServiceTypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: v1.ProtocolTCP}

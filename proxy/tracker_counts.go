@@ -38,8 +38,8 @@ func (c *changeCounter) endpointsChanged(key types.NamespacedName) {
 }
 
 func (c *changeCounter) snapshotTaken() {
-	clear(c.pendingSvc)
-	clear(c.pendingEps)
+	c.pendingSvc = emptied(c.pendingSvc)
+	c.pendingEps = emptied(c.pendingEps)
 }
 
 // ChangeCounts returns the change counters.

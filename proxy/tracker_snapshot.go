@@ -36,8 +36,8 @@ func (t *ChangeTracker) Snapshot() *State {
 	for key := range t.dirty {
 		t.remerge(s, key)
 	}
-	clear(t.dirty)
-	clear(t.triggerTimes)
+	t.dirty = emptied(t.dirty)
+	t.triggerTimes = emptied(t.triggerTimes)
 	t.snapshotTaken()
 	t.snapshotServiceCIDRs(s)
 	t.prev = s
@@ -88,4 +88,16 @@ func (t *ChangeTracker) remerge(s *State, key types.NamespacedName) {
 	} else {
 		t.published[key] = names
 	}
+}
+
+// emptied returns m emptied. A map keeps the buckets of its largest size
+// when cleared: after the first sync, every per-change map would hold room
+// for every Service in the cluster (about 5 MB at 10,000) for as long as
+// kp runs, so a large one is dropped instead.
+func emptied[M ~map[K]V, K comparable, V any](m M) M {
+	if len(m) > 256 {
+		return make(M)
+	}
+	clear(m)
+	return m
 }

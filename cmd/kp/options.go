@@ -114,7 +114,8 @@ func (o *proxyOptions) addFlags(fs *pflag.FlagSet) {
 	_ = fs.MarkHidden("iptables-sync-period")
 	_ = fs.MarkHidden("iptables-min-sync-period")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", defaultConfigSyncPeriod,
-		"How often the API server's objects are re-listed (informer resync). Must be greater than 0.")
+		"Upstream's informer resync period; accepted and without effect in kp, which keeps no informer cache "+
+			"(a resync re-delivers unchanged objects). Must be greater than 0.")
 
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", defaultMetricsBindAddress,
 		"IP address and port of the metrics server ('0.0.0.0:10249' for all IPv4 interfaces). Empty or port 0 disables it.")

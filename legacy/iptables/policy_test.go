@@ -48,8 +48,8 @@ func TestPolicyChainsFollowTheCoresSelection(t *testing.T) {
 			[]string{"--to-destination 10.244.2.1:80", ":KP-SVC-"}},
 		{"topology hints narrow the Cluster policy", func(*proxy.ServicePort) {},
 			[]proxy.Endpoint{
-				{IP: netip.MustParseAddr("10.244.2.1"), Port: 80, Ready: true, ZoneHints: []string{"a"}},
-				{IP: netip.MustParseAddr("10.244.2.2"), Port: 80, Ready: true, ZoneHints: []string{"b"}}},
+				{IP: netip.MustParseAddr("10.244.2.1"), Port: 80, Ready: true, Hints: &proxy.EndpointHints{ForZones: []string{"a"}}},
+				{IP: netip.MustParseAddr("10.244.2.2"), Port: 80, Ready: true, Hints: &proxy.EndpointHints{ForZones: []string{"b"}}}},
 			[]string{"--to-destination 10.244.2.1:80"}, []string{"--to-destination 10.244.2.2:80"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

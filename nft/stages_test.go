@@ -1,0 +1,85 @@
+package nft
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestFullSyncIntoANewTableGoesInStages: a large full sync into a table
+// that does not exist yet is applied in fullSyncStages transactions and
+// ends with the same table as one transaction would; over an existing
+// table it is one transaction.
+func TestFullSyncIntoANewTableGoesInStages(t *testing.T) {
+	s := scaleState(3*fullSyncGroup+10, 2) // 4 groups: a stage each
+	one, staged := NewFake(), NewFake()
+	b1, _ := newBackend(testConfig(), nil, one)
+	b1.stagedFrom = 0
+	b2, _ := newBackend(testConfig(), nil, staged)
+	b2.stagedFrom = 1
+	for _, b := range []*Backend{b1, b2} {
+		if err := b.Sync(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if one.Transactions != 1 || staged.Transactions != fullSyncStages {
+		t.Errorf("transactions: %d unstaged, %d staged; want 1 and %d", one.Transactions, staged.Transactions, fullSyncStages)
+	}
+	if a, b := one.Dump(), staged.Dump(); a != b {
+		t.Errorf("the staged table differs from the one-transaction table:\n%s", lineDiff(a, b))
+	}
+
+	// Over the table that now exists: one transaction, which changes nothing.
+	again, _ := newBackend(testConfig(), nil, staged)
+	again.stagedFrom = 1
+	before := staged.Transactions
+	if err := again.Sync(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	if n := staged.Transactions - before; n > 1 {
+		t.Errorf("a full sync over an existing table took %d transactions, want at most 1", n)
+	}
+}
+
+// TestKernelFullSyncIntoANewTableGoesInStages: the same into a real table.
+func TestKernelFullSyncIntoANewTableGoesInStages(t *testing.T) {
+	s := scaleState(3*fullSyncGroup+10, 2)
+	var listed []string
+	for _, from := range []int{0, 1} {
+		ns, _, b := kernelBackend(t)
+		b.stagedFrom = from
+		if err := b.Sync(t.Context(), s); err != nil {
+			t.Fatalf("stagedFrom %d: %v", from, err)
+		}
+		listed = append(listed, nftIn(t, ns, "list", "table", "ip", TableName))
+	}
+	if listed[0] != listed[1] {
+		t.Errorf("the staged table differs from the one-transaction table:\n%s", lineDiff(listed[0], listed[1]))
+	}
+	if !strings.Contains(listed[1], "svc-ns/svc"+"777/tcp/p") {
+		t.Errorf("the staged table lacks the last stage's Services")
+	}
+}
+
+// lineDiff lists the lines of a not in b and of b not in a (at most 20).
+func lineDiff(a, b string) string {
+	in := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l] = true
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	var out []string
+	for _, l := range strings.Split(a, "\n") {
+		if !mb[l] && len(out) < 20 {
+			out = append(out, "- "+l)
+		}
+	}
+	for _, l := range strings.Split(b, "\n") {
+		if !ma[l] && len(out) < 20 {
+			out = append(out, "+ "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
