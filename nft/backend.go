@@ -158,6 +158,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	defer tx.discard()
+	var stagedFams []family // their base chains go in the last transaction
 	for _, f := range families {
 		book := b.tables[f]
 		staged := false
@@ -190,6 +191,17 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			return err
 		}
 		book.skel = skel
+		if staged {
+			stagedFams = append(stagedFams, f)
+		}
+	}
+	for _, f := range stagedFams {
+		book := b.tables[f]
+		diff(tx, f, book.model, book.skel, book.skel) // the base chains
+		if err := tx.spill(); err != nil {
+			b.tables = nil
+			return err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		b.tables = nil
@@ -232,9 +244,12 @@ const fullSyncGroup = 256
 // not the whole table's (17 MB at 10,000 × 10, the largest single part of
 // kp's peak). The price is the kernel's: each transaction adding rules that
 // jump validates the whole table so far (20–60 ms at 10,000), hence few
-// stages. A sync over an existing table stays one transaction. A failed
-// stage fails the sync; the next one reads the kernel and reconciles in one
-// transaction.
+// stages. Packets still see one transaction: the table's base chains, the
+// only objects hooked into the kernel's path, go in with the last stage, so
+// until then the table is inert (a kube-proxy still serving the node keeps
+// serving it) and then it is whole. A sync over an existing table stays one
+// transaction. A failed stage fails the sync and leaves an inert table; the
+// next one reads the kernel and reconciles in one transaction.
 const (
 	fullSyncStages     = 4
 	fullSyncStagedFrom = 4 * fullSyncStages * fullSyncGroup
@@ -282,7 +297,11 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 	book.owners = newElementOwners()
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
-	diff(tx, f, book.model, skel, skel)
+	first := skel
+	if staged {
+		first = withoutBaseChains(skel) // they come last (see fullSyncStages)
+	}
+	diff(tx, f, book.model, first, first)
 	if err := tx.spill(); err != nil {
 		return err
 	}
@@ -334,6 +353,17 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 	slots.releaseUnseen(nil)
 	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners))
 	return tx.spill()
+}
+
+// withoutBaseChains is v less its base chains (a shallow copy).
+func withoutBaseChains(v *view) *view {
+	out := &view{chains: map[string]*Chain{}, sets: v.sets, elements: v.elements, counters: v.counters}
+	for name, c := range v.chains {
+		if c.Hook == nil {
+			out.chains[name] = c
+		}
+	}
+	return out
 }
 
 // syncChanged renders the changed service ports only, and the skeleton.

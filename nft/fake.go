@@ -20,6 +20,9 @@ type Fake struct {
 	LastOps      int
 	// FailNext makes the next Apply fail without changing anything.
 	FailNext error
+	// BaseChainsAdded counts, per applied transaction, the base chains
+	// it added.
+	BaseChainsAdded []int
 }
 
 // FakeTable is one table's contents.
@@ -85,6 +88,13 @@ func (f *Fake) Apply(tx *Transaction) error {
 	}
 	f.Tables = next
 	f.Transactions++
+	hooked := 0
+	for _, o := range tx.ops {
+		if o.kind == opAddChain && o.chain.Hook != nil {
+			hooked++
+		}
+	}
+	f.BaseChainsAdded = append(f.BaseChainsAdded, hooked)
 	f.LastOps = len(tx.ops)
 	return nil
 }
