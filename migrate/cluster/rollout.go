@@ -77,18 +77,10 @@ func (c *Controller) Run(ctx context.Context, req Request) error {
 	if req.NodeTimeout <= 0 {
 		req.NodeTimeout = 5 * time.Minute
 	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	nodes, err := c.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
-	}
-	plan, err := NewPlan(req, nodes.Items)
+	plan, err := c.plan(ctx, req)
 	if err != nil {
 		return err
 	}
-	plan.Print(c.cfg.Out)
 	todo := plan.Todo()
 	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, len(plan.Nodes)-len(todo), todo)
 	if req.FromKubeProxy {
@@ -168,18 +160,26 @@ func (c *Controller) node(ctx context.Context, req Request, node string) error {
 
 // PrintPlan prints what Run would do for req, changing nothing.
 func (c *Controller) PrintPlan(ctx context.Context, req Request) error {
-	if err := req.Validate(); err != nil {
+	if _, err := c.plan(ctx, req); err != nil {
 		return err
+	}
+	fmt.Fprintln(c.cfg.Out, "Dry run: nothing changed.")
+	return nil
+}
+
+// plan validates req, plans it from the Nodes and prints the plan.
+func (c *Controller) plan(ctx context.Context, req Request) (*Plan, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
 	}
 	nodes, err := c.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return nil, fmt.Errorf("list nodes: %w", err)
 	}
 	plan, err := NewPlan(req, nodes.Items)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	plan.Print(c.cfg.Out)
-	fmt.Fprintln(c.cfg.Out, "Dry run: nothing changed.")
-	return nil
+	return plan, nil
 }

@@ -53,32 +53,18 @@ endpoints:
 // lineServer answers every line with "stream LINE" until the test ends.
 func lineServer(t *testing.T, ns string, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.InNamespace(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatalf("stream server in %s: %v", ns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	netns.Serve(t, ns, addr, func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "stream %s", line); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := fmt.Fprintf(c, "stream %s", line); err != nil {
+				return
+			}
 		}
-	}()
+	})
 }
 
 // longLived is one TCP connection that exchanges a line every 200 ms
