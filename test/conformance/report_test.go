@@ -3,6 +3,7 @@ package conformance
 import (
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +87,7 @@ func TestAKpColumnAnswersToUpstreamInTheSameModeElseTheBaseline(t *testing.T) {
 		t.Errorf("columns %v; want %v", cols, want)
 	}
 	md := r.Markdown()
-	for _, s := range []string{"- kp-iptables (against upstream-iptables): 1:", "- kp-ipvs (against upstream-nftables): 1:"} {
+	for _, s := range []string{"- kp-iptables (against upstream-iptables): 1, 0 of them explained", "- kp-ipvs (against upstream-nftables): 1, 0 of them explained", "  - **b** (not explained)"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("report lacks %q:\n%s", s, md)
 		}
@@ -108,5 +109,21 @@ func TestMergeReplacesOnlyTheRerunTestsOfOneColumn(t *testing.T) {
 	}
 	if err := r.Merge("kp-ipvs", nil, ""); err == nil {
 		t.Error("merge into a column that does not exist: no error")
+	}
+}
+
+func TestAFailureAKnownLimitExplainsIsListedWithIt(t *testing.T) {
+	knownLimits["kp-test"] = []Limit{{Failure: regexp.MustCompile(`client IP`), Why: "the client address is not preserved"}}
+	defer delete(knownLimits, "kp-test")
+	r := &Results{}
+	r.Set(Run{Mode: Baseline}, map[string]Result{"a": {State: Passed}, "b": {State: Passed}})
+	r.Set(Run{Mode: "kp-test"}, map[string]Result{"a": {State: Failed, Reason: "expected client IP to be preserved"},
+		"b": {State: Failed, Reason: "timeout"}})
+	md := r.Markdown()
+	for _, s := range []string{"- kp-test (against upstream-nftables): 2, 1 of them explained",
+		"  - **b** (not explained)", "  - a — *known limit:* the client address is not preserved"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q:\n%s", s, md)
+		}
 	}
 }

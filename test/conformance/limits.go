@@ -1,0 +1,39 @@
+package conformance
+
+import "regexp"
+
+// A Limit is a known limit of a kp mode, documented in the README's
+// feature table, that explains why an upstream test fails in that mode's
+// column: a test it explains is listed with it, apart from the failures
+// nothing explains.
+type Limit struct {
+	// Failure matches the failure's message (Result.Reason).
+	Failure *regexp.Regexp
+	// Test, when set, must match the test's name too.
+	Test *regexp.Regexp
+	Why  string
+}
+
+// knownLimits are the limits per kp column.
+var knownLimits = map[string][]Limit{}
+
+// reason is test name's failure message in column mode.
+func (r *Results) reason(name, mode string) string {
+	for _, t := range r.Tests {
+		if t.Name == name {
+			return t.Results[mode].Reason
+		}
+	}
+	return ""
+}
+
+// explained returns the known limit of column mode that explains test
+// name's failure with message reason, if one does.
+func explained(mode, name, reason string) (string, bool) {
+	for _, l := range knownLimits[mode] {
+		if l.Failure.MatchString(reason) && (l.Test == nil || l.Test.MatchString(name)) {
+			return l.Why, true
+		}
+	}
+	return "", false
+}
