@@ -15,7 +15,13 @@ type Limit struct {
 }
 
 // knownLimits are the limits per kp column.
-var knownLimits = map[string][]Limit{}
+var knownLimits = map[string][]Limit{
+	"kp-userspace": {{
+		Failure: regexp.MustCompile(`(?i)client IP|source IP`),
+		Why: "the userspace proxy opens its own connection to the endpoint, which sees the node's address, " +
+			"not the client's (README's feature table, note ³)",
+	}},
+}
 
 // reason is test name's failure message in column mode.
 func (r *Results) reason(name, mode string) string {
