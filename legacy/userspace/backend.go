@@ -55,7 +55,11 @@ type Backend struct {
 type portState struct {
 	ports  listenerPorts
 	usable bool
-	sp     *proxy.ServicePort // its addresses, ports and source ranges
+	// dropInternal: internalTrafficPolicy Local, and no endpoint on this
+	// node: its ClusterIPs' traffic is dropped, as upstream does, not
+	// accepted by the listener and held.
+	dropInternal bool
+	sp           *proxy.ServicePort // its addresses, ports and source ranges
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -157,6 +161,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	b.nodeIPs.Store(&nodeIPs)
 	ports := map[proxy.ServicePortName]listenerPorts{}
 	usable := map[proxy.ServicePortName]bool{}
+	dropInternal := map[proxy.ServicePortName]bool{}
 	want := map[proxyKey]bool{}
 	keep := map[proxy.EndpointRef]bool{}
 	var errs []error
@@ -175,7 +180,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 		if _, changed := s.Changed[name]; incremental && !changed {
 			if ps, ok := b.last[name]; ok {
-				ports[name], usable[name] = ps.ports, ps.usable
+				ports[name], usable[name], dropInternal[name] = ps.ports, ps.usable, ps.dropInternal
 				want[proxyKey{name: name}] = true
 				if sp.HasExternal() {
 					want[proxyKey{name: name, external: true}] = true
@@ -208,9 +213,13 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			continue
 		}
 		ports[name] = lp
+		local := false
 		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-			usable[name] = usable[name] || proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node).Usable
+			sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node)
+			usable[name] = usable[name] || sel.Usable
+			local = local || len(sel.Local) > 0
 		}
+		dropInternal[name] = sp.InternalPolicyLocal && usable[name] && !local
 	}
 	if rulesSame {
 		// The rules change only with a service port's Service (addresses,
@@ -220,7 +229,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		for name := range s.Changed {
 			old, had := b.last[name]
 			lp, has := ports[name]
-			if had != has || old.ports != lp || old.usable != usable[name] ||
+			if had != has || old.ports != lp || old.usable != usable[name] || old.dropInternal != dropInternal[name] ||
 				has && !reflect.DeepEqual(old.sp, s.Services[name]) {
 				rulesSame = false
 				break
@@ -229,7 +238,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	if rulesSame && len(b.lastRules) == len(b.red.families()) && b.now().Sub(b.lastWrite) < rewriteInterval {
 		// Nothing to write.
-	} else if err := b.writeRules(ctx, s, ports, usable); err != nil {
+	} else if err := b.writeRules(ctx, s, ports, usable, dropInternal); err != nil {
 		errs = append(errs, err)
 	}
 	// Listeners of service ports that are gone close after the rules no
@@ -247,7 +256,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.last = make(map[proxy.ServicePortName]portState, len(ports))
 	for name, lp := range ports {
-		b.last[name] = portState{ports: lp, usable: usable[name], sp: s.Services[name]}
+		b.last[name] = portState{ports: lp, usable: usable[name], dropInternal: dropInternal[name], sp: s.Services[name]}
 	}
 	return nil
 }
@@ -358,13 +367,13 @@ func (b *Backend) ensure(key proxyKey, protocol v1.Protocol) (portProxy, error) 
 // kp last wrote (most syncs change endpoints only, which live in the
 // balancers), and at least every rewriteInterval, which repairs edits made
 // behind kp's back.
-func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool) error {
+func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool) error {
 	now := b.now()
 	fams := b.red.families()
 	rules := map[proxy.Family]Rules{}
 	var changed []proxy.Family
 	for _, f := range fams {
-		rules[f] = renderRules(f, s, ports, usable, b.nodePortAddrs(f, s.Node))
+		rules[f] = renderRules(f, s, ports, usable, dropInternal, b.nodePortAddrs(f, s.Node))
 		last, ok := b.lastRules[f]
 		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
 			changed = append(changed, f)

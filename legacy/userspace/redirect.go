@@ -85,8 +85,12 @@ type Rules struct {
 }
 
 // renderRules returns family f's rules for every service port of s,
-// sorted so that equal States render equal rules.
-func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable map[proxy.ServicePortName]bool, nodePortAddrs []netip.Prefix) Rules {
+// sorted so that equal States render equal rules. A service port without
+// usable endpoints is rejected; one in dropInternal (internalTrafficPolicy
+// Local, no endpoint on this node) has its ClusterIPs' traffic dropped, as
+// upstream does: a listener would accept the connection and could only
+// hold it.
+func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool, nodePortAddrs []netip.Prefix) Rules {
 	var out Rules
 	var vips []Redirect
 	seenVIP := map[netip.Addr]bool{}
@@ -113,7 +117,12 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 			out.Redirects = append(out.Redirects, r)
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.ClusterIPs) {
-			add(a, netip.Prefix{}, sp.Port, lp.internal, nil)
+			if dropInternal[name] {
+				out.Redirects = append(out.Redirects, Redirect{Comment: name.String(), Addr: a, Protocol: sp.Protocol,
+					Port: sp.Port, Verdict: VerdictDrop})
+			} else {
+				add(a, netip.Prefix{}, sp.Port, lp.internal, nil)
+			}
 			if !seenVIP[a] {
 				seenVIP[a] = true
 				vips = append(vips, Redirect{Comment: name.NamespacedName.String(), Addr: a, Verdict: VerdictReject})

@@ -61,7 +61,7 @@ daddr fd00:1::/64 fib daddr type local tcp dport 30080 redirect to :40002 commen
 			"fd00:96::/112"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := renderRules(tc.family, st, ports, usable, tc.nodePortAddrs)
+			got := renderRules(tc.family, st, ports, usable, nil, tc.nodePortAddrs)
 			if s := lines(got.Redirects); s != tc.redirects {
 				t.Errorf("redirects:\n%s\nwant\n%s", s, tc.redirects)
 			}
@@ -72,5 +72,29 @@ daddr fd00:1::/64 fib daddr type local tcp dport 30080 redirect to :40002 commen
 				t.Errorf("drops %v, want %s", got.Drops, tc.drops)
 			}
 		})
+	}
+}
+
+// internalTrafficPolicy Local with no endpoint on this node: the
+// ClusterIP's traffic is dropped (a client's connect times out, as with
+// upstream), not redirected to a listener that could only hold it; the
+// NodePort still goes to the external listener.
+func TestRenderDropsTheClusterIPOfAnInternalLocalServiceWithoutLocalEndpoints(t *testing.T) {
+	web := proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "demo", Name: "web"}, Port: "http"}
+	st := &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{
+		web: {Name: web, Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080, InternalPolicyLocal: true,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
+	}}
+	ports := map[proxy.ServicePortName]listenerPorts{web: {internal: 40001, external: 40002}}
+	usable := map[proxy.ServicePortName]bool{web: true}
+	got := renderRules(proxy.IPv4, st, ports, usable, map[proxy.ServicePortName]bool{web: true}, []netip.Prefix{{}})
+	var lines []string
+	for _, r := range got.Redirects {
+		lines = append(lines, r.String())
+	}
+	want := `10.96.0.10 tcp dport 80 drop comment "demo/web:http"
+fib daddr type local tcp dport 30080 redirect to :40002 comment "demo/web:http"`
+	if s := strings.Join(lines, "\n"); s != want {
+		t.Errorf("redirects:\n%s\nwant\n%s", s, want)
 	}
 }

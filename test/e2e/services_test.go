@@ -7,6 +7,7 @@ package e2e
 // changing shape on a live node.
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -222,6 +223,15 @@ func TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints(t *testing.T) {
 		e.eventually("no local endpoint: dropped", 15*time.Second, func() error {
 			return e.dropped(pods[2].NS, "tcp", webTCP)
 		})
+		// Dropped, not accepted and held: the connect itself times out
+		// (a client's connect timeout fires, as upstream's e2e test
+		// expects).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if c, err := netns.DialConn(ctx, pods[2].NS, "tcp", webTCP); err == nil {
+			c.Close()
+			t.Errorf("tcp %s: the connection was accepted, want the SYN dropped", webTCP)
+		}
 		e.notForwarded(t, netip.MustParseAddr("10.96.0.10"))
 	})
 }
