@@ -113,6 +113,11 @@ func TestPlatformMatrixInTheVM(t *testing.T) {
 	runModesInVM(t, strings.Join(modes, ","), vmTests(vmCITests, vmServiceTests))
 }
 
+// vmSlot lets one VM run at a time: each emulates its CPUs in software,
+// and on CI's two cores three at once, beside the host's tests, starved
+// each other past their tests' timeouts.
+var vmSlot = make(chan struct{}, 1)
+
 // runModesInVM runs tests (or the pattern KP_VM_E2E_RUN) with
 // KP_E2E_MODES=modes in one boot. kp and the echo server are built here and
 // run there (KP_TEST_BINDIR).
@@ -146,6 +151,10 @@ func runModesInVM(t *testing.T, modes string, tests []string) {
 	}
 	bin := vm.BuildTest(t, "./test/e2e")
 	wd, _ := os.Getwd()
+	wait := time.Now()
+	vmSlot <- struct{}{}
+	defer func() { <-vmSlot }()
+	t.Logf("waited %v for the VM before this one to end", time.Since(wait).Round(time.Second))
 	start := time.Now()
 	out, err := vm.Run(t, vm.Options{Timeout: 40 * time.Minute, MemoryMiB: 3072, Dir: wd,
 		Env: []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}},
