@@ -76,7 +76,7 @@ conformance-bins:
 # at 4); more gets CPU-bound on the kube tests' API servers.
 test: kube-bins test-images vm-kernel
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
-	$(GO) test -count=1 -p 2 -parallel 4 -timeout 25m ./...
+	$(GO) test -count=1 -p 2 -parallel 4 -timeout 45m ./...
 	$(MAKE) fuzz
 
 # The benchmark of kp against upstream kube-proxy (nftables and iptables
