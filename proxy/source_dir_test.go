@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,8 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kpproxy/kp/internal/logbuf"
 )
 
 // recordingSink is a Sink that records every call and keeps the resulting
@@ -140,22 +141,7 @@ func (r *recordingSink) servicePort(key string) int32 {
 }
 
 // lockedBuffer collects log output written from the source's goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = logbuf.Buffer
 
 func serviceYAML(name string, port int) string {
 	return fmt.Sprintf(`apiVersion: v1

@@ -2,14 +2,12 @@ package userspace
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,26 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpproxy/kp/internal/logbuf"
 	"github.com/kpproxy/kp/proxy"
 )
 
 // syncBuffer is a log sink safe for the proxy's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
 
 // withSoftNoFile runs fn with the process's soft RLIMIT_NOFILE at soft,
 // then puts it back (the hard limit is never touched: without

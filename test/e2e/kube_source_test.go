@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,28 +14,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kpproxy/kp/internal/logbuf"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/test/apiserver"
 	"github.com/kpproxy/kp/test/netns"
 )
 
-// syncBuffer is a bytes.Buffer for a logger written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink written from several goroutines.
+type syncBuffer = logbuf.Buffer
 
 // TestKubeSourceStreamsTheInitialListAndKeepsNoCache runs the kube source
 // in this process against the real API server: the initial lists arrive
