@@ -136,19 +136,15 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 }
 
 func inventoryNFTables() ([]Found, error) {
-	conn, err := nftables.New()
+	conn, tables, err := ipTables()
 	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
+		return nil, err
 	}
 	defer conn.CloseLasting()
-	tables, err := conn.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
-	}
 	var out []Found
 	for _, t := range tables {
 		owner, ok := nftOwners[t.Name]
-		if !ok || (t.Family != nftables.TableFamilyIPv4 && t.Family != nftables.TableFamilyIPv6) {
+		if !ok {
 			continue
 		}
 		fam := "ip"

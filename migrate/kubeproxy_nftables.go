@@ -24,18 +24,14 @@ func (f NFTablesFound) String() string {
 // calling thread's network namespace and, when remove is set, deletes them
 // in one transaction, as upstream's own cleanup does.
 func KubeProxyNFTables(remove bool) ([]NFTablesFound, error) {
-	conn, err := nftables.New()
+	conn, tables, err := ipTables()
 	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
+		return nil, err
 	}
 	defer conn.CloseLasting()
-	tables, err := conn.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
-	}
 	var found []NFTablesFound
 	for _, t := range tables {
-		if t.Name != kubeProxyNFTTable || (t.Family != nftables.TableFamilyIPv4 && t.Family != nftables.TableFamilyIPv6) {
+		if t.Name != kubeProxyNFTTable {
 			continue
 		}
 		f := NFTablesFound{Family: "ip"}
