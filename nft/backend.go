@@ -7,13 +7,13 @@ package nft
 import (
 	"context"
 	"fmt"
-	"github.com/google/nftables/expr"
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/google/nftables/expr"
 
 	"github.com/kpproxy/kp/proxy"
 )
@@ -226,144 +226,6 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.log.Debug("nftables sync", "full", full, "operations", tx.Len(), "changed", len(s.Changed))
 	return nil
-}
-
-// fullSyncGCPercent is GOGC during a full sync (see Sync).
-const fullSyncGCPercent = 25
-
-// fullSyncGroup is how many Services a full sync renders before it encodes
-// them: the memory of that many rendered Services, against fewer, larger
-// element messages.
-const fullSyncGroup = 256
-
-// A full sync into a table that does not exist yet (a node kp never ran
-// on, or one just rebooted) goes in fullSyncStages transactions instead of
-// one, when it has at least fullSyncStagedFrom Services: nothing of kp's is
-// in the kernel to keep whole, each stage holds whole Services (their
-// chains and every element naming them), and only a stage's batch is held,
-// not the whole table's (17 MB at 10,000 × 10, the largest single part of
-// kp's peak). The price is the kernel's: each transaction adding rules that
-// jump validates the whole table so far (20–60 ms at 10,000), hence few
-// stages. Packets still see one transaction: the table's base chains, the
-// only objects hooked into the kernel's path, go in with the last stage, so
-// until then the table is inert (a kube-proxy still serving the node keeps
-// serving it) and then it is whole. A sync over an existing table stays one
-// transaction. A failed stage fails the sync and leaves an inert table; the
-// next one reads the kernel and reconciles in one transaction.
-const (
-	fullSyncStages     = 4
-	fullSyncStagedFrom = 4 * fullSyncStages * fullSyncGroup
-)
-
-// stageSize is how many Services of n go in a stage: a whole number of
-// groups.
-func stageSize(n int) int {
-	groups := (n + fullSyncGroup - 1) / fullSyncGroup
-	return max(1, (groups+fullSyncStages-1)/fullSyncStages) * fullSyncGroup
-}
-
-// applyStage applies what tx holds and starts it again, empty.
-func (b *Backend) applyStage(tx *Transaction) error {
-	if err := b.conn.Apply(tx); err != nil {
-		return fmt.Errorf("apply a stage of a full sync into a new table: %w", err)
-	}
-	next := &Transaction{}
-	if st, ok := b.conn.(streamer); ok {
-		var err error
-		if next, err = st.Stream(); err != nil {
-			return fmt.Errorf("start the nftables transaction: %w", err)
-		}
-	}
-	*tx = *next
-	return nil
-}
-
-// streamer is a Conn that can encode a transaction while it is built
-// (netlinkConn; the Fake keeps every operation, for tests to read).
-type streamer interface {
-	Stream() (*Transaction, error)
-}
-
-// syncFull renders every service port and removes whatever else the table
-// holds. It goes Service by Service, in name order: each group of
-// fullSyncGroup is rendered, diffed against the model and handed to the
-// transaction's stream before the next, so that a full sync never holds
-// the whole rendered ruleset
-// (at 10,000 Services it was most of kp's peak memory). The skeleton goes
-// first, as service objects name its chains and sets; what nobody wants
-// any more is deleted last.
-func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
-	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
-	book.owners = newElementOwners()
-	slots := b.slots[f]
-	slots.seen = map[string]bool{}
-	first := skel
-	if staged {
-		first = withoutBaseChains(skel) // they come last (see fullSyncStages)
-	}
-	diff(tx, f, book.model, first, first)
-	if err := tx.spill(); err != nil {
-		return err
-	}
-	// In name order, so that slots allocated afresh (after a restart) are
-	// the same for the same Services, and so that the first owner of a
-	// shared element (see elementOwners) is the first to render it.
-	names := make([]proxy.ServicePortName, 0, len(s.Services))
-	for name := range s.Services {
-		names = append(names, name)
-	}
-	slices.SortFunc(names, compareNames)
-	stage := len(names) + 1 // no stage ends before the last group
-	if staged {
-		stage = stageSize(len(names))
-	}
-	// Services are diffed and spilled a group at a time: one message per
-	// group for each set's elements, not one per Service.
-	want := newView()
-	for i, name := range names {
-		v := b.render(f, slots, s.Services[name], s.Endpoints[name], s.Node)
-		fp := footprintOf(name, v)
-		book.own(name, fp)
-		book.owners.add(fp)
-		want.mergeObjects(v)
-		for set, es := range v.elements {
-			for k, e := range es {
-				if unshared(set) || book.owners.owner(refTo(set, k)) == fp {
-					want.putElement(set, k, e)
-				}
-			}
-		}
-		if (i+1)%fullSyncGroup != 0 && i != len(names)-1 {
-			continue
-		}
-		diff(tx, f, book.model, want, want)
-		if err := tx.spill(); err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		want = newView()
-		if (i+1)%stage == 0 && i != len(names)-1 {
-			if err := b.applyStage(tx); err != nil {
-				return err
-			}
-		}
-	}
-	slots.releaseUnseen(nil)
-	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners))
-	return tx.spill()
-}
-
-// withoutBaseChains is v less its base chains (a shallow copy).
-func withoutBaseChains(v *view) *view {
-	out := &view{chains: map[string]*Chain{}, sets: v.sets, elements: v.elements, counters: v.counters}
-	for name, c := range v.chains {
-		if c.Hook == nil {
-			out.chains[name] = c
-		}
-	}
-	return out
 }
 
 // syncChanged renders the changed service ports only, and the skeleton.
