@@ -1,10 +1,14 @@
 package userspace
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -149,4 +153,72 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 	out.Rejects = append(out.Rejects, vips...)
 	out.Drops = proxy.FilterPrefixes(f, s.ServiceCIDRs)
 	return out
+}
+
+// writeRules renders and applies the families the redirector programs.
+// A family's rules are written only when their rendering differs from what
+// kp last wrote (most syncs change endpoints only, which live in the
+// balancers), and at least every rewriteInterval, which repairs edits made
+// behind kp's back.
+func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool) error {
+	now := b.now()
+	fams := b.red.families()
+	rules := map[proxy.Family]Rules{}
+	var changed []proxy.Family
+	for _, f := range fams {
+		rules[f] = renderRules(f, s, ports, usable, dropInternal, b.nodePortAddrs(f, s.Node))
+		last, ok := b.lastRules[f]
+		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
+			changed = append(changed, f)
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	var errs []error
+	if b.lastRules == nil {
+		b.lastRules = map[proxy.Family]Rules{}
+	}
+	for _, f := range changed {
+		if err := b.red.write(ctx, f, rules[f]); err != nil {
+			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
+			errs = append(errs, fmt.Errorf("write the %s redirects (%s): %w", b.red, f, err))
+			delete(b.lastRules, f) // unknown: rewrite next time
+			continue
+		}
+		b.lastRules[f] = rules[f]
+	}
+	if len(changed) == len(fams) {
+		b.lastWrite = now
+	}
+	return errors.Join(errs...)
+}
+
+// rewriteInterval bounds how long kp trusts that its table is as it wrote
+// it (as the iptables mode's hourly full sync).
+const rewriteInterval = time.Hour
+
+// nodePortAddrs is where family f's NodePorts answer, as one list of
+// prefixes (an invalid prefix: every local address): --nodeport-addresses,
+// "primary" (the Node's IPs), or every local address by default (as
+// upstream's iptables mode; the other proxies' userspace modes did too).
+func (b *Backend) nodePortAddrs(f proxy.Family, node proxy.Node) []netip.Prefix {
+	if b.cfg.NodePortPrimary {
+		var out []netip.Prefix
+		for _, a := range proxy.FilterAddrs(f, node.IPs) {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+		return out
+	}
+	if len(b.cfg.NodePortAddresses) > 0 {
+		return proxy.FilterPrefixes(f, b.cfg.NodePortAddresses)
+	}
+	return []netip.Prefix{{}}
+}
+
+// LastRules is what the last Sync wrote for family f.
+func (b *Backend) LastRules(f proxy.Family) Rules {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastRules[f]
 }
