@@ -18,12 +18,11 @@ import (
 )
 
 type flowsOptions struct {
-	namespace     string
-	service       string
-	output        string
-	netns         string
-	statusAddress string
-	timeout       time.Duration
+	namespace string
+	service   string
+	output    string
+	node      nodeFlags
+	timeout   time.Duration
 }
 
 func newFlowsCommand(a *app) *cobra.Command {
@@ -69,9 +68,7 @@ or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
 	fs.StringVarP(&o.namespace, "namespace", "n", "", "only flows of Services in this namespace")
 	fs.StringVar(&o.service, "service", "", "only flows of the Service with this name")
 	fs.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
-	fs.StringVar(&o.netns, "netns", "", "act in this network namespace: a name from 'ip netns' or a path such as /proc/PID/ns/net")
-	fs.StringVar(&o.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
-		"kp proxy's metrics address (--metrics-bind-address), where its status API is served")
+	o.node.bind(fs, "act in this network namespace")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up after this long")
 	return cmd
 }
@@ -81,7 +78,7 @@ or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
 func (a *app) flows(ctx context.Context, o *flowsOptions) ([]conntrack.FlowReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	src, err := openNodeSource(o.netns, o.statusAddress)
+	src, err := o.node.open()
 	if err != nil {
 		return nil, err
 	}

@@ -38,11 +38,10 @@ or a whole cluster, node by node, from kube-proxy to kp or between kp modes.`,
 }
 
 type migrateNodeOptions struct {
-	to            string
-	dryRun        bool
-	netns         string
-	statusAddress string
-	timeout       time.Duration
+	to      string
+	dryRun  bool
+	node    nodeFlags
+	timeout time.Duration
 }
 
 func newMigrateNodeCommand(a *app) *cobra.Command {
@@ -92,9 +91,7 @@ MODE afterwards.`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.to, "to", "", "the mode to switch to: nftables, iptables, iptables-nft, iptables-legacy, userspace")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop")
-	fs.StringVar(&o.netns, "netns", "", "the node's network namespace, if not this one: a name from 'ip netns' or a path such as /proc/PID/ns/net")
-	fs.StringVar(&o.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
-		"where kp proxy serves its status API (its --metrics-bind-address), on the node's loopback")
+	o.node.bind(fs, "the node's network namespace, if not this one")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for the switch after this long")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
@@ -119,10 +116,10 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.
 	node, _ := a.hostname()
-	if o.netns != "" {
-		node = "in " + o.netns
+	if o.node.netns != "" {
+		node = "in " + o.node.netns
 	}
-	src, err := openNodeSource(o.netns, o.statusAddress)
+	src, err := o.node.open()
 	if err != nil {
 		return migrateError(node, "plan", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/conntrack"
@@ -22,6 +23,24 @@ type nodeSource struct {
 	addr   string
 	client *statusapi.Client
 }
+
+// nodeFlags are the flags of the commands that read a node's kp (flows,
+// top, migrate node): which network namespace, and where in it kp proxy
+// serves its status API.
+type nodeFlags struct {
+	netns         string
+	statusAddress string
+}
+
+// bind adds --netns (described by netnsHelp) and --status-address to fs.
+func (f *nodeFlags) bind(fs *pflag.FlagSet, netnsHelp string) {
+	fs.StringVar(&f.netns, "netns", "", netnsHelp+": a name from 'ip netns' or a path such as /proc/PID/ns/net")
+	fs.StringVar(&f.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
+		"kp proxy's metrics address (--metrics-bind-address), where its status API is served on the node's loopback")
+}
+
+// open is openNodeSource for the flags.
+func (f *nodeFlags) open() (*nodeSource, error) { return openNodeSource(f.netns, f.statusAddress) }
 
 // openNodeSource opens the namespace netns ("" for the caller's own) and
 // points at the status API on addr.

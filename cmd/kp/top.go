@@ -9,14 +9,12 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/tui"
 )
 
 type topOptions struct {
-	netns         string
-	statusAddress string
-	refresh       time.Duration
+	node    nodeFlags
+	refresh time.Duration
 }
 
 func newTopCommand(a *app) *cobra.Command {
@@ -53,7 +51,7 @@ conntrack.`,
 			if !isTerminal(a.stdout) {
 				return fmt.Errorf("kp top needs a terminal: run it with 'kubectl exec -it' or 'ssh -t' (kp flows lists flows without one)")
 			}
-			src, err := openNodeSource(o.netns, o.statusAddress)
+			src, err := o.node.open()
 			if err != nil {
 				return err
 			}
@@ -66,9 +64,7 @@ conntrack.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.netns, "netns", "", "read from this network namespace: a name from 'ip netns' or a path such as /proc/PID/ns/net")
-	fs.StringVar(&o.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
-		"kp proxy's metrics address (--metrics-bind-address), where its status API is served")
+	o.node.bind(fs, "read from this network namespace")
 	fs.DurationVar(&o.refresh, "refresh", 2*time.Second, "how often to read the status API and the conntrack table")
 	return cmd
 }
