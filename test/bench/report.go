@@ -46,6 +46,9 @@ func WriteReport(w io.Writer, r *Results) error {
 			if r.has(KP, n) {
 				writeTargets(b, r, n)
 			}
+			if r.has(KP, n) && n >= scaleTargetMinN {
+				writeScaleTargets(b, r, n)
+			}
 			if r.has(KPIPTables, n) {
 				writeIPTablesTargets(b, r, n)
 			}

@@ -133,26 +133,7 @@ func writeIPTablesTargets(b *strings.Builder, r *Results, n int) {
 	// the ratio, which settles the target only if it is already ≥ 10×.
 	kp, kpBound := r.coldStart(KPIPTables, n)
 	up, upBound := r.coldStart(UpstreamIPTables, n)
-	ratio := up / kp
-	measured := fmt.Sprintf("%s %s; %s %s", KPIPTables, fmtColdStart(kp, kpBound), UpstreamIPTables, fmtColdStart(up, upBound))
-	v := judge(ratio >= iptTargetSpeedup, known(kp, up))
-	switch {
-	case v == unmeasured:
-	case kpBound && upBound:
-		v, measured = undecided, measured+": both ran out of time"
-	case upBound:
-		measured += fmt.Sprintf(": upstream / kp-iptables ≥ %s (a lower bound: upstream's true time is longer)", fmtRatio(ratio))
-		if v == missed {
-			v = undecided
-		}
-	case kpBound:
-		measured += fmt.Sprintf(": upstream / kp-iptables ≤ %s", fmtRatio(ratio))
-		if v == met {
-			v = undecided
-		}
-	default:
-		measured += ": upstream / kp-iptables = " + fmtRatio(ratio)
-	}
+	measured, v := speedup(KPIPTables, kp, kpBound, UpstreamIPTables, up, upBound, iptTargetSpeedup)
 	targetRow(b, fmt.Sprintf("cold start ≥ %.0f× faster than upstream iptables mode", iptTargetSpeedup), measured, v)
 
 	// One endpoint change: each proxy's own sync time for it.

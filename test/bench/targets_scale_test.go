@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// scaleResults is a run of kp and upstream nftables mode at N = 1 and n:
+// upstream's cold start at n took upSeconds, or ran into that limit when
+// upUnfinished (and then measured nothing else there).
+func scaleResults(n int, kpSeconds, upSeconds float64, upUnfinished bool, kpRSS, upRSS int64, kpRate float64) *Results {
+	r := &Results{Ns: []int{1, n}}
+	r.FullSyncs = []FullSync{
+		{Proxy: KP, N: 1, Seconds: 0.2, PeakRSS: 40 << 20},
+		{Proxy: UpstreamNFT, N: 1, Seconds: 1.5, PeakRSS: 58 << 20},
+		{Proxy: KP, N: n, Seconds: kpSeconds, PeakRSS: kpRSS},
+		{Proxy: UpstreamNFT, N: n, Seconds: upSeconds, PeakRSS: upRSS, ChildRSS: 300 << 20, Unfinished: upUnfinished},
+	}
+	r.Incrementals = []Incremental{{Proxy: KP, N: n, SyncSeconds: 0.004}, {Proxy: KP, N: n, SyncSeconds: 0.006},
+		{Proxy: KP, N: n, SyncSeconds: 0.003}}
+	r.Idles = []Idle{{Proxy: KP, N: n, RSS: kpRSS - 10<<20}}
+	r.DataPaths = []DataPath{{Proxy: KP, N: 1, ConnPerSec: 4000}, {Proxy: UpstreamNFT, N: 1, ConnPerSec: 3900},
+		{Proxy: KP, N: n, ConnPerSec: kpRate}}
+	if !upUnfinished {
+		r.Idles = append(r.Idles, Idle{Proxy: UpstreamNFT, N: n, RSS: upRSS - 10<<20})
+		r.DataPaths = append(r.DataPaths, DataPath{Proxy: UpstreamNFT, N: n, ConnPerSec: 3800})
+	}
+	return r
+}
+
+func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		r    *Results
+		n    int
+		want map[string]string // row's target prefix -> substrings its line must hold
+	}{
+		{
+			name: "both finished: fast, small, and at upstream's rate",
+			r:    scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900),
+			n:    10000,
+			want: map[string]string{
+				"| cold start":               "upstream / kp = 15.00|✓ met",
+				"| one endpoint change":      "median 4.0 ms|✓ met",
+				"| peak RSS (process alone)": "90.0 MiB vs 300.0 MiB (⅓: 100.0 MiB)|✓ met",
+				"| idle RSS":                 "80.0 MiB vs 290.0 MiB|✓ met",
+				"| new connections/s":        "N = 1: 4000/s vs 3900/s|N = 10,000: 3900/s vs 3800/s|✓ met",
+				"| kp's new connections/s":   "3900/s vs 4000/s: 97.5%|✓ met",
+			},
+		},
+		{
+			name: "both finished: kp too big and slower per connection at N",
+			r:    scaleResults(10000, 8, 30, false, 126<<20, 277<<20, 3500),
+			n:    10000,
+			want: map[string]string{
+				"| cold start":               "= 3.75|✗ missed",
+				"| peak RSS (process alone)": "126.0 MiB vs 277.0 MiB|✗ missed",
+				"| new connections/s":        "N = 10,000: 3500/s vs 3800/s, 0.92|✗ missed",
+				"| kp's new connections/s":   "87.5%|✗ missed",
+			},
+		},
+		{
+			name: "upstream ran out of time at 30,000: its bounds settle only what they can",
+			r:    scaleResults(30000, 20, 360, true, 400<<20, 900<<20, 3900),
+			n:    30000,
+			want: map[string]string{
+				"| cold start":               "≥ 18.00 (a lower bound|✓ met",
+				"| peak RSS (process alone)": "400.0 MiB vs ≥ 900.0 MiB|? undecided",
+				"| idle RSS":                 "not measured",
+				"| new connections/s":        "N = 1: 4000/s vs 3900/s, 1.03|N = 30,000: 3900/s, upstream-nft not measured|✓ met",
+			},
+		},
+	} {
+		b := &strings.Builder{}
+		writeScaleTargets(b, c.r, c.n)
+		for prefix, wants := range c.want {
+			var line string
+			for _, l := range strings.Split(b.String(), "\n") {
+				if strings.HasPrefix(l, prefix) {
+					line = l
+				}
+			}
+			for _, want := range strings.Split(wants, "|") {
+				if !strings.Contains(line, want) {
+					t.Errorf("%s: row %q lacks %q:\n%s", c.name, prefix, want, b)
+				}
+			}
+		}
+	}
+}
