@@ -100,7 +100,7 @@ func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps 
 
 	var clusterChain, localChain string
 	if len(sel.Cluster) > 0 {
-		clusterChain = r.policyChain(serviceChainName(sp), sel.Cluster, r.clusterMasquerade(nil))
+		clusterChain = r.policyChain(serviceChainName(sp), sel.Cluster, nil, chainClusterDNAT)
 	}
 	if len(sel.Local) > 0 {
 		var masq []Rule
@@ -110,7 +110,7 @@ func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps 
 			// the Local policy keeps.
 			masq = r.clusterMasquerade(clusterIPs)
 		}
-		localChain = r.policyChain(localChainName(sp), sel.Local, masq)
+		localChain = r.policyChain(localChainName(sp), sel.Local, masq, chainEndpointDNAT)
 	}
 
 	internal := clusterChain
@@ -158,31 +158,35 @@ func (r *serviceRender) route(e Element, chain string, noEndpoint Element, servi
 	r.v.addElement(serviceMap, e)
 }
 
-// clusterMasquerade is the masquerade decision for traffic to a ClusterIP:
-// all of it with --masquerade-all, else what comes from outside the cluster
-// CIDRs (so replies come back through this node). only, when set, limits
-// the rule to those destinations.
+// clusterMasquerade is the masquerade decision for the Service's traffic
+// to its ClusterIPs only (the local chain of internalTrafficPolicy Local,
+// which external traffic goes through too); the Cluster policy's, for all
+// its traffic, is in the static cluster-dnat chain.
 func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
-	dsts := only
-	if len(dsts) == 0 {
-		dsts = []netip.Addr{{}} // one rule, for every destination
-	}
 	var rules []Rule
-	for _, a := range dsts {
-		rb := newRule(r.f)
-		if a.IsValid() {
-			rb.addrIs(false, false, a)
-		}
-		switch {
-		case r.b.cfg.MasqueradeAll:
-		case len(proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs)) > 0:
-			rb.addrInSet(true, true, setClusterCIDRs)
-		default:
-			return nil
-		}
-		rules = append(rules, rb.verdict(expr.VerdictJump, chainMarkMasq).build(r.comment))
+	for _, a := range only {
+		rules = append(rules, r.b.clusterMasquerade(r.f, proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs), a, r.comment)...)
 	}
 	return rules
+}
+
+// clusterMasquerade is the masquerade decision for traffic to a ClusterIP
+// (to dst only, when valid): all of it with --masquerade-all, else what
+// comes from outside the cluster CIDRs (so replies come back through this
+// node); none without cluster CIDRs.
+func (b *Backend) clusterMasquerade(f family, clusterCIDRs []netip.Prefix, dst netip.Addr, comment string) []Rule {
+	rb := newRule(f)
+	if dst.IsValid() {
+		rb.addrIs(false, false, dst)
+	}
+	switch {
+	case b.cfg.MasqueradeAll:
+	case len(clusterCIDRs) > 0:
+		rb.addrInSet(true, true, setClusterCIDRs)
+	default:
+		return nil
+	}
+	return []Rule{rb.verdict(expr.VerdictJump, chainMarkMasq).build(comment)}
 }
 
 // policyChain writes the chain of one traffic policy over eps: it picks a
@@ -192,8 +196,16 @@ func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
 // set of the table for each set it creates and every binding of a map for
 // each element it inserts, so either makes a full sync O(N²) in the number
 // of Services (see README, "Why endpoints are slots").
-func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule) string {
+//
+// The chain goes on to dnat: cluster-dnat (the Cluster policy's masquerade
+// decision, then endpoint-dnat) or endpoint-dnat itself. With session
+// affinity the chain DNATs on its own, after first; the Cluster policy's
+// masquerade decision is then its first rule.
+func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule, dnat string) string {
 	if r.sp.AffinityTimeout > 0 {
+		if dnat == chainClusterDNAT {
+			first = r.b.clusterMasquerade(r.f, proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs), netip.Addr{}, r.comment)
+		}
 		return r.affinityChain(name, eps, first)
 	}
 	addrs := make([]netip.AddrPort, len(eps))
@@ -218,7 +230,7 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 		newRule(r.f).ctMarkSetSlot(uint32(len(blk.eps)), blk.base).build(r.comment)}}
 	r.v.chains[name] = &Chain{Name: name, Rules: append(first,
 		newRule(r.f).verdict(expr.VerdictJump, pick).build(r.comment),
-		newRule(r.f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(r.comment))}
+		newRule(r.f).verdict(expr.VerdictGoto, dnat).build(r.comment))}
 	return name
 }
 

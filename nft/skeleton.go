@@ -32,6 +32,7 @@ const (
 	chainMasquerading    = "masquerading"
 	chainReject          = "reject-chain"
 	chainEndpointDNAT    = "endpoint-dnat"
+	chainClusterDNAT     = "cluster-dnat"
 )
 
 // staticSets declares kp's named sets and maps for family f.
@@ -123,6 +124,12 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		// affinity: their chains only choose a slot. A rule with a NAT
 		// expression makes the kernel validate the whole table when it
 		// is added, so these are written once, never per Service.
+		// The Cluster policy's masquerade decision, the same for every
+		// Service, then the DNAT: one static chain rather than a rule in
+		// each Service's chain (10,000 rules and 1.9 MB of a full sync's
+		// batch at 10,000 Services).
+		{Name: chainClusterDNAT, Rules: append(b.clusterMasquerade(f, clusterCIDRs, netip.Addr{}, ""),
+			newRule(f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(""))},
 		{Name: chainEndpointDNAT, Rules: []Rule{
 			newRule(f).dnatSlotMap(6, mapEndpoints).build(""),
 			newRule(f).dnatSlotMap(17, mapEndpoints).build(""),

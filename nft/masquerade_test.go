@@ -1,0 +1,71 @@
+package nft
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The Cluster policy's masquerade decision is one static rule in
+// cluster-dnat, not a rule per Service chain; a Service with session
+// affinity (which DNATs in its own chain) keeps it as its first rule.
+// masqBeforePick is a Service chain's own masquerade decision.
+const masqBeforePick = "jump mark-for-masquerade comment \"demo/web:http\"\n    jump pick-svc-"
+
+func TestClusterMasqueradeDecisionIsOneStaticRule(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		masqueradeAll bool
+		affinity      bool
+		want, not     []string
+	}{
+		{
+			name: "cluster CIDRs",
+			want: []string{
+				"chain cluster-dnat\n    ip saddr != @cluster-cidrs jump mark-for-masquerade\n    goto endpoint-dnat\n",
+				"chain svc-demo/web/tcp/http\n    jump pick-svc-demo/web/tcp/http comment \"demo/web:http\"\n    goto cluster-dnat comment \"demo/web:http\"\n",
+			},
+			not: []string{masqBeforePick},
+		},
+		{
+			name:          "--masquerade-all",
+			masqueradeAll: true,
+			want:          []string{"chain cluster-dnat\n    jump mark-for-masquerade\n    goto endpoint-dnat\n"},
+			not:           []string{masqBeforePick},
+		},
+		{
+			name:     "session affinity",
+			affinity: true,
+			want:     []string{"chain svc-demo/web/tcp/http\n    ip saddr != @cluster-cidrs jump mark-for-masquerade comment \"demo/web:http\"\n"},
+			not:      []string{"goto cluster-dnat comment"},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fake := NewFake()
+			cfg := testConfig()
+			cfg.MasqueradeAll = c.masqueradeAll
+			b, err := newBackend(cfg, nil, fake)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := newWorld()
+			web := spName("demo", "web", "http")
+			w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+			if c.affinity {
+				w.services[web].AffinityTimeout = time.Hour
+			}
+			mustSync(t, b, w.state())
+			dump := strings.ReplaceAll(fake.Dump(), "      ", "")
+			for _, want := range c.want {
+				if !strings.Contains(dump, want) {
+					t.Errorf("ruleset lacks %q:\n%s", want, dump)
+				}
+			}
+			for _, not := range c.not {
+				if strings.Contains(dump, not) {
+					t.Errorf("ruleset has %q:\n%s", not, dump)
+				}
+			}
+		})
+	}
+}
