@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,13 +66,16 @@ type tableBook struct {
 	model  *tableState
 	owned  map[proxy.ServicePortName]*footprint // what each service port wrote last
 	owners *elementOwners
-	skel   *view
+	// hairpins holds the hairpin set's pods (nil until the first full sync
+	// over a table just read: the model holds the kernel's elements then).
+	hairpins *hairpins
+	skel     *view
 }
 
 // own records fp as what name wrote; an empty footprint (a port of the
 // other family, for instance) is not kept.
 func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
-	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots) == 0 {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots)+len(fp.pods) == 0 {
 		delete(book.owned, name)
 		return
 	}
@@ -232,6 +236,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
 	touched := newView() // old and new objects of the changed ports
 	rendered := map[proxy.ServicePortName]*view{}
+	var olds, news []*footprint
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
 	for name := range s.Changed {
@@ -246,9 +251,11 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 		if old != nil {
 			book.owners.remove(old)
 			touched.merge(old.scope())
+			olds = append(olds, old)
 		}
 		if fp != nil {
 			book.owners.add(fp)
+			news = append(news, fp)
 		}
 		rendered[name] = v
 		touched.merge(v)
@@ -300,7 +307,37 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 	scope.merge(book.skel)
 	scope.merge(touched)
 	scope.merge(want)
+	book.syncHairpins(olds, news, want, scope)
 	diff(tx, f, book.model, want, scope)
+	book.model.forgetCounted()
+}
+
+// syncHairpins moves the pods of the changed ports' footprints from olds
+// to news, and puts in want and scope the hairpin elements of the pods
+// that either lists, in the model as they are before: a pod's element is
+// added when its count leaves 0, deleted when it returns to 0, and
+// untouched otherwise (a pod moving from one Service to another in one
+// sync keeps its element).
+func (book *tableBook) syncHairpins(olds, news []*footprint, want, scope *view) {
+	h := book.hairpins
+	var pods []netip.Addr
+	for _, fp := range slices.Concat(olds, news) {
+		pods = slices.AppendSeq(pods, fp.pods.all(h.f))
+	}
+	recallHairpins(book.model, h, slices.Values(pods))
+	for _, fp := range olds {
+		h.remove(fp.pods)
+	}
+	for _, fp := range news {
+		h.add(fp.pods)
+	}
+	for _, a := range pods {
+		e := hairpinElement(a)
+		scope.addElement(setHairpin, e)
+		if h.has(a) {
+			want.addElement(setHairpin, e)
+		}
+	}
 }
 
 // Cleanup deletes kp's tables, and nothing else in the ruleset.

@@ -76,8 +76,14 @@ type streamer interface {
 // first, as service objects name its chains and sets; what nobody wants
 // any more is deleted last.
 func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
+	if book.hairpins != nil {
+		// Over kp's own bookkeeping (the Node changed): the model has
+		// the hairpin set's elements back from the counts.
+		recallHairpins(book.model, book.hairpins, book.hairpins.pods())
+	}
 	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
 	book.owners = newElementOwners()
+	book.hairpins = newHairpins(f)
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
 	first := skel
@@ -116,6 +122,9 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 				}
 			}
 		}
+		for _, a := range book.hairpins.add(fp.pods) {
+			want.addElement(setHairpin, hairpinElement(a))
+		}
 		if (i+1)%fullSyncGroup != 0 && i != len(names)-1 {
 			continue
 		}
@@ -134,7 +143,8 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		}
 	}
 	slots.releaseUnseen(nil)
-	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners))
+	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners, book.hairpins))
+	book.model.forgetCounted()
 	return tx.spill()
 }
 

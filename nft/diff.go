@@ -176,9 +176,10 @@ func setOf(f family, name string, views ...*view) *Set {
 
 // goneFromModel lists, as a scope for diff, what the model holds that
 // nobody wants: chains and sets not in wanted, elements whose key no
-// service port owns (nor the skeleton), and any named counter. With an
-// empty want, diff deletes them all, in the kernel's order.
-func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners) *view {
+// service port owns (nor the skeleton, nor the hairpin counts), and any
+// named counter. With an empty want, diff deletes them all, in the
+// kernel's order.
+func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners, hairpins *hairpins) *view {
 	chains, sets, slots := map[string]bool{}, map[string]bool{}, map[uint32]bool{}
 	for name := range skel.chains {
 		chains[name] = true
@@ -215,7 +216,7 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 			if _, ok := skel.elements[set][k]; ok {
 				continue
 			}
-			if unshared(set) && slots[slotOfKeyID(k)] || !unshared(set) && owners.owner(refTo(set, k)) != nil {
+			if wanted(set, k, slots, owners, hairpins) {
 				continue
 			}
 			v.addElement(set, elementOfKey(set, k))
@@ -225,6 +226,18 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 		v.counters[name] = true
 	}
 	return v
+}
+
+// wanted reports whether a service port wants the element k of set.
+func wanted(set, k string, slots map[uint32]bool, owners *elementOwners, hairpins *hairpins) bool {
+	switch {
+	case set == setHairpin:
+		pod, ok := hairpinPod(k)
+		return ok && hairpins.has(pod)
+	case unshared(set):
+		return slots[slotOfKeyID(k)]
+	}
+	return owners.owner(refTo(set, k)) != nil
 }
 
 // elementOrder lists a set's element ids by key, each interval's start

@@ -16,13 +16,15 @@ import (
 // again when needed: kp keeps a few dozen bytes per element, not the
 // element.) Its endpoint slots, the endpoints map's keys, are kept as runs
 // of slot numbers: a block's used slots are contiguous (see slotTable), so
-// a port's ten slots take 8 bytes, not ten key references.
+// a port's ten slots take 8 bytes, not ten key references. Its pods, the
+// hairpin set's share, are kept as their addresses (see hairpins).
 type footprint struct {
 	name   proxy.ServicePortName
 	chains []string
 	sets   []string
-	elems  []elemRef // of every set but the endpoints map
+	elems  []elemRef // of every set but the endpoints map and the hairpin set
 	slots  []slotRun // the endpoints map's keys
+	pods   podAddrs
 }
 
 // elemRef names one element: its set and its keyID. The set's name is
@@ -42,7 +44,7 @@ func (r elemRef) setName() string { return r.set.Value() }
 type slotRun struct{ first, n uint32 }
 
 func footprintOf(name proxy.ServicePortName, v *view) *footprint {
-	fp := &footprint{name: name, chains: make([]string, 0, len(v.chains))}
+	fp := &footprint{name: name, chains: make([]string, 0, len(v.chains)), pods: podAddrsOf(v.pods)}
 	for c := range v.chains {
 		fp.chains = append(fp.chains, c)
 	}

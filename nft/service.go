@@ -278,14 +278,14 @@ func (r *serviceRender) toEndpoint(rb *ruleBuilder, e proxy.Endpoint) Rule {
 }
 
 // endpointObjects declares e's affinity set (shared by both policies'
-// chains), and its hairpin element.
+// chains), and records its pod for the hairpin set.
 func (r *serviceRender) endpointObjects(e proxy.Endpoint) {
 	if r.sp.AffinityTimeout > 0 {
 		set := affinitySetName(r.sp, e)
 		r.v.sets[set] = &Set{Name: set, KeyType: r.f.addrType(), Dynamic: true, Timeout: r.sp.AffinityTimeout,
 			Comment: fitComment("session affinity of " + r.sp.Name.String())}
 	}
-	r.v.addElement(setHairpin, hairpinElement(e.IP))
+	r.v.pods = append(r.v.pods, e.IP)
 }
 
 // hairpinElement is "a . a": a pod at a that reached itself through a

@@ -1,6 +1,9 @@
 package nft
 
-import "sort"
+import (
+	"net/netip"
+	"sort"
+)
 
 // view is a set of nftables objects: what kp wants (the whole table, or the
 // objects of one service port), keyed for diffing against tableState.
@@ -9,6 +12,9 @@ type view struct {
 	sets     map[string]*Set
 	elements map[string]map[string]Element // set → keyID → element
 	counters map[string]bool               // only in scopes: an earlier kp's named counters, to delete
+	// pods are the addresses of a rendered port's endpoints, whose
+	// hairpin elements are counted, not rendered (see hairpins).
+	pods []netip.Addr
 }
 
 func newView() *view {
