@@ -241,6 +241,9 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 	slots.seen = map[string]bool{}
 	for name := range s.Changed {
 		old := book.owned[name]
+		if old != nil {
+			recallSlots(book.model, slots, old)
+		}
 		v := newView()
 		var fp *footprint
 		if sp := s.Services[name]; sp != nil {
@@ -309,7 +312,7 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 	scope.merge(want)
 	book.syncHairpins(olds, news, want, scope)
 	diff(tx, f, book.model, want, scope)
-	book.model.forgetCounted()
+	book.model.forgetDerived()
 }
 
 // syncHairpins moves the pods of the changed ports' footprints from olds

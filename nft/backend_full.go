@@ -76,10 +76,13 @@ type streamer interface {
 // first, as service objects name its chains and sets; what nobody wants
 // any more is deleted last.
 func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
-	if book.hairpins != nil {
-		// Over kp's own bookkeeping (the Node changed): the model has
-		// the hairpin set's elements back from the counts.
+	if book.owned != nil {
+		// Over kp's own bookkeeping (the Node changed), not a table just
+		// read: the model has back what it keeps none of between syncs.
 		recallHairpins(book.model, book.hairpins, book.hairpins.pods())
+		for _, fp := range book.owned {
+			recallSlots(book.model, b.slots[f], fp)
+		}
 	}
 	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
 	book.owners = newElementOwners()
@@ -144,7 +147,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 	}
 	slots.releaseUnseen(nil)
 	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners, book.hairpins))
-	book.model.forgetCounted()
+	book.model.forgetDerived()
 	return tx.spill()
 }
 

@@ -41,11 +41,22 @@ type Counter struct{ Packets, Bytes uint64 }
 
 // tableState is what kp knows is in one of its tables. It is kept between
 // syncs for every element of every Service, so it holds hashes, not texts.
+// Between syncs it holds no element of the endpoints map nor of the
+// hairpin set: the slot table and the hairpin counts say what they hold,
+// and a sync puts in the model those its diff needs (recallSlots,
+// recallHairpins), as they are in the kernel, then forgets them.
 type tableState struct {
 	chains   map[string]uint64            // chain name → Chain.digest (0 = unknown: rewrite)
 	sets     map[string]string            // named sets and maps → Set.digest
 	elements map[string]map[string]uint64 // set → keyID → Element.digest (not for dynamic sets)
 	counters map[string]bool              // named counters: kp writes none, an earlier kp's are deleted
+}
+
+// forgetDerived drops the elements of the sets whose contents kp derives
+// from its other bookkeeping between syncs, once a sync's diff is made.
+func (m *tableState) forgetDerived() {
+	delete(m.elements, mapEndpoints)
+	delete(m.elements, setHairpin)
 }
 
 func newTableState() *tableState {

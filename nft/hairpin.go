@@ -120,7 +120,7 @@ func hairpinPod(id string) (netip.Addr, bool) {
 
 // recallHairpins puts in the model the hairpin elements of pods as the
 // kernel holds them before this sync changes a count: present when
-// counted. The model keeps them for the sync's diff only (forgetCounted).
+// counted. The model keeps them for the sync's diff only (forgetDerived).
 func recallHairpins(m *tableState, h *hairpins, pods iter.Seq[netip.Addr]) {
 	es := m.elements[setHairpin]
 	if es == nil {
@@ -133,11 +133,4 @@ func recallHairpins(m *tableState, h *hairpins, pods iter.Seq[netip.Addr]) {
 			es[keyID(e.Key, false)] = e.digest()
 		}
 	}
-}
-
-// forgetCounted drops from the model the elements of the sets kp books
-// otherwise between syncs (the hairpin set: its counts), once a sync's
-// diff is made.
-func (m *tableState) forgetCounted() {
-	delete(m.elements, setHairpin)
 }

@@ -238,9 +238,8 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 // its Service port (the element's counter is the endpoint's count of new
 // connections).
 func (r *serviceRender) slotElement(slot uint32, a netip.AddrPort) Element {
-	data := append(pad4(a.Addr().AsSlice()), pad4(binary.BigEndian.AppendUint16(nil, a.Port()))...)
 	return Element{Key: slotKey(slot), KeyText: fmt.Sprintf("0x%08x", slot),
-		Data: data, DataText: keyText(a.Addr().String(), fmt.Sprint(a.Port())), Comment: r.comment}
+		Data: slotData(a), DataText: keyText(a.Addr().String(), fmt.Sprint(a.Port())), Comment: r.comment}
 }
 
 // affinityChain is a ClientIP-affinity chain, which keeps a rule per
