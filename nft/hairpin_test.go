@@ -48,7 +48,8 @@ func podsOf(w *world) []string {
 // over the table and failed transactions; and a sync that leaves the set of
 // pods unchanged touches none of its elements. After every step the set
 // holds exactly the pods of the world's endpoints (and the fake refuses to
-// delete an element that is not there).
+// delete an element that is not there), and kp's model of the kernel keeps
+// none of its elements (the counts say what they are).
 func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 	a, b, c := spName("ns", "a", "http"), spName("ns", "b", ""), spName("ns", "c", "")
 	aAdmin := spName("ns", "a", "admin")
@@ -137,6 +138,9 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 			runSyncSteps(t, tc.steps, func(t *testing.T, i int, e *stepEnv) {
 				if got, want := hairpinSet(t, e.fake), podsOf(e.w); !slices.Equal(got, want) {
 					t.Errorf("step %d: hairpin set holds %v, want %v", i, got, want)
+				}
+				if m := e.be.tables[familyIPv4].model.elements[setHairpin]; len(m) > 0 {
+					t.Errorf("step %d: the model keeps %d hairpin elements between syncs", i, len(m))
 				}
 			})
 		})
