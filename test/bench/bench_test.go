@@ -32,7 +32,7 @@ var (
 	flagWindow  = flag.Duration("bench.window", 3*time.Second, "data-path measurement window")
 	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
 	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
-	flagProxies = flag.String("bench.proxies", strings.Join(Proxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", "))
+	flagProxies = flag.String("bench.proxies", strings.Join(HostProxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", ")+" (the ipvs ones need IPVS: make bench-vm)")
 	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.reps cold starts, -bench.big.changes changes and -bench.big.timeout (0: no limit)")
 	flagBigReps = flag.Int("bench.big.reps", 1, "upstream's cold starts at N >= -bench.big")
 	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
@@ -174,10 +174,10 @@ func merged(t *testing.T, path string, res *Results) *Results {
 func TestBenchSmoke(t *testing.T) {
 	netns.Require(t, "nft", "conntrack", "iptables-save", "iptables-nft-save", "iptables-legacy", "ip6tables-legacy")
 	apiserver.Bin(t, apiserver.KubeProxy)
-	proxies := Proxies
+	proxies := HostProxies
 	if why := kpLacksIPTablesMode(t); why != "" {
 		t.Logf("kp-iptables left out: kp has no iptables mode yet (%s)", why)
-		proxies = slices.DeleteFunc(slices.Clone(Proxies), func(p string) bool { return p == KPIPTables })
+		proxies = slices.DeleteFunc(slices.Clone(HostProxies), func(p string) bool { return p == KPIPTables })
 	}
 	cfg := config{Ns: []int{1, 100}, Proxies: proxies, Reps: 1, Changes: 3,
 		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
