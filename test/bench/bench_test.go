@@ -41,6 +41,9 @@ var (
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
 	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
+	// Set by TestBenchInTheVM for the run it starts in the VM.
+	flagVM   = flag.String("bench.vm", "", "the virtual machine this run is in, for the report (\"\": the host)")
+	flagEmit = flag.Bool("bench.emit", false, "also print results.json to stdout after each N, between markers (the VM's way out)")
 )
 
 // config shapes one run of the pipeline.
@@ -97,6 +100,7 @@ func TestBench(t *testing.T) {
 			res = merged(t, *flagMerge, res)
 		}
 		res.Command = "make bench BENCH_N=" + *flagNs
+		res.Machine.VM = *flagVM
 		if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
 			res.Notes = append(res.Notes, *flagNotes)
 		}
@@ -104,6 +108,11 @@ func TestBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("report written to %s", filepath.Join(*flagOut, "REPORT.md"))
+		if *flagEmit {
+			if err := emitResults(os.Stdout, res); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	run(t, cfg, write)
 }
@@ -244,7 +253,9 @@ func TestBenchSmoke(t *testing.T) {
 // after, if set, sees the results after each N.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
 	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	started := time.Now()
 	c := newCluster(t)
+	t.Logf("API server (etcd and kube-apiserver) ready in %v", time.Since(started).Round(time.Millisecond))
 	for _, n := range cfg.Ns {
 		took := c.grow(n)
 		t.Logf("N=%d: API server populated in %v", n, took.Round(time.Millisecond))
