@@ -99,11 +99,16 @@ bench: kube-bins
 # the ratios count): TestBench runs in the VM with the kp-ipvs and
 # upstream-ipvs proxies, and test/bench/vm/REPORT.md, bench.svg and
 # results.json are rewritten. BENCH_VM_ARGS passes more TestBench flags
-# (e.g. -bench.reps=1 -bench.changes=20). Not part of `make test`.
+# (e.g. -bench.reps=1 -bench.changes=20). BENCH_VM_SEED=1 populates each
+# N's API server on the host and boots the VM once per N on a copy of its
+# etcd data (populating under emulation is the slow part). Not part of
+# `make test`.
 BENCH_VM_N    ?= 1000,10000
 BENCH_VM_ARGS ?=
+BENCH_VM_SEED ?=
 bench-vm: kube-bins vm-kernel
-	$(GO) test -count=1 -timeout 5h -run '^TestBenchInTheVM$$' -v ./test/bench/ -args -bench.vm.n=$(BENCH_VM_N) -bench.vm.args='$(BENCH_VM_ARGS)'
+	$(GO) test -count=1 -timeout 5h -run '^TestBenchInTheVM$$' -v ./test/bench/ -args -bench.vm.n=$(BENCH_VM_N) \
+		-bench.vm.args='$(BENCH_VM_ARGS)' -bench.vm.seed=$(if $(BENCH_VM_SEED),true,false)
 
 # Upstream's own Services tests (e2e.test v1.36.3 under ginkgo, 4 parallel
 # processes) on a real 3-node cluster, once with upstream kube-proxy in
