@@ -211,16 +211,36 @@ func (p *proxyRun) lastSync() float64 {
 // syncSeconds is the total time the proxy has spent in syncs (IPv4), from
 // kubeproxy_sync_proxy_rules_duration_seconds: upstream and kp both time
 // a sync from its start to the kernel's answer.
+// A read that fails is tried again: a change's sync time is the
+// difference of two reads, and a failed one (0) would count every sync
+// before it (the VM's emulated proxies answer slowly).
 func (p *proxyRun) syncSeconds() float64 {
-	return p.metric("kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	var v float64
+	var err error
+	for try := 0; try < 5; try++ {
+		if v, err = p.metricOf("kubeproxy_sync_proxy_rules_duration_seconds_sum"); err == nil {
+			return v
+		}
+	}
+	p.t.Logf("%s: read its sync time: %v", p.name, err)
+	return v
 }
 
 // metric reads one sample of the proxy's metrics: unlabeled, or the IPv4
 // one; 0 when the proxy does not answer or has no such sample.
 func (p *proxyRun) metric(name string) float64 {
-	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
-	if err != nil || code != 200 {
-		return 0
+	v, _ := p.metricOf(name)
+	return v
+}
+
+// metricOf is metric, with the error when the proxy did not answer.
+func (p *proxyRun) metricOf(name string) (float64, error) {
+	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 10*time.Second)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("metrics: HTTP %d", code)
+	}
+	if err != nil {
+		return 0, err
 	}
 	var v float64
 	for _, line := range strings.Split(body, "\n") {
@@ -237,7 +257,7 @@ func (p *proxyRun) metric(name string) float64 {
 			}
 		}
 	}
-	return v
+	return v, nil
 }
 
 // countNFT counts the benchmark's Services in table ip <table>'s
