@@ -64,8 +64,8 @@ func WriteReport(w io.Writer, r *Results) error {
 
 	p("## Full sync (cold start to every Service programmed)\n\n")
 	p("Time from process start to the sync after which the kernel holds every Service (the proxy's\n")
-	p("`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, checked against a count of the kernel's service map or\n")
-	p("chains, and a sample of Services answering real TCP connections).\n\n")
+	p("`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, checked against a count of the kernel's service map,\n")
+	p("chains or IPVS virtual servers, and a sample of Services answering real TCP connections).\n\n")
 	fs := func(f func(FullSync) float64) func(string, int) []float64 {
 		return func(proxy string, n int) []float64 { return r.fullSync(proxy, n, f) }
 	}
