@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -63,6 +65,10 @@ type Options struct {
 	// ExtraArgs are more kube-apiserver flags, after the harness's own
 	// (a repeated flag's last value wins).
 	ExtraArgs []string
+	// EtcdSeed is an etcd data folder (EtcdDataDir of a Server stopped
+	// with Stop) copied as this one's before etcd starts: its objects are
+	// there from the start. Made with the same ServiceCIDRs.
+	EtcdSeed string
 }
 
 // Server is etcd plus one or more kube-apiserver instances in a namespace
@@ -140,9 +146,16 @@ func Start(t testing.TB, opts Options) *Server {
 		t.Fatalf("start API server: %v", err)
 	}
 
+	if opts.EtcdSeed != "" {
+		// cp -a keeps etcd's 0700 folders; the seed may be on a read-only
+		// file system (the VM's view of the host's).
+		if out, err := exec.Command("cp", "-a", opts.EtcdSeed, s.EtcdDataDir()).CombinedOutput(); err != nil {
+			t.Fatalf("start API server: copy the etcd seed %s: %v: %s", opts.EtcdSeed, err, out)
+		}
+	}
 	s.etcd = netns.StartIn(t, s.ns, etcdBin,
 		"--name", "default",
-		"--data-dir", filepath.Join(s.dir, "etcd"),
+		"--data-dir", s.EtcdDataDir(),
 		"--listen-client-urls", "http://127.0.0.1:2379",
 		"--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380",
@@ -220,6 +233,25 @@ func (s *Server) waitEtcd() {
 	if err != nil {
 		s.t.Fatalf("etcd not ready: %v", err)
 	}
+}
+
+// EtcdDataDir is etcd's data folder: after Stop, a seed for
+// Options.EtcdSeed.
+func (s *Server) EtcdDataDir() string { return filepath.Join(s.dir, "etcd") }
+
+// Stop stops every API server instance, then etcd, each with SIGTERM: etcd
+// closes its database cleanly, so its data folder can seed another.
+func (s *Server) Stop() error {
+	var errs []error
+	for _, inst := range s.instances {
+		if err := inst.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stop kube-apiserver %d: %w", inst.Index, err))
+		}
+	}
+	if err := s.etcd.Stop(); err != nil {
+		errs = append(errs, fmt.Errorf("stop etcd: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // NS is the namespace etcd and the API server run in.

@@ -32,15 +32,19 @@ var (
 	flagWindow  = flag.Duration("bench.window", 3*time.Second, "data-path measurement window")
 	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
 	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
-	flagProxies = flag.String("bench.proxies", strings.Join(Proxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", "))
+	flagProxies = flag.String("bench.proxies", strings.Join(HostProxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", ")+" (the ipvs ones need IPVS: make bench-vm)")
 	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.reps cold starts, -bench.big.changes changes and -bench.big.timeout (0: no limit)")
 	flagBigReps = flag.Int("bench.big.reps", 1, "upstream's cold starts at N >= -bench.big")
 	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
 	flagBigTime = flag.Duration("bench.big.timeout", 10*time.Minute, "upstream's cold-start time limit at N >= -bench.big")
+	flagChgTime = flag.Duration("bench.change.timeout", time.Minute, "bound of the wait for one incremental change's sync")
 	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp's nftables mode alone (0: never)")
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
 	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
+	// Set by TestBenchInTheVM for the run it starts in the VM.
+	flagVM   = flag.String("bench.vm", "", "the virtual machine this run is in, for the report (\"\": the host)")
+	flagEmit = flag.Bool("bench.emit", false, "also print results.json to stdout after each N, between markers (the VM's way out)")
 )
 
 // config shapes one run of the pipeline.
@@ -63,6 +67,10 @@ type config struct {
 	Big, BigReps, BigChanges int
 	BigTimeout               time.Duration
 	KPOnly                   int
+	// ChangeTimeout bounds the wait for one incremental change's sync
+	// (default 1 minute; upstream's ipvs mode under the VM's emulation
+	// takes longer).
+	ChangeTimeout time.Duration
 }
 
 // TestBench is `make bench`: the whole comparison, written to -bench.out.
@@ -76,7 +84,8 @@ func TestBench(t *testing.T) {
 	}
 	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
 		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute,
-		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, KPOnly: *flagKPOnly}
+		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, KPOnly: *flagKPOnly,
+		ChangeTimeout: *flagChgTime}
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -97,6 +106,7 @@ func TestBench(t *testing.T) {
 			res = merged(t, *flagMerge, res)
 		}
 		res.Command = "make bench BENCH_N=" + *flagNs
+		res.Machine.VM = *flagVM
 		if *flagNotes != "" && !slices.Contains(res.Notes, *flagNotes) {
 			res.Notes = append(res.Notes, *flagNotes)
 		}
@@ -104,6 +114,11 @@ func TestBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("report written to %s", filepath.Join(*flagOut, "REPORT.md"))
+		if *flagEmit {
+			if err := emitResults(os.Stdout, res); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	run(t, cfg, write)
 }
@@ -174,10 +189,10 @@ func merged(t *testing.T, path string, res *Results) *Results {
 func TestBenchSmoke(t *testing.T) {
 	netns.Require(t, "nft", "conntrack", "iptables-save", "iptables-nft-save", "iptables-legacy", "ip6tables-legacy")
 	apiserver.Bin(t, apiserver.KubeProxy)
-	proxies := Proxies
+	proxies := HostProxies
 	if why := kpLacksIPTablesMode(t); why != "" {
 		t.Logf("kp-iptables left out: kp has no iptables mode yet (%s)", why)
-		proxies = slices.DeleteFunc(slices.Clone(Proxies), func(p string) bool { return p == KPIPTables })
+		proxies = slices.DeleteFunc(slices.Clone(HostProxies), func(p string) bool { return p == KPIPTables })
 	}
 	cfg := config{Ns: []int{1, 100}, Proxies: proxies, Reps: 1, Changes: 3,
 		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
@@ -244,7 +259,9 @@ func TestBenchSmoke(t *testing.T) {
 // after, if set, sees the results after each N.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
 	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	started := time.Now()
 	c := newCluster(t)
+	t.Logf("API server (etcd and kube-apiserver) ready in %v", time.Since(started).Round(time.Millisecond))
 	for _, n := range cfg.Ns {
 		took := c.grow(n)
 		t.Logf("N=%d: API server populated in %v", n, took.Round(time.Millisecond))
@@ -265,10 +282,12 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 				}
 				measureProxy(t, c, w, node, proxy, n, cfg, res)
 			})
-		}
-		res.Elapsed = time.Since(res.Started)
-		if after != nil {
-			after(res)
+			// After each proxy, not only each N: a run cut short (the
+			// VM's time limit) still leaves every proxy it finished.
+			res.Elapsed = time.Since(res.Started)
+			if after != nil {
+				after(res)
+			}
 		}
 	}
 	res.Elapsed = time.Since(res.Started)
@@ -306,7 +325,7 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
 	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
 	if n > len(samples(n)) {
-		inc := p.incremental(c, n, changes)
+		inc := p.incremental(c, n, changes, cfg.ChangeTimeout)
 		res.Incrementals = append(res.Incrementals, inc...)
 		if len(inc) > 0 {
 			secs, own := make([]float64, len(inc)), make([]float64, len(inc))

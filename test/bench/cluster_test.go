@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -45,9 +46,18 @@ type cluster struct {
 	changes    atomic.Int64
 }
 
+// newCluster starts the run's API server, on the etcd seed -bench.seed
+// names if any.
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	srv := apiserver.Start(t, apiserver.Options{})
+	return newClusterWith(t, apiserver.Options{EtcdSeed: *flagSeed})
+}
+
+// newClusterWith starts an API server with opts; on a seed, it adopts the
+// seed's Services.
+func newClusterWith(t *testing.T, opts apiserver.Options) *cluster {
+	t.Helper()
+	srv := apiserver.Start(t, opts)
 	cfg := srv.Instance(0).Config(srv.AdminToken())
 	// Populating tens of thousands of objects: the default 100 QPS would
 	// make the client, not the server, the bottleneck.
@@ -59,7 +69,12 @@ func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, srv: srv, api: api}
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 	if _, err := api.CoreV1().Namespaces().Create(ctx(t), ns, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", namespace, err)
+		if opts.EtcdSeed == "" || !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create namespace %s: %v", namespace, err)
+		}
+	}
+	if opts.EtcdSeed != "" {
+		c.adopt()
 	}
 	return c
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"net"
 	"os"
@@ -374,7 +375,7 @@ func (m *monitor) nextCommit(timeout time.Duration) (time.Time, int, error) {
 // the end of the proxy's sync (its last-sync metric, which both proxies set
 // after the kernel answered) and by the proxy's own sync time (its sync
 // duration metric); its size is what nft monitor lists (N <= monitorMaxN).
-func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
+func (p *proxyRun) incremental(c *cluster, n, changes int, timeout time.Duration) []Incremental {
 	p.t.Helper()
 	var m *monitor
 	if n <= monitorMaxN && writesNFTables(p.name) {
@@ -397,7 +398,7 @@ func (p *proxyRun) incremental(c *cluster, n, changes int) []Incremental {
 		if err != nil {
 			p.t.Fatalf("%s: %v", p.name, err)
 		}
-		at, err := p.nextSync(sent, time.Minute)
+		at, err := p.nextSync(sent, cmp.Or(timeout, time.Minute))
 		if err != nil {
 			p.t.Errorf("%s: change %d at N=%d: %v", p.name, k, n, err)
 			return out

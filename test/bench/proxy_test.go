@@ -58,7 +58,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		"--conntrack-tcp-timeout-close-wait", "0",
 	}
 	switch name {
-	case KP, KPIPTables, KPUserspace:
+	case KP, KPIPTables, KPUserspace, KPIPVS:
 		p.bin = kpBin(t)
 		p.args = append(append([]string{"proxy"}, common...),
 			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
@@ -73,6 +73,10 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 			p.args = append(p.args, "--proxy-mode", "userspace", "--userspace-redirect", "nftables")
 			p.count = func() (int, error) { return countUserspace(w.Node()) }
 		}
+		if name == KPIPVS {
+			p.args = append(p.args, "--proxy-mode", "ipvs")
+			p.count = func() (int, error) { return countIPVS(w.Node()) }
+		}
 	case UpstreamNFT, UpstreamIPTables:
 		mode := "nftables"
 		p.count = func() (int, error) { return countNFT(w.Node(), "kube-proxy") }
@@ -85,6 +89,13 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 			"--proxy-mode", mode,
 			// Upstream's names for the same two periods.
 			"--iptables-min-sync-period", minSyncPeriod, "--iptables-sync-period", syncPeriod)
+	case UpstreamIPVS:
+		p.bin = apiserver.Bin(t, apiserver.KubeProxy)
+		p.count = func() (int, error) { return countIPVS(w.Node()) }
+		p.args = append(common,
+			"--proxy-mode", "ipvs",
+			// Its ipvs mode's own names for the two periods.
+			"--ipvs-min-sync-period", minSyncPeriod, "--ipvs-sync-period", syncPeriod)
 	default:
 		t.Fatalf("unknown proxy %q", name)
 	}
@@ -134,9 +145,10 @@ func kpLacksIPTablesMode(t *testing.T) string {
 }
 
 // stop stops the proxy and empties its namespace's ruleset (nftables, with
-// iptables-nft's tables, and iptables-legacy's tables) and conntrack table,
-// so the next start is cold. It checks that the kernel then holds none of
-// the proxy's Services.
+// iptables-nft's tables, and iptables-legacy's tables), its IPVS state
+// (virtual servers, dummy interfaces, ipsets) and conntrack table, so the
+// next start is cold. It checks that the kernel then holds none of the
+// proxy's Services (and, for an ipvs mode, nothing else of it).
 func (p *proxyRun) stop() {
 	p.t.Helper()
 	if p.proc != nil {
@@ -149,6 +161,12 @@ func (p *proxyRun) stop() {
 	}
 	if err := flushLegacy(p.w.Node()); err != nil {
 		p.t.Fatalf("after %s: %v", p.name, err)
+	}
+	if err := flushIPVS(p.w.Node()); err != nil {
+		p.t.Fatalf("after %s: %v", p.name, err)
+	}
+	if err := ipvsLeftovers(p.w.Node()); err != nil {
+		p.t.Fatalf("after %s stopped and its namespace was flushed: %v", p.name, err)
 	}
 	if n, err := p.count(); err != nil || n != 0 {
 		p.t.Fatalf("after %s stopped and its namespace was flushed, the kernel still holds %d of its Services (%v)", p.name, n, err)
@@ -193,16 +211,36 @@ func (p *proxyRun) lastSync() float64 {
 // syncSeconds is the total time the proxy has spent in syncs (IPv4), from
 // kubeproxy_sync_proxy_rules_duration_seconds: upstream and kp both time
 // a sync from its start to the kernel's answer.
+// A read that fails is tried again: a change's sync time is the
+// difference of two reads, and a failed one (0) would count every sync
+// before it (the VM's emulated proxies answer slowly).
 func (p *proxyRun) syncSeconds() float64 {
-	return p.metric("kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	var v float64
+	var err error
+	for try := 0; try < 5; try++ {
+		if v, err = p.metricOf("kubeproxy_sync_proxy_rules_duration_seconds_sum"); err == nil {
+			return v
+		}
+	}
+	p.t.Logf("%s: read its sync time: %v", p.name, err)
+	return v
 }
 
 // metric reads one sample of the proxy's metrics: unlabeled, or the IPv4
 // one; 0 when the proxy does not answer or has no such sample.
 func (p *proxyRun) metric(name string) float64 {
-	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 2*time.Second)
-	if err != nil || code != 200 {
-		return 0
+	v, _ := p.metricOf(name)
+	return v
+}
+
+// metricOf is metric, with the error when the proxy did not answer.
+func (p *proxyRun) metricOf(name string) (float64, error) {
+	code, body, err := netns.HTTPGet(p.w.Node(), "http://"+metricsAddr+"/metrics", 10*time.Second)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("metrics: HTTP %d", code)
+	}
+	if err != nil {
+		return 0, err
 	}
 	var v float64
 	for _, line := range strings.Split(body, "\n") {
@@ -219,7 +257,7 @@ func (p *proxyRun) metric(name string) float64 {
 			}
 		}
 	}
-	return v
+	return v, nil
 }
 
 // countNFT counts the benchmark's Services in table ip <table>'s

@@ -27,16 +27,29 @@ const (
 	// upstream counterpart (upstream removed the mode); it is compared
 	// with kp's nftables mode and with no proxy.
 	KPUserspace = "kp-userspace"
-	NoProxy     = "none (direct to pod)"
+	// KPIPVS is kp --proxy-mode ipvs and UpstreamIPVS upstream's ipvs
+	// mode: measured only on a kernel with IPVS (the VM's, make bench-vm).
+	KPIPVS       = "kp-ipvs"
+	UpstreamIPVS = "upstream-ipvs"
+	NoProxy      = "none (direct to pod)"
 )
 
-// Proxies lists the proxies under test in report order: each of kp's modes
-// next to upstream's same mode.
-var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace}
+// Proxies lists every proxy the harness knows, in report order: each of
+// kp's modes next to upstream's same mode.
+var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace, KPIPVS, UpstreamIPVS}
+
+// HostProxies are those measured by default (-bench.proxies): the ipvs
+// modes need a kernel with IPVS, which this host's lacks.
+var HostProxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace}
 
 // isKP says whether proxy is one of kp's modes: those are never cut short
 // by the limits set for upstream at large N (-bench.big).
-func isKP(proxy string) bool { return proxy == KP || proxy == KPIPTables || proxy == KPUserspace }
+func isKP(proxy string) bool {
+	return proxy == KP || proxy == KPIPTables || proxy == KPUserspace || proxy == KPIPVS
+}
+
+// isIPVS says whether proxy programs IPVS virtual servers.
+func isIPVS(proxy string) bool { return proxy == KPIPVS || proxy == UpstreamIPVS }
 
 // writesNFTables says whether every change of proxy is an nftables
 // transaction nft monitor can see (the userspace mode keeps endpoints in
@@ -51,7 +64,8 @@ func isIPTables(proxy string) bool { return proxy == KPIPTables || proxy == Upst
 type comparison struct{ kp, upstream string }
 
 // comparisons are the ratios of the report, like for like first.
-var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}, {KPUserspace, KP}}
+var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}, {KPUserspace, KP},
+	{KPIPVS, UpstreamIPVS}}
 
 func (c comparison) String() string { return c.kp + " / " + c.upstream }
 
@@ -143,8 +157,11 @@ type Machine struct {
 	// the update-alternatives link): the backend upstream's iptables mode
 	// writes through.
 	IPTables string `json:",omitempty"`
-	Cores    int
-	MemGB    float64
+	// VM describes the virtual machine the run was made in ("" on the
+	// host): under software emulation only the ratios count.
+	VM    string `json:",omitempty"`
+	Cores int
+	MemGB float64
 }
 
 // Results is everything one run measured.

@@ -129,26 +129,8 @@ func writeIPTablesTargets(b *strings.Builder, r *Results, n int) {
 		KPIPTables, UpstreamIPTables, fmtN(targetN), fmtN(n))
 	b.WriteString("| target | measured | |\n|---|---|---|\n")
 
-	// Cold start: an upstream that ran out of time gives a lower bound of
-	// the ratio, which settles the target only if it is already ≥ 10×.
-	kp, kpBound := r.coldStart(KPIPTables, n)
-	up, upBound := r.coldStart(UpstreamIPTables, n)
-	measured, v := speedup(KPIPTables, kp, kpBound, UpstreamIPTables, up, upBound, iptTargetSpeedup)
-	targetRow(b, fmt.Sprintf("cold start ≥ %.0f× faster than upstream iptables mode", iptTargetSpeedup), measured, v)
-
-	// One endpoint change: each proxy's own sync time for it.
-	own := func(p string) float64 {
-		return Median(slices.DeleteFunc(r.incremental(p, n, func(i Incremental) float64 { return i.SyncSeconds }),
-			func(x float64) bool { return x <= 0 }))
-	}
-	kpInc, upInc := own(KPIPTables), own(UpstreamIPTables)
-	measured = fmt.Sprintf("median sync per change: %s %s, %s %s: %s", KPIPTables, fmtSeconds(kpInc),
-		UpstreamIPTables, fmtSeconds(upInc), fmtRatio(kpInc/upInc))
-	if upBound {
-		measured += " (upstream's cold start did not finish, so no change of upstream's was measured)"
-	}
-	targetRow(b, fmt.Sprintf("one endpoint change: kp-iptables's own sync ≤ %s of upstream's", fmtFraction(iptTargetSyncFraction)),
-		measured, judge(kpInc/upInc <= iptTargetSyncFraction, known(kpInc, upInc)))
+	upBound := coldStartRow(b, r, n, KPIPTables, UpstreamIPTables, "upstream iptables mode", iptTargetSpeedup)
+	ownSyncRow(b, r, n, KPIPTables, UpstreamIPTables, iptTargetSyncFraction, upBound)
 
 	// Data path: kp's rate at n against its rate at N = 1; upstream's shown
 	// beside it, not judged.
@@ -163,17 +145,7 @@ func writeIPTablesTargets(b *strings.Builder, r *Results, n int) {
 			UpstreamIPTables, fmtRate(upAt), fmtRate(up1), fmtPercent(upRatio)),
 		judge(kpRatio >= iptTargetDataPathRatio, known(kpRatio) && n > 1))
 
-	// Peak RSS, process and child together: an upstream that ran out of
-	// time had reached at least its peak so far.
-	kpRSS, kpRSSBound := r.peakRSS(KPIPTables, n)
-	upRSS, upRSSBound := r.peakRSS(UpstreamIPTables, n)
-	v = judge(kpRSS/upRSS <= iptTargetRSSFraction, known(kpRSS, upRSS))
-	if (v == met && kpRSSBound) || (v == missed && upRSSBound) {
-		v = undecided
-	}
-	targetRow(b, "peak RSS (process + its iptables-restore child) ≤ upstream iptables mode's",
-		fmt.Sprintf("%s %s vs %s %s: %s", KPIPTables, atLeast(fmtBytes(kpRSS), kpRSSBound), UpstreamIPTables,
-			atLeast(fmtBytes(upRSS), upRSSBound), fmtRatio(kpRSS/upRSS)), v)
+	peakRSSRow(b, r, n, KPIPTables, UpstreamIPTables, "iptables-restore", "upstream iptables mode's", iptTargetRSSFraction)
 	b.WriteString("\n")
 }
 

@@ -26,10 +26,7 @@ func writeScaleTargets(b *strings.Builder, r *Results, n int) {
 	fmt.Fprintf(b, "## Targets (issue 14: %s at scale against %s), judged at N = %s\n\n", KP, up, fmtN(n))
 	b.WriteString("| target | measured | |\n|---|---|---|\n")
 
-	kp, kpBound := r.coldStart(KP, n)
-	upCold, upBound := r.coldStart(up, n)
-	measured, v := speedup(KP, kp, kpBound, up, upCold, upBound, scaleTargetSpeedup)
-	targetRow(b, fmt.Sprintf("cold start ≥ %.0f× faster than %s", scaleTargetSpeedup, up), measured, v)
+	coldStartRow(b, r, n, KP, up, up, scaleTargetSpeedup)
 
 	inc := Median(slices.DeleteFunc(r.incremental(KP, n, func(i Incremental) float64 { return i.SyncSeconds }),
 		func(x float64) bool { return x <= 0 }))
@@ -43,7 +40,7 @@ func writeScaleTargets(b *strings.Builder, r *Results, n int) {
 	if seen := pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == up && f.N == n && f.Unfinished }, process); !known(upRSS) && len(seen) > 0 {
 		upRSS, upRSSBound = slices.Max(seen), true
 	}
-	v = judge(kpRSS <= upRSS*scaleTargetRSSFraction, known(kpRSS, upRSS))
+	v := judge(kpRSS <= upRSS*scaleTargetRSSFraction, known(kpRSS, upRSS))
 	if v == missed && upRSSBound {
 		v = undecided
 	}
@@ -88,32 +85,4 @@ func writeScaleTargets(b *strings.Builder, r *Results, n int) {
 		fmt.Sprintf("%s vs %s: %s", fmtRate(at), fmtRate(at1), fmtPercent(at/at1)),
 		judge(at/at1 >= scaleTargetRateAtN, known(at, at1) && n > 1))
 	b.WriteString("\n")
-}
-
-// speedup prints how much faster kp's cold start is than up's and judges
-// it against target. A side that ran out of its time limit is a bound:
-// upstream's a lower bound of the ratio, which settles a met target only;
-// kp's an upper bound, which settles a missed one only.
-func speedup(kpName string, kp float64, kpBound bool, upName string, up float64, upBound bool, target float64) (string, verdict) {
-	ratio := up / kp
-	measured := fmt.Sprintf("%s %s; %s %s", kpName, fmtColdStart(kp, kpBound), upName, fmtColdStart(up, upBound))
-	v := judge(ratio >= target, known(kp, up))
-	switch {
-	case v == unmeasured:
-	case kpBound && upBound:
-		v, measured = undecided, measured+": both ran out of time"
-	case upBound:
-		measured += fmt.Sprintf(": upstream / %s ≥ %s (a lower bound: upstream's true time is longer)", kpName, fmtRatio(ratio))
-		if v == missed {
-			v = undecided
-		}
-	case kpBound:
-		measured += fmt.Sprintf(": upstream / %s ≤ %s", kpName, fmtRatio(ratio))
-		if v == met {
-			v = undecided
-		}
-	default:
-		measured += fmt.Sprintf(": upstream / %s = %s", kpName, fmtRatio(ratio))
-	}
-	return measured, v
 }
