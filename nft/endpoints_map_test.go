@@ -64,14 +64,6 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 		return func(e *stepEnv) { e.w.setEndpoints(n, list...) }
 	}
 	remove := func(n proxy.ServicePortName) func(e *stepEnv) { return func(e *stepEnv) { e.w.remove(n) } }
-	affinity := func(n proxy.ServicePortName, timeout time.Duration) func(e *stepEnv) {
-		return func(e *stepEnv) {
-			sp := *e.w.services[n]
-			sp.AffinityTimeout = timeout
-			e.w.services[n] = &sp
-			e.w.changed[n] = struct{}{}
-		}
-	}
 	// tamper deletes a's first slot element, points b's first at another
 	// address and adds an element for a slot nobody has.
 	tamper := func(e *stepEnv) {
@@ -104,8 +96,8 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 			{do: func(e *stepEnv) { e.w.addService(c, "10.96.0.3", 80, 0, eps("3", 2)...) }}}, 1},
 		{"a Service changes but not its endpoints", []syncStep{{do: setup},
 			{do: func(e *stepEnv) { e.w.changed[a] = struct{}{} }, quiet: mapEndpoints}}, 1},
-		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: affinity(a, time.Hour)},
-			{do: affinity(a, 0)}}, 1},
+		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: setAffinity(a, time.Hour)},
+			{do: setAffinity(a, 0)}}, 1},
 		{"a restart over the table, then changes", []syncStep{{do: setup}, {do: remove(a)},
 			{do: func(e *stepEnv) {
 				e.restart(t) // slots are allocated afresh, in name order

@@ -64,14 +64,6 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 			}
 		}
 	}
-	affinity := func(n proxy.ServicePortName, timeout time.Duration) func(e *stepEnv) {
-		return func(e *stepEnv) {
-			sp := *e.w.services[n]
-			sp.AffinityTimeout = timeout
-			e.w.services[n] = &sp
-			e.w.changed[n] = struct{}{}
-		}
-	}
 	// tamper deletes pod 10.244.0.1's element and adds one nobody wants,
 	// behind kp's back.
 	tamper := func(e *stepEnv) {
@@ -115,10 +107,10 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 		{"a Service with session affinity shares a pod", []syncStep{{do: func(e *stepEnv) {
 			setup(e)
 			e.w.addService(c, "10.96.0.3", 80, 0, "10.244.0.3:80", "10.244.0.5:80")
-			affinity(c, time.Hour)(e)
+			setAffinity(c, time.Hour)(e)
 		}}, {do: remove(b)}, {do: remove(c)}}},
-		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: affinity(b, time.Hour), quiet: setHairpin},
-			{do: remove(a)}, {do: affinity(b, 0), quiet: setHairpin}, {do: remove(b)}}},
+		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: setAffinity(b, time.Hour), quiet: setHairpin},
+			{do: remove(a)}, {do: setAffinity(b, 0), quiet: setHairpin}, {do: remove(b)}}},
 		{"a restart over the table, then a Service goes", []syncStep{{do: setup},
 			{do: func(e *stepEnv) { e.restart(t) }, quiet: setHairpin}, {do: remove(a)}, {do: remove(b)}}},
 		{"a restart after a Service went while kp was away", []syncStep{{do: setup}, {do: func(e *stepEnv) {

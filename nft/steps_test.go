@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kpproxy/kp/proxy"
 )
 
 // syncStep is one step of a bookkeeping test: a change to the world (or
@@ -65,5 +67,16 @@ func runSyncSteps(t *testing.T, steps []syncStep, check func(t *testing.T, step 
 		if !st.tampered {
 			check(t, i, e)
 		}
+	}
+}
+
+// setAffinity is a step giving service port n ClientIP affinity with
+// timeout (0: none).
+func setAffinity(n proxy.ServicePortName, timeout time.Duration) func(e *stepEnv) {
+	return func(e *stepEnv) {
+		sp := *e.w.services[n]
+		sp.AffinityTimeout = timeout
+		e.w.services[n] = &sp
+		e.w.changed[n] = struct{}{}
 	}
 }

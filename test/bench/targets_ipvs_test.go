@@ -42,18 +42,6 @@ func TestIPVSTargetsJudgeColdStartSyncAndRSSAgainstUpstreamIPVS(t *testing.T) {
 	} {
 		b := &strings.Builder{}
 		writeIPVSTargets(b, c.r, 1000)
-		for prefix, wants := range c.want {
-			var line string
-			for _, l := range strings.Split(b.String(), "\n") {
-				if strings.HasPrefix(l, prefix) {
-					line = l
-				}
-			}
-			for _, want := range strings.Split(wants, "|") {
-				if !strings.Contains(line, want) {
-					t.Errorf("%s: row %q lacks %q:\n%s", c.name, prefix, want, b)
-				}
-			}
-		}
+		checkRows(t, c.name, b.String(), c.want)
 	}
 }

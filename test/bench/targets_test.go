@@ -72,17 +72,24 @@ func TestIPTablesTargetsJudgeAnUnfinishedUpstreamByItsLowerBound(t *testing.T) {
 	} {
 		b := &strings.Builder{}
 		writeIPTablesTargets(b, c.r, 10000)
-		for prefix, wants := range c.want {
-			var line string
-			for _, l := range strings.Split(b.String(), "\n") {
-				if strings.HasPrefix(l, prefix) {
-					line = l
-				}
+		checkRows(t, c.name, b.String(), c.want)
+	}
+}
+
+// checkRows checks that the report's row starting with each prefix of want
+// holds every "|"-separated substring want gives it.
+func checkRows(t *testing.T, name, report string, want map[string]string) {
+	t.Helper()
+	for prefix, wants := range want {
+		var line string
+		for _, l := range strings.Split(report, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				line = l
 			}
-			for _, want := range strings.Split(wants, "|") {
-				if !strings.Contains(line, want) {
-					t.Errorf("%s: row %q lacks %q:\n%s", c.name, prefix, want, b)
-				}
+		}
+		for _, w := range strings.Split(wants, "|") {
+			if !strings.Contains(line, w) {
+				t.Errorf("%s: row %q lacks %q:\n%s", name, prefix, w, report)
 			}
 		}
 	}
