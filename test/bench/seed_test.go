@@ -10,8 +10,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/kpproxy/kp/test/apiserver"
 )
 
 // Populating the API server under the VM's software emulation is the slow
@@ -28,7 +26,7 @@ func seedEtcd(t *testing.T, n int, dst string) time.Duration {
 	t.Helper()
 	var took time.Duration
 	t.Run(fmt.Sprintf("seed N=%d", n), func(t *testing.T) {
-		c := newClusterWith(t, apiserver.Options{})
+		c := newClusterWith(t, serverOptions(""))
 		took = c.grow(n)
 		if err := c.srv.Stop(); err != nil {
 			t.Fatalf("stop the seed's API server: %v", err)
