@@ -1,6 +1,7 @@
 package userspace
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -318,5 +319,33 @@ func TestFDRoomKeepsTheReserveFromConnections(t *testing.T) {
 					tc.need, tc.listeners, tc.conns, got, tc.want)
 			}
 		})
+	}
+}
+
+// A connection that would eat into kp's reserve is reset at once and
+// counted; with room again, connections are proxied.
+func TestTCPConnectionIntoTheReserveIsResetAndCounted(t *testing.T) {
+	b, addr := loopbackTCPProxy(t, proxy.Config{}, tcpEcho(t))
+	b.setLimits(rlimitInfo{cur: 1000, max: 1000})
+	b.listenerSockets.Store(1000 - fdReserve - 1) // room for one socket, not a pair
+	c, err := net.Dial("tcp4", addr)
+	if err == nil {
+		err = echoOnce(c, bufio.NewReader(c), "short")
+		c.Close()
+	}
+	if err == nil {
+		t.Errorf("a connection with no room for its pair was proxied")
+	}
+	if n := counterValue(t, b.stats.refused.WithLabelValues("TCP")); n != 1 {
+		t.Errorf("kp_userspace_refused_connections_total = %v, want 1", n)
+	}
+	b.listenerSockets.Store(1000 - fdReserve - 2)
+	c, err = net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoOnce(c, bufio.NewReader(c), "room"); err != nil {
+		t.Errorf("with room for the pair: %v", err)
 	}
 }
