@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -492,31 +491,6 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
-
-// fdError logs a socket error, saying so clearly when the process is out
-// of file descriptors.
-func (b *Backend) fdError(name proxy.ServicePortName, err error) {
-	if isFDExhausted(err) {
-		rl := b.limits()
-		b.log.Error("out of file descriptors: new connections fail", "servicePort", name.String(),
-			"limit", rl.cur, "hardLimit", rl.max, "err", err)
-		return
-	}
-	b.log.Debug("socket error", "servicePort", name.String(), "err", err)
-}
-
-func (b *Backend) fdHint(err error) error {
-	if isFDExhausted(err) {
-		rl := b.limits()
-		return fmt.Errorf("%w (out of file descriptors: RLIMIT_NOFILE is %d, hard limit %d; raise the hard limit, e.g. LimitNOFILE= or the container runtime's ulimit)",
-			err, rl.cur, rl.max)
-	}
-	return err
-}
-
-func isFDExhausted(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
-}
 
 // netOps opens sockets and netlink connections: in the process's network
 // namespace, or (tests) in another.

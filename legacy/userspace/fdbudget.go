@@ -2,9 +2,11 @@ package userspace
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -192,3 +194,28 @@ func (b *Backend) fdRefused(name proxy.ServicePortName, protocol string) {
 
 // fdLogEvery bounds the log lines of refused connections.
 const fdLogEvery = 10 * time.Second
+
+// fdError logs a socket error, saying so clearly when the process is out
+// of file descriptors.
+func (b *Backend) fdError(name proxy.ServicePortName, err error) {
+	if isFDExhausted(err) {
+		rl := b.limits()
+		b.log.Error("out of file descriptors: new connections fail", "servicePort", name.String(),
+			"limit", rl.cur, "hardLimit", rl.max, "err", err)
+		return
+	}
+	b.log.Debug("socket error", "servicePort", name.String(), "err", err)
+}
+
+func (b *Backend) fdHint(err error) error {
+	if isFDExhausted(err) {
+		rl := b.limits()
+		return fmt.Errorf("%w (out of file descriptors: RLIMIT_NOFILE is %d, hard limit %d; raise the hard limit, e.g. LimitNOFILE= or the container runtime's ulimit)",
+			err, rl.cur, rl.max)
+	}
+	return err
+}
+
+func isFDExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
