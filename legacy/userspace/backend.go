@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -35,12 +34,23 @@ type Backend struct {
 	// nodeIPs are the Node's addresses (clients inside the cluster).
 	nodeIPs atomic.Pointer[[]netip.Addr]
 
+	// rlimit is RLIMIT_NOFILE as the last Probe or Sync read it (limits);
+	// noFile reads it for a sync (tests inject a limit).
+	rlimit atomic.Pointer[rlimitInfo]
+	noFile func() rlimitInfo
+	// listenerSockets are the sockets the listeners hold (fdRoom);
+	// fdLogged is when fdRefused last logged (unix nanoseconds).
+	listenerSockets atomic.Int64
+	fdLogged        atomic.Int64
+
 	// mu guards the proxies, which Sync changes and Shutdown stops.
 	mu       sync.Mutex
 	proxies  map[proxyKey]portProxy
 	down     bool
-	rlimit   rlimitInfo
 	expiring bool // the affinity expiry loop runs
+	// refused are the service ports the last sync gave no listener, for
+	// want of file descriptors (fdbudget.go), sorted.
+	refused []proxy.ServicePortName
 	// lastRules is what kp last wrote, per family; a family missing is
 	// unknown (start, after a failed write) and written by the next sync.
 	lastRules map[proxy.Family]Rules
@@ -75,10 +85,17 @@ type portProxy interface {
 	port() int
 	stop()
 	balancers() *familyBalancers
+	protocol() v1.Protocol
+	// sockets is how many descriptors it holds.
+	sockets() int
 }
 
 func (p *tcpProxy) balancers() *familyBalancers { return p.bal }
 func (p *udpProxy) balancers() *familyBalancers { return p.bal }
+func (p *tcpProxy) protocol() v1.Protocol       { return v1.ProtocolTCP }
+func (p *udpProxy) protocol() v1.Protocol       { return v1.ProtocolUDP }
+func (p *tcpProxy) sockets() int                { return 1 }
+func (p *udpProxy) sockets() int                { return len(p.socks) }
 
 // Option configures New.
 type Option func(*Backend)
@@ -101,6 +118,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 	}
 	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: idle,
 		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
+	b.noFile = b.syncNoFile
 	for _, o := range opts {
 		o(b)
 	}
@@ -118,7 +136,7 @@ func (b *Backend) Collectors() []prometheus.Collector { return b.stats.collector
 // RLIMIT_NOFILE: every listener and every proxied connection holds
 // descriptors.
 func (b *Backend) Probe(ctx context.Context) error {
-	b.rlimit = raiseNoFile(b.log)
+	b.setLimits(raiseNoFile(b.log))
 	red, err := b.chooseRedirector(ctx)
 	if err != nil {
 		return err
@@ -170,31 +188,50 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	// listeners and balancers as they are.
 	incremental := b.last != nil && !s.NodeChanged
 	rulesSame := incremental && !s.ServiceCIDRsChanged
+	// Service ports that keep their listeners are counted first, so a new
+	// one never takes the descriptors of one that works; then new
+	// listeners open in name order, as the budget allows (fdbudget.go).
+	rl := b.noFile()
+	b.setLimits(rl)
+	budget, budgeted := listenerBudget(rl.cur)
+	used := 0
+	var pending, refused []proxy.ServicePortName
 	for name, sp := range s.Services {
 		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
 			continue // SCTP: not proxied (Go has no SCTP sockets)
 		}
-		eps := s.Endpoints[name]
-		for _, e := range eps {
+		for _, e := range s.Endpoints[name] {
 			keep[ref(name, e.AddrPort())] = true
 		}
+		have, _ := b.held(name, sp)
+		used += have
 		if _, changed := s.Changed[name]; incremental && !changed {
 			if ps, ok := b.last[name]; ok {
 				ports[name], usable[name], dropInternal[name] = ps.ports, ps.usable, ps.dropInternal
-				want[proxyKey{name: name}] = true
-				if sp.HasExternal() {
-					want[proxyKey{name: name, external: true}] = true
+				for _, key := range listenerKeys(name, sp) {
+					want[key] = true
 				}
 				continue
 			}
 		}
+		pending = append(pending, name)
+	}
+	slices.SortFunc(pending, compareNames)
+	for _, name := range pending {
+		sp := s.Services[name]
+		_, need := b.held(name, sp)
+		if budgeted && used+need > budget {
+			// Refused: rejected as a service port without endpoints, so
+			// clients fail at once; not in b.last, so retried next sync.
+			refused = append(refused, name)
+			ports[name], usable[name] = listenerPorts{}, false
+			continue
+		}
+		used += need
+		eps := s.Endpoints[name]
 		var lp listenerPorts
 		ok := true
-		for _, external := range []bool{false, true} {
-			if external && !sp.HasExternal() {
-				continue
-			}
-			key := proxyKey{name: name, external: external}
+		for _, key := range listenerKeys(name, sp) {
 			p, err := b.ensure(key, sp.Protocol)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("service port %s: %w", name, err))
@@ -202,8 +239,8 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 				break
 			}
 			want[key] = true
-			b.update(p, sp, eps, s.Node, external)
-			if external {
+			b.update(p, sp, eps, s.Node, key.external)
+			if key.external {
 				lp.external = p.port()
 			} else {
 				lp.internal = p.port()
@@ -220,6 +257,16 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			local = local || len(sel.Local) > 0
 		}
 		dropInternal[name] = sp.InternalPolicyLocal && usable[name] && !local
+	}
+	if rulesSame {
+		// A service port refused last time that has a listener now is
+		// not in s.Changed.
+		for _, name := range b.refused {
+			if _, ok := b.last[name]; !ok && ports[name] != (listenerPorts{}) {
+				rulesSame = false
+				break
+			}
+		}
 	}
 	if rulesSame {
 		// The rules change only with a service port's Service (addresses,
@@ -250,12 +297,29 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	b.stats.forget(keep)
+	var sockets int
+	for _, p := range b.proxies {
+		sockets += p.sockets()
+	}
+	b.listenerSockets.Store(int64(sockets))
+	if budgeted {
+		b.stats.listenerBudget.Set(float64(budget))
+	}
+	b.reportRefused(refused, rl, budget)
+	// Refused service ports do not fail the sync: the others are
+	// programmed, and a failing sync would keep /healthz and /livez failing
+	// until the kubelet restarts kp (dropping every proxied connection),
+	// for as long as the Services are there. They are reported by the log,
+	// kp_userspace_refused_service_ports and Refused, and retried.
 	if len(errs) > 0 {
 		b.last = nil
 		return errors.Join(errs...)
 	}
 	b.last = make(map[proxy.ServicePortName]portState, len(ports))
 	for name, lp := range ports {
+		if lp == (listenerPorts{}) {
+			continue // refused
+		}
 		b.last[name] = portState{ports: lp, usable: usable[name], dropInternal: dropInternal[name], sp: s.Services[name]}
 	}
 	return nil
@@ -427,29 +491,6 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
-
-// fdError logs a socket error, saying so clearly when the process is out
-// of file descriptors.
-func (b *Backend) fdError(name proxy.ServicePortName, err error) {
-	if isFDExhausted(err) {
-		b.log.Error("out of file descriptors: new connections fail", "servicePort", name.String(),
-			"limit", b.rlimit.cur, "hardLimit", b.rlimit.max, "err", err)
-		return
-	}
-	b.log.Debug("socket error", "servicePort", name.String(), "err", err)
-}
-
-func (b *Backend) fdHint(err error) error {
-	if isFDExhausted(err) {
-		return fmt.Errorf("%w (out of file descriptors: RLIMIT_NOFILE is %d, hard limit %d; raise the hard limit, e.g. LimitNOFILE= or the container runtime's ulimit)",
-			err, b.rlimit.cur, b.rlimit.max)
-	}
-	return err
-}
-
-func isFDExhausted(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
-}
 
 // netOps opens sockets and netlink connections: in the process's network
 // namespace, or (tests) in another.

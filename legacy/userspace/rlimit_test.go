@@ -84,7 +84,7 @@ func TestOutOfFileDescriptorsIsSaidClearly(t *testing.T) {
 	addr := ln.Addr().String()
 	var client net.Conn
 	withSoftNoFile(t, 64, func(low unix.Rlimit) {
-		b.rlimit = rlimitInfo{cur: low.Cur, max: low.Max}
+		b.setLimits(rlimitInfo{cur: low.Cur, max: low.Max})
 		var fill []*os.File
 		defer func() {
 			for _, f := range fill {

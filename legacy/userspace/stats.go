@@ -33,6 +33,11 @@ type stats struct {
 	idleClosed *prometheus.CounterVec
 	// syncFailures counts failed writes of a family's redirect table.
 	syncFailures *prometheus.CounterVec
+	// refusedPorts are the service ports the last sync refused a listener
+	// for want of file descriptors; listenerBudget the sockets the
+	// listeners may hold (fdbudget.go).
+	refusedPorts   prometheus.Gauge
+	listenerBudget prometheus.Gauge
 }
 
 func newStats() *stats {
@@ -56,7 +61,7 @@ func newStats() *stats {
 		}, []string{"protocol"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kp_userspace_refused_connections_total",
-			Help: "Connections reset at once because their service port held --userspace-max-connections already",
+			Help: "Connections reset at once (UDP: sessions not opened) because their service port held --userspace-max-connections already, or file descriptors were short (kp keeps a reserve of its own)",
 		}, []string{"protocol"}),
 		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kp_userspace_idle_closed_total",
@@ -66,6 +71,14 @@ func newStats() *stats {
 			Name: "kp_userspace_sync_failures_total",
 			Help: "Syncs whose redirect table write failed",
 		}, []string{"ip_family"}),
+		refusedPorts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kp_userspace_refused_service_ports",
+			Help: "Service ports the last sync gave no listener (their traffic is rejected) because the listeners' share of RLIMIT_NOFILE was spent; raise the limit",
+		}),
+		listenerBudget: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kp_userspace_listener_socket_budget",
+			Help: "Sockets the listeners may hold: RLIMIT_NOFILE less a reserve for kp itself and a quarter for proxied connections",
+		}),
 	}
 	// Series start at zero, so rate() sees the first event.
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
@@ -79,7 +92,8 @@ func newStats() *stats {
 }
 
 func (s *stats) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.syncFailures}
+	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.syncFailures,
+		s.refusedPorts, s.listenerBudget}
 }
 
 // endpoint returns the counters of ref, creating them on first use.

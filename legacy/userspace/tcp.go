@@ -65,6 +65,14 @@ func (p *tcpProxy) serve() {
 			c.Close()
 			continue
 		}
+		if !p.b.fdRoom(2) {
+			// The endpoint's socket would eat into kp's own reserve
+			// (the accepted one is held already): refused as at the cap.
+			p.b.fdRefused(p.name, "TCP")
+			c.SetLinger(0)
+			c.Close()
+			continue
+		}
 		if !p.b.conns.add(c) { // shutting down
 			c.Close()
 			continue

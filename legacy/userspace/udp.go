@@ -106,6 +106,10 @@ func (p *udpProxy) session(sock *net.UDPConn, client netip.AddrPort, local netip
 	if !ok {
 		return nil
 	}
+	if !p.b.fdRoom(1) {
+		p.b.fdRefused(p.name, "UDP") // the datagram is dropped
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	c, err := p.b.ops.dial(ctx, "udp", ep.String())
 	cancel()

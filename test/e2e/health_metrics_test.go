@@ -149,6 +149,10 @@ func TestMetricsEndpointHasUpstreamMetricsWithSensibleValues(t *testing.T) {
 				{`kp_userspace_active_connections{protocol="TCP"}`, equal(0), "0"},
 				{`kp_userspace_bytes_total{direction="to_client",protocol="TCP"}`, atLeast(1), ">= 1"},
 				{`kp_userspace_sync_failures_total{ip_family="IPv6"}`, equal(0), "0"},
+				// Far below the descriptor limit: nothing refused, and a
+				// budget for listeners.
+				{`kp_userspace_refused_service_ports`, equal(0), "0"},
+				{`kp_userspace_listener_socket_budget`, atLeast(1), ">= 1"},
 			}...)
 		}
 		e.eventually("every metric has a sensible value", 15*time.Second, func() error {
