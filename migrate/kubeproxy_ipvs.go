@@ -70,11 +70,11 @@ const (
 	FindOnly Removal = iota
 	// RemoveAll removes everything.
 	RemoveAll
-	// RemoveIdle keeps the virtual servers with established connections,
-	// their addresses on kube-ipvs0 and the ipsets, for a later call:
-	// IPVS takes a connection's packets in the INPUT hook, so only while
-	// its Service address is local, and drops those of a real server it
-	// no longer has.
+	// RemoveIdle keeps the virtual servers still in use (kpipvs.InUse:
+	// established connections, UDP flows IPVS tracks), their addresses on
+	// kube-ipvs0 and the ipsets, for a later call: IPVS takes a
+	// connection's packets in the INPUT hook, so only while its Service
+	// address is local, and drops those of a real server it no longer has.
 	RemoveIdle
 )
 
@@ -96,7 +96,7 @@ func (f IPVSFound) String() string {
 	}
 	s := fmt.Sprintf("ipvs: interface %s %v, %d virtual servers, ipsets %v", kubeIPVSInterface, f.Interface, f.VirtualServers, f.IPSets)
 	if f.Kept > 0 {
-		s += fmt.Sprintf(" (%d virtual servers kept while their established connections last)", f.Kept)
+		s += fmt.Sprintf(" (%d virtual servers kept while their connections last)", f.Kept)
 	}
 	return s
 }
@@ -162,7 +162,7 @@ func KubeProxyIPVS(ctx context.Context, how Removal, nodePorts []NodePort) (IPVS
 				continue
 			}
 			found.VirtualServers++
-			if how == RemoveIdle && kpipvs.ActiveConnections(h, s) > 0 {
+			if how == RemoveIdle && kpipvs.InUse(h, s) {
 				found.Kept++
 				kept[ip] = true
 				continue

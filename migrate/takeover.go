@@ -19,12 +19,12 @@ type TakeOver struct {
 	// Mode is the mode kp runs; its rules stay.
 	Mode proxy.Mode
 	// Others clean up kp's other modes, by mode; with keepActive, a mode
-	// whose state carries established connections (the ipvs mode's
-	// virtual servers) keeps that part and says how much it kept.
+	// whose state carries connections (the ipvs mode's virtual servers
+	// with established connections or UDP flows) keeps that part and says how much it kept.
 	Others map[proxy.Mode]func(ctx context.Context, keepActive bool) (kept int, err error)
 	Log    *slog.Logger
 	// KeepActive keeps the IPVS virtual servers, kp's or kube-proxy's,
-	// that still carry established connections (see RemoveIdle); Run
+	// that still carry connections (see RemoveIdle); Run
 	// reports them, and a later Run removes them once they are idle.
 	KeepActive bool
 

@@ -12,9 +12,10 @@ const retireRetry = 10 * time.Second
 
 // retire runs Retire for the running target t. Within the drain bound
 // after the last change of mode, the old mode's state that still carries
-// established connections (an IPVS virtual server: conntrack does not
-// carry its connections over) stays; syncs after it run Retire again
-// (retireKept) until nothing is kept or the bound has passed.
+// connections (an IPVS virtual server with established connections or
+// live UDP flows: conntrack does not carry them over) stays; syncs after
+// it run Retire again (retireKept) until nothing is kept or the bound has
+// passed.
 func (s *Switcher) retire(ctx context.Context, t Target, st *State) error {
 	now := s.cfg.Clock.Now()
 	s.mu.Lock()
@@ -26,7 +27,7 @@ func (s *Switcher) retire(ctx context.Context, t Target, st *State) error {
 	trigger := s.trigger
 	s.mu.Unlock()
 	if kept > 0 {
-		s.cfg.Log.Info("old mode's virtual servers kept while their established connections last", "count", kept,
+		s.cfg.Log.Info("old mode's virtual servers kept while their connections last", "count", kept,
 			"until", s.keepUntilTime().Format(time.RFC3339))
 		if trigger != nil {
 			time.AfterFunc(retireRetry, trigger)
@@ -73,7 +74,7 @@ func (s *Switcher) retireKept(ctx context.Context, st *State) {
 // keptNote tells a migration's progress what the last Retire kept.
 func (s *Switcher) keptNote() string {
 	if n := s.keptNow(); n > 0 {
-		return fmt.Sprintf("; %d IPVS virtual servers kept while their established connections last", n)
+		return fmt.Sprintf("; %d IPVS virtual servers kept while their connections last", n)
 	}
 	return ""
 }

@@ -181,14 +181,15 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	printFound(a.stdout, left)
 	var stale []string
 	for _, f := range left {
-		// IPVS virtual servers that established connections still use
-		// stay until those end (kp removes them then).
+		// IPVS virtual servers that connections (established, or UDP
+		// flows IPVS tracks) still use stay until those end (kp removes
+		// them then).
 		if !f.Is("kp", target) && !(final.KeptForConnections > 0 && f.Mode == "ipvs") {
 			stale = append(stale, f.Owner+" "+f.Mode+" in "+f.Where)
 		}
 	}
 	if n := final.KeptForConnections; n > 0 {
-		fmt.Fprintf(a.stdout, "\n%d IPVS virtual servers stay while their established connections last (IPVS drops a\n"+
+		fmt.Fprintf(a.stdout, "\n%d IPVS virtual servers stay while their connections last (IPVS drops a\n"+
 			"connection's packets once its virtual server is gone); kp removes them when those connections end.\n", n)
 	}
 	if len(stale) > 0 {

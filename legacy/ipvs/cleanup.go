@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/moby/ipvs"
+	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
@@ -25,14 +26,14 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 }
 
 // CleanupKeepingActive is Cleanup for a node that another mode now serves:
-// a virtual server with established connections stays, with its address
-// on kp-ipvs0, and so do kp's ipsets (which tell its NodePort virtual
-// servers apart); a later call removes them once those connections have
-// ended. IPVS takes a connection's packets in the INPUT hook, so only
-// while its Service address is local, and drops those of a real server it
-// no longer has: removing them at once would break every connection the
-// ipvs mode made, where conntrack carries the other modes' over. It
-// returns how many virtual servers stayed.
+// a virtual server still in use (InUse) stays, with its address on
+// kp-ipvs0, and so do kp's ipsets (which tell its NodePort virtual servers
+// apart); a later call removes them once those connections have ended.
+// IPVS takes a connection's packets in the INPUT hook, so only while its
+// Service address is local, and drops those of a real server it no longer
+// has: removing them at once would break every connection the ipvs mode
+// made, where conntrack carries the other modes' over. It returns how many
+// virtual servers stayed.
 func (b *Backend) CleanupKeepingActive(ctx context.Context) (int, error) {
 	return b.cleanup(ctx, true)
 }
@@ -64,7 +65,7 @@ func (b *Backend) cleanup(ctx context.Context, keepActive bool) (int, error) {
 		b.log.Info("ipvs cleanup: removed virtual servers", "count", n)
 	}
 	if len(kept) > 0 {
-		b.log.Info("ipvs cleanup: virtual servers kept while their established connections last", "count", len(kept))
+		b.log.Info("ipvs cleanup: virtual servers kept while their connections last", "count", len(kept))
 	}
 	if err := b.cleanupDummy(onDummy, kept); err != nil {
 		errs = append(errs, err)
@@ -108,7 +109,7 @@ func (b *Backend) cleanupDummy(onDummy []netip.Addr, kept []vsKey) error {
 }
 
 // cleanupServers deletes kp's virtual servers, but, with keepActive, those
-// whose real servers hold established connections, which it returns.
+// still in use (InUse), which it returns.
 func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr, keepActive bool) (int, []vsKey, error) {
 	if b.handle == nil {
 		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
@@ -144,7 +145,7 @@ func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr,
 		if !ok || !(owned[k] || dummy[k.Addr]) {
 			continue
 		}
-		if keepActive && ActiveConnections(b.handle, s) > 0 {
+		if keepActive && InUse(b.handle, s) {
 			kept = append(kept, k)
 			continue
 		}
@@ -157,18 +158,25 @@ func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr,
 	return n, kept, errors.Join(errs...)
 }
 
-// ActiveConnections counts s's established connections over its real
-// servers (an unreadable list counts as none).
-func ActiveConnections(h Handle, s *ipvs.Service) int {
+// InUse says whether s carries connections that only IPVS can serve: an
+// established TCP or SCTP connection, or a UDP flow IPVS still tracks (a
+// UDP flow has no states: IPVS counts it inactive until its UDP timeout
+// after the last packet). Such a flow's conntrack entry is IPVS's, so the
+// new mode's NAT never sees its packets; once the virtual server is gone,
+// IPVS drops the next one (expire_nodest_conn) until the kernel has expired
+// the entry, which lost a UDP request in flight at a switch (VM,
+// ipvs-nftables, 1 in 1,456). An unreadable list counts as none.
+func InUse(h Handle, s *ipvs.Service) bool {
 	ds, err := h.GetDestinations(s)
 	if err != nil {
-		return 0
+		return false
 	}
-	n := 0
 	for _, d := range ds {
-		n += d.ActiveConnections
+		if d.ActiveConnections > 0 || s.Protocol == unix.IPPROTO_UDP && d.InactiveConnections > 0 {
+			return true
+		}
 	}
-	return n
+	return false
 }
 
 // defaultCleanupChains removes the KP-IPVS- chains from both iptables

@@ -83,25 +83,28 @@ func noIPVSState(w *netns.World) error {
 }
 
 // ipvsKeptOnly checks what a switch away from an ipvs mode leaves while
-// connections last: the virtual server TCP addr, which the long-lived
-// connection uses, is kept (others may be, for connections of the loop
-// still open at the switch), no UDP one (conntrack carries UDP flows over)
-// and no KP-IPVS- or KUBE- chain.
-func (e *env) ipvsKeptOnly(addr string) {
+// connections last: the virtual servers TCP tcpAddr, which the long-lived
+// connection uses, and UDP udpAddr, which the UDP flow uses (IPVS, not
+// conntrack, carries that flow: deleting its virtual server under it
+// drops a packet), are kept (other TCP ones may be, for connections of the
+// loop still open at the switch); no other UDP one, and no KP-IPVS- or
+// KUBE- chain.
+func (e *env) ipvsKeptOnly(tcpAddr, udpAddr string) {
 	e.t.Helper()
 	out, err := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Ln; iptables-nft-save")
 	if err != nil {
 		e.t.Fatalf("list the ipvs state: %v\n%s", err, out)
 	}
-	kept := false
+	keptTCP, keptUDP := false, false
 	for _, m := range regexp.MustCompile(`(?m)^(TCP|UDP|SCTP) +(\S+)`).FindAllStringSubmatch(out, -1) {
-		kept = kept || m[1] == "TCP" && m[2] == addr
-		if m[1] != "TCP" {
+		keptTCP = keptTCP || m[1] == "TCP" && m[2] == tcpAddr
+		keptUDP = keptUDP || m[1] == "UDP" && m[2] == udpAddr
+		if m[1] != "TCP" && !(m[1] == "UDP" && m[2] == udpAddr) {
 			e.t.Errorf("after the switch from ipvs the virtual server %s %s is left", m[1], m[2])
 		}
 	}
-	if !kept || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
-		e.t.Errorf("after the switch from ipvs, want the virtual server TCP %s (its connection is established) and no KP-IPVS- or KUBE- chain:\n%s", addr, out)
+	if !keptTCP || !keptUDP || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
+		e.t.Errorf("after the switch from ipvs, want the virtual servers TCP %s (its connection is established) and UDP %s (its flow runs) and no KP-IPVS- or KUBE- chain:\n%s", tcpAddr, udpAddr, out)
 	}
 }
 

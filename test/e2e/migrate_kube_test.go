@@ -41,8 +41,14 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 			k.apply(Service{Name: "stream", ClusterIPs: []string{"10.96.0.12"},
 				Ports: []Port{{Name: "s", Port: 9000, TargetPort: 9090}}, Endpoints: endpoints(pods[4])})
 
-			kubeProxy := netns.StartInNet(t, e.w.Node(), apiserver.Bin(t, apiserver.KubeProxy),
-				"--proxy-mode="+kubeMode,
+			var udpTimeout []string
+			if kubeMode == "ipvs" {
+				// The UDP flow's virtual server stays while IPVS tracks
+				// the flow: until this long after its last packet.
+				udpTimeout = []string{"--ipvs-udp-timeout=10s"}
+			}
+			kubeProxy := netns.StartInNet(t, e.w.Node(), apiserver.Bin(t, apiserver.KubeProxy), append([]string{
+				"--proxy-mode=" + kubeMode,
 				"--hostname-override", nodeName,
 				"--kubeconfig", k.source[1],
 				"--cluster-cidr", e.w.ClusterCIDR(),
@@ -52,7 +58,7 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				// kp serves 10256 and 10249 on loopback.
 				"--healthz-bind-address", "127.0.0.1:20256",
 				"--metrics-bind-address", "127.0.0.1:20249",
-				"--v", "2")
+				"--v", "2"}, udpTimeout...)...)
 			if err := kubeProxy.WaitHTTP("http://127.0.0.1:20256/healthz", slow(2*time.Minute), func(code int, _ string) bool { return code == 200 }); err != nil {
 				t.Fatalf("kube-proxy: %v\n%s", err, tail(kubeProxy.Log(), 40))
 			}
@@ -107,10 +113,10 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				t.Errorf("the migration did not plan and remove kube-proxy's rules:\n%s", res.out)
 			}
 			if kubeMode == "ipvs" {
-				// The long-lived connection's virtual server stays until
-				// it ends (IPVS drops the packets of a connection whose
-				// virtual server is gone).
-				e.ipvsKeptOnly(streamTCP)
+				// The long-lived connection's and the UDP flow's virtual
+				// servers stay until they end (IPVS drops the packets of a
+				// connection whose virtual server is gone).
+				e.ipvsKeptOnly(streamTCP, webUDP)
 			} else {
 				e.expectOnly("nftables")
 			}

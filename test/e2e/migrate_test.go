@@ -51,7 +51,13 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 	for _, mg := range migrations {
 		t.Run(mg.name, func(t *testing.T) {
 			onlyWithIPVSInTheVM(t, mg.from.ipvs)
-			e := newEnv(t, mg.from, 5)
+			from := mg.from
+			if from.ipvs {
+				// The UDP flow's virtual server stays while IPVS tracks
+				// the flow: until this long after its last packet.
+				from.args = append(slices.Clone(from.args), "--ipvs-udp-timeout", "10s")
+			}
+			e := newEnv(t, from, 5)
 			pods := e.w.Pods()
 			streamServer(t, pods[4])
 			api := Service{Name: "api", ClusterIPs: []string{"10.96.0.11"},
@@ -113,9 +119,9 @@ func TestMigrateNodeSwitchesModesDroppingNothing(t *testing.T) {
 				t.Logf("kp migrate node --to %s:\n%s", target, out)
 				if mg.from.ipvs {
 					// IPVS drops the packets of a connection whose virtual
-					// server is gone: the long-lived connection's stays
-					// until it ends, the rest goes.
-					e.ipvsKeptOnly(streamTCP)
+					// server is gone: the long-lived connection's and the
+					// UDP flow's stay until they end, the rest goes.
+					e.ipvsKeptOnly(streamTCP, webUDP)
 				} else {
 					e.expectOnly(target)
 				}
