@@ -194,7 +194,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 		{"internalTrafficPolicy Local", func(sp *proxy.ServicePort) { sp.InternalPolicyLocal = true }, nil},
 		{"back to a plain ClusterIP", func(sp *proxy.ServicePort) {
 			*sp = proxy.ServicePort{Name: sp.Name, Type: v1.ServiceTypeClusterIP, ClusterIPs: sp.ClusterIPs, Port: sp.Port, Protocol: sp.Protocol}
-		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : goto svc-demo/shape/tcp/http"}},
+		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-demo/shape/tcp/http"}},
 	}
 	for _, st := range steps {
 		sp := *w.services[name]
@@ -212,6 +212,14 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 			if !strings.Contains(listing, want) {
 				t.Errorf("%s: ruleset lacks %q:\n%s", st.what, want, listing)
 			}
+		}
+		// The ClusterIP's key is in cluster-picked exactly when its
+		// service-ips verdict jumps to a pick chain (no session
+		// affinity, internal policy Cluster).
+		picked := strings.Contains(nftIn(t, ns, "list", "set", "ip", TableName, setClusterPicked), "10.96.0.20 . tcp . 80")
+		jumps := strings.Contains(listing, "10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-")
+		if want := sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal; picked != want || jumps != want {
+			t.Errorf("%s: ClusterIP in cluster-picked %t, jumps to a pick chain %t, want %t", st.what, picked, jumps, want)
 		}
 	}
 	w.remove(name)
@@ -239,7 +247,8 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
 	}
 	mustSync(t, b, w.state())
-	if ops := b.LastTransactionOps(); ops < 10000 {
+	// Per Service: its pick chain and rule, and elements (grouped).
+	if ops := b.LastTransactionOps(); ops < 2*services {
 		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
 	}
 	listing := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs)

@@ -145,3 +145,41 @@ func benchEndpointChanges(b *testing.B, change func(k int, eps []proxy.Endpoint)
 		}
 	}
 }
+
+// BenchmarkListingReloadKernel times `nft -f` of the listing of a full
+// sync of -bench.services Services of 10 endpoints into a fresh namespace:
+// the kernel's share of a cold start (plus nft's own parsing), with the
+// nft process's user and system CPU as metrics.
+func BenchmarkListingReloadKernel(b *testing.B) {
+	ns, _, be := kernelBackend(b)
+	if err := be.Sync(b.Context(), scaleState(*benchServices, 10)); err != nil {
+		b.Fatal(err)
+	}
+	listing, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", "ip", TableName).Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := b.TempDir() + "/ruleset.nft"
+	if err := os.WriteFile(path, listing, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	var user, sys float64
+	for b.Loop() {
+		b.StopTimer()
+		fresh, _ := testNetns(b)
+		cmd := exec.Command("ip", "netns", "exec", fresh, "nft", "-f", path)
+		b.StartTimer()
+		out, err := cmd.CombinedOutput()
+		b.StopTimer()
+		if err != nil {
+			b.Fatalf("nft -f: %v\n%s", err, out)
+		}
+		user += cmd.ProcessState.UserTime().Seconds()
+		sys += cmd.ProcessState.SystemTime().Seconds()
+		_ = exec.Command("ip", "netns", "del", fresh).Run()
+		b.StartTimer()
+	}
+	b.ReportMetric(user/float64(b.N), "user-s/op")
+	b.ReportMetric(sys/float64(b.N), "sys-s/op")
+	b.ReportMetric(float64(len(listing)), "listing-bytes")
+}
