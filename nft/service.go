@@ -171,14 +171,12 @@ func (r *serviceRender) addrElement(a netip.Addr) Element {
 // target maps one service address to p, or to noEndpoint when p is none
 // (no endpoint for this traffic). A pick path's address is also put in
 // cluster-picked, whose static rule in the services chain goes on to
-// cluster-dnat after the jump returns (external paths are chains of their
-// own, never a pick).
+// cluster-dnat after the jump returns. Only the Cluster policy's ClusterIP
+// path is a pick here: the Local policy has a chain of its own when
+// ClusterIPs go to it, and external addresses go to the ext- chain.
 func (r *serviceRender) target(a netip.Addr, p policyPath, noEndpoint Element) {
 	e := r.addrElement(a)
 	if p.pick {
-		if p.dnat != chainClusterDNAT {
-			panic(fmt.Sprintf("nft: %s: %s is a pick towards %s; the services chain goes to %s only", r.sp.Name, p.chain, p.dnat, chainClusterDNAT))
-		}
 		r.v.addElement(setClusterPicked, e)
 		e.Jump = p.chain
 		r.v.addElement(mapServiceIPs, e)
