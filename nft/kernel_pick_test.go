@@ -3,7 +3,9 @@ package nft
 import (
 	"context"
 	"net"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -162,4 +164,56 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	}
 	dial("10.96.0.10:80", 20)
 	waitAccepted(map[string]int{"web": 40, "sticky": 3})
+}
+
+// TestKernelRestartOverTheServiceChainLayoutReplacesIt: a kp upgraded in
+// place over the table of the version before (a svc- chain per Service
+// port, service-ips going to it, no cluster-picked set) leaves, after its
+// first sync, the table a fresh kp writes: in one transaction, with every
+// reference made before what it names goes.
+func TestKernelRestartOverTheServiceChainLayoutReplacesIt(t *testing.T) {
+	ns, fd, b := kernelBackend(t)
+	w := newWorld()
+	web := spName("demo", "web", "http")
+	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.state())
+	want := nftIn(t, ns, "list", "ruleset")
+
+	// Back to the earlier layout, by hand.
+	old := t.TempDir() + "/old.nft"
+	script := `add chain ip kp svc-demo/web/tcp/http
+add rule ip kp svc-demo/web/tcp/http jump pick-svc-demo/web/tcp/http comment "demo/web:http"
+add rule ip kp svc-demo/web/tcp/http goto cluster-dnat comment "demo/web:http"
+delete element ip kp service-ips { 10.96.0.10 . tcp . 80 }
+add element ip kp service-ips { 10.96.0.10 . tcp . 80 comment "demo/web:http" : goto svc-demo/web/tcp/http }
+flush chain ip kp ext-demo/web/tcp/http
+add rule ip kp ext-demo/web/tcp/http jump mark-for-masquerade comment "demo/web:http"
+add rule ip kp ext-demo/web/tcp/http goto svc-demo/web/tcp/http comment "demo/web:http"
+flush chain ip kp services
+add rule ip kp services ip daddr . meta l4proto . th dport vmap @service-ips
+add rule ip kp services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
+delete set ip kp cluster-picked
+`
+	if err := os.WriteFile(old, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nftIn(t, ns, "-f", old)
+	if l := nftIn(t, ns, "list", "table", "ip", TableName); !strings.Contains(l, "goto svc-demo/web/tcp/http") || strings.Contains(l, "cluster-picked") {
+		t.Fatalf("the earlier layout did not load:\n%s", l)
+	}
+
+	rec := &txConn{}
+	restarted, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Conn = restarted.conn
+	restarted.conn = rec
+	mustSync(t, restarted, w.state())
+	if len(rec.txs) != 1 {
+		t.Errorf("the first sync over the table took %d transactions, want 1", len(rec.txs))
+	}
+	if got := nftIn(t, ns, "list", "ruleset"); !slices.Equal(sortedLines(got), sortedLines(want)) {
+		t.Errorf("after the first sync over the earlier layout:\n%s\nwant what a fresh kp writes:\n%s", got, want)
+	}
 }
