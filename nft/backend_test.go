@@ -97,12 +97,14 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 	mustSync(t, b, w.state())
 	dump := fake.Dump()
 	for _, want := range []string{
-		"10.96.0.10 . tcp . 80 : goto svc-demo/web/tcp/http",
+		// No chain of the Service's own for its ClusterIP: the map
+		// jumps to the chain that picks one of two slots, the
+		// ClusterIP's key in cluster-picked sends it on to the static
+		// chains, which DNAT to the endpoint the slot holds.
+		"10.96.0.10 . tcp . 80 : jump pick-svc-demo/web/tcp/http",
+		"set cluster-picked { 10.96.0.10 . tcp . 80 }",
 		"tcp . 30080 : goto ext-demo/web/tcp/http",
-		// The Service's chain picks one of two slots, and the static
-		// chain DNATs to the endpoint the slot holds.
-		"jump pick-svc-demo/web/tcp/http",
-		"goto endpoint-dnat",
+		"chain ext-demo/web/tcp/http\n    jump mark-for-masquerade comment \"demo/web:http\"\n    jump pick-svc-demo/web/tcp/http comment \"demo/web:http\"\n    goto endpoint-dnat ",
 		"chain pick-svc-demo/web/tcp/http\n    ct mark set numgen random mod 2 offset 1 ",
 		"set endpoints { 0x00000001 : 10.244.1.2 . 8080, 0x00000002 : 10.244.1.3 . 8080 }",
 		"meta l4proto tcp dnat ip to ct mark map @endpoints",
@@ -113,6 +115,9 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 		if !strings.Contains(dump, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, dump)
 		}
+	}
+	if strings.Contains(dump, "chain svc-") {
+		t.Errorf("a Service chain for a Service port without session affinity:\n%s", dump)
 	}
 }
 
@@ -137,7 +142,7 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 	mustSync(t, b, w.state())
 	dump = fake.Dump()
 	if strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto reject-chain") || strings.Contains(dump, "tcp . 30081 : goto reject-chain") ||
-		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto svc-demo/empty/tcp/80") {
+		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : jump pick-svc-demo/empty/tcp/80") {
 		t.Errorf("after the first endpoint appeared:\n%s", dump)
 	}
 }
@@ -217,7 +222,7 @@ func TestDeletedServiceLeavesNothingBehind(t *testing.T) {
 	if strings.Contains(dump, "a/gone") || strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "30002") {
 		t.Errorf("deleted service left objects:\n%s", dump)
 	}
-	if !strings.Contains(dump, "svc-a/keep/tcp/80") {
+	if !strings.Contains(dump, "pick-svc-a/keep/tcp/80") {
 		t.Errorf("other service lost:\n%s", dump)
 	}
 }
@@ -246,7 +251,7 @@ func TestRestartReconcilesWithoutRemovingLiveObjects(t *testing.T) {
 	if strings.Contains(dump, "demo/stale") {
 		t.Errorf("stale service survived the restart:\n%s", dump)
 	}
-	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : goto svc-demo/web/tcp/80") {
+	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : jump pick-svc-demo/web/tcp/80") {
 		t.Errorf("live service lost:\n%s", dump)
 	}
 }

@@ -43,7 +43,7 @@ func TestTwoServicesClaimingOneAddressResolveTheSameWayAndSurviveEitherGoing(t *
 		}
 		return fake, b, w
 	}
-	want := "10.96.0.7 . tcp . 80 : goto svc-a/first/tcp/80"
+	want := "10.96.0.7 . tcp . 80 : jump pick-svc-a/first/tcp/80"
 	fake1, _, _ := build(first, second)
 	fake2, b2, w2 := build(second, first)
 	for i, f := range []*Fake{fake1, fake2} {
@@ -55,7 +55,7 @@ func TestTwoServicesClaimingOneAddressResolveTheSameWayAndSurviveEitherGoing(t *
 	// transaction deleting the winner's chains is accepted.
 	w2.remove(first)
 	mustSync(t, b2, w2.state())
-	if !strings.Contains(fake2.Dump(), "10.96.0.7 . tcp . 80 : goto svc-b/second/tcp/80") {
+	if !strings.Contains(fake2.Dump(), "10.96.0.7 . tcp . 80 : jump pick-svc-b/second/tcp/80") {
 		t.Errorf("the remaining Service did not take the address over:\n%s", fake2.Dump())
 	}
 }

@@ -213,6 +213,8 @@ func queue(conn *nftables.Conn, o *op) error {
 					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
 				case e.Goto != "":
 					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
+				case e.Jump != "":
+					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Jump}
 				case e.Data != nil:
 					elems[i].Val = e.Data
 				}
@@ -340,8 +342,11 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 			}
 			if d := e.VerdictData; d != nil {
 				v.Drop = d.Kind == expr.VerdictDrop
-				if d.Kind == expr.VerdictGoto {
+				switch d.Kind {
+				case expr.VerdictGoto:
 					v.Goto = d.Chain
+				case expr.VerdictJump:
+					v.Jump = d.Chain
 				}
 			}
 			m[keyID(e.Key, e.IntervalEnd)] = v.digest()

@@ -42,7 +42,7 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 				continue
 			}
 			wanted := endpointSet(s.Endpoints[name])
-			for _, chain := range []string{serviceChainName(sp), localChainName(sp)} {
+			for _, chain := range pickChainNames(sp) {
 				blk, ok := blocks[chain]
 				if !ok {
 					continue
@@ -78,7 +78,13 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 	return out, nil
 }
 
-// slotBlocks copies the blocks of s's policy chains in family f. A sync
+// pickChainNames are the names of sp's pick chains, by which the slot table
+// knows its blocks.
+func pickChainNames(sp *proxy.ServicePort) []string {
+	return []string{pickChainName(serviceChainName(sp)), pickChainName(localChainName(sp))}
+}
+
+// slotBlocks copies the blocks of s's policies in family f. A sync
 // replaces a block's endpoint list, never changes it in place, so a copy of
 // the block is a consistent view.
 func (b *Backend) slotBlocks(f family, s *proxy.State) map[string]slotBlock {
@@ -86,7 +92,7 @@ func (b *Backend) slotBlocks(f family, s *proxy.State) map[string]slotBlock {
 	defer b.slotsMu.Unlock()
 	out := map[string]slotBlock{}
 	for _, sp := range s.Services {
-		for _, chain := range []string{serviceChainName(sp), localChainName(sp)} {
+		for _, chain := range pickChainNames(sp) {
 			if blk := b.slots[f].blocks[chain]; blk != nil {
 				out[chain] = *blk
 			}

@@ -68,7 +68,8 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 	// address and adds an element for a slot nobody has.
 	tamper := func(e *stepEnv) {
 		es := e.fake.Tables["ip"].Elements[mapEndpoints]
-		blkA, blkB := e.be.slots[familyIPv4].blocks[serviceChainName(e.w.services[a])], e.be.slots[familyIPv4].blocks[serviceChainName(e.w.services[b])]
+		slots := e.be.slots[familyIPv4].blocks
+		blkA, blkB := slots[pickChainName(serviceChainName(e.w.services[a]))], slots[pickChainName(serviceChainName(e.w.services[b]))]
 		delete(es, keyID(slotKey(blkA.base), false))
 		k := keyID(slotKey(blkB.base), false)
 		el := es[k]

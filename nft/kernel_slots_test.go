@@ -157,8 +157,9 @@ func (c *txConn) Apply(tx *Transaction) error {
 }
 
 // TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints counts the rules a
-// new connection to a Service meets in its chains (the Service's chain, its
-// pick chain, and the DNAT chain up to the protocol's rule) for 1, 10 and
+// new connection to a Service meets in its chains (the services chain, the
+// Service's pick chain, cluster-dnat, and the DNAT chain up to the
+// protocol's rule) for 1, 10 and
 // 100 endpoints: the same. And an endpoint change, whether or not it changes
 // the number of endpoints, adds no rule with a NAT expression (whose
 // addition makes the kernel validate the whole table).
@@ -197,7 +198,7 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 			}
 		}
 		walk := 0
-		for _, chain := range []string{"svc-demo/web/tcp/http", "pick-svc-demo/web/tcp/http"} {
+		for _, chain := range []string{chainServices, "pick-svc-demo/web/tcp/http", chainClusterDNAT} {
 			walk += strings.Count(strings.TrimSpace(nftIn(t, ns, "list", "chain", "ip", TableName, chain)), "\n") - 3
 		}
 		dnat := nftIn(t, ns, "list", "chain", "ip", TableName, chainEndpointDNAT)

@@ -192,9 +192,17 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 		{"affinity timeout changed", func(sp *proxy.ServicePort) { sp.AffinityTimeout = 10 * time.Second },
 			[]string{"timeout 10s"}},
 		{"internalTrafficPolicy Local", func(sp *proxy.ServicePort) { sp.InternalPolicyLocal = true }, nil},
+		// Without affinity the Local policy has a chain of its own only
+		// while the ClusterIPs go to it; else the ext- chain jumps to
+		// its pick chain.
+		{"no affinity, both traffic policies Local", func(sp *proxy.ServicePort) { sp.AffinityTimeout = 0 },
+			[]string{"chain local-demo/shape/tcp/http", "goto local-demo/shape/tcp/http", "chain pick-local-demo/shape/tcp/http"}},
+		{"externalTrafficPolicy Local alone", func(sp *proxy.ServicePort) { sp.InternalPolicyLocal = false },
+			[]string{"jump pick-local-demo/shape/tcp/http comment \"demo/shape:http\"\n\t\tgoto endpoint-dnat",
+				"jump pick-svc-demo/shape/tcp/http comment \"demo/shape:http\"\n\t\tip saddr @cluster-cidrs goto cluster-dnat"}},
 		{"back to a plain ClusterIP", func(sp *proxy.ServicePort) {
 			*sp = proxy.ServicePort{Name: sp.Name, Type: v1.ServiceTypeClusterIP, ClusterIPs: sp.ClusterIPs, Port: sp.Port, Protocol: sp.Protocol}
-		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : goto svc-demo/shape/tcp/http"}},
+		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-demo/shape/tcp/http"}},
 	}
 	for _, st := range steps {
 		sp := *w.services[name]
@@ -212,6 +220,20 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 			if !strings.Contains(listing, want) {
 				t.Errorf("%s: ruleset lacks %q:\n%s", st.what, want, listing)
 			}
+		}
+		// The ClusterIP's key is in cluster-picked exactly when its
+		// service-ips verdict jumps to a pick chain (no session
+		// affinity, internal policy Cluster).
+		picked := strings.Contains(nftIn(t, ns, "list", "set", "ip", TableName, setClusterPicked), "10.96.0.20 . tcp . 80")
+		jumps := strings.Contains(listing, "10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-")
+		if want := sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal; picked != want || jumps != want {
+			t.Errorf("%s: ClusterIP in cluster-picked %t, jumps to a pick chain %t, want %t", st.what, picked, jumps, want)
+		}
+		if sp.AffinityTimeout == 0 && strings.Contains(listing, "chain svc-demo/shape/") {
+			t.Errorf("%s: a svc- chain without session affinity:\n%s", st.what, listing)
+		}
+		if sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal && strings.Contains(listing, "chain local-demo/shape/") {
+			t.Errorf("%s: a local- chain the ClusterIPs do not go to, without session affinity:\n%s", st.what, listing)
 		}
 	}
 	w.remove(name)
@@ -239,7 +261,8 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
 	}
 	mustSync(t, b, w.state())
-	if ops := b.LastTransactionOps(); ops < 10000 {
+	// Per Service: its pick chain and rule, and elements (grouped).
+	if ops := b.LastTransactionOps(); ops < 2*services {
 		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
 	}
 	listing := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs)

@@ -7,10 +7,12 @@ import (
 )
 
 // The Cluster policy's masquerade decision is one static rule in
-// cluster-dnat, not a rule per Service chain; a Service with session
+// cluster-dnat, not a rule per Service chain (a Service port without
+// session affinity has no chain: its ClusterIP jumps to its pick chain,
+// and the services chain goes on to cluster-dnat); a Service with session
 // affinity (which DNATs in its own chain) keeps it as its first rule.
 // masqBeforePick is a Service chain's own masquerade decision.
-const masqBeforePick = "jump mark-for-masquerade comment \"demo/web:http\"\n    jump pick-svc-"
+const masqBeforePick = "ip saddr != @cluster-cidrs jump mark-for-masquerade comment \"demo/web:http\""
 
 func TestClusterMasqueradeDecisionIsOneStaticRule(t *testing.T) {
 	for _, c := range []struct {
@@ -23,15 +25,16 @@ func TestClusterMasqueradeDecisionIsOneStaticRule(t *testing.T) {
 			name: "cluster CIDRs",
 			want: []string{
 				"chain cluster-dnat\n    ip saddr != @cluster-cidrs jump mark-for-masquerade\n    goto endpoint-dnat\n",
-				"chain svc-demo/web/tcp/http\n    jump pick-svc-demo/web/tcp/http comment \"demo/web:http\"\n    goto cluster-dnat comment \"demo/web:http\"\n",
+				"10.96.0.10 . tcp . 80 : jump pick-svc-demo/web/tcp/http",
+				"chain services\n    ip daddr . meta l4proto . th dport vmap @service-ips\n    ip daddr . meta l4proto . th dport @cluster-picked goto cluster-dnat\n",
 			},
-			not: []string{masqBeforePick},
+			not: []string{masqBeforePick, "chain svc-"},
 		},
 		{
 			name:          "--masquerade-all",
 			masqueradeAll: true,
 			want:          []string{"chain cluster-dnat\n    jump mark-for-masquerade\n    goto endpoint-dnat\n"},
-			not:           []string{masqBeforePick},
+			not:           []string{"chain svc-"},
 		},
 		{
 			name:     "session affinity",

@@ -123,6 +123,22 @@ func (b *ruleBuilder) addrInSet(src, neg bool, set string) *ruleBuilder {
 // keyVMap dispatches on "daddr . l4proto . dport" (withAddr) or
 // "l4proto . dport" through the named verdict map.
 func (b *ruleBuilder) keyVMap(withAddr bool, vmap string) *ruleBuilder {
+	text, es := b.loadKey(withAddr)
+	es = append(es, &expr.Lookup{SourceRegister: 1, SetName: vmap, IsDestRegSet: true, DestRegister: 0})
+	return b.add(fmt.Sprintf("%s vmap @%s", text, vmap), es...)
+}
+
+// keyInSet matches "daddr . l4proto . dport" (withAddr) or "l4proto .
+// dport" in the named set.
+func (b *ruleBuilder) keyInSet(withAddr bool, set string) *ruleBuilder {
+	text, es := b.loadKey(withAddr)
+	es = append(es, &expr.Lookup{SourceRegister: 1, SetName: set})
+	return b.add(fmt.Sprintf("%s @%s", text, set), es...)
+}
+
+// loadKey loads "daddr . l4proto . dport" (withAddr) or "l4proto . dport"
+// from register 1 on, as nft does.
+func (b *ruleBuilder) loadKey(withAddr bool) (string, []expr.Any) {
 	var es []expr.Any
 	reg := uint32(regFirst)
 	text := "meta l4proto . th dport"
@@ -134,12 +150,9 @@ func (b *ruleBuilder) keyVMap(withAddr bool, vmap string) *ruleBuilder {
 	} else {
 		reg = 1
 	}
-	es = append(es,
+	return text, append(es,
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
-		&expr.Payload{DestRegister: nextReg(reg), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: 1, SetName: vmap, IsDestRegSet: true, DestRegister: 0},
-	)
-	return b.add(fmt.Sprintf("%s vmap @%s", text, vmap), es...)
+		&expr.Payload{DestRegister: nextReg(reg), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 }
 
 // nextReg is the 32-bit register after reg (reg 1 is a 128-bit register

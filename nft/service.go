@@ -98,9 +98,9 @@ func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps 
 		noEndpoint = Element{Drop: true}
 	}
 
-	var clusterChain, localChain string
+	var cluster, local policyPath
 	if len(sel.Cluster) > 0 {
-		clusterChain = r.policyChain(serviceChainName(sp), sel.Cluster, nil, chainClusterDNAT)
+		cluster = r.policyChain(serviceChainName(sp), sel.Cluster, nil, chainClusterDNAT, false)
 	}
 	if len(sel.Local) > 0 {
 		var masq []Rule
@@ -110,21 +110,55 @@ func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps 
 			// the Local policy keeps.
 			masq = r.clusterMasquerade(clusterIPs)
 		}
-		localChain = r.policyChain(localChainName(sp), sel.Local, masq, chainEndpointDNAT)
+		// Only the ext- chain goes to the Local policy unless the
+		// ClusterIPs do too: it can jump to the pick chain itself.
+		local = r.policyChain(localChainName(sp), sel.Local, masq, chainEndpointDNAT, sp.InternalPolicyLocal)
 	}
 
-	internal := clusterChain
+	internal := cluster
 	if sp.InternalPolicyLocal {
-		internal = localChain
+		internal = local
 	}
 	for _, a := range clusterIPs {
 		v.addElement(setClusterIPs, Element{Key: addrKey(a), KeyText: a.String(), Comment: r.comment})
 		r.target(a, internal, noEndpoint)
 	}
 	if sp.HasExternal() {
-		r.external(clusterChain, localChain, noEndpoint)
+		r.external(cluster, local, noEndpoint)
 	}
 	return v
+}
+
+// policyPath is how traffic reaches a traffic policy's endpoints: "goto
+// chain" (a policy chain of its own: with session affinity, or the Local
+// policy's of ClusterIPs), or, where a policy chain would only pick the
+// endpoint slot and go to the DNAT, "jump chain" to the pick chain itself
+// and then "goto dnat". The zero path is a policy without endpoints.
+type policyPath struct {
+	chain string
+	pick  bool
+	dnat  string
+}
+
+func (p policyPath) none() bool { return p.chain == "" }
+
+// rules sends what cond matches (nil: every packet) along p, going to
+// dnat rather than p's own after a pick (the external chain has decided
+// the masquerade already). cond is called once per rule.
+func (r *serviceRender) rules(p policyPath, cond func() *ruleBuilder, dnat string) []Rule {
+	if cond == nil {
+		cond = func() *ruleBuilder { return newRule(r.f) }
+	}
+	if !p.pick {
+		return []Rule{cond().verdict(expr.VerdictGoto, p.chain).build(r.comment)}
+	}
+	if dnat == "" {
+		dnat = p.dnat
+	}
+	return []Rule{
+		cond().verdict(expr.VerdictJump, p.chain).build(r.comment),
+		cond().verdict(expr.VerdictGoto, dnat).build(r.comment),
+	}
 }
 
 // addrElement is the "address . protocol . port" element of a service
@@ -134,10 +168,21 @@ func (r *serviceRender) addrElement(a netip.Addr) Element {
 		KeyText: keyText(a.String(), protoName(r.proto), fmt.Sprint(r.sp.Port)), Comment: r.comment}
 }
 
-// target maps one service address to chain, or to noEndpoint when there is
-// no chain (no endpoint for this traffic).
-func (r *serviceRender) target(a netip.Addr, chain string, noEndpoint Element) {
-	r.route(r.addrElement(a), chain, noEndpoint, mapServiceIPs, mapNoEndpointServices)
+// target maps one service address to p, or to noEndpoint when p is none
+// (no endpoint for this traffic). A pick path's address is also put in
+// cluster-picked, whose static rule in the services chain goes on to
+// cluster-dnat after the jump returns. Only the Cluster policy's ClusterIP
+// path is a pick here: the Local policy has a chain of its own when
+// ClusterIPs go to it, and external addresses go to the ext- chain.
+func (r *serviceRender) target(a netip.Addr, p policyPath, noEndpoint Element) {
+	e := r.addrElement(a)
+	if p.pick {
+		r.v.addElement(setClusterPicked, e)
+		e.Jump = p.chain
+		r.v.addElement(mapServiceIPs, e)
+		return
+	}
+	r.route(e, p.chain, noEndpoint, mapServiceIPs, mapNoEndpointServices)
 }
 
 func (r *serviceRender) nodePort(chain string, noEndpoint Element) {
@@ -189,24 +234,30 @@ func (b *Backend) clusterMasquerade(f family, clusterCIDRs []netip.Prefix, dst n
 	return []Rule{rb.verdict(expr.VerdictJump, chainMarkMasq).build(comment)}
 }
 
-// policyChain writes the chain of one traffic policy over eps: it picks a
-// slot of the chain's block at random and goes to the static DNAT chain
-// (see slots.go). kp does not use upstream's anonymous "numgen vmap" per
-// Service, nor a map bound by a rule per Service: the kernel walks every
-// set of the table for each set it creates and every binding of a map for
-// each element it inserts, so either makes a full sync O(N²) in the number
-// of Services (see README, "Why endpoints are slots").
+// policyChain writes what one traffic policy over eps needs and returns
+// the path to it: a chain that picks a slot of the policy's block at
+// random, for the static DNAT chain (see slots.go). kp does not use
+// upstream's anonymous "numgen vmap" per Service, nor a map bound by a rule
+// per Service: the kernel walks every set of the table for each set it
+// creates and every binding of a map for each element it inserts, so
+// either makes a full sync O(N²) in the number of Services (see README,
+// "Why endpoints are slots").
 //
-// The chain goes on to dnat: cluster-dnat (the Cluster policy's masquerade
-// decision, then endpoint-dnat) or endpoint-dnat itself. With session
-// affinity the chain DNATs on its own, after first; the Cluster policy's
-// masquerade decision is then its first rule.
-func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule, dnat string) string {
+// After the pick, traffic goes on to dnat: cluster-dnat (the Cluster
+// policy's masquerade decision, then endpoint-dnat) or endpoint-dnat
+// itself. The policy has a chain of its own (name) only with first rules
+// or when own asks for it: it jumps to the pick chain and goes to dnat;
+// otherwise whoever sends traffic to the policy does that itself (see
+// policyPath), which spares the kernel a chain and two jump rules per
+// Service. With session affinity the policy's chain DNATs on its own,
+// after first; the Cluster policy's masquerade decision is then its first
+// rule.
+func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule, dnat string, own bool) policyPath {
 	if r.sp.AffinityTimeout > 0 {
 		if dnat == chainClusterDNAT {
 			first = r.b.clusterMasquerade(r.f, proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs), netip.Addr{}, r.comment)
 		}
-		return r.affinityChain(name, eps, first)
+		return policyPath{chain: r.affinityChain(name, eps, first)}
 	}
 	addrs := make([]netip.AddrPort, len(eps))
 	byAddr := make(map[netip.AddrPort]proxy.Endpoint, len(eps))
@@ -214,24 +265,27 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 		addrs[i] = e.AddrPort()
 		byAddr[addrs[i]] = e
 	}
-	blk := r.slots.assign(name, addrs)
-	for i, a := range blk.eps {
-		r.endpointObjects(byAddr[a])
-		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
-	}
 	// The choice of slot has a chain of its own, holding one rule with
 	// no lookup, jump or NAT: when the number of endpoints or the block
 	// changes, only that chain is rewritten, and the kernel does not
 	// validate the whole table for it (it does for any rule added with a
 	// lookup, a jump or goto, a meta set or a NAT expression: 20–60 ms at
-	// 10,000 Services, against ~1 ms; see README).
+	// 10,000 Services, against ~1 ms; see README). The slot table knows
+	// the block by the pick chain's name.
 	pick := pickChainName(name)
+	blk := r.slots.assign(pick, addrs)
+	for i, a := range blk.eps {
+		r.endpointObjects(byAddr[a])
+		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
+	}
 	r.v.chains[pick] = &Chain{Name: pick, Rules: []Rule{
 		newRule(r.f).ctMarkSetSlot(uint32(len(blk.eps)), blk.base).build(r.comment)}}
-	r.v.chains[name] = &Chain{Name: name, Rules: append(first,
-		newRule(r.f).verdict(expr.VerdictJump, pick).build(r.comment),
-		newRule(r.f).verdict(expr.VerdictGoto, dnat).build(r.comment))}
-	return name
+	p := policyPath{chain: pick, pick: true, dnat: dnat}
+	if len(first) == 0 && !own {
+		return p
+	}
+	r.v.chains[name] = &Chain{Name: name, Rules: append(first, r.rules(p, nil, "")...)}
+	return policyPath{chain: name}
 }
 
 // slotElement is "slot : address . port" in the endpoints map, named after
@@ -296,36 +350,36 @@ func hairpinElement(a netip.Addr) Element {
 // external writes what external traffic (NodePort, externalIPs,
 // LoadBalancer IPs) needs: its chain, its map entries, and the
 // loadBalancerSourceRanges firewall.
-func (r *serviceRender) external(clusterChain, localChain string, noEndpoint Element) {
+func (r *serviceRender) external(cluster, local policyPath, noEndpoint Element) {
 	sp, f := r.sp, r.f
 	name := externalChainName(sp)
 	var rules []Rule
-	hasEndpoints := clusterChain != ""
+	hasEndpoints := !cluster.none()
+	always := func() *ruleBuilder { return newRule(f) }
+	fromNode := func() *ruleBuilder { return newRule(f).fibSaddrLocal() }
 	if !sp.ExternalPolicyLocal {
-		if clusterChain != "" {
+		if !cluster.none() {
 			// The node may forward anywhere: replies must come back
-			// through it.
-			rules = []Rule{
-				newRule(f).verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
-				newRule(f).verdict(expr.VerdictGoto, clusterChain).build(r.comment),
-			}
+			// through it. (Marked here, so past a pick the
+			// Cluster policy's own decision has nothing to add.)
+			rules = append([]Rule{newRule(f).verdict(expr.VerdictJump, chainMarkMasq).build(r.comment)},
+				r.rules(cluster, always, chainEndpointDNAT)...)
 		}
 	} else {
-		hasEndpoints = localChain != ""
-		if clusterChain != "" {
+		hasEndpoints = !local.none()
+		if !cluster.none() {
 			// As upstream: pods, and the node itself, reach every
 			// endpoint through the external addresses too; only
 			// traffic from outside keeps to this node's endpoints.
 			if len(proxy.FilterPrefixes(f.pf, r.b.cfg.ClusterCIDRs)) > 0 {
-				rules = append(rules, newRule(f).addrInSet(true, false, setClusterCIDRs).
-					verdict(expr.VerdictGoto, clusterChain).build(r.comment))
+				fromPods := func() *ruleBuilder { return newRule(f).addrInSet(true, false, setClusterCIDRs) }
+				rules = append(rules, r.rules(cluster, fromPods, "")...)
 			}
-			rules = append(rules,
-				newRule(f).fibSaddrLocal().verdict(expr.VerdictJump, chainMarkMasq).build(r.comment),
-				newRule(f).fibSaddrLocal().verdict(expr.VerdictGoto, clusterChain).build(r.comment))
+			rules = append(rules, fromNode().verdict(expr.VerdictJump, chainMarkMasq).build(r.comment))
+			rules = append(rules, r.rules(cluster, fromNode, chainEndpointDNAT)...)
 		}
-		if localChain != "" {
-			rules = append(rules, newRule(f).verdict(expr.VerdictGoto, localChain).build(r.comment))
+		if !local.none() {
+			rules = append(rules, r.rules(local, always, "")...)
 		}
 	}
 	chain := ""
@@ -357,10 +411,10 @@ func (r *serviceRender) external(clusterChain, localChain string, noEndpoint Ele
 // filter's no-endpoint check).
 func (r *serviceRender) external1(a netip.Addr, chain string, hasEndpoints bool, noEndpoint Element) {
 	if chain != "" {
-		r.target(a, chain, noEndpoint)
+		r.target(a, policyPath{chain: chain}, noEndpoint)
 	}
 	if !hasEndpoints {
-		r.target(a, "", noEndpoint)
+		r.target(a, policyPath{}, noEndpoint)
 	}
 }
 

@@ -23,6 +23,7 @@ const (
 	setServiceCIDRs        = "service-cidrs"
 	setHairpin             = "hairpin"
 	mapEndpoints           = "endpoints"
+	setClusterPicked       = "cluster-picked"
 
 	chainServices        = "services"
 	chainEndpointsCheck  = "service-endpoints-check"
@@ -44,6 +45,8 @@ func staticSets(f family) []*Set {
 			Comment: "ClusterIP, external IP and LoadBalancer IP of each service port"},
 		{Name: mapServiceNodePorts, KeyType: protoPort, Concat: true, VMap: true,
 			Comment: "NodePort of each service port"},
+		{Name: setClusterPicked, KeyType: addrProtoPort, Concat: true,
+			Comment: "ClusterIPs whose service-ips verdict only picks an endpoint slot: then to cluster-dnat"},
 		{Name: mapNoEndpointServices, KeyType: addrProtoPort, Concat: true, VMap: true,
 			Comment: "service addresses without endpoints: reject (none anywhere) or drop (none for the traffic policy)"},
 		{Name: mapNoEndpointNodePorts, KeyType: protoPort, Concat: true, VMap: true,
@@ -106,8 +109,15 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 			newRule(f).addrInSet(false, false, setClusterIPs).verdict(expr.VerdictGoto, chainReject).build(""),
 			newRule(f).addrInSet(false, false, setServiceCIDRs).verdict(expr.VerdictDrop, "").build(""),
 		}},
+		// A ClusterIP of the Cluster policy without session affinity
+		// has no chain of its own: its service-ips verdict jumps to
+		// the chain that picks its endpoint slot, and on return this
+		// rule sends it to the static DNAT. (Not "ct mark != 0": a CNI
+		// may set ct marks.) Every Service chain less is a chain and
+		// two jump rules less for the kernel to create and validate.
 		{Name: chainServices, Rules: []Rule{
 			newRule(f).keyVMap(true, mapServiceIPs).build(""),
+			newRule(f).keyInSet(true, setClusterPicked).verdict(expr.VerdictGoto, chainClusterDNAT).build(""),
 			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapServiceNodePorts).build(""),
 		}},
 		{Name: chainEndpointsCheck, Rules: []Rule{

@@ -6,14 +6,15 @@ import (
 	"net/netip"
 )
 
-// Endpoint slots. A Service chain without session affinity picks a slot at
-// random from its own contiguous block ("ct mark set numgen random mod n
-// offset base") and goes to the static endpoint-dnat chain, whose one DNAT
+// Endpoint slots. A Service's pick chain (without session affinity) picks a
+// slot at random from its own contiguous block ("ct mark set numgen random
+// mod n offset base"); the packet then goes to the static endpoint-dnat
+// chain (through cluster-dnat for the Cluster policy), whose one DNAT
 // rule per protocol looks the slot up in the endpoints map. A new connection
 // walks the same few rules whatever the number of endpoints, and an endpoint
 // change rewrites map elements, not a rule holding NAT.
 //
-// Allocation rules, per table and per policy chain (svc-…, local-…):
+// Allocation rules, per table and per pick chain (pick-svc-…, pick-local-…):
 //   - A block holds a power of two of slots, twice what the chain's endpoint
 //     count needs (at least 8); it keeps its base while the count fits, so
 //     that growing or shrinking changes only the chain's "mod n" and the
@@ -35,7 +36,7 @@ type slotBlock struct {
 
 // slotTable allocates the blocks of one table.
 type slotTable struct {
-	blocks map[string]*slotBlock // by chain name
+	blocks map[string]*slotBlock // by pick chain name
 	free   map[uint32][]uint32   // block size → bases
 	next   uint32
 	// seen lists the chains assigned a block during the current sync.

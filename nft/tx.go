@@ -104,6 +104,7 @@ type Element struct {
 	KeyEnd  bool // interval end marker (interval sets only)
 	KeyText string
 	Goto    string // verdict map: "goto Goto"
+	Jump    string // verdict map: "jump Jump" (the rule after the lookup runs on return)
 	Drop    bool   // verdict map: "drop"
 	// Data is a data map's value (raw kernel encoding), DataText its nft
 	// spelling.
@@ -112,14 +113,16 @@ type Element struct {
 	Comment  string
 }
 
-// value is the element's verdict as kp records it: "goto CHAIN", "drop", or
-// "" in a plain set.
+// value is the element's verdict as kp records it: "goto CHAIN", "jump
+// CHAIN", "drop", or "" in a plain set.
 func (e *Element) value() string {
 	switch {
 	case e.Drop:
 		return "drop"
 	case e.Goto != "":
 		return "goto " + e.Goto
+	case e.Jump != "":
+		return "jump " + e.Jump
 	case e.Data != nil:
 		return "data " + hex.EncodeToString(e.Data)
 	}

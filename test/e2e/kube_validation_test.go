@@ -227,7 +227,7 @@ func TestKpProgramsEveryServiceTheAPIServerAccepts(t *testing.T) {
 				}
 				for _, want := range []string{
 					fmt.Sprintf("10.96.0.71 . sctp . %d", p.port),
-					fmt.Sprintf("chain svc-%s/%s/sctp/%s", longNS, label("s"), p.name),
+					fmt.Sprintf("chain pick-svc-%s/%s/sctp/%s", longNS, label("s"), p.name),
 					"meta l4proto sctp dnat ip to ct mark map @endpoints",
 					fmt.Sprintf(": %s . %d", pods[0].IP, p.target),
 				} {
