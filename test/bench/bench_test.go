@@ -151,15 +151,21 @@ func loadResults(t *testing.T, path string) *Results {
 	return &res
 }
 
-// merged is the earlier run's results at path with every record of res's
-// proxies at res's Ns replaced by res's.
+// merged is the earlier run's results at path with every record of a
+// proxy and N that res measured (a full sync of) replaced by res's; a
+// proxy res measured at some Ns only (-bench.kp-only, -bench.big) keeps its
+// earlier records at the others.
 func merged(t *testing.T, path string, res *Results) *Results {
 	base := loadResults(t, path)
-	proxies := map[string]bool{}
-	for _, f := range res.FullSyncs {
-		proxies[f.Proxy] = true
+	type proxyN struct {
+		proxy string
+		n     int
 	}
-	redone := func(proxy string, n int) bool { return proxies[proxy] && slices.Contains(res.Ns, n) }
+	measured := map[proxyN]bool{}
+	for _, f := range res.FullSyncs {
+		measured[proxyN{f.Proxy, f.N}] = true
+	}
+	redone := func(proxy string, n int) bool { return measured[proxyN{proxy, n}] }
 	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
 	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
 	// The earlier run's reference (no proxy) stands where it has one.

@@ -1,7 +1,12 @@
 package bench
 
 import (
+	"encoding/json"
+	"fmt"
+	"maps"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -36,5 +41,37 @@ func TestCountsPrintWithThousandsSeparators(t *testing.T) {
 		if got := fmtN(n); got != want {
 			t.Errorf("fmtN(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// A run merged into an earlier one replaces only the proxies and Ns it
+// measured: kp alone from 30,000 on (-bench.kp-only) leaves upstream's
+// earlier record at 30,000, which an earlier merge by proxy × N dropped.
+func TestMergeReplacesOnlyWhatTheRunMeasured(t *testing.T) {
+	base := &Results{Ns: []int{10000, 30000}, FullSyncs: []FullSync{
+		{Proxy: KP, N: 10000, Seconds: 5}, {Proxy: UpstreamNFT, N: 10000, Seconds: 50},
+		{Proxy: KP, N: 30000, Seconds: 20}, {Proxy: UpstreamNFT, N: 30000, Seconds: 360, Unfinished: true},
+	}}
+	raw, err := json.Marshal(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "results.json")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := &Results{Ns: []int{10000, 30000, 100000}, FullSyncs: []FullSync{
+		{Proxy: KP, N: 10000, Seconds: 4}, {Proxy: UpstreamNFT, N: 10000, Seconds: 52},
+		{Proxy: KP, N: 30000, Seconds: 16}, {Proxy: KP, N: 100000, Seconds: 53},
+	}}
+	got := map[string]float64{}
+	for _, f := range merged(t, path, run).FullSyncs {
+		got[fmt.Sprintf("%s@%d", f.Proxy, f.N)] = f.Seconds
+	}
+	want := map[string]float64{
+		KP + "@10000": 4, UpstreamNFT + "@10000": 52, KP + "@30000": 16, UpstreamNFT + "@30000": 360, KP + "@100000": 53,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("merged full syncs %v, want %v", got, want)
 	}
 }
