@@ -94,7 +94,7 @@ func fillObjects(i int, now metav1.Time) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	for key, obj := range map[string]runtime.Object{
 		etcdServices + namespace + "/" + name:       svc,
-		etcdIPAddresses + ip.String():                addr,
+		etcdIPAddresses + ip.String():               addr,
 		etcdEndpointSlices + namespace + "/" + name: sl,
 	} {
 		var b bytes.Buffer
