@@ -1,20 +1,15 @@
 package nft
 
 import (
-	"context"
-	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/nftables/expr"
 
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/test/netns"
 )
 
 // Kernel tests of the Cluster policy's path without a Service chain: a
@@ -37,39 +32,8 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	}
 	rec := &txConn{Conn: b.conn}
 	b.conn = rec
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"addr", "add", "10.96.0.10/32", "dev", "lo"},
-		{"addr", "add", "10.96.0.11/32", "dev", "lo"},
-		{"addr", "add", "10.244.1.2/32", "dev", "lo"},
-		{"addr", "add", "10.244.1.3/32", "dev", "lo"},
-		{"addr", "add", "10.244.1.4/32", "dev", "lo"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	var mu sync.Mutex
-	accepted := map[string]int{}
-	for _, a := range []string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080"} {
-		var l net.Listener
-		if err := netns.InNamespace(ns, func() (err error) { l, err = net.Listen("tcp", a); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				mu.Lock()
-				accepted[a]++
-				mu.Unlock()
-				c.Close()
-			}
-		}()
-	}
+	acc := loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.96.0.11", "10.244.1.2", "10.244.1.3", "10.244.1.4"},
+		[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080"})
 	w := newWorld()
 	web, sticky := spName("demo", "web", "http"), spName("demo", "sticky", "http")
 	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
@@ -93,30 +57,13 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 
 	// Nothing listens on the ClusterIPs: a connection is accepted only
 	// through DNAT.
-	dial := func(addr string, n int) {
-		t.Helper()
-		for range n {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			c, err := netns.DialConn(ctx, ns, "tcp", addr)
-			cancel()
-			if err != nil {
-				t.Fatalf("connect to %s: %v", addr, err)
-			}
-			c.Close()
-		}
-	}
-	dial("10.96.0.10:80", 20)
-	dial("10.96.0.11:80", 3)
+	dialN(t, ns, "10.96.0.10:80", 20)
+	dialN(t, ns, "10.96.0.11:80", 3)
 	waitAccepted := func(want map[string]int) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			mu.Lock()
-			got := map[string]int{}
-			for k, v := range accepted {
-				got[k] = v
-			}
-			mu.Unlock()
+			got := acc.counts()
 			ok := got["10.244.1.2:8080"]+got["10.244.1.3:8080"] == want["web"] && got["10.244.1.4:8080"] == want["sticky"]
 			if ok || time.Now().After(deadline) {
 				if !ok || got["10.244.1.2:8080"] == 0 || got["10.244.1.3:8080"] == 0 {
@@ -162,7 +109,7 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 			}
 		}
 	}
-	dial("10.96.0.10:80", 20)
+	dialN(t, ns, "10.96.0.10:80", 20)
 	waitAccepted(map[string]int{"web": 40, "sticky": 3})
 }
 

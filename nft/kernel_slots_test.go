@@ -1,11 +1,8 @@
 package nft
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +10,6 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/test/netns"
 )
 
 // Kernel tests of the endpoint slots: counts from real connections, and
@@ -30,32 +26,7 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"addr", "add", "10.96.0.10/32", "dev", "lo"},
-		{"addr", "add", "10.244.1.2/32", "dev", "lo"},
-		{"addr", "add", "10.244.1.3/32", "dev", "lo"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	for _, a := range []string{"10.244.1.2:8080", "10.244.1.3:8080"} {
-		var l net.Listener
-		if err := netns.InNamespace(ns, func() (err error) { l, err = net.Listen("tcp", a); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-	}
+	loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.244.1.2", "10.244.1.3"}, []string{"10.244.1.2:8080", "10.244.1.3:8080"})
 	w := newWorld()
 	web := spName("demo", "web", "http")
 	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
@@ -63,15 +34,7 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 	mustSync(t, b, st)
 
 	const conns = 20
-	for range conns {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := netns.DialConn(ctx, ns, "tcp", "10.96.0.10:80")
-		cancel()
-		if err != nil {
-			t.Fatalf("connect through the Service: %v", err)
-		}
-		c.Close()
-	}
+	dialN(t, ns, "10.96.0.10:80", conns)
 	counters, err := b.EndpointCounters(st)
 	if err != nil {
 		t.Fatal(err)
