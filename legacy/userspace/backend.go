@@ -258,31 +258,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 		dropInternal[name] = sp.InternalPolicyLocal && usable[name] && !local
 	}
-	if rulesSame {
-		// A service port refused last time that has a listener now is
-		// not in s.Changed.
-		for _, name := range b.refused {
-			if _, ok := b.last[name]; !ok && ports[name] != (listenerPorts{}) {
-				rulesSame = false
-				break
-			}
-		}
-	}
-	if rulesSame {
-		// The rules change only with a service port's Service (addresses,
-		// ports, source ranges), listener ports or usability, or a service
-		// port coming or going: endpoint changes, the most common, leave
-		// them.
-		for name := range s.Changed {
-			old, had := b.last[name]
-			lp, has := ports[name]
-			if had != has || old.ports != lp || old.usable != usable[name] || old.dropInternal != dropInternal[name] ||
-				has && !reflect.DeepEqual(old.sp, s.Services[name]) {
-				rulesSame = false
-				break
-			}
-		}
-	}
+	rulesSame = rulesSame && !b.listeningAgain(ports) && !b.rulesChanged(s, ports, usable, dropInternal)
 	if rulesSame && len(b.lastRules) == len(b.red.families()) && b.now().Sub(b.lastWrite) < rewriteInterval {
 		// Nothing to write.
 	} else if err := b.writeRules(ctx, s, ports, usable, dropInternal); err != nil {
@@ -323,6 +299,23 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		b.last[name] = portState{ports: lp, usable: usable[name], dropInternal: dropInternal[name], sp: s.Services[name]}
 	}
 	return nil
+}
+
+// rulesChanged reports whether a changed service port's rules differ from
+// the last sync's. The rules change only with a service port's Service
+// (addresses, ports, source ranges), listener ports or usability, or a
+// service port coming or going: endpoint changes, the most common, leave
+// them.
+func (b *Backend) rulesChanged(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool) bool {
+	for name := range s.Changed {
+		old, had := b.last[name]
+		lp, has := ports[name]
+		if had != has || old.ports != lp || old.usable != usable[name] || old.dropInternal != dropInternal[name] ||
+			has && !reflect.DeepEqual(old.sp, s.Services[name]) {
+			return true
+		}
+	}
+	return false
 }
 
 // update gives p the endpoints its traffic may use: SelectEndpoints per

@@ -114,6 +114,17 @@ func compareNames(a, b proxy.ServicePortName) int {
 		strings.Compare(a.Port, b.Port), strings.Compare(string(a.Protocol), string(b.Protocol)))
 }
 
+// listeningAgain reports whether a service port the last sync refused has a
+// listener now: not in s.Changed, it still changes the rules.
+func (b *Backend) listeningAgain(ports map[proxy.ServicePortName]listenerPorts) bool {
+	for _, name := range b.refused {
+		if _, ok := b.last[name]; !ok && ports[name] != (listenerPorts{}) {
+			return true
+		}
+	}
+	return false
+}
+
 // RefusedError names the service ports a sync gave no listener because
 // the listeners' budget of file descriptors was spent.
 type RefusedError struct {
