@@ -165,11 +165,13 @@ func (b *Backend) cleanupServers(sets map[string][]string, onDummy []netip.Addr,
 // new mode's NAT never sees its packets; once the virtual server is gone,
 // IPVS drops the next one (expire_nodest_conn) until the kernel has expired
 // the entry, which lost a UDP request in flight at a switch (VM,
-// ipvs-nftables, 1 in 1,456). An unreadable list counts as none.
+// ipvs-nftables, 1 in 1,456). An unreadable list (a netlink timeout on a
+// loaded node) counts as in use: a kept virtual server is looked at again
+// at the next Retire, while a wrongly removed one drops its flow's packets.
 func InUse(h Handle, s *ipvs.Service) bool {
 	ds, err := h.GetDestinations(s)
 	if err != nil {
-		return false
+		return true
 	}
 	for _, d := range ds {
 		if d.ActiveConnections > 0 || s.Protocol == unix.IPPROTO_UDP && d.InactiveConnections > 0 {

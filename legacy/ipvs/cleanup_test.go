@@ -37,7 +37,7 @@ func TestInUseKeepsEstablishedConnectionsAndTrackedUDPFlows(t *testing.T) {
 		{"UDP, a tracked flow", unix.IPPROTO_UDP, destsOf{dests: []*ipvs.Destination{dest(0, 0), dest(0, 1)}}, true},
 		{"UDP, no flow", unix.IPPROTO_UDP, destsOf{dests: []*ipvs.Destination{dest(0, 0)}}, false},
 		{"no real server", unix.IPPROTO_UDP, destsOf{}, false},
-		{"unreadable", unix.IPPROTO_UDP, destsOf{dests: []*ipvs.Destination{dest(0, 1)}, err: errors.New("netlink")}, false},
+		{"unreadable: kept, to be looked at again", unix.IPPROTO_TCP, destsOf{err: errors.New("netlink: i/o timeout")}, true},
 	} {
 		if got := InUse(c.h, &ipvs.Service{Protocol: c.proto}); got != c.want {
 			t.Errorf("%s: InUse = %v, want %v", c.name, got, c.want)

@@ -104,7 +104,17 @@ func (e *env) ipvsKeptOnly(tcpAddr, udpAddr string) {
 		}
 	}
 	if !keptTCP || !keptUDP || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
-		e.t.Errorf("after the switch from ipvs, want the virtual servers TCP %s (its connection is established) and UDP %s (its flow runs) and no KP-IPVS- or KUBE- chain:\n%s", tcpAddr, udpAddr, out)
+		// What IPVS and conntrack track, and kp's Retire runs (what each
+		// kept), say which connection left IPVS and when.
+		conns, _ := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Lnc; conntrack -L 2>/dev/null | grep -v 'dport=22 '")
+		var retires []string
+		for _, l := range strings.Split(e.kp.Log(), "\n") {
+			if strings.Contains(l, "ipvs") || strings.Contains(l, "kept") || strings.Contains(l, "virtual server") {
+				retires = append(retires, l)
+			}
+		}
+		e.t.Errorf("after the switch from ipvs, want the virtual servers TCP %s (its connection is established) and UDP %s (its flow runs) and no KP-IPVS- or KUBE- chain:\n%s\nconnections:\n%s\nkp's log on IPVS:\n%s",
+			tcpAddr, udpAddr, out, conns, strings.Join(retires, "\n"))
 	}
 }
 
