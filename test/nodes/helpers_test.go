@@ -137,6 +137,25 @@ func since(as []attempt, t time.Time) []attempt {
 	return out
 }
 
+// explained wraps dial: a failed attempt's error carries every node's TCP
+// conntrack entries that are not established or closing, listed at once
+// (they expire long before the test ends), to tell where its SYNs went and
+// which NAT they met.
+func explained(c *cluster.Cluster, dial func() (string, error)) func() (string, error) {
+	return func() (string, error) {
+		reply, err := dial()
+		if err == nil {
+			return reply, nil
+		}
+		var b strings.Builder
+		for _, n := range c.Nodes {
+			out, _ := n.Exec("sh", "-c", "conntrack -L -p tcp 2>/dev/null | grep -Ev 'ESTABLISHED|TIME_WAIT|CLOSE|FIN_WAIT|LAST_ACK'")
+			fmt.Fprintf(&b, "\n    %s, conntrack entries not established: %s", n.Name, strings.TrimSpace(out))
+		}
+		return reply, fmt.Errorf("%w%s", err, b.String())
+	}
+}
+
 // failures lists the failed attempts, for a message.
 func failures(as []attempt) []string {
 	var out []string

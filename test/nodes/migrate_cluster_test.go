@@ -95,8 +95,8 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 	}
 	phase("kube-proxy DaemonSet and workload", start)
 
-	fromPod := startLoop(func() (string, error) { return cluster.DialFrom(clientNS, "tcp", clusterIP, 5*time.Second) })
-	fromNode := startLoop(func() (string, error) { return n1.Dial("tcp", clusterIP, 5*time.Second) })
+	fromPod := startLoop(explained(c, func() (string, error) { return cluster.DialFrom(clientNS, "tcp", clusterIP, 5*time.Second) }))
+	fromNode := startLoop(explained(c, func() (string, error) { return n1.Dial("tcp", clusterIP, 5*time.Second) }))
 	stream := startLongLived(t, clientNS, streamAddr)
 	defer fromPod.Stop()
 	defer fromNode.Stop()
