@@ -271,6 +271,24 @@ func (b *ruleBuilder) fibSaddrLocal() *ruleBuilder {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
 }
 
+// fibDaddrLocal matches "fib daddr type local": the packet is addressed to
+// one of this node's addresses.
+func (b *ruleBuilder) fibDaddrLocal() *ruleBuilder {
+	return b.add("fib daddr type local",
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
+}
+
+// tcpNotSyn matches a TCP packet that does not open a connection (any of
+// FIN, RST or ACK, or no SYN); put l4proto(6) before it.
+func (b *ruleBuilder) tcpNotSyn() *ruleBuilder {
+	const fin, syn, rst, ack = 0x01, 0x02, 0x04, 0x10
+	return b.add("tcp flags & (fin | syn | rst | ack) != syn",
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{fin | syn | rst | ack}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{syn}})
+}
+
 func (b *ruleBuilder) verdict(kind expr.VerdictKind, chain string) *ruleBuilder {
 	var text string
 	switch kind {
