@@ -93,9 +93,7 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 	// DNAT or a reject would reset it (the ipvs take-over keeps such
 	// virtual servers while their connections last); IPVS takes it in
 	// LOCAL_IN.
-	notOurs := func() Rule {
-		return newRule(f).l4proto(6).tcpNotSyn().fibDaddrLocal().verdict(expr.VerdictReturn, "").build("")
-	}
+	notOurs := newRule(f).l4proto(6).tcpNotSyn().fibDaddrLocal().verdict(expr.VerdictReturn, "").build("")
 	for _, c := range []*Chain{
 		baseChain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, "prerouting", -100, jumpServices),
 		baseChain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, "output", -100, jumpServices),
@@ -116,7 +114,7 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		baseChain("filter-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -10, checkNew, checkClusterIPs),
 		{Name: chainFirewallCheck, Rules: []Rule{newRule(f).keyVMap(true, mapFirewallIPs).build("")}},
 		{Name: chainClusterIPsCheck, Rules: []Rule{
-			notOurs(),
+			notOurs,
 			newRule(f).addrInSet(false, false, setClusterIPs).verdict(expr.VerdictGoto, chainReject).build(""),
 			newRule(f).addrInSet(false, false, setServiceCIDRs).verdict(expr.VerdictDrop, "").build(""),
 		}},
@@ -127,13 +125,13 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		// may set ct marks.) Every Service chain less is a chain and
 		// two jump rules less for the kernel to create and validate.
 		{Name: chainServices, Rules: []Rule{
-			notOurs(),
+			notOurs,
 			newRule(f).keyVMap(true, mapServiceIPs).build(""),
 			newRule(f).keyInSet(true, setClusterPicked).verdict(expr.VerdictGoto, chainClusterDNAT).build(""),
 			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapServiceNodePorts).build(""),
 		}},
 		{Name: chainEndpointsCheck, Rules: []Rule{
-			notOurs(),
+			notOurs,
 			newRule(f).keyVMap(true, mapNoEndpointServices).build(""),
 			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapNoEndpointNodePorts).build(""),
 		}},

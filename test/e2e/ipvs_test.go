@@ -106,7 +106,7 @@ func (e *env) ipvsKeptOnly(tcpAddr, udpAddr string) {
 	if !keptTCP || !keptUDP || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
 		// What IPVS and conntrack track, and kp's Retire runs (what each
 		// kept), say which connection left IPVS and when.
-		conns, _ := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Lnc; conntrack -L 2>/dev/null | grep -v 'dport=22 '")
+		conns, _ := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Lnc; conntrack -L 2>/dev/null")
 		var retires []string
 		for _, l := range strings.Split(e.kp.Log(), "\n") {
 			if strings.Contains(l, "ipvs") || strings.Contains(l, "kept") || strings.Contains(l, "virtual server") {
