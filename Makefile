@@ -74,9 +74,16 @@ conformance-bins:
 # -parallel 4: the end-to-end tests run each feature once per mode, in
 # worlds that mostly wait on packets and timeouts (about a third of 2 cores
 # at 4); more gets CPU-bound on the kube tests' API servers.
+#
+# The whole output is also written to TEST_LOG; when a test fails, the
+# last thing printed is test/failures.sh's digest of it (the failed tests
+# and their last messages), since a failing end-to-end test's process logs
+# fill the end of the output.
+TEST_LOG ?= /tmp/kp-make-test.log
 test: kube-bins test-images vm-kernel
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
-	$(GO) test -count=1 -p 2 -parallel 4 -timeout 45m ./...
+	bash -o pipefail -c '$(GO) test -count=1 -p 2 -parallel 4 -timeout 45m ./... 2>&1 | tee $(TEST_LOG)' || \
+		{ bash test/failures.sh $(TEST_LOG); exit 1; }
 	$(MAKE) fuzz
 
 # The benchmark of kp against upstream kube-proxy (nftables and iptables

@@ -380,6 +380,10 @@ func (inst *Instance) Config(token string) *rest.Config {
 		TLSClientConfig: rest.TLSClientConfig{CAData: inst.srv.pki.caPEM},
 		QPS:             100,
 		Burst:           200,
+		// The tests write non-canonical addresses on purpose (kp must
+		// read them as the API server does); its warnings about each one
+		// would fill the output.
+		WarningHandler: rest.NoWarnings{},
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return netns.DialConn(ctx, ns, network, addr)
 		},
