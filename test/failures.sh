@@ -19,7 +19,11 @@ awk -v max="$max" '
 	# log lines within it (klog, zap) do not match: they have no "file.go:N: "
 	# at the start of the line.
 	{ line = $0; sub(/^[> \t]+/, "", line) }
-	line ~ /^--- FAIL: / || line ~ /^FAIL[ \t]/ { keep(line); next }
+	line ~ /^--- FAIL: / || line ~ /^FAIL[ \t]/ || line ~ /^panic: / { keep(line); next }
+	# The timeout of a test binary names the tests still running.
+	line ~ /^running tests:/ { running = 1; keep(line); next }
+	running && line ~ /^Test[^ ]* \(/ { keep(line); next }
+	{ running = 0 }
 	line ~ /^[A-Za-z0-9_.\/-]+\.go:[0-9]+: / && line !~ /^[^ ]+ --- / { keep(line) }
 	function keep(s) {
 		if (s in seen) return
