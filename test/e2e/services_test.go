@@ -291,14 +291,24 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 				extWords = []string{"--dst-type LOCAL"}
 			}
 		}
+		// A change reaches the kernel in steps, each checked by the
+		// traffic before the next line of the test: the source's Service
+		// and EndpointSlice are separate updates (a sync may run between
+		// them: a removed port without endpoints, refused, for a moment),
+		// and the iptables modes commit nat, then filter. A late rule
+		// goes at the next sync, within milliseconds; a stale one stays
+		// (well past 5 s: the periodic sync comes every 30 s).
 		lacks := func(what string, words ...string) {
 			t.Helper()
-			out := e.rules()
-			for _, w := range words {
-				if strings.Contains(out, w) {
-					t.Errorf("%s: the ruleset still holds %q:\n%s", what, w, out)
+			e.eventually(what+": no rule of it stays", 5*time.Second, func() error {
+				out := e.rules()
+				for _, w := range words {
+					if strings.Contains(out, w) {
+						return fmt.Errorf("the ruleset still holds %q:\n%s", w, out)
+					}
 				}
-			}
+				return nil
+			})
 		}
 
 		svc.Type = v1.ServiceTypeNodePort
