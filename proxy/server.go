@@ -246,6 +246,11 @@ type nodeHealthSink struct {
 	nodeName string
 }
 
+var _ Batcher = nodeHealthSink{}
+
+// Batch passes a source's batch on to the tracker.
+func (n nodeHealthSink) Batch(fn func()) { batch(n.Sink, fn) }
+
 func (n nodeHealthSink) OnNode(node *v1.Node) {
 	if node == nil || node.Name == n.nodeName {
 		n.health.SyncNode(node)

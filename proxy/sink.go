@@ -33,3 +33,22 @@ type Source interface {
 	// the proxy).
 	Run(ctx context.Context, sink Sink) error
 }
+
+// Batcher is a Sink that takes several calls as one change: no snapshot
+// holds some of them without the others. The folder source makes each
+// reload one batch, so a file's Service and EndpointSlices change together
+// (a port removed from both is never, for a sync, a port without
+// endpoints). A Sink that is not one takes the calls one by one.
+type Batcher interface {
+	Batch(fn func())
+}
+
+// batch runs fn, whose calls go to sink, as one change of sink when sink
+// can take one.
+func batch(sink Sink, fn func()) {
+	if b, ok := sink.(Batcher); ok {
+		b.Batch(fn)
+		return
+	}
+	fn()
+}

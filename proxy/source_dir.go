@@ -356,7 +356,8 @@ func (s *DirSource) candidate(name string, useNew bool) []manifestObject {
 }
 
 // deliver passes the sink every object that differs from what it was last
-// given, and a deletion for every object no file defines any more.
+// given, and a deletion for every object no file defines any more, as one
+// batch (Batcher).
 func (s *DirSource) deliver(sink Sink) {
 	current := make(map[objectKey]runtime.Object)
 	for _, f := range s.files {
@@ -364,20 +365,22 @@ func (s *DirSource) deliver(sink Sink) {
 			current[key] = o.obj
 		}
 	}
-	for _, key := range slices.SortedFunc(maps.Keys(s.delivered), compareKeys) {
-		if _, ok := current[key]; !ok {
-			s.send(sink, key, nil)
-			delete(s.delivered, key)
+	batch(sink, func() {
+		for _, key := range slices.SortedFunc(maps.Keys(s.delivered), compareKeys) {
+			if _, ok := current[key]; !ok {
+				s.send(sink, key, nil)
+				delete(s.delivered, key)
+			}
 		}
-	}
-	for _, key := range slices.SortedFunc(maps.Keys(current), compareKeys) {
-		obj := current[key]
-		if prev, ok := s.delivered[key]; ok && equality.Semantic.DeepEqual(prev, obj) {
-			continue
+		for _, key := range slices.SortedFunc(maps.Keys(current), compareKeys) {
+			obj := current[key]
+			if prev, ok := s.delivered[key]; ok && equality.Semantic.DeepEqual(prev, obj) {
+				continue
+			}
+			s.send(sink, key, obj)
+			s.delivered[key] = obj
 		}
-		s.send(sink, key, obj)
-		s.delivered[key] = obj
-	}
+	})
 }
 
 // send hands one object (nil: deleted) to the sink. The sink gets a copy so

@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 )
 
 func TestDirSourceInitialLoad(t *testing.T) {
@@ -385,5 +387,66 @@ func TestDirDecodeErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// batchingSink records whether each Service and EndpointSlice came inside
+// a Batch.
+type batchingSink struct {
+	*recordingSink
+	mu      sync.Mutex
+	in      bool
+	batches int
+	outside []string
+}
+
+func (b *batchingSink) Batch(fn func()) {
+	b.mu.Lock()
+	b.in, b.batches = true, b.batches+1
+	b.mu.Unlock()
+	fn()
+	b.mu.Lock()
+	b.in = false
+	b.mu.Unlock()
+}
+
+func (b *batchingSink) note(what string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.in {
+		b.outside = append(b.outside, what)
+	}
+}
+
+func (b *batchingSink) OnService(ns, name string, svc *v1.Service) {
+	b.note("Service " + name)
+	b.recordingSink.OnService(ns, name, svc)
+}
+
+func (b *batchingSink) OnEndpointSlice(ns, name string, s *discovery.EndpointSlice) {
+	b.note("EndpointSlice " + name)
+	b.recordingSink.OnEndpointSlice(ns, name, s)
+}
+
+// A reload is one batch: a file's Service and EndpointSlice change
+// together for a Batcher (the tracker), whatever the order they are sent in.
+func TestDirSourceDeliversAReloadAsOneBatch(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "web.yaml", serviceYAML("web", 80)+"---\n"+sliceYAML("web-1", "web"))
+	sink := &batchingSink{recordingSink: newRecordingSink()}
+	src := NewDirSource(dir, "node-a", slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, sink) }()
+	t.Cleanup(func() { cancel(); <-done })
+	sink.waitSynced(t)
+
+	before := sink.callCount()
+	writeFile(t, dir, "web.yaml", serviceYAML("web", 81)+"---\n"+strings.Replace(sliceYAML("web-1", "web"), "10.1.0.5", "10.1.0.6", 1))
+	sink.waitFor(t, "the reload", func() bool { return sink.callCount() >= before+2 })
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.outside) > 0 || sink.batches < 2 {
+		t.Errorf("%d batches; delivered outside one: %q", sink.batches, sink.outside)
 	}
 }

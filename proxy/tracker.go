@@ -47,6 +47,10 @@ type ChangeTracker struct {
 	sources  int
 	started  time.Time
 
+	// batchMu is held by Batch for its calls, and taken by Snapshot
+	// before mu, so a snapshot holds all of a batch or none of it.
+	batchMu sync.Mutex
+
 	mu       sync.Mutex
 	services map[types.NamespacedName]*serviceEntry
 	slices   map[types.NamespacedName]*sliceEntry // by the slice's own namespace/name
@@ -86,7 +90,18 @@ type sliceEntry struct {
 	logKey          string
 }
 
-var _ Sink = (*ChangeTracker)(nil)
+var (
+	_ Sink    = (*ChangeTracker)(nil)
+	_ Batcher = (*ChangeTracker)(nil)
+)
+
+// Batch runs fn, whose calls (OnService, OnEndpointSlice, ...) Snapshot
+// sees all or none of. fn must not call Snapshot.
+func (t *ChangeTracker) Batch(fn func()) {
+	t.batchMu.Lock()
+	defer t.batchMu.Unlock()
+	fn()
+}
 
 // NewChangeTracker returns an empty tracker; its first Snapshot has
 // Generation 1.

@@ -15,6 +15,8 @@ import (
 // endpoint slices are shared with the previous State, which is safe because
 // no State is ever modified after it is returned.
 func (t *ChangeTracker) Snapshot() *State {
+	t.batchMu.Lock()
+	defer t.batchMu.Unlock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	prev := t.prev

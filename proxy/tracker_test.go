@@ -247,6 +247,25 @@ func TestFirstSnapshotHasEveryServicePortChanged(t *testing.T) {
 	}
 }
 
+// A snapshot taken while a batch runs waits for it: it holds the batch's
+// Service and its endpoints, never the Service alone.
+func TestSnapshotHoldsAllOfABatchOrNone(t *testing.T) {
+	tr, _ := newTestTracker(t, nil)
+	web := spName("ns", "web", "http", v1.ProtocolTCP)
+	got := make(chan *State, 1)
+	tr.Batch(func() {
+		addService(tr, testService("ns", "web"))
+		go func() { got <- tr.Snapshot() }()
+		// Time for the snapshot to run, were it not held.
+		time.Sleep(100 * time.Millisecond)
+		addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}))
+	})
+	s := <-got
+	if eps := stateEndpoints(s)[web]; len(eps) != 1 {
+		t.Errorf("the snapshot taken during the batch has %s with endpoints %v, want the batch's one", web, eps)
+	}
+}
+
 func TestTriggerTimes(t *testing.T) {
 	tr, _ := newTestTracker(t, nil)
 	web := spName("ns", "web", "http", v1.ProtocolTCP)
