@@ -71,11 +71,7 @@ func TestKernelForeignFlowWithoutConntrackEntryIsLeftAlone(t *testing.T) {
 	ping("with kp's table, the entry conntrack picked up deleted")
 	// A new connection is kp's: DNATed to the endpoint.
 	dialN(t, ns, "10.96.0.10:80", 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for acc.counts()["10.244.1.2:8080"] != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a new connection to the ClusterIP did not reach the endpoint: %v", acc.counts())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if got := acc.await(func(got map[string]int) bool { return got["10.244.1.2:8080"] == 1 }); got["10.244.1.2:8080"] != 1 {
+		t.Fatalf("a new connection to the ClusterIP did not reach the endpoint: %v", got)
 	}
 }

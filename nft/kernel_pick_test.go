@@ -61,18 +61,12 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	dialN(t, ns, "10.96.0.11:80", 3)
 	waitAccepted := func(want map[string]int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			got := acc.counts()
-			ok := got["10.244.1.2:8080"]+got["10.244.1.3:8080"] == want["web"] && got["10.244.1.4:8080"] == want["sticky"]
-			if ok || time.Now().After(deadline) {
-				if !ok || got["10.244.1.2:8080"] == 0 || got["10.244.1.3:8080"] == 0 {
-					t.Fatalf("connections accepted by endpoint: %v, want %d to demo/web's two (some each) and %d to demo/sticky's",
-						got, want["web"], want["sticky"])
-				}
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		ok := func(got map[string]int) bool {
+			return got["10.244.1.2:8080"]+got["10.244.1.3:8080"] == want["web"] && got["10.244.1.4:8080"] == want["sticky"]
+		}
+		if got := acc.await(ok); !ok(got) || got["10.244.1.2:8080"] == 0 || got["10.244.1.3:8080"] == 0 {
+			t.Fatalf("connections accepted by endpoint: %v, want %d to demo/web's two (some each) and %d to demo/sticky's",
+				got, want["web"], want["sticky"])
 		}
 	}
 	waitAccepted(map[string]int{"web": 20, "sticky": 3})

@@ -96,6 +96,19 @@ func (a *accepted) counts() map[string]int {
 	return maps.Clone(a.n)
 }
 
+// await polls the counts until done holds of them, for up to 5 s, and
+// returns the last counts.
+func (a *accepted) await(done func(map[string]int) bool) map[string]int {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := a.counts()
+		if done(got) || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // dialN opens and closes n connections to addr from inside ns.
 func dialN(t *testing.T, ns, addr string, n int) {
 	t.Helper()
