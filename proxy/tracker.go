@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -54,8 +55,9 @@ type ChangeTracker struct {
 	mu       sync.Mutex
 	services map[types.NamespacedName]*serviceEntry
 	slices   map[types.NamespacedName]*sliceEntry // by the slice's own namespace/name
-	// bySvc indexes valid slices by the Service they name, then slice name.
-	bySvc map[types.NamespacedName]map[string]*sliceInfo
+	// bySvc indexes valid slices by the Service they name, sorted by slice
+	// name (a Service has one or a few: a map each took 400 bytes).
+	bySvc map[types.NamespacedName][]*sliceInfo
 	// dirty holds the Services touched since the last Snapshot.
 	dirty map[types.NamespacedName]struct{}
 	// triggerTimes holds, per dirty Service, the oldest trigger time of the
@@ -67,9 +69,10 @@ type ChangeTracker struct {
 	syncedCount int
 	synced      chan struct{} // closed once every source has synced
 
-	// prev is the last snapshot; published lists which ServicePortNames each
-	// Service contributed to it, so a Service's removed ports can be found
-	// without scanning every ServicePort.
+	// prev is the last snapshot. published holds, for each Service changed
+	// since, the ServicePortNames it contributed to prev (recorded at its
+	// first change), so its removed ports can be found without scanning
+	// every ServicePort and without keeping every Service's names.
 	prev      *State
 	published map[types.NamespacedName][]ServicePortName
 
@@ -113,7 +116,7 @@ func NewChangeTracker(opts ChangeTrackerOptions) *ChangeTracker {
 		sources:      opts.Sources,
 		services:     make(map[types.NamespacedName]*serviceEntry),
 		slices:       make(map[types.NamespacedName]*sliceEntry),
-		bySvc:        make(map[types.NamespacedName]map[string]*sliceInfo),
+		bySvc:        make(map[types.NamespacedName][]*sliceInfo),
 		dirty:        make(map[types.NamespacedName]struct{}),
 		triggerTimes: make(map[types.NamespacedName]time.Time),
 		node:         Node{Name: opts.NodeName},
@@ -159,6 +162,9 @@ func (t *ChangeTracker) updateService(key types.NamespacedName, svc *v1.Service)
 		if old == nil {
 			return false
 		}
+		if len(old.ports) > 0 {
+			t.notePublished(key, old)
+		}
 		delete(t.services, key)
 		return t.markDirty(key, len(old.ports) > 0)
 	}
@@ -174,7 +180,28 @@ func (t *ChangeTracker) updateService(key types.NamespacedName, svc *v1.Service)
 	if old != nil {
 		oldPorts = old.ports
 	}
-	return t.markDirty(key, !portsEqual(oldPorts, ports))
+	changed := !portsEqual(oldPorts, ports)
+	if changed {
+		t.notePublished(key, old)
+	}
+	return t.markDirty(key, changed)
+}
+
+// notePublished records, at a Service's first change since the last
+// snapshot, the names of the ports it had then (old, nil when it had none):
+// what that snapshot holds of it. Until its next change a Service's entry
+// is what was published.
+func (t *ChangeTracker) notePublished(key types.NamespacedName, old *serviceEntry) {
+	if _, ok := t.published[key]; ok {
+		return
+	}
+	var names []ServicePortName
+	if old != nil {
+		for _, sp := range old.ports {
+			names = append(names, sp.Name)
+		}
+	}
+	t.published[key] = names
 }
 
 // OnEndpointSlice records an EndpointSlice's new version (nil: deleted).
@@ -213,19 +240,23 @@ func (t *ChangeTracker) updateSlice(key types.NamespacedName, slice *discovery.E
 		return false
 	}
 	if oldInfo != nil {
-		delete(t.bySvc[oldInfo.service], oldInfo.name)
-		if len(t.bySvc[oldInfo.service]) == 0 {
+		infos := slices.DeleteFunc(t.bySvc[oldInfo.service], func(i *sliceInfo) bool { return i.name == oldInfo.name })
+		if len(infos) == 0 {
 			delete(t.bySvc, oldInfo.service)
+		} else {
+			t.bySvc[oldInfo.service] = infos
 		}
 		t.markDirty(oldInfo.service, true)
 	}
 	if info != nil {
-		m := t.bySvc[info.service]
-		if m == nil {
-			m = make(map[string]*sliceInfo)
-			t.bySvc[info.service] = m
+		infos := t.bySvc[info.service]
+		i, found := slices.BinarySearchFunc(infos, info.name, func(s *sliceInfo, name string) int { return cmp.Compare(s.name, name) })
+		if found {
+			infos[i] = info
+		} else {
+			infos = slices.Insert(infos, i, info)
 		}
-		m[info.name] = info
+		t.bySvc[info.service] = infos
 		t.markDirty(info.service, true)
 		if info.triggerTime.After(t.started) {
 			if cur, ok := t.triggerTimes[info.service]; !ok || info.triggerTime.Before(cur) {

@@ -40,6 +40,7 @@ func (t *ChangeTracker) Snapshot() *State {
 	}
 	t.dirty = emptied(t.dirty)
 	t.triggerTimes = emptied(t.triggerTimes)
+	t.published = emptied(t.published)
 	t.snapshotTaken()
 	t.snapshotServiceCIDRs(s)
 	t.prev = s
@@ -53,7 +54,7 @@ func (t *ChangeTracker) remerge(s *State, key types.NamespacedName) {
 	if e := t.services[key]; e != nil {
 		ports = e.ports
 	}
-	infos := slices.Collect(maps.Values(t.bySvc[key]))
+	infos := t.bySvc[key] // mergeEndpoints leaves it as it is
 	names := make([]ServicePortName, 0, len(ports))
 	for _, sp := range ports {
 		names = append(names, sp.Name)
@@ -84,11 +85,6 @@ func (t *ChangeTracker) remerge(s *State, key types.NamespacedName) {
 			delete(s.Endpoints, name)
 			s.Changed[name] = struct{}{}
 		}
-	}
-	if len(names) == 0 {
-		delete(t.published, key)
-	} else {
-		t.published[key] = names
 	}
 }
 

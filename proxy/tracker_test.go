@@ -131,6 +131,56 @@ func TestChangeTracker(t *testing.T) {
 			},
 		},
 		{
+			// The snapshot holds the first name: each change must not
+			// take the one before it for what was published.
+			name: "port renamed twice replaces the published one",
+			change: func(s Sink) {
+				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "www" }))
+			},
+			wantNotified: true,
+			wantChanged:  []ServicePortName{web, spName("ns", "web", "www", v1.ProtocolTCP)},
+			wantEndpoints: map[ServicePortName][]string{
+				spName("ns", "web", "www", v1.ProtocolTCP): {}, api: {},
+			},
+		},
+		{
+			name: "port renamed after an update that changed nothing",
+			change: func(s Sink) {
+				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) {
+					s.Annotations = map[string]string{"irrelevant": "yes"}
+				}))
+				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+			},
+			wantNotified: true,
+			wantChanged:  []ServicePortName{web, spName("ns", "web", "web", v1.ProtocolTCP)},
+			wantEndpoints: map[ServicePortName][]string{
+				spName("ns", "web", "web", v1.ProtocolTCP): {}, api: {},
+			},
+		},
+		{
+			name: "service deleted and created again with another port",
+			change: func(s Sink) {
+				s.OnService("ns", "web", nil)
+				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+			},
+			wantNotified: true,
+			wantChanged:  []ServicePortName{web, spName("ns", "web", "web", v1.ProtocolTCP)},
+			wantEndpoints: map[ServicePortName][]string{
+				spName("ns", "web", "web", v1.ProtocolTCP): {}, api: {},
+			},
+		},
+		{
+			name: "slice replaced by another of the same service",
+			change: func(s Sink) {
+				addSlice(s, testSlice("ns", "web-b", "web", []string{"10.0.0.2"}))
+				s.OnEndpointSlice("ns", "web-a", nil)
+			},
+			wantNotified:  true,
+			wantChanged:   []ServicePortName{web},
+			wantEndpoints: map[ServicePortName][]string{web: {"10.0.0.2:8080"}, api: {}},
+		},
+		{
 			name: "slice moved to another service changes both",
 			change: func(s Sink) {
 				addSlice(s, testSlice("ns", "web-a", "api", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) { sl.ResourceVersion = "2" }))
