@@ -21,8 +21,8 @@ import (
 // were before it (see recallHairpins), and forgets them after. At 10,000
 // Services × 10 endpoints, the 100,000 elements took ~10 MB booked as a
 // footprint's reference, an owner and a model entry each (28.0 → 20.4 MiB
-// kept after a full sync); a count takes ~20 bytes, and a footprint 4
-// bytes per IPv4 pod.
+// kept after a full sync); a count takes 8 bytes per IPv4 pod, and a
+// footprint 4.
 
 // podAddrs is the distinct addresses of a service port's pods, each in
 // its raw form (4 bytes in the ip table, 16 in ip6), concatenated.
@@ -57,24 +57,27 @@ func (p podAddrs) all(f family) iter.Seq[netip.Addr] {
 }
 
 // hairpins counts, per pod address, the footprints of one table listing
-// it (an address as 16 bytes: no pointer for the collector to follow).
+// it.
 type hairpins struct {
 	f     family
-	count map[[16]byte]int32
+	count podCounter
 }
 
-func newHairpins(f family) *hairpins { return &hairpins{f: f, count: map[[16]byte]int32{}} }
+func newHairpins(f family) *hairpins {
+	if f.v6 {
+		return &hairpins{f: f, count: podCounts[[16]byte]{m: map[[16]byte]int32{}, key: netip.Addr.As16, addr: netip.AddrFrom16}}
+	}
+	return &hairpins{f: f, count: podCounts[[4]byte]{m: map[[4]byte]int32{}, key: netip.Addr.As4, addr: netip.AddrFrom4}}
+}
 
 // has reports whether the set wants a's element.
-func (h *hairpins) has(a netip.Addr) bool { return h.count[a.As16()] > 0 }
+func (h *hairpins) has(a netip.Addr) bool { return h.count.get(a) > 0 }
 
 // add counts p's pods once more; it returns those that were counted
 // nowhere before.
 func (h *hairpins) add(p podAddrs) (first []netip.Addr) {
 	for a := range p.all(h.f) {
-		k := a.As16()
-		h.count[k]++
-		if h.count[k] == 1 {
+		if h.count.add(a, 1) == 1 {
 			first = append(first, a)
 		}
 	}
@@ -84,22 +87,48 @@ func (h *hairpins) add(p podAddrs) (first []netip.Addr) {
 // remove counts p's pods once less.
 func (h *hairpins) remove(p podAddrs) {
 	for a := range p.all(h.f) {
-		k := a.As16()
-		if h.count[k]--; h.count[k] <= 0 {
-			delete(h.count, k)
-		}
+		h.count.add(a, -1)
 	}
 }
 
 // pods yields every counted pod.
-func (h *hairpins) pods() iter.Seq[netip.Addr] {
+func (h *hairpins) pods() iter.Seq[netip.Addr] { return h.count.all() }
+
+// podCounter is a count per pod address of one family.
+type podCounter interface {
+	get(a netip.Addr) int32
+	// add adds d to a's count and returns the new count; a count that
+	// reaches 0 is forgotten.
+	add(a netip.Addr, d int32) int32
+	all() iter.Seq[netip.Addr]
+}
+
+// podCounts keys the counts by an address's raw bytes, 4 in the ip table
+// and 16 in ip6: no pointer for the collector to follow, and at 100,000
+// IPv4 pods 8 bytes an entry where 16-byte keys took 20.
+type podCounts[K comparable] struct {
+	m    map[K]int32
+	key  func(netip.Addr) K
+	addr func(K) netip.Addr
+}
+
+func (c podCounts[K]) get(a netip.Addr) int32 { return c.m[c.key(a)] }
+
+func (c podCounts[K]) add(a netip.Addr, d int32) int32 {
+	k := c.key(a)
+	n := c.m[k] + d
+	if n <= 0 {
+		delete(c.m, k)
+		return 0
+	}
+	c.m[k] = n
+	return n
+}
+
+func (c podCounts[K]) all() iter.Seq[netip.Addr] {
 	return func(yield func(netip.Addr) bool) {
-		for k := range h.count {
-			a := netip.AddrFrom16(k)
-			if !h.f.v6 {
-				a = a.Unmap()
-			}
-			if !yield(a) {
+		for k := range c.m {
+			if !yield(c.addr(k)) {
 				return
 			}
 		}

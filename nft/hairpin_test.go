@@ -182,11 +182,57 @@ func TestHairpinSetIsBookedAsACountPerPod(t *testing.T) {
 				}
 			}
 			got := map[string]int32{}
-			for k, n := range book.hairpins.count {
-				got[netip.AddrFrom16(k).Unmap().String()] = n
+			for a := range book.hairpins.pods() {
+				got[a.String()] = book.hairpins.count.get(a)
 			}
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("hairpin counts %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHairpinCountsInBothTables: each table's counts keep its family's
+// addresses whole (4 bytes in ip, 16 in ip6), add and forget them.
+func TestHairpinCountsInBothTables(t *testing.T) {
+	for _, tc := range []struct {
+		f          family
+		a, b, c    string
+		wantFirsts []string
+	}{
+		{familyIPv4, "10.244.0.1", "10.244.0.2", "10.244.0.3", []string{"10.244.0.1", "10.244.0.2"}},
+		{familyIPv6, "fd00:10:244::1", "fd00:10:244::2", "fd00:10:244::3", []string{"fd00:10:244::1", "fd00:10:244::2"}},
+	} {
+		t.Run(tc.f.name, func(t *testing.T) {
+			addrs := func(ss ...string) podAddrs {
+				var as []netip.Addr
+				for _, s := range ss {
+					as = append(as, netip.MustParseAddr(s))
+				}
+				return podAddrsOf(as)
+			}
+			h := newHairpins(tc.f)
+			var firsts []string
+			for _, a := range h.add(addrs(tc.a, tc.b)) {
+				firsts = append(firsts, a.String())
+			}
+			slices.Sort(firsts)
+			if !slices.Equal(firsts, tc.wantFirsts) {
+				t.Errorf("first counted %v, want %v", firsts, tc.wantFirsts)
+			}
+			if got := h.add(addrs(tc.a, tc.c)); len(got) != 1 || got[0].String() != tc.c {
+				t.Errorf("second add counted first %v, want [%s]", got, tc.c)
+			}
+			h.remove(addrs(tc.a, tc.b))
+			got := map[string]int32{}
+			for a := range h.pods() {
+				got[a.String()] = h.count.get(a)
+			}
+			if want := map[string]int32{tc.a: 1, tc.c: 1}; !maps.Equal(got, want) {
+				t.Errorf("counts %v, want %v", got, want)
+			}
+			if h.has(netip.MustParseAddr(tc.b)) || !h.has(netip.MustParseAddr(tc.a)) {
+				t.Errorf("has: %s %v, %s %v", tc.b, h.has(netip.MustParseAddr(tc.b)), tc.a, h.has(netip.MustParseAddr(tc.a)))
 			}
 		})
 	}
