@@ -47,7 +47,7 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 				if !ok {
 					continue
 				}
-				for i, a := range blk.eps {
+				for i, a := range blk.eps.all() {
 					c, ok := bySlot[keyID(slotKey(blk.base+uint32(i)), false)]
 					if ok && wanted[a] {
 						add(proxy.EndpointRef{ServicePort: name, Endpoint: a}, c)

@@ -274,12 +274,12 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 	// the block by the pick chain's name.
 	pick := pickChainName(name)
 	blk := r.slots.assign(pick, addrs)
-	for i, a := range blk.eps {
+	for i, a := range blk.eps.all() {
 		r.endpointObjects(byAddr[a])
 		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
 	}
 	r.v.chains[pick] = &Chain{Name: pick, Rules: []Rule{
-		newRule(r.f).ctMarkSetSlot(uint32(len(blk.eps)), blk.base).build(r.comment)}}
+		newRule(r.f).ctMarkSetSlot(uint32(blk.eps.len()), blk.base).build(r.comment)}}
 	p := policyPath{chain: pick, pick: true, dnat: dnat}
 	if len(first) == 0 && !own {
 		return p

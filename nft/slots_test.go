@@ -35,14 +35,16 @@ func TestSlotAssignmentKeepsEndpointsInTheirSlots(t *testing.T) {
 			[]string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80", "10.0.0.7:80", "10.0.0.8:80", "10.0.0.9:80"},
 			[]string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80", "10.0.0.7:80", "10.0.0.8:80", "10.0.0.9:80"}, false},
 		{"no endpoint left", []string{"10.0.0.1:80", "10.0.0.2:80"}, nil, nil, true},
+		{"IPv6 endpoints are kept whole", []string{"[fd00::1]:80", "[fd00:10:244::ffff]:65535"},
+			[]string{"[fd00::3]:8080", "[fd00:10:244::ffff]:65535"}, []string{"[fd00::3]:8080", "[fd00:10:244::ffff]:65535"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newSlotTable()
 			st.assign("other", aps("10.9.0.1:80"))
 			first := *st.assign("svc", aps(tc.before...))
 			got := st.assign("svc", aps(tc.after...))
-			if !slices.Equal(got.eps, aps(tc.want...)) {
-				t.Errorf("slots hold %v, want %v", got.eps, tc.want)
+			if !slices.Equal(got.eps.unpacked(), aps(tc.want...)) {
+				t.Errorf("slots hold %v, want %v", got.eps.unpacked(), tc.want)
 			}
 			if same := got.base == first.base; same != tc.sameBlock {
 				t.Errorf("block kept: %t, want %t (base %d then %d)", same, tc.sameBlock, first.base, got.base)
