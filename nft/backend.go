@@ -220,13 +220,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.lastOps, b.lastFullSync, b.lastNodePortIPs = tx.Len(), full, npIPs
 	if full {
-		b.lastFull = b.now()
-		// A full sync's garbage is the size of the whole ruleset, many
-		// times what kp keeps: give it back now rather than keep it
-		// until the runtime's scavenger gets to it, without holding up
-		// the end of the sync (a forced GC takes a while at 10,000s of
-		// Services).
-		go debug.FreeOSMemory()
+		b.lastFull = b.now() // the sync loop then gives its garbage back
 	}
 	b.log.Debug("nftables sync", "full", full, "operations", tx.Len(), "changed", len(s.Changed))
 	return nil

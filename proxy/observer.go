@@ -27,6 +27,10 @@ type RunOptions struct {
 	// Inventory lists what programs the node's Services in the kernel,
 	// served at /kp/v1/inventory; nil serves an empty list.
 	Inventory InventoryFunc
+
+	// releaseMemory runs after every successful full sync (nil: return the
+	// freed heap to the kernel in the background; tests count the calls).
+	releaseMemory func()
 }
 
 // SyncObserver is told about every successful sync, after the backend

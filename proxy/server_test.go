@@ -3,13 +3,16 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -191,6 +194,52 @@ func TestRunRetriesAFailedSyncWithTheLatestState(t *testing.T) {
 	if s := backend.stepUntilSync(t, clk, time.Second); s.Generation != 2 || len(s.Services) != 1 {
 		t.Fatalf("retry: generation %d with %d services", s.Generation, len(s.Services))
 	}
+}
+
+// TestRunReleasesMemoryAfterFullSyncsOnly: a full sync (the first
+// successful one, and the one after a failure) gives its garbage back; a
+// partial sync does not. Syncs and releases are logged in the order they
+// happen.
+func TestRunReleasesMemoryAfterFullSyncsOnly(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	event := func(e string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	}
+	kube := &fakeSource{
+		initial: func(s Sink) { addService(s, testService("ns", "web")) },
+		updates: make(chan func(Sink)),
+	}
+	backend := &loggedBackend{fakeBackend: newFakeBackend(1), event: event}
+	clk, _ := startRunWith(t, testConfig(), RunOptions{Backend: backend, Sources: []Source{kube},
+		releaseMemory: func() { event("release") }})
+	backend.expectSync(t)                      // fails
+	backend.stepUntilSync(t, clk, time.Second) // the retry: full
+	for _, rv := range []string{"2", "3"} {    // partial
+		kube.updates <- func(s Sink) {
+			addService(s, testService("ns", "web", func(s *v1.Service) { s.ResourceVersion, s.Spec.Ports[0].Port = rv, 81 }))
+		}
+		backend.stepUntilSync(t, clk, time.Second)
+	}
+	// The fourth sync is partial: nothing comes after it.
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"sync 1", "sync 2", "release", "sync 3", "sync 4"}; !slices.Equal(events, want) {
+		t.Errorf("events %q, want %q", events, want)
+	}
+}
+
+// loggedBackend logs the start of every sync.
+type loggedBackend struct {
+	*fakeBackend
+	event func(string)
+}
+
+func (b *loggedBackend) Sync(ctx context.Context, s *State) error {
+	b.event(fmt.Sprintf("sync %d", s.Generation))
+	return b.fakeBackend.Sync(ctx, s)
 }
 
 func TestRunStopsWhenASourceFails(t *testing.T) {
