@@ -132,6 +132,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 			continue
 		}
 		diff(tx, f, book.model, want, want)
+		book.model.forgetWritten(want)
 		if err := tx.spill(); err != nil {
 			return err
 		}

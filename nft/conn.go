@@ -59,6 +59,21 @@ func (m *tableState) forgetDerived() {
 	delete(m.elements, setHairpin)
 }
 
+// forgetWritten drops the elements of those sets that v, just diffed,
+// holds: the kernel has them as the slot table and the counts say. A full
+// sync writes each of them once, so its model need not hold them until
+// the sync ends; what the model still holds of those sets at its end was
+// in the kernel and was not written again, for the sync to delete unless
+// wanted (goneFromModel). At 10,000 Services × 10 their 200,000 entries
+// were the largest part of a full sync's peak heap (9 of 44 MB).
+func (m *tableState) forgetWritten(v *view) {
+	for _, set := range []string{mapEndpoints, setHairpin} {
+		for k := range v.elements[set] {
+			delete(m.elements[set], k)
+		}
+	}
+}
+
 func newTableState() *tableState {
 	return &tableState{
 		chains:   map[string]uint64{},

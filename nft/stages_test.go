@@ -94,3 +94,45 @@ func lineDiff(a, b string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestFullSyncModelForgetsTheSlotsAndHairpinsItWrote: a full sync's model
+// does not hold the endpoint-map and hairpin elements it has written (the
+// slot table and the hairpin counts say what the kernel has), so it does
+// not grow with the table while the sync goes on: at every staged
+// transaction it holds none.
+func TestFullSyncModelForgetsTheSlotsAndHairpinsItWrote(t *testing.T) {
+	s := scaleState(3*fullSyncGroup+10, 2)
+	watch := &modelWatch{Conn: NewFake()}
+	b, _ := newBackend(testConfig(), nil, watch)
+	b.stagedFrom = 1
+	watch.b = b
+	if err := b.Sync(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	if len(watch.held) < fullSyncStages {
+		t.Fatalf("%d transactions, want at least %d", len(watch.held), fullSyncStages)
+	}
+	for i, n := range watch.held {
+		if n != 0 {
+			t.Errorf("derived elements in the model at each transaction: %v; want none (transaction %d)", watch.held, i+1)
+			break
+		}
+	}
+}
+
+// modelWatch is a Conn that records, at every transaction, how many
+// endpoint-map and hairpin elements b's models hold.
+type modelWatch struct {
+	Conn
+	b    *Backend
+	held []int
+}
+
+func (c *modelWatch) Apply(tx *Transaction) error {
+	n := 0
+	for _, book := range c.b.tables {
+		n += len(book.model.elements[mapEndpoints]) + len(book.model.elements[setHairpin])
+	}
+	c.held = append(c.held, n)
+	return c.Conn.Apply(tx)
+}
