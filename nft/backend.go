@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -150,10 +149,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	tx := &Transaction{}
 	if full {
-		// A full sync makes garbage many times what it keeps; with the
-		// runtime's default the heap would grow to twice everything kp
-		// holds before a collection. Collect sooner, for this sync only.
-		defer debug.SetGCPercent(debug.SetGCPercent(fullSyncGCPercent))
+		defer proxy.LowerGC(proxy.FullSyncGCPercent)() // for this sync only
 	}
 	if st, ok := b.conn.(streamer); ok && full {
 		if tx, err = st.Stream(); err != nil {

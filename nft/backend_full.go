@@ -11,9 +11,6 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// fullSyncGCPercent is GOGC during a full sync (see Sync).
-const fullSyncGCPercent = 25
-
 // fullSyncGroup is how many Services a full sync renders before it encodes
 // them: the memory of that many rendered Services, against fewer, larger
 // element messages.
