@@ -50,7 +50,8 @@ var vmServiceTests = []string{
 
 // vmCITests are the ones a plain run (CI's) takes from vmServiceTests:
 // under software emulation each world takes 1.5–3 minutes, the whole list
-// about 45. KP_VM_E2E=all runs the whole list.
+// 8 minutes per kernel mode on a quiet machine (ipvs's took 45 on a loaded
+// one). KP_VM_E2E=all runs the whole list.
 var vmCITests = []string{
 	"TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem",
 	"TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints",
@@ -117,7 +118,8 @@ func TestPlatformMatrixInTheVM(t *testing.T) {
 // printing every goroutine's stack, well before the host's package timeout
 // (make test's 45 minutes, shared by three boots one after another and the
 // host's tests) would kill the VM with nothing to show. make test's lists
-// take 3–9 minutes in the VM; KP_VM_E2E=all's take ~45.
+// take 3–9 minutes in the VM; KP_VM_E2E=all's 8–19 on a quiet machine (two
+// kernel modes in one boot: 19), up to 45 on a loaded one.
 func inVMTimeout() time.Duration {
 	if os.Getenv("KP_VM_E2E") == "all" {
 		return 75 * time.Minute
