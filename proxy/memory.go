@@ -5,11 +5,12 @@ import (
 	"runtime/debug"
 )
 
-// FullSyncGCPercent is GOGC while kp builds a whole ruleset: from its start
-// (the initial lists) to the end of its first sync, and in every full sync.
-// Those make garbage many times what kp keeps, and with the runtime's
-// default (100) the heap grows to twice everything kp holds before a
-// collection: at 10,000 Services × 10 that was kp's peak.
+// FullSyncGCPercent is GOGC while a backend makes a full sync: its garbage
+// is many times what kp keeps, and with the runtime's default (100) the
+// heap grows to twice everything kp holds before a collection. Lower costs
+// the sync's CPU: 12 took a 10,000-Service sync from 3.4 to 6.3 s for 6 MB
+// less at its peak. From kp's start (the initial lists) it cost the cold
+// start 0.7 s of 4.6 for 4 MB, so the lists go at the runtime's default.
 const FullSyncGCPercent = 25
 
 // LowerGC sets GOGC to percent for a phase that makes much garbage, unless

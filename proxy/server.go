@@ -119,14 +119,6 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	if s.releaseMemory == nil {
 		s.releaseMemory = func() { go debug.FreeOSMemory() }
 	}
-	// Until its first sync is done, kp receives every object and builds
-	// the whole ruleset: the garbage of a full sync, from the start.
-	lowerGC := opts.lowerGC
-	if lowerGC == nil {
-		lowerGC = LowerGC
-	}
-	s.startupGC = sync.OnceFunc(lowerGC(FullSyncGCPercent))
-	defer s.startupGC()
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
 	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
 		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
@@ -202,10 +194,8 @@ type syncer struct {
 	// serviceHealth serves healthCheckNodePorts from each synced State.
 	serviceHealth *ServiceHealthServer
 
-	// releaseMemory gives a full sync's garbage back (RunOptions);
-	// startupGC puts back GOGC as it was before the start (once).
+	// releaseMemory gives a full sync's garbage back (RunOptions).
 	releaseMemory func()
-	startupGC     func()
 
 	lastFailed bool
 	// triggers keeps the trigger times of snapshots whose sync failed, so
@@ -261,7 +251,6 @@ func (s *syncer) sync(ctx context.Context) error {
 		// 10,000-Service sync's heap in use. In the background: a forced
 		// collection takes a while at 10,000s of Services.
 		s.releaseMemory()
-		s.startupGC()
 	}
 	return nil
 }
