@@ -12,11 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kpproxy/kp/internal/kubeclient"
 )
 
 const (
@@ -32,7 +33,7 @@ const (
 // and/or master URL (master overrides the kubeconfig's server, as upstream
 // kube-proxy's --master does), or from the in-cluster service account when
 // both are empty.
-func NewKubeClient(kubeconfig, master string) (kubernetes.Interface, error) {
+func NewKubeClient(kubeconfig, master string) (kubeclient.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" && master == "" {
@@ -49,27 +50,30 @@ func NewKubeClient(kubeconfig, master string) (kubernetes.Interface, error) {
 			return nil, fmt.Errorf("API config from kubeconfig %q, master %q: %w", kubeconfig, master, err)
 		}
 	}
-	cfg.UserAgent = "kp"
-	// Informers list once and then watch, so these only matter for the
+	return KubeClientFor(cfg)
+}
+
+// KubeClientFor is kp's API client over cfg, with kp's user agent, rates
+// and content type.
+func KubeClientFor(cfg *rest.Config) (kubeclient.Interface, error) {
+	c := *cfg
+	c.UserAgent = "kp"
+	// The source lists once and then watches, so these only matter for the
 	// initial lists after a start or a long disconnection.
-	cfg.QPS = 50
-	cfg.Burst = 100
+	c.QPS = 50
+	c.Burst = 100
 	// Core types have protobuf encodings: cheaper to decode than JSON for
 	// the thousands of Services and slices a large cluster has.
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("API client for %s: %w", cfg.Host, err)
-	}
-	return client, nil
+	c.ContentType = runtime.ContentTypeProtobuf
+	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	return kubeclient.New(&c)
 }
 
 // KubeSource is the API server source: a list/watch each for Services,
 // EndpointSlices, the proxy's own Node and ServiceCIDRs, delivering
 // straight to the sink (see keyStore: no informer cache).
 type KubeSource struct {
-	client   kubernetes.Interface
+	client   kubeclient.Interface
 	nodeName string
 	log      *slog.Logger
 
@@ -93,7 +97,7 @@ var _ Source = (*KubeSource)(nil)
 // objects unchanged, which the change tracker skips by resourceVersion, and
 // kp keeps no cache to re-deliver from. Missed deletions are found by the
 // reflector's relist, as before.
-func NewKubeSource(client kubernetes.Interface, nodeName string, configSyncPeriod time.Duration, log *slog.Logger) *KubeSource {
+func NewKubeSource(client kubeclient.Interface, nodeName string, configSyncPeriod time.Duration, log *slog.Logger) *KubeSource {
 	_ = configSyncPeriod
 	return &KubeSource{
 		client:           client,
@@ -111,17 +115,12 @@ func NewKubeSource(client kubernetes.Interface, nodeName string, configSyncPerio
 const apiProbeTimeout = 5 * time.Second
 
 // probeAPIServer GETs /version, which every authenticated client may read,
-// waiting at most timeout. Fake clientsets have no REST client: they always
-// answer.
-func probeAPIServer(client kubernetes.Interface, timeout time.Duration) func(context.Context) error {
+// waiting at most timeout.
+func probeAPIServer(client kubeclient.Interface, timeout time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
-		rc := client.Discovery().RESTClient()
-		if rc == nil {
-			return nil
-		}
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		return rc.Get().AbsPath("/version").Do(ctx).Error()
+		return client.Discovery().ServerVersion(ctx)
 	}
 }
 

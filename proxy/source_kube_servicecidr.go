@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"slices"
 	"time"
 
@@ -40,28 +38,16 @@ func (k *KubeSource) servesServiceCIDRs(ctx context.Context, status *apiStatus) 
 
 // discoverServiceCIDRs is one discovery request, bounded like a probe.
 func (k *KubeSource) discoverServiceCIDRs(ctx context.Context) (bool, error) {
-	gv := networkingv1.SchemeGroupVersion.String()
-	rc := k.client.Discovery().RESTClient()
-	if rc == nil { // fake clientsets: nothing to connect to, so nothing to retry
-		list, err := k.client.Discovery().ServerResourcesForGroupVersion(gv)
-		return err == nil && hasServiceCIDRs(list), nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, apiProbeTimeout)
 	defer cancel()
-	// kp's client prefers protobuf, which discovery documents are served in
-	// too: ask for JSON, as client-go's discovery client does.
-	raw, err := rc.Get().AbsPath("/apis", gv).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	list, err := k.client.Discovery().ServerResourcesForGroupVersion(ctx, networkingv1.SchemeGroupVersion.String())
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	var list metav1.APIResourceList
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return false, fmt.Errorf("decode: %w", err)
-	}
-	return hasServiceCIDRs(&list), nil
+	return hasServiceCIDRs(list), nil
 }
 
 func hasServiceCIDRs(list *metav1.APIResourceList) bool {

@@ -11,16 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"net"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
-	"net"
+
+	"github.com/kpproxy/kp/internal/kubeclient/fromclientset"
 )
 
 func kubeService(ns, name string, labels map[string]string) *v1.Service {
@@ -46,7 +48,7 @@ func kubeNode(name string) *v1.Node {
 func startKubeSource(t *testing.T, client *fake.Clientset) (sink *recordingSink, logs *lockedBuffer, stop func() error, done <-chan error) {
 	t.Helper()
 	logs = &lockedBuffer{}
-	src := NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	src := NewKubeSource(fromclientset.New(client), "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
 	src.waitLogInterval = 20 * time.Millisecond
 	sink = newRecordingSink()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -188,7 +190,7 @@ func kubeServiceAt(ns, name, rv string, labels map[string]string) *v1.Service {
 // TestKeyStore feeds one kind's events (client-go deltas) to its keyStore
 // and checks what reaches the sink.
 func TestKeyStore(t *testing.T) {
-	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	src := NewKubeSource(fromclientset.New(fake.NewClientset()), "node-a", 0, slog.New(slog.DiscardHandler))
 	web := kubeServiceAt("default", "web", "1", nil)
 	web2 := kubeServiceAt("default", "web", "2", nil)
 	other := kubeServiceAt("default", "web", "3", map[string]string{LabelServiceProxyName: "other"})
@@ -262,7 +264,7 @@ func TestKeyStore(t *testing.T) {
 // again, changed ones are, and an object the new list lacks (its deletion
 // missed while the watch was down) is delivered as deleted.
 func TestKeyStoreRelist(t *testing.T) {
-	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	src := NewKubeSource(fromclientset.New(fake.NewClientset()), "node-a", 0, slog.New(slog.DiscardHandler))
 	sink := newRecordingSink()
 	w := src.serviceWatch(sink)
 	relist := func(objs ...any) []string {
@@ -345,7 +347,7 @@ func TestKubeClientConfig(t *testing.T) {
 }
 
 func TestKubeSourceNeedsNodeName(t *testing.T) {
-	src := NewKubeSource(fake.NewClientset(), "", 0, slog.New(slog.DiscardHandler))
+	src := NewKubeSource(fromclientset.New(fake.NewClientset()), "", 0, slog.New(slog.DiscardHandler))
 	if err := src.Run(context.Background(), newRecordingSink()); err == nil {
 		t.Error("Run without a node name succeeded, want an error")
 	}
@@ -368,7 +370,7 @@ func TestKubeSourceSaysWhyItWaitsWhenTheAPIServerDoesNotAnswer(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + ln.Addr().String()})
+	client, err := KubeClientFor(&rest.Config{Host: "http://" + ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +391,7 @@ func TestKubeSourceSaysWhyItWaitsWhenTheAPIServerDoesNotAnswer(t *testing.T) {
 
 func TestKubeSourceReportsTheAPIServerGoingAwayAndComingBack(t *testing.T) {
 	logs := &lockedBuffer{}
-	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
+	src := NewKubeSource(fromclientset.New(fake.NewClientset()), "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
 	src.errorLogInterval = 10 * time.Millisecond
 	var mu sync.Mutex
 	var probeErr error
@@ -427,7 +429,7 @@ func TestKubeSourceReportsTheAPIServerGoingAwayAndComingBack(t *testing.T) {
 // and the reflector keeps stand-ins; the list's end finds the deletions; a
 // later list is compacted and delivered from the queue.
 func TestStreamQueue(t *testing.T) {
-	src := NewKubeSource(fake.NewClientset(), "node-a", 0, slog.New(slog.DiscardHandler))
+	src := NewKubeSource(fromclientset.New(fake.NewClientset()), "node-a", 0, slog.New(slog.DiscardHandler))
 	sink := newRecordingSink()
 	w := src.serviceWatch(sink)
 	q := newStreamQueue(w, transformObjects, slog.New(slog.DiscardHandler))

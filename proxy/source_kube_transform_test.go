@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/kpproxy/kp/internal/kubeclient/fromclientset"
 )
 
 // listedService is Service i as an API server lists it: with the
@@ -205,7 +207,7 @@ func informerHeap(b *testing.B, n int, transform bool, name string) float64 {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	b.StartTimer()
-	src := NewKubeSource(client, "node-a", 0, slog.New(slog.DiscardHandler))
+	src := NewKubeSource(fromclientset.New(client), "node-a", 0, slog.New(slog.DiscardHandler))
 	if !transform {
 		src.transform = nil
 	}

@@ -6,17 +6,17 @@ import (
 
 	"context"
 	"fmt"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/rest"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 )
 
 func TestKubeSourceDeliversServiceCIDRsWhenServed(t *testing.T) {
@@ -85,8 +85,7 @@ func TestServiceCIDRDiscoveryRetriesUntilTheAPIServerAnswers(t *testing.T) {
 			`"resources":[{"name":"servicecidrs","namespaced":false,"kind":"ServiceCIDR","verbs":["list","watch"]}]}`)
 	}))
 	defer srv.Close()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL,
-		ContentConfig: rest.ContentConfig{AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json"}})
+	client, err := KubeClientFor(&rest.Config{Host: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +105,7 @@ func TestServiceCIDRDiscoveryRetriesUntilTheAPIServerAnswers(t *testing.T) {
 	// A group the API server does not serve is an answer, not an error.
 	old := httptest.NewServer(http.NotFoundHandler())
 	defer old.Close()
-	client, _ = kubernetes.NewForConfig(&rest.Config{Host: old.URL})
+	client, _ = KubeClientFor(&rest.Config{Host: old.URL})
 	src = NewKubeSource(client, "node-a", 0, slog.New(slog.NewTextHandler(logs, nil)))
 	if served, err := src.servesServiceCIDRs(ctx, status); err != nil || served {
 		t.Errorf("servesServiceCIDRs on a server without the group = %v, %v; want false, nil", served, err)

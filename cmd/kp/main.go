@@ -15,9 +15,9 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/ipvs"
 	"github.com/kpproxy/kp/legacy/userspace"
@@ -52,7 +52,7 @@ type app struct {
 	// backends holds every mode kp has built; a recognised mode missing here
 	// is "not implemented yet".
 	backends      map[proxy.Mode]backendFactory
-	newKubeClient func(kubeconfig, master string) (kubernetes.Interface, error)
+	newKubeClient func(kubeconfig, master string) (kubeclient.Interface, error)
 	runProxy      func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner

@@ -12,9 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -64,7 +63,7 @@ func newHarness(t *testing.T) *harness {
 	h.a.backends = map[proxy.Mode]backendFactory{proxy.ModeNFTables: h.nft.factory()}
 	h.procSys = fakeProcSys(t)
 	h.a.tuner = conntrack.Tuner{ProcSys: h.procSys, SysModule: filepath.Join(h.procSys, "module"), NumCPU: func() int { return 4 }}
-	h.a.newKubeClient = func(kubeconfig, master string) (kubernetes.Interface, error) {
+	h.a.newKubeClient = func(kubeconfig, master string) (kubeclient.Interface, error) {
 		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
 		return nil, nil
 	}

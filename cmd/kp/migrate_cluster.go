@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/migrate/cluster"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -124,7 +124,7 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 
 // clusterClient builds an API client as kubectl does: --kubeconfig, else
 // KUBECONFIG, else ~/.kube/config (or the in-cluster configuration).
-func clusterClient(kubeconfig, context string) (kubernetes.Interface, error) {
+func clusterClient(kubeconfig, context string) (kubeclient.Interface, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
@@ -133,5 +133,5 @@ func clusterClient(kubeconfig, context string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("API client (--kubeconfig, KUBECONFIG or ~/.kube/config): %w", err)
 	}
 	cfg.UserAgent = "kp-migrate-cluster"
-	return kubernetes.NewForConfig(cfg)
+	return kubeclient.New(cfg)
 }

@@ -9,9 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -167,7 +167,7 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 // sources picks where Services come from: the folder if --manifests is set,
 // otherwise the API server, found by --kubeconfig/--master or, in a pod, the
 // in-cluster configuration.
-func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubernetes.Interface, error) {
+func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubeclient.Interface, error) {
 	if cfg.ManifestsDir != "" {
 		if cfg.Kubeconfig != "" || cfg.Master != "" {
 			a.log.Info("--manifests is set; the Kubernetes API is not used", "manifests", cfg.ManifestsDir)

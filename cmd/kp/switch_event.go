@@ -10,8 +10,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
@@ -19,7 +19,7 @@ import (
 // nodeEvents records each finished mode switch as an Event on kp's Node
 // (kubectl describe node shows it), as kubelet records its own: in the
 // default namespace, the Node's name as its UID.
-func nodeEvents(client kubernetes.Interface, hostnameOverride string, log *slog.Logger) func(statusapi.Migration) {
+func nodeEvents(client kubeclient.Interface, hostnameOverride string, log *slog.Logger) func(statusapi.Migration) {
 	node, err := proxy.NodeName(hostnameOverride)
 	if err != nil {
 		return nil

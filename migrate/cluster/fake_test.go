@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/kpproxy/kp/internal/kubeclient/fromclientset"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -235,7 +236,7 @@ func (w *world) kubeProxyDSPodOn(node string) bool {
 }
 
 func (w *world) controller() *Controller {
-	return New(Config{Client: w.client, KP: w, Out: &w.out, Clock: w.clock, PollInterval: time.Second})
+	return New(Config{Client: fromclientset.New(w.client), KP: w, Out: &w.out, Clock: w.clock, PollInterval: time.Second})
 }
 
 func (w *world) events() []string {

@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -20,7 +20,7 @@ const DefaultHealthzPort = "10256"
 // pod's address is its node's, so this reaches the node's kp from wherever
 // the API server is reachable, with the caller's credentials (pods/proxy).
 type PodProxy struct {
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	Port   string // "" : DefaultHealthzPort
 }
 

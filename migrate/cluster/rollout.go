@@ -10,13 +10,14 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+
+	"github.com/kpproxy/kp/internal/kubeclient"
 )
 
 // Config configures a Controller.
 type Config struct {
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// KP reads a kp pod's status and inventory (PodProxy).
 	KP KPReader
 	// Namespace of both DaemonSets (kube-system), and their names.

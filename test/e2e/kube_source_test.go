@@ -63,7 +63,11 @@ func TestKubeSourceStreamsTheInitialListAndKeepsNoCache(t *testing.T) {
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tracker := proxy.NewChangeTracker(proxy.ChangeTrackerOptions{NodeName: nodeName, Sources: 1})
-	src := proxy.NewKubeSource(api, nodeName, 0, log)
+	client, err := proxy.KubeClientFor(srv.Instance(0).Config(srv.AdminToken()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := proxy.NewKubeSource(client, nodeName, 0, log)
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Run(runCtx, tracker) }()
