@@ -5,10 +5,11 @@
 //
 // client-go's generated clientset would do, but linking it registers every
 // API group of Kubernetes at start (its scheme, every typed client, every
-// apply configuration): 8 MiB of resident memory in every kp process
-// measured (test/bench/NOTES.md, "Memory"), for the seven kinds kp uses. The interfaces
-// here have client-go's typed-client method sets, so a client-go clientset
-// (a fake, in unit tests) fits them through kubeclient/fromclientset.
+// apply configuration): 8 MiB of resident memory in every kp process,
+// measured (test/bench/NOTES.md, "Memory"), for the seven kinds kp uses.
+// The interfaces here have client-go's typed-client method sets, so a
+// client-go clientset (a fake, in unit tests) fits them through
+// kubeclient/fromclientset.
 package kubeclient
 
 import (
