@@ -10,7 +10,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/kube-proxy/config/v1alpha1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -25,7 +24,7 @@ const (
 // fileConfig is a decoded --config file.
 type fileConfig struct {
 	path string
-	kc   v1alpha1.KubeProxyConfiguration
+	kc   KubeProxyConfiguration
 }
 
 // loadConfigFile reads a KubeProxyConfiguration strictly, as upstream does:
@@ -172,7 +171,7 @@ func (f *fileConfig) apply(s *settings) []error {
 		field string
 		set   bool
 	}{
-		{"winkernel", kc.Winkernel != v1alpha1.KubeProxyWinkernelConfiguration{}},
+		{"winkernel", kc.Winkernel != KubeProxyWinkernelConfiguration{}},
 		{"windowsRunAsService", kc.WindowsRunAsService},
 		{"portRange", kc.PortRange != ""},
 		{"detectLocal.bridgeInterface", kc.DetectLocal.BridgeInterface != ""},

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -90,7 +89,7 @@ func (c *conntrackOptions) apply(fs *pflag.FlagSet, s *settings) []error {
 // applyConntrackSection reads KubeProxyConfiguration's conntrack: section
 // (nil fields and zero durations keep the defaults, as upstream's
 // defaulting does).
-func applyConntrackSection(ct kpconfig.KubeProxyConntrackConfiguration, s *settings) []error {
+func applyConntrackSection(ct KubeProxyConntrackConfiguration, s *settings) []error {
 	var errs []error
 	invalid := func(field string, value any, err error) {
 		errs = append(errs, fmt.Errorf("conntrack.%s %v: %w", field, value, err))

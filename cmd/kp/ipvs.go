@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/kpproxy/kp/legacy/ipvs"
 )
@@ -94,7 +93,7 @@ func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *settings) []error {
 
 // applyIPVSSection reads the config file's ipvs section (upstream reads it
 // whatever the mode; it only acts in ipvs mode).
-func applyIPVSSection(c v1alpha1.KubeProxyIPVSConfiguration, s *settings) []error {
+func applyIPVSSection(c KubeProxyIPVSConfiguration, s *settings) []error {
 	var errs []error
 	if c.Scheduler != "" {
 		if err := ipvs.CheckScheduler(c.Scheduler); err != nil {

@@ -15,7 +15,6 @@ import (
 	_ "k8s.io/client-go/kubernetes"
 	_ "k8s.io/client-go/tools/clientcmd"
 	_ "k8s.io/klog/v2"
-	_ "k8s.io/kube-proxy/config/v1alpha1"
 	_ "k8s.io/utils/clock/testing"
 	_ "sigs.k8s.io/yaml"
 )
