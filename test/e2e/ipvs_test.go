@@ -83,17 +83,31 @@ func noIPVSState(w *netns.World) error {
 }
 
 // ipvsKeptOnly checks what a switch away from an ipvs mode leaves while
-// connections last: the virtual servers TCP tcpAddr, which the long-lived
-// connection uses, and UDP udpAddr, which the UDP flow uses (IPVS, not
-// conntrack, carries that flow: deleting its virtual server under it
-// drops a packet), are kept (other TCP ones may be, for connections of the
-// loop still open at the switch); no other UDP one, and no KP-IPVS- or
-// KUBE- chain.
+// connections last: the virtual server TCP tcpAddr, which the long-lived
+// connection uses, is kept (other TCP ones may be, for connections of the
+// loop still open at the switch); UDP udpAddr, which the UDP flow uses, is
+// kept while IPVS tracks a connection of it (IPVS, not conntrack, carries
+// such a flow: deleting its virtual server under it drops a packet). A
+// flow IPVS no longer tracks has left it: its conntrack entry was replaced
+// and its packets take the new mode's NAT (seen in CI, 2026-11-25: the
+// flow DNATed by kp's nftables rules, no IPVS entry for it, no request
+// lost), so its server may go; the traffic loop checks that no request was
+// lost either way. No other UDP server, and no KP-IPVS- or KUBE- chain.
 func (e *env) ipvsKeptOnly(tcpAddr, udpAddr string) {
 	e.t.Helper()
-	out, err := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Ln; iptables-nft-save")
+	// The connections first: a server kp removes for want of connections
+	// is then already gone from the listing after them.
+	out, err := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Lnc; echo ----; ipvsadm -Ln; iptables-nft-save")
 	if err != nil {
 		e.t.Fatalf("list the ipvs state: %v\n%s", err, out)
+	}
+	conns, out, _ := strings.Cut(out, "----\n")
+	udpTracked := false
+	for _, l := range strings.Split(conns, "\n") {
+		// pro expire state source virtual destination
+		if f := strings.Fields(l); len(f) == 6 && f[0] == "UDP" && f[4] == udpAddr {
+			udpTracked = true
+		}
 	}
 	keptTCP, keptUDP := false, false
 	for _, m := range regexp.MustCompile(`(?m)^(TCP|UDP|SCTP) +(\S+)`).FindAllStringSubmatch(out, -1) {
@@ -103,18 +117,21 @@ func (e *env) ipvsKeptOnly(tcpAddr, udpAddr string) {
 			e.t.Errorf("after the switch from ipvs the virtual server %s %s is left", m[1], m[2])
 		}
 	}
-	if !keptTCP || !keptUDP || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
+	if !keptTCP || udpTracked && !keptUDP || strings.Contains(out, "KP-IPVS-") || regexp.MustCompile(`(?m)^:KUBE-`).MatchString(out) {
 		// What IPVS and conntrack track, and kp's Retire runs (what each
 		// kept), say which connection left IPVS and when.
-		conns, _ := e.w.Exec(e.w.Node(), "sh", "-c", "ipvsadm -Lnc; conntrack -L 2>/dev/null")
+		tracked, _ := e.w.Exec(e.w.Node(), "sh", "-c", "conntrack -L 2>/dev/null")
 		var retires []string
 		for _, l := range strings.Split(e.kp.Log(), "\n") {
 			if strings.Contains(l, "ipvs") || strings.Contains(l, "kept") || strings.Contains(l, "virtual server") {
 				retires = append(retires, l)
 			}
 		}
-		e.t.Errorf("after the switch from ipvs, want the virtual servers TCP %s (its connection is established) and UDP %s (its flow runs) and no KP-IPVS- or KUBE- chain:\n%s\nconnections:\n%s\nkp's log on IPVS:\n%s",
-			tcpAddr, udpAddr, out, conns, strings.Join(retires, "\n"))
+		e.t.Errorf("after the switch from ipvs, want the virtual servers TCP %s (its connection is established) and, while IPVS tracks its flow (%v), UDP %s, and no KP-IPVS- or KUBE- chain:\n%s\nIPVS connections:\n%s\nconntrack:\n%s\nkp's log on IPVS:\n%s",
+			tcpAddr, udpTracked, udpAddr, out, conns, tracked, strings.Join(retires, "\n"))
+	}
+	if !udpTracked {
+		e.t.Logf("the UDP flow left IPVS before the listing (its server kept: %v)", keptUDP)
 	}
 }
 
