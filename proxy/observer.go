@@ -29,8 +29,10 @@ type RunOptions struct {
 	Inventory InventoryFunc
 
 	// releaseMemory runs after every successful full sync (nil: return the
-	// freed heap to the kernel in the background; tests log the calls).
+	// freed heap to the kernel in the background); lowerGC sets GOGC (nil:
+	// LowerGC). Tests log the calls.
 	releaseMemory func()
+	lowerGC       func(percent int) (restore func())
 }
 
 // SyncObserver is told about every successful sync, after the backend

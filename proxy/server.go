@@ -119,6 +119,12 @@ func run(ctx context.Context, cfg Config, opts RunOptions, clk clock.WithTicker)
 	if s.releaseMemory == nil {
 		s.releaseMemory = func() { go debug.FreeOSMemory() }
 	}
+	lowerGC := opts.lowerGC
+	if lowerGC == nil {
+		lowerGC = LowerGC
+	}
+	s.listsDone = sync.OnceFunc(lowerGC(ListGCPercent))
+	defer s.listsDone()
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
 	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
 		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
@@ -194,8 +200,12 @@ type syncer struct {
 	// serviceHealth serves healthCheckNodePorts from each synced State.
 	serviceHealth *ServiceHealthServer
 
-	// releaseMemory gives a full sync's garbage back (RunOptions).
+	// releaseMemory gives a full sync's garbage back (RunOptions);
+	// listsDone puts back GOGC as it was before the initial lists (once,
+	// when the first sync starts: the backend sets its own for a full
+	// sync).
 	releaseMemory func()
+	listsDone     func()
 
 	lastFailed bool
 	// triggers keeps the trigger times of snapshots whose sync failed, so
@@ -213,6 +223,7 @@ func (s *syncer) sync(ctx context.Context) error {
 			s.triggers[name] = t
 		}
 	}
+	s.listsDone()
 	start := s.clk.Now()
 	err := s.backend.Sync(ctx, st)
 	end := s.clk.Now()

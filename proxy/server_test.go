@@ -129,6 +129,9 @@ func startRun(t *testing.T, cfg Config, backend Backend, sources ...Source) (*cl
 func startRunWith(t *testing.T, cfg Config, opts RunOptions) (*clocktesting.FakeClock, func() error) {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	if opts.lowerGC == nil { // tests in parallel must not set GOGC for each other
+		opts.lowerGC = func(int) func() { return func() {} }
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, cfg, opts, clk) }()
@@ -196,10 +199,11 @@ func TestRunRetriesAFailedSyncWithTheLatestState(t *testing.T) {
 	}
 }
 
-// TestRunReleasesMemoryAfterFullSyncsOnly: a full sync (the first
-// successful one, and the one after a failure) gives its garbage back; a
-// partial sync does not. Syncs and releases are logged in the order they
-// happen.
+// TestRunReleasesMemoryAfterFullSyncsOnly: kp lowers GOGC for the initial
+// lists and puts it back when its first sync starts; a full sync (the
+// first successful one, and the one after a failure) gives its garbage
+// back, a partial sync does not. Syncs, releases and GOGC changes are
+// logged in the order they happen.
 func TestRunReleasesMemoryAfterFullSyncsOnly(t *testing.T) {
 	var mu sync.Mutex
 	var events []string
@@ -214,7 +218,11 @@ func TestRunReleasesMemoryAfterFullSyncsOnly(t *testing.T) {
 	}
 	backend := &loggedBackend{fakeBackend: newFakeBackend(1), event: event}
 	clk, _ := startRunWith(t, testConfig(), RunOptions{Backend: backend, Sources: []Source{kube},
-		releaseMemory: func() { event("release") }})
+		releaseMemory: func() { event("release") },
+		lowerGC: func(percent int) func() {
+			event(fmt.Sprintf("GOGC %d", percent))
+			return func() { event("GOGC back") }
+		}})
 	backend.expectSync(t)                      // fails
 	backend.stepUntilSync(t, clk, time.Second) // the retry: full
 	for _, rv := range []string{"2", "3"} {    // partial
@@ -226,7 +234,7 @@ func TestRunReleasesMemoryAfterFullSyncsOnly(t *testing.T) {
 	// The fourth sync is partial: nothing comes after it.
 	mu.Lock()
 	defer mu.Unlock()
-	if want := []string{"sync 1", "sync 2", "release", "sync 3", "sync 4"}; !slices.Equal(events, want) {
+	if want := []string{"GOGC 50", "GOGC back", "sync 1", "sync 2", "release", "sync 3", "sync 4"}; !slices.Equal(events, want) {
 		t.Errorf("events %q, want %q", events, want)
 	}
 }
