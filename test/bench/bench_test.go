@@ -260,9 +260,10 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 // run is the pipeline: for each N, grow the API server's population, then
-// for each proxy in a fresh world: cold starts, idle, floor (kp's modes), data path
-// and incremental changes.
-// after, if set, sees the results after each N.
+// for each proxy in a fresh world: cold starts, idle, floor (kp's modes)
+// and incremental changes; then the data path of every proxy, through the
+// rules each one left in its world, in interleaved windows (dataPathRounds).
+// after, if set, sees the results after each proxy.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
 	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
 	started := time.Now()
@@ -272,35 +273,49 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 		took := c.grow(n)
 		t.Logf("N=%d: API server populated in %v", n, took.Round(time.Millisecond))
 		res.Ns = append(res.Ns, n)
-		for i, proxy := range cfg.Proxies {
-			if proxy != KP && cfg.KPOnly > 0 && n >= cfg.KPOnly {
-				continue
-			}
-			t.Run(fmt.Sprintf("N=%d/%s", n, proxy), func(t *testing.T) {
-				w, node := c.newWorld(t)
-				c.pointSamples(w, n)
-				startSink(t, w.Pods()[0].NS)
-				if i == 0 {
-					pod := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(podPort))
-					res.DataPaths = append(res.DataPaths, dataPath(w, NoProxy, n, pod, cfg)...)
-					sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
-					res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
+		// The N's worlds live until its data path is measured.
+		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
+			direct := c.directWorld(t)
+			paths := []dataPathTarget{{NoProxy, direct, net.JoinHostPort(direct.Pods()[0].IP.String(), fmt.Sprint(podPort))}}
+			for i, proxy := range cfg.Proxies {
+				if proxy != KP && cfg.KPOnly > 0 && n >= cfg.KPOnly {
+					continue
 				}
-				measureProxy(t, c, w, node, proxy, n, cfg, res)
-			})
-			// After each proxy, not only each N: a run cut short (the
-			// VM's time limit) still leaves every proxy it finished.
-			res.Elapsed = time.Since(res.Started)
-			if after != nil {
-				after(res)
+				w, node := c.newWorld(t)
+				t.Run(proxy, func(t *testing.T) {
+					c.pointSamples(w, n)
+					startSink(t, w.Pods()[0].NS)
+					if i == 0 {
+						sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
+						res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
+					}
+					if path, ok := measureProxy(t, c, w, node, proxy, n, cfg, res); ok {
+						paths = append(paths, path)
+					}
+				})
+				// After each proxy, not only each N: a run cut short (the
+				// VM's time limit) still leaves every proxy it finished.
+				res.Elapsed = time.Since(res.Started)
+				if after != nil {
+					after(res)
+				}
 			}
+			res.DataPaths = append(res.DataPaths, dataPathRounds(paths, n, cfg)...)
+		})
+		res.Elapsed = time.Since(res.Started)
+		if after != nil {
+			after(res)
 		}
 	}
 	res.Elapsed = time.Since(res.Started)
 	return res
 }
 
-func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) {
+// measureProxy measures proxy in world w. For a proxy whose data path is
+// the kernel's alone it leaves its rules in w and returns them as a data
+// path target; kp-userspace, whose data path is its own process, has its
+// windows measured here.
+func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) (dataPathTarget, bool) {
 	p := newProxy(t, c, w, node, proxy)
 	reps, changes, timeout := cfg.Reps, cfg.Changes, cfg.SyncTimeout
 	if !isKP(proxy) && cfg.Big > 0 && n >= cfg.Big {
@@ -317,7 +332,7 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 		if fs.Unfinished {
 			t.Logf("%s N=%d: no other measure (its full sync did not finish)", proxy, n)
 			p.stop()
-			return
+			return dataPathTarget{}, false
 		}
 	}
 	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
@@ -328,7 +343,9 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 		res.Floors = append(res.Floors, p.iptablesFloor(n, cfg.FloorReps)...)
 	}
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
-	res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+	if proxy == KPUserspace {
+		res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+	}
 	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
 	if n > len(samples(n)) {
 		inc := p.incremental(c, n, changes, cfg.ChangeTimeout)
@@ -342,7 +359,12 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 				proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3, Median(own)*1e3)
 		}
 	}
-	p.stop()
+	if proxy == KPUserspace {
+		p.stop()
+		return dataPathTarget{}, false
+	}
+	p.halt()
+	return dataPathTarget{proxy, w, svc}, true
 }
 
 // writeAll writes REPORT.md, the plot and the raw results into dir.

@@ -228,6 +228,13 @@ func (c *cluster) clusterIP(i int) string {
 	return c.clusterIPs[i]
 }
 
+// directWorld is a world without a proxy or API server, for the data path
+// straight to a pod (NoProxy).
+func (c *cluster) directWorld(t *testing.T) *netns.World {
+	t.Helper()
+	return netns.NewWorld(t, netns.Options{Pods: 1, TCPPorts: []int{podPort}, UDPPorts: []int{5353}})
+}
+
 // newWorld builds a fresh world with real pods for one proxy, connects its
 // node to the API server and creates its Node object; it returns the node
 // name the proxy must use.

@@ -282,6 +282,34 @@ func dataPath(w *netns.World, proxy string, n int, addr string, cfg config) []Da
 	return out
 }
 
+// dataPathTarget is a world whose kernel forwards addr: the rules a proxy
+// left there when it stopped, or none (NoProxy, a pod's address).
+type dataPathTarget struct {
+	proxy string
+	w     *netns.World
+	addr  string
+}
+
+// dataPathRounds measures every target's connection rate in cfg.Windows
+// rounds of one window each, the targets one after the other and the first
+// of a round rotating, so that what drifts on the machine during the
+// minutes a proxy's other measures take (another process, the kernel
+// freeing a flushed ruleset) falls on every target alike: the targets'
+// ratios compare windows seconds apart. Only kernel state serves the
+// windows; no proxy process runs.
+func dataPathRounds(targets []dataPathTarget, n int, cfg config) []DataPath {
+	one := cfg
+	one.Windows = 1
+	var out []DataPath
+	for r := 0; r < cfg.Windows; r++ {
+		for i := range targets {
+			tg := targets[(r+i)%len(targets)]
+			out = append(out, dataPath(tg.w, tg.proxy, n, tg.addr, one)...)
+		}
+	}
+	return out
+}
+
 // monitor is `nft monitor` in a namespace: every line with the time it
 // was read.
 type monitor struct {

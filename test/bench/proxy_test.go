@@ -144,6 +144,16 @@ func kpLacksIPTablesMode(t *testing.T) string {
 	return ""
 }
 
+// halt stops the proxy and leaves what it wrote in the kernel, for the data
+// path measured after every proxy of an N (dataPathRounds); the world's
+// namespaces go, with their rules, when the N's subtest ends.
+func (p *proxyRun) halt() {
+	p.t.Helper()
+	if err := p.proc.Stop(); err != nil {
+		p.t.Logf("%s exited: %v", p.name, err)
+	}
+}
+
 // stop stops the proxy and empties its namespace's ruleset (nftables, with
 // iptables-nft's tables, and iptables-legacy's tables), its IPVS state
 // (virtual servers, dummy interfaces, ipsets) and conntrack table, so the
