@@ -85,7 +85,10 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 	jumpServices := newRule(f).verdict(expr.VerdictJump, chainServices).build("")
 	checkNew := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainEndpointsCheck).build("")
 	checkClusterIPs := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainClusterIPsCheck).build("")
-	jumpFirewall := newRule(f).verdict(expr.VerdictJump, chainFirewallCheck).build("")
+	// Source ranges are checked when a connection starts, as upstream
+	// does: a packet of an established one would pay a map lookup for
+	// nothing.
+	jumpFirewall := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainFirewallCheck).build("")
 	// A TCP packet that starts a conntrack entry without opening a
 	// connection, addressed to this node, belongs to a flow someone else
 	// serves without conntrack: upstream's ipvs mode, whose connections

@@ -7,6 +7,8 @@ package e2e
 // traffic_policy_test.go).
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -139,6 +141,10 @@ func TestLoadBalancerAndExternalIPsWithSourceRanges(t *testing.T) {
 		svc.LoadBalancerIPs = []string{lbIP}
 		svc.ExternalIPs = []string{extIP}
 		svc.SourceRanges = []string{e.w.ClientIP().String() + "/32"}
+		svc.Ports = append(svc.Ports, Port{Name: "s", Port: 9000, TargetPort: 9090})
+		for _, p := range backends {
+			streamServer(t, p)
+		}
 		e.write("web.yaml", svc)
 		e.startKP()
 
@@ -153,11 +159,42 @@ func TestLoadBalancerAndExternalIPsWithSourceRanges(t *testing.T) {
 		}
 		e.only(t, inCluster.NS, "tcp", ext, 20, names...)
 
+		// A connection from the client, established before it leaves the
+		// ranges: upstream's iptables and nftables modes check source
+		// ranges when a connection starts, so it stays; its ipvs mode
+		// checks every packet in filter INPUT (KUBE-PROXY-FIREWALL without
+		// --ctstate NEW), so it is cut. Each kp mode does as its upstream
+		// mode does (the userspace mode as the kernel modes: the proxied
+		// connection is kp's own).
+		stream := lbIP + ":9000"
+		est, err := netns.DialConn(context.Background(), e.w.Client(), "tcp", stream)
+		if err != nil {
+			t.Fatalf("connect to %s: %v", stream, err)
+		}
+		defer est.Close()
+		r := bufio.NewReader(est)
+		ping := func() error {
+			_ = est.SetDeadline(time.Now().Add(slow(3 * time.Second)))
+			if _, err := fmt.Fprintf(est, "ping\n"); err != nil {
+				return err
+			}
+			_, err := r.ReadString('\n')
+			return err
+		}
+		if err := ping(); err != nil {
+			t.Fatalf("the connection to %s does not answer: %v", stream, err)
+		}
 		svc.SourceRanges = []string{"10.255.0.0/16", "10.255.1.0/24"}
 		e.write("web.yaml", svc)
 		e.eventually("the client left the source ranges", 15*time.Second, func() error {
 			return e.dropped(e.w.Client(), "tcp", lb)
 		})
+		switch err := ping(); {
+		case m.ipvs && err == nil:
+			t.Errorf("the connection established before the client left the source ranges still answers; upstream's ipvs mode cuts it")
+		case !m.ipvs && err != nil:
+			t.Errorf("the connection established before the client left the source ranges: %v", err)
+		}
 		svc.SourceRanges = nil
 		e.write("web.yaml", svc)
 		e.answers(inCluster.NS, "tcp", lb, names...)
