@@ -168,12 +168,15 @@ func merged(t *testing.T, path string, res *Results) *Results {
 	redone := func(proxy string, n int) bool { return measured[proxyN{proxy, n}] }
 	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
 	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
-	// The earlier run's reference (no proxy) stands where it has one.
-	hasNone := func(n int) bool {
-		return slices.ContainsFunc(base.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
+	// The direct path (no proxy) of an N this run measured is this run's:
+	// its windows were interleaved with this run's proxies'
+	// (dataPathRounds), and rateVsN1 takes the proxies' rates against it.
+	ranDirect := func(n int) bool {
+		return slices.ContainsFunc(res.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
 	}
-	fresh := slices.DeleteFunc(slices.Clone(res.DataPaths), func(x DataPath) bool { return x.Proxy == NoProxy && hasNone(x.N) })
-	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool { return redone(x.Proxy, x.N) }), fresh...)
+	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool {
+		return redone(x.Proxy, x.N) || x.Proxy == NoProxy && ranDirect(x.N)
+	}), res.DataPaths...)
 	hasNoneBulk := func(n int) bool {
 		return slices.ContainsFunc(base.Bulks, func(x Bulk) bool { return x.Proxy == NoProxy && x.N == n })
 	}

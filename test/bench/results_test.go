@@ -75,3 +75,29 @@ func TestMergeReplacesOnlyWhatTheRunMeasured(t *testing.T) {
 		t.Errorf("merged full syncs %v, want %v", got, want)
 	}
 }
+
+// The direct path of an N the run measured is the run's (its windows were
+// interleaved with the run's proxies'); at other Ns the earlier one stays.
+func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
+	base := &Results{Ns: []int{1, 10000}, FullSyncs: []FullSync{{Proxy: KPIPTables, N: 1}, {Proxy: KPIPTables, N: 10000}},
+		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 3000}, {Proxy: NoProxy, N: 10000, ConnPerSec: 3100},
+			{Proxy: KPIPTables, N: 1, ConnPerSec: 2000}}}
+	raw, err := json.Marshal(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "results.json")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := &Results{Ns: []int{1}, FullSyncs: []FullSync{{Proxy: KP, N: 1}},
+		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 9000}, {Proxy: KP, N: 1, ConnPerSec: 8000}}}
+	got := map[string]float64{}
+	for _, d := range merged(t, path, run).DataPaths {
+		got[fmt.Sprintf("%s@%d", d.Proxy, d.N)] += d.ConnPerSec
+	}
+	want := map[string]float64{NoProxy + "@1": 9000, NoProxy + "@10000": 3100, KPIPTables + "@1": 2000, KP + "@1": 8000}
+	if !maps.Equal(got, want) {
+		t.Errorf("merged data paths %v, want %v", got, want)
+	}
+}

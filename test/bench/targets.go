@@ -79,7 +79,7 @@ func writeTargets(b *strings.Builder, r *Results, n int) {
 		return Median(r.fullSync(p, n, func(f FullSync) float64 { return float64(f.PeakRSS) }))
 	}
 	largest := n
-	dp := Median(r.dataPath(KP, largest)) / Median(r.dataPath(KP, 1))
+	dp, dpDesc := r.rateVsN1(KP, largest)
 
 	fmt.Fprintf(b, "## Targets (issue 7, set for N = %s), judged at N = %s\n\n", fmtN(targetN), fmtN(n))
 	b.WriteString("| target | measured | |\n|---|---|---|\n")
@@ -97,7 +97,7 @@ func writeTargets(b *strings.Builder, r *Results, n int) {
 			judge(rss(KP)/rss(p) <= targetRSSFraction, known(rss(KP), rss(p))))
 	}
 	targetRow(b, fmt.Sprintf("connection rate at N = %s at least %.0f%% of N = 1", fmtN(largest), targetDataPathRatio*100),
-		fmtPercent(dp), judge(dp >= targetDataPathRatio, known(dp) && largest > 1))
+		dpDesc, judge(dp >= targetDataPathRatio, known(dp) && largest > 1))
 	b.WriteString("\n")
 }
 
@@ -134,15 +134,10 @@ func writeIPTablesTargets(b *strings.Builder, r *Results, n int) {
 
 	// Data path: kp's rate at n against its rate at N = 1; upstream's shown
 	// beside it, not judged.
-	rate := func(p string) (at, at1, ratio float64) {
-		at, at1 = Median(r.dataPath(p, n)), Median(r.dataPath(p, 1))
-		return at, at1, at / at1
-	}
-	kpAt, kp1, kpRatio := rate(KPIPTables)
-	upAt, up1, upRatio := rate(UpstreamIPTables)
+	kpRatio, kpDesc := r.rateVsN1(KPIPTables, n)
+	_, upDesc := r.rateVsN1(UpstreamIPTables, n)
 	targetRow(b, fmt.Sprintf("new connections/s at N = %s ≥ %.0f%% of N = 1", fmtN(n), iptTargetDataPathRatio*100),
-		fmt.Sprintf("%s %s vs %s: %s; %s %s vs %s: %s", KPIPTables, fmtRate(kpAt), fmtRate(kp1), fmtPercent(kpRatio),
-			UpstreamIPTables, fmtRate(upAt), fmtRate(up1), fmtPercent(upRatio)),
+		fmt.Sprintf("%s %s; %s %s", KPIPTables, kpDesc, UpstreamIPTables, upDesc),
 		judge(kpRatio >= iptTargetDataPathRatio, known(kpRatio) && n > 1))
 
 	peakRSSRow(b, r, n, KPIPTables, UpstreamIPTables, "iptables-restore", "upstream iptables mode's", iptTargetRSSFraction)

@@ -80,9 +80,8 @@ func writeScaleTargets(b *strings.Builder, r *Results, n int) {
 	targetRow(b, fmt.Sprintf("new connections/s through one ClusterIP ≥ %.1f× %s's at every N", scaleTargetRateRatio, up),
 		strings.Join(parts, "; "), v)
 
-	at, at1 := Median(r.dataPath(KP, n)), Median(r.dataPath(KP, 1))
+	share, desc := r.rateVsN1(KP, n)
 	targetRow(b, fmt.Sprintf("kp's new connections/s at N = %s ≥ %.0f%% of N = 1", fmtN(n), scaleTargetRateAtN*100),
-		fmt.Sprintf("%s vs %s: %s", fmtRate(at), fmtRate(at1), fmtPercent(at/at1)),
-		judge(at/at1 >= scaleTargetRateAtN, known(at, at1) && n > 1))
+		desc, judge(share >= scaleTargetRateAtN, known(share) && n > 1))
 	b.WriteString("\n")
 }

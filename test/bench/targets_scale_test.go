@@ -70,6 +70,19 @@ func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
 				"| new connections/s":        "N = 1: 4000/s vs 3900/s, 1.03|N = 30,000: 3900/s, upstream-nft not measured|✓ met",
 			},
 		},
+		{
+			name: "the machine slowed between N = 1 and n: the direct path of each N, interleaved, takes it out",
+			r: func() *Results {
+				r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3600)
+				r.DataPaths = append(r.DataPaths, DataPath{Proxy: NoProxy, N: 1, ConnPerSec: 5000},
+					DataPath{Proxy: NoProxy, N: 10000, ConnPerSec: 4500})
+				return r
+			}(),
+			n: 10000,
+			want: map[string]string{
+				"| kp's new connections/s": "3600/s vs 4000/s: 90.0%; each against the direct path of its N (4500/s, 5000/s): 100.0%|✓ met",
+			},
+		},
 	} {
 		b := &strings.Builder{}
 		writeScaleTargets(b, c.r, c.n)
