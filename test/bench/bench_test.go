@@ -38,6 +38,7 @@ var (
 	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
 	flagBigTime = flag.Duration("bench.big.timeout", 10*time.Minute, "upstream's cold-start time limit at N >= -bench.big")
 	flagChgTime = flag.Duration("bench.change.timeout", time.Minute, "bound of the wait for one incremental change's sync")
+	flagNFTOnly = flag.Int("bench.nft-only", 0, "from this N on, measure kp's nftables mode and upstream-nft alone (0: never)")
 	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp's nftables mode alone (0: never)")
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
@@ -63,14 +64,26 @@ type config struct {
 	SyncTimeout time.Duration
 	// From N = Big on, upstream's proxies (minutes per cold start there)
 	// get BigReps cold starts, BigChanges changes and BigTimeout; from
-	// KPOnly on, only kp's nftables mode runs. 0 turns either off.
+	// NFTOnly on, only kp's nftables mode and upstream's; from KPOnly on,
+	// only kp's nftables mode runs. 0 turns any of them off.
 	Big, BigReps, BigChanges int
 	BigTimeout               time.Duration
-	KPOnly                   int
+	NFTOnly, KPOnly          int
 	// ChangeTimeout bounds the wait for one incremental change's sync
 	// (default 1 minute; upstream's ipvs mode under the VM's emulation
 	// takes longer).
 	ChangeTimeout time.Duration
+}
+
+// measures reports whether proxy runs at n (NFTOnly, KPOnly).
+func (c config) measures(proxy string, n int) bool {
+	switch {
+	case c.KPOnly > 0 && n >= c.KPOnly:
+		return proxy == KP
+	case c.NFTOnly > 0 && n >= c.NFTOnly:
+		return proxy == KP || proxy == UpstreamNFT
+	}
+	return true
 }
 
 // TestBench is `make bench`: the whole comparison, written to -bench.out.
@@ -84,7 +97,8 @@ func TestBench(t *testing.T) {
 	}
 	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
 		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute,
-		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, KPOnly: *flagKPOnly,
+		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly,
+		KPOnly:        *flagKPOnly,
 		ChangeTimeout: *flagChgTime}
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
@@ -153,8 +167,8 @@ func loadResults(t *testing.T, path string) *Results {
 
 // merged is the earlier run's results at path with every record of a
 // proxy and N that res measured (a full sync of) replaced by res's; a
-// proxy res measured at some Ns only (-bench.kp-only, -bench.big) keeps its
-// earlier records at the others.
+// proxy res measured at some Ns only (-bench.kp-only, -bench.nft-only,
+// -bench.big) keeps its earlier records at the others.
 func merged(t *testing.T, path string, res *Results) *Results {
 	base := loadResults(t, path)
 	type proxyN struct {
@@ -281,7 +295,7 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 			direct := c.directWorld(t)
 			paths := []dataPathTarget{{NoProxy, direct, net.JoinHostPort(direct.Pods()[0].IP.String(), fmt.Sprint(podPort))}}
 			for i, proxy := range cfg.Proxies {
-				if proxy != KP && cfg.KPOnly > 0 && n >= cfg.KPOnly {
+				if !cfg.measures(proxy, n) {
 					continue
 				}
 				w, node := c.newWorld(t)

@@ -101,3 +101,21 @@ func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
 		t.Errorf("merged data paths %v, want %v", got, want)
 	}
 }
+
+// From -bench.nft-only on only kp and upstream-nft run, from -bench.kp-only
+// on only kp.
+func TestConfigMeasuresFewerProxiesAtLargeN(t *testing.T) {
+	c := config{NFTOnly: 30000, KPOnly: 100000}
+	for _, tt := range []struct {
+		proxy string
+		n     int
+		want  bool
+	}{
+		{KPIPTables, 10000, true}, {KPIPTables, 30000, false}, {UpstreamNFT, 30000, true},
+		{UpstreamNFT, 100000, false}, {KP, 100000, true}, {KPUserspace, 1, true},
+	} {
+		if got := c.measures(tt.proxy, tt.n); got != tt.want {
+			t.Errorf("measures(%s, %d) = %v, want %v", tt.proxy, tt.n, got, tt.want)
+		}
+	}
+}
