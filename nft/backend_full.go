@@ -108,9 +108,9 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 	}
 	// Services are diffed and spilled a group at a time: one message per
 	// group for each set's elements, not one per Service.
-	want := newView()
+	want, v := newView(), newView()
 	for i, name := range names {
-		v := b.render(f, slots, s.Services[name], s.Endpoints[name], s.Node)
+		b.renderInto(v, f, slots, s.Services[name], s.Endpoints[name], s.Node)
 		fp := footprintOf(name, v)
 		book.own(name, fp)
 		book.owners.add(fp)
@@ -136,7 +136,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		want = newView()
+		want.reset()
 		if (i+1)%stage == 0 && i != len(names)-1 {
 			if err := b.applyStage(tx); err != nil {
 				return err

@@ -224,12 +224,12 @@ func queue(conn *nftables.Conn, o *op) error {
 			elems[i] = nftables.SetElement{Key: e.Key, IntervalEnd: e.KeyEnd, Comment: e.Comment}
 			if o.kind == opAddElement {
 				switch {
-				case e.Drop:
+				case e.Verdict == verdictDrop:
 					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
-				case e.Goto != "":
-					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Goto}
-				case e.Jump != "":
-					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Jump}
+				case e.Verdict == verdictGoto:
+					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
+				case e.Verdict == verdictJump:
+					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Chain}
 				case e.Data != nil:
 					elems[i].Val = e.Data
 				}
@@ -356,12 +356,13 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 				v.Data = e.Val
 			}
 			if d := e.VerdictData; d != nil {
-				v.Drop = d.Kind == expr.VerdictDrop
 				switch d.Kind {
+				case expr.VerdictDrop:
+					v.Verdict = verdictDrop
 				case expr.VerdictGoto:
-					v.Goto = d.Chain
+					v.Verdict, v.Chain = verdictGoto, d.Chain
 				case expr.VerdictJump:
-					v.Jump = d.Chain
+					v.Verdict, v.Chain = verdictJump, d.Chain
 				}
 			}
 			m[keyID(e.Key, e.IntervalEnd)] = v.digest()

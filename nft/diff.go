@@ -86,7 +86,8 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		tx.delElements(f, setOf(f, set, want, scope), del)
 	}
 	for _, set := range sortedKeys(want.elements) {
-		var del, add []Element
+		var del []Element
+		add := make([]Element, 0, len(want.elements[set])) // in a full sync, nearly all of them
 		m := model.elements[set]
 		if m == nil {
 			m = map[string]uint64{}

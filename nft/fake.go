@@ -195,10 +195,8 @@ func applyFake(tables map[string]*FakeTable, o op) error {
 			if exists && cur.value() != e.value() {
 				return fmt.Errorf("add element %s to %s: exists with another value", e.KeyText, o.set.Name)
 			}
-			for verb, target := range map[string]string{"goto": e.Goto, "jump": e.Jump} {
-				if _, ok := t.Chains[target]; target != "" && !ok {
-					return fmt.Errorf("element %s of %s: %s missing chain %s", e.KeyText, o.set.Name, verb, target)
-				}
+			if _, ok := t.Chains[e.Chain]; e.Chain != "" && !ok {
+				return fmt.Errorf("element %s of %s: %s missing chain %s", e.KeyText, o.set.Name, e.value(), e.Chain)
 			}
 			es[k] = e
 		}
@@ -240,7 +238,7 @@ func fakeRefs(t *FakeTable, chain string) string {
 	}
 	for set, es := range t.Elements {
 		for _, e := range es {
-			if e.Goto == chain || e.Jump == chain {
+			if e.Chain == chain {
 				return "an element of " + set
 			}
 		}

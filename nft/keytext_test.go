@@ -3,6 +3,7 @@ package nft
 import (
 	"net/netip"
 	"testing"
+	"unsafe"
 )
 
 // TestKeyTextOfSpellsKeysAsRendered: the elements kp deletes (known by their
@@ -24,5 +25,13 @@ func TestKeyTextOfSpellsKeysAsRendered(t *testing.T) {
 		if got := keyTextOf(e.set, keyID(e.e.Key, e.e.KeyEnd)); got != e.e.KeyText {
 			t.Errorf("%s: keyTextOf = %q, want %q", e.set, got, e.e.KeyText)
 		}
+	}
+}
+
+// An Element stays small enough for a Go map to hold it inline: a larger
+// value is allocated apart for every element put in a view.
+func TestElementFitsInAMapSlot(t *testing.T) {
+	if size := unsafe.Sizeof(Element{}); size > 128 {
+		t.Errorf("Element is %d bytes; a map holds a value over 128 out of line", size)
 	}
 }

@@ -86,16 +86,22 @@ type serviceRender struct {
 // external chain; a policy with no endpoint rejects (no usable endpoint
 // anywhere) or drops (none for that policy) in the filter hooks.
 func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
-	v := newView()
+	return b.renderInto(newView(), f, slots, sp, eps, node)
+}
+
+// renderInto is render into v, which it resets first (a full sync renders
+// every Service into one view, its maps allocated once).
+func (b *Backend) renderInto(v *view, f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
+	v.reset()
 	clusterIPs := proxy.FilterAddrs(f.pf, sp.ClusterIPs)
 	if len(clusterIPs) == 0 {
 		return v // a single-stack service of the other family
 	}
 	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: protoNumber(sp.Protocol), slots: slots}
 	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f.pf, eps), node)
-	noEndpoint := Element{Goto: chainReject}
+	noEndpoint := Element{Verdict: verdictGoto, Chain: chainReject}
 	if sel.Usable {
-		noEndpoint = Element{Drop: true}
+		noEndpoint = Element{Verdict: verdictDrop}
 	}
 
 	var cluster, local policyPath
@@ -178,7 +184,7 @@ func (r *serviceRender) target(a netip.Addr, p policyPath, noEndpoint Element) {
 	e := r.addrElement(a)
 	if p.pick {
 		r.v.addElement(setClusterPicked, e)
-		e.Jump = p.chain
+		e.Verdict, e.Chain = verdictJump, p.chain
 		r.v.addElement(mapServiceIPs, e)
 		return
 	}
@@ -195,11 +201,11 @@ func (r *serviceRender) nodePort(chain string, noEndpoint Element) {
 // noEndpoint's verdict when there is no chain.
 func (r *serviceRender) route(e Element, chain string, noEndpoint Element, serviceMap, noEndpointMap string) {
 	if chain == "" {
-		e.Goto, e.Drop = noEndpoint.Goto, noEndpoint.Drop
+		e.Verdict, e.Chain = noEndpoint.Verdict, noEndpoint.Chain
 		r.v.addElement(noEndpointMap, e)
 		return
 	}
-	e.Goto = chain
+	e.Verdict, e.Chain = verdictGoto, chain
 	r.v.addElement(serviceMap, e)
 }
 
@@ -260,10 +266,8 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 		return policyPath{chain: r.affinityChain(name, eps, first)}
 	}
 	addrs := make([]netip.AddrPort, len(eps))
-	byAddr := make(map[netip.AddrPort]proxy.Endpoint, len(eps))
 	for i, e := range eps {
 		addrs[i] = e.AddrPort()
-		byAddr[addrs[i]] = e
 	}
 	// The choice of slot has a chain of its own, holding one rule with
 	// no lookup, jump or NAT: when the number of endpoints or the block
@@ -275,7 +279,7 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 	pick := pickChainName(name)
 	blk := r.slots.assign(pick, addrs)
 	for i, a := range blk.eps.all() {
-		r.endpointObjects(byAddr[a])
+		r.pod(a.Addr()) // without affinity, all endpointObjects would do
 		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
 	}
 	r.v.chains[pick] = &Chain{Name: pick, Rules: []Rule{
@@ -338,8 +342,11 @@ func (r *serviceRender) endpointObjects(e proxy.Endpoint) {
 		r.v.sets[set] = &Set{Name: set, KeyType: r.f.addrType(), Dynamic: true, Timeout: r.sp.AffinityTimeout,
 			Comment: fitComment("session affinity of " + r.sp.Name.String())}
 	}
-	r.v.pods = append(r.v.pods, e.IP)
+	r.pod(e.IP)
 }
+
+// pod records an endpoint's pod for the hairpin set.
+func (r *serviceRender) pod(a netip.Addr) { r.v.pods = append(r.v.pods, a) }
 
 // hairpinElement is "a . a": a pod at a that reached itself through a
 // service must see the reply come back through the node.
@@ -433,7 +440,7 @@ func (r *serviceRender) firewall(lbIPs []netip.Addr, ranges []netip.Prefix) {
 	}}
 	for _, a := range lbIPs {
 		e := r.addrElement(a)
-		e.Goto = name
+		e.Verdict, e.Chain = verdictGoto, name
 		r.v.addElement(mapFirewallIPs, e)
 	}
 }

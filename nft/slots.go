@@ -132,6 +132,10 @@ func (t *slotTable) assign(chain string, eps []netip.AddrPort) *slotBlock {
 		size := blockSize(len(eps))
 		blk = &slotBlock{base: t.alloc(size), size: size}
 		t.blocks[chain] = blk
+		// A new block holds eps in their order: nothing to keep, and they
+		// are distinct (the core merges endpoints by address and port).
+		blk.eps = packSlots(eps)
+		return blk
 	}
 	want := make(map[netip.AddrPort]bool, len(eps))
 	for _, e := range eps {

@@ -15,6 +15,13 @@ type view struct {
 	// pods are the addresses of a rendered port's endpoints, whose
 	// hairpin elements are counted, not rendered (see hairpins).
 	pods []netip.Addr
+	// spare holds the static sets' element maps of a view reset for its
+	// next use (a full sync's group view, and the view each Service is
+	// rendered into), emptied, for their capacity: growing the maps anew
+	// for each of 40 groups and 10,000 Services was a sixth of a
+	// 10,000-Service cold start's allocations, and so of its garbage
+	// collection, which took most of its CPU.
+	spare map[string]map[string]Element
 }
 
 func newView() *view {
@@ -24,13 +31,52 @@ func newView() *view {
 func (v *view) addElement(set string, e Element) { v.putElement(set, keyID(e.Key, e.KeyEnd), e) }
 
 // putElement adds e under its keyID k.
-func (v *view) putElement(set, k string, e Element) {
-	m := v.elements[set]
+func (v *view) putElement(set, k string, e Element) { v.elementMap(set)[k] = e }
+
+// elementMap is set's elements, a spare map or a new one when v has none.
+func (v *view) elementMap(set string) map[string]Element {
+	if m := v.elements[set]; m != nil {
+		return m
+	}
+	m := v.spare[set]
 	if m == nil {
 		m = map[string]Element{}
-		v.elements[set] = m
+	} else {
+		delete(v.spare, set)
 	}
-	m[k] = e
+	v.elements[set] = m
+	return m
+}
+
+// staticSetNames are the names of staticSets, the only sets whose element
+// maps reset keeps: every Service's rendering and every group of a full
+// sync fills them again, where a Service's own sets (affinity, firewall)
+// come once.
+var staticSetNames = func() map[string]bool {
+	m := map[string]bool{}
+	for _, s := range staticSets(familyIPv4) {
+		m[s.Name] = true
+	}
+	return m
+}()
+
+// reset empties v for its next use, keeping the element maps of the
+// static sets.
+func (v *view) reset() {
+	clear(v.chains)
+	clear(v.sets)
+	clear(v.counters)
+	v.pods = v.pods[:0]
+	for set, m := range v.elements {
+		if staticSetNames[set] {
+			clear(m)
+			if v.spare == nil {
+				v.spare = map[string]map[string]Element{}
+			}
+			v.spare[set] = m
+		}
+	}
+	clear(v.elements)
 }
 
 // merge adds o's objects to v.
@@ -56,9 +102,7 @@ func (v *view) mergeObjects(o *view) {
 	}
 	for n, s := range o.sets {
 		v.sets[n] = s
-		if v.elements[n] == nil {
-			v.elements[n] = map[string]Element{}
-		}
+		v.elementMap(n)
 	}
 	for n := range o.counters {
 		v.counters[n] = true

@@ -92,20 +92,35 @@ func UsableEndpoints(eps []Endpoint) []Endpoint {
 // no second chance here: topologyMode already ignores hints that would leave
 // no ready endpoint.
 func readyOrTerminating(eps []Endpoint, keep func(i int) bool) []Endpoint {
-	var ready, terminating []Endpoint
+	ready, terminating := 0, 0
 	for i, e := range eps {
 		switch {
 		case !keep(i):
 		case e.Ready:
-			ready = append(ready, e)
+			ready++
 		case e.Serving && e.Terminating:
-			terminating = append(terminating, e)
+			terminating++
 		}
 	}
-	if len(ready) > 0 {
-		return ready
+	if ready == len(eps) {
+		// Every endpoint, the usual case: eps itself, capped so that an
+		// append copies (endpoint lists are shared, never written).
+		return eps[:ready:ready]
 	}
-	return terminating
+	n, pick := ready, func(e Endpoint) bool { return e.Ready }
+	if ready == 0 {
+		n, pick = terminating, func(e Endpoint) bool { return !e.Ready && e.Serving && e.Terminating }
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]Endpoint, 0, n)
+	for i, e := range eps {
+		if pick(e) && keep(i) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // topology is how hints narrow the Cluster policy's endpoints.

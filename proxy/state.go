@@ -74,7 +74,21 @@ func FilterAddrs(f Family, addrs []netip.Addr) []netip.Addr {
 
 // FilterEndpoints returns the endpoints of family f, in order.
 func FilterEndpoints(f Family, eps []Endpoint) []Endpoint {
-	var out []Endpoint
+	n := 0
+	for _, e := range eps {
+		if f.Has(e.IP) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		// The usual slice, all of one family: eps itself, capped so that
+		// an append copies (endpoint lists are shared, never written).
+		return eps[:n:n]
+	}
+	out := make([]Endpoint, 0, n)
 	for _, e := range eps {
 		if f.Has(e.IP) {
 			out = append(out, e)
