@@ -20,6 +20,9 @@ import (
 // until the kernel holds all of them and the sampled ones answer.
 func (p *proxyRun) coldStart(c *cluster, n int, syncTimeout time.Duration) FullSync {
 	p.t.Helper()
+	if waited := waitQuiet(p.t, n); waited > time.Second {
+		p.t.Logf("%s N=%d: waited %v for the machine to be quiet before the cold start", p.name, n, waited.Round(100*time.Millisecond))
+	}
 	start := p.start()
 	pid := p.proc.Pid()
 	res := FullSync{Proxy: p.name, N: n}
