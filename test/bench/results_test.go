@@ -52,14 +52,7 @@ func TestMergeReplacesOnlyWhatTheRunMeasured(t *testing.T) {
 		{Proxy: KP, N: 10000, Seconds: 5}, {Proxy: UpstreamNFT, N: 10000, Seconds: 50},
 		{Proxy: KP, N: 30000, Seconds: 20}, {Proxy: UpstreamNFT, N: 30000, Seconds: 360, Unfinished: true},
 	}}
-	raw, err := json.Marshal(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "results.json")
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeResults(t, base)
 	run := &Results{Ns: []int{10000, 30000, 100000}, FullSyncs: []FullSync{
 		{Proxy: KP, N: 10000, Seconds: 4}, {Proxy: UpstreamNFT, N: 10000, Seconds: 52},
 		{Proxy: KP, N: 30000, Seconds: 16}, {Proxy: KP, N: 100000, Seconds: 53},
@@ -76,13 +69,11 @@ func TestMergeReplacesOnlyWhatTheRunMeasured(t *testing.T) {
 	}
 }
 
-// The direct path of an N the run measured is the run's (its windows were
-// interleaved with the run's proxies'); at other Ns the earlier one stays.
-func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
-	base := &Results{Ns: []int{1, 10000}, FullSyncs: []FullSync{{Proxy: KPIPTables, N: 1}, {Proxy: KPIPTables, N: 10000}},
-		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 3000}, {Proxy: NoProxy, N: 10000, ConnPerSec: 3100},
-			{Proxy: KPIPTables, N: 1, ConnPerSec: 2000}}}
-	raw, err := json.Marshal(base)
+// writeResults writes r as an earlier run's results.json and returns its
+// path.
+func writeResults(t *testing.T, r *Results) string {
+	t.Helper()
+	raw, err := json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +81,16 @@ func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
 	if err := os.WriteFile(path, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return path
+}
+
+// The direct path of an N the run measured is the run's (its windows were
+// interleaved with the run's proxies'); at other Ns the earlier one stays.
+func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
+	base := &Results{Ns: []int{1, 10000}, FullSyncs: []FullSync{{Proxy: KPIPTables, N: 1}, {Proxy: KPIPTables, N: 10000}},
+		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 3000}, {Proxy: NoProxy, N: 10000, ConnPerSec: 3100},
+			{Proxy: KPIPTables, N: 1, ConnPerSec: 2000}}}
+	path := writeResults(t, base)
 	run := &Results{Ns: []int{1}, FullSyncs: []FullSync{{Proxy: KP, N: 1}},
 		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 9000}, {Proxy: KP, N: 1, ConnPerSec: 8000}}}
 	got := map[string]float64{}
