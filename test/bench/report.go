@@ -50,7 +50,7 @@ func WriteReport(w io.Writer, r *Results) error {
 			if r.has(KP, n) {
 				writeTargets(b, r, n)
 			}
-			if r.has(KP, n) && n >= scaleTargetMinN {
+			if r.has(KP, n) && n >= scaleTargetMinN && n <= scaleTargetMaxN {
 				writeScaleTargets(b, r, n)
 			}
 			if r.has(KPIPTables, n) {

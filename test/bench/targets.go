@@ -35,7 +35,8 @@ const (
 	met
 	missed
 	// undecided: one side is only a bound (a cold start ran out of time)
-	// and the bound does not settle the target.
+	// and the bound does not settle the target, or the measured values
+	// fall short but their noise reaches the target (paired rounds).
 	undecided
 )
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -83,9 +84,67 @@ func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
 				"| kp's new connections/s": "3600/s vs 4000/s: 90.0%; each against the direct path of its N (4500/s, 5000/s): 100.0%|✓ met",
 			},
 		},
+		{
+			name: "ten interleaved rounds, kp below upstream's median but not in every round: equal within the noise",
+			r: func() *Results {
+				r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900)
+				r.DataPaths = rounds(r.DataPaths, 1,
+					[]float64{4200, 3800, 4100, 3700, 4300, 3900, 3600, 4000, 3950, 4050},
+					[]float64{4000, 4100, 3900, 4000, 4100, 4200, 3800, 4150, 3900, 4050})
+				return r
+			}(),
+			n: 10000,
+			want: map[string]string{
+				"| new connections/s": "N = 1: 3975/s vs 4025/s, 0.99 (10 rounds paired: 0.98, 95% interval 0.93–1.05)|? undecided",
+			},
+		},
+		{
+			name: "ten interleaved rounds, kp below upstream in nearly every round: a miss",
+			r: func() *Results {
+				r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900)
+				r.DataPaths = rounds(r.DataPaths, 1,
+					[]float64{3800, 3700, 3900, 3750, 3850, 3800, 3700, 4050, 3800, 3750},
+					[]float64{4000, 4100, 3950, 4000, 4100, 4200, 3900, 4000, 4050, 3950})
+				return r
+			}(),
+			n: 10000,
+			want: map[string]string{
+				"| new connections/s": "10 rounds paired: 0.94, 95% interval 0.90–0.99)|✗ missed",
+			},
+		},
 	} {
 		b := &strings.Builder{}
 		writeScaleTargets(b, c.r, c.n)
 		checkRows(t, c.name, b.String(), c.want)
+	}
+}
+
+// rounds replaces kp's and upstream-nft's data path at n by interleaved
+// rounds of the given rates.
+func rounds(dps []DataPath, n int, kp, up []float64) []DataPath {
+	dps = slices.DeleteFunc(dps, func(d DataPath) bool { return d.N == n && (d.Proxy == KP || d.Proxy == UpstreamNFT) })
+	for i := range kp {
+		dps = append(dps, DataPath{Proxy: KP, N: n, ConnPerSec: kp[i]}, DataPath{Proxy: UpstreamNFT, N: n, ConnPerSec: up[i]})
+	}
+	return dps
+}
+
+func TestPairedRatioIntervalHoldsTheMedianOfTheRatios(t *testing.T) {
+	kp := []float64{10, 9, 12, 11, 8, 10, 13, 9, 10, 11}
+	up := []float64{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}
+	med, lo, hi, ok := pairedRatio(kp, up)
+	// Ratios sorted: 0.8 0.9 0.9 1.0 1.0 1.0 1.1 1.1 1.2 1.3; with 10
+	// rounds the interval is the 2nd to the 9th (97.9 % coverage).
+	if !ok || med != 1.0 || lo != 0.9 || hi != 1.2 {
+		t.Errorf("pairedRatio = %v, %v–%v, %v; want 1.0, 0.9–1.2, true", med, lo, hi, ok)
+	}
+	if _, _, _, ok := pairedRatio(kp[:5], up[:5]); ok {
+		t.Error("5 rounds gave an interval; none has 95 % coverage")
+	}
+	if _, lo, hi, ok := pairedRatio(kp[:6], up[:6]); !ok || lo != 0.8 || hi != 1.2 {
+		t.Errorf("6 rounds: %v–%v, %v; want the extremes 0.8–1.2 (96.9 %% coverage)", lo, hi, ok)
+	}
+	if _, _, _, ok := pairedRatio(kp, up[:9]); ok {
+		t.Error("unpaired rounds gave an interval")
 	}
 }
