@@ -93,13 +93,13 @@ test: kube-bins test-images vm-kernel
 # BENCH_ARGS passes more flags (e.g. -bench.reps=5, see test/bench). The
 # five proxies run up to 10,000; from 30,000 on kp's nftables mode and
 # upstream's alone (kp-iptables at 30,000 alone would take over an hour),
-# at 100,000 kp alone (upstream's nftables mode took 8 minutes for a cold
-# start at 30,000, where it gets one cold start of at most 6 minutes: a
-# lower bound; every upstream mode is limited the same way from 10,000 on).
-# The API server is populated through its etcd (seconds, even at 100,000).
-# Measured: the five proxies up to 10,000, 48 minutes; the default run
-# within 2 hours (test/bench/NOTES.md). BENCH_N=1,1000,10000 is the short
-# run.
+# at 100,000 kp alone (upstream's nftables mode gets one cold start of at
+# most 6 minutes from 10,000 on, as every upstream mode: 4.4 minutes at
+# 30,000 on 2026-11-25). The API server is populated through its etcd
+# (seconds, even at 100,000). Measured by its parts: the five proxies up to
+# 10,000 at most 62 minutes, kp and upstream-nft from 1 to 30,000 36, kp at
+# 100,000 9: the default run within 2 hours (test/bench/NOTES.md).
+# BENCH_N=1,1000,10000 is the short run.
 BENCH_N    ?= 1,1000,10000,30000,100000
 BENCH_ARGS ?= -bench.big=10000 -bench.big.reps=1 -bench.big.changes=20 -bench.big.timeout=6m -bench.nft-only=30000 -bench.kp-only=100000
 bench: kube-bins
