@@ -86,13 +86,8 @@ func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
 		},
 		{
 			name: "ten interleaved rounds, kp below upstream's median but not in every round: equal within the noise",
-			r: func() *Results {
-				r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900)
-				r.DataPaths = rounds(r.DataPaths, 1,
-					[]float64{4200, 3800, 4100, 3700, 4300, 3900, 3600, 4000, 3950, 4050},
-					[]float64{4000, 4100, 3900, 4000, 4100, 4200, 3800, 4150, 3900, 4050})
-				return r
-			}(),
+			r: roundsAtN1([]float64{4200, 3800, 4100, 3700, 4300, 3900, 3600, 4000, 3950, 4050},
+				[]float64{4000, 4100, 3900, 4000, 4100, 4200, 3800, 4150, 3900, 4050}),
 			n: 10000,
 			want: map[string]string{
 				"| new connections/s": "N = 1: 3975/s vs 4025/s, 0.99 (10 rounds paired: 0.98, 95% interval 0.93–1.05)|? undecided",
@@ -100,13 +95,8 @@ func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
 		},
 		{
 			name: "ten interleaved rounds, kp below upstream in nearly every round: a miss",
-			r: func() *Results {
-				r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900)
-				r.DataPaths = rounds(r.DataPaths, 1,
-					[]float64{3800, 3700, 3900, 3750, 3850, 3800, 3700, 4050, 3800, 3750},
-					[]float64{4000, 4100, 3950, 4000, 4100, 4200, 3900, 4000, 4050, 3950})
-				return r
-			}(),
+			r: roundsAtN1([]float64{3800, 3700, 3900, 3750, 3850, 3800, 3700, 4050, 3800, 3750},
+				[]float64{4000, 4100, 3950, 4000, 4100, 4200, 3900, 4000, 4050, 3950}),
 			n: 10000,
 			want: map[string]string{
 				"| new connections/s": "10 rounds paired: 0.94, 95% interval 0.90–0.99)|✗ missed",
@@ -119,14 +109,16 @@ func TestScaleTargetsJudgeEachRowAndUpstreamsBounds(t *testing.T) {
 	}
 }
 
-// rounds replaces kp's and upstream-nft's data path at n by interleaved
-// rounds of the given rates.
-func rounds(dps []DataPath, n int, kp, up []float64) []DataPath {
-	dps = slices.DeleteFunc(dps, func(d DataPath) bool { return d.N == n && (d.Proxy == KP || d.Proxy == UpstreamNFT) })
+// roundsAtN1 is a run of kp and upstream-nft at N = 1 and 10,000 whose data
+// path at N = 1 is interleaved rounds of the given rates.
+func roundsAtN1(kp, up []float64) *Results {
+	r := scaleResults(10000, 2, 30, false, 90<<20, 300<<20, 3900)
+	r.DataPaths = slices.DeleteFunc(r.DataPaths, func(d DataPath) bool { return d.N == 1 })
 	for i := range kp {
-		dps = append(dps, DataPath{Proxy: KP, N: n, ConnPerSec: kp[i]}, DataPath{Proxy: UpstreamNFT, N: n, ConnPerSec: up[i]})
+		r.DataPaths = append(r.DataPaths, DataPath{Proxy: KP, N: 1, ConnPerSec: kp[i]},
+			DataPath{Proxy: UpstreamNFT, N: 1, ConnPerSec: up[i]})
 	}
-	return dps
+	return r
 }
 
 func TestPairedRatioIntervalHoldsTheMedianOfTheRatios(t *testing.T) {
