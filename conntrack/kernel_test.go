@@ -58,7 +58,7 @@ func (k *kernelWorld) sync(t *testing.T, pods ...*netns.Pod) *proxy.State {
 	k.gen++
 	var eps []proxy.Endpoint
 	for _, p := range pods {
-		eps = append(eps, proxy.Endpoint{IP: p.IP, Port: int32(k.w.UDPPorts()[0]), Ready: true, Serving: true, NodeName: "node"})
+		eps = append(eps, proxy.Endpoint{IP: p.IP, Port: int32(k.w.UDPPorts()[0]), Ready: true, Serving: true}.At("node", ""))
 	}
 	st := &proxy.State{
 		Generation: k.gen,

@@ -100,7 +100,7 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 			sp.ExternalPolicyLocal = true
 			e.w.services[c] = &sp
 			for i := range e.w.endpoints[c] {
-				e.w.endpoints[c][i].NodeName = "node"
+				e.w.endpoints[c][i] = e.w.endpoints[c][i].At("node", "")
 			}
 			setup(e)
 		}}, {do: remove(a)}, {do: remove(c)}, {do: remove(b)}}},

@@ -170,7 +170,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 
 	local := func(eps ...proxy.Endpoint) []proxy.Endpoint {
 		for i := range eps {
-			eps[i].NodeName = w.node.Name
+			eps[i] = eps[i].At(w.node.Name, "")
 		}
 		return eps
 	}

@@ -129,7 +129,7 @@ func TestServiceFieldsTheAPIServerAcceptsAreProgrammed(t *testing.T) {
 			name: "unknown traffic distribution",
 			mut:  func(s *v1.Service) { s.Spec.TrafficDistribution = ptr.To("PreferSomewhereElse") },
 			check: func(t *testing.T, sp *ServicePort) {
-				eps := []Endpoint{{IP: netip.MustParseAddr("10.0.0.1"), Ready: true, NodeName: "node", Zone: "z1"}}
+				eps := []Endpoint{Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Ready: true}.At("node", "z1")}
 				if got := derivedHints(sp, eps); got[0].Hints != nil {
 					t.Errorf("an unknown trafficDistribution derived hints: %+v", got[0])
 				}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -139,7 +140,8 @@ func TestEndpointsFor(t *testing.T) {
 				}),
 			},
 			want: []Endpoint{ep("10.0.0.1:8080", func(e *Endpoint) {
-				e.NodeName, e.Zone, e.Hints = "node-a", "zone-a", &EndpointHints{ForZones: []string{"zone-a", "zone-b"}}
+				*e = e.At("node-a", "zone-a")
+				e.Hints = &EndpointHints{ForZones: []string{"zone-a", "zone-b"}}
 			})},
 		},
 		{
@@ -230,5 +232,24 @@ func TestEndpointsFor(t *testing.T) {
 				t.Errorf("errors: got %q, want %q (%v)", fields, tt.wantErrors, errs)
 			}
 		})
+	}
+}
+
+// An Endpoint is kept per endpoint and Service port (300,000 at 30,000
+// Services of 10): its node and zone are one interned pointer.
+func TestEndpointIs48BytesWithItsPlaceInterned(t *testing.T) {
+	if size := unsafe.Sizeof(Endpoint{}); size != 48 {
+		t.Errorf("an Endpoint is %d bytes, want 48", size)
+	}
+	a := Endpoint{IP: netip.MustParseAddr("10.0.0.1")}.At("node-a", "zone-a")
+	b := Endpoint{IP: netip.MustParseAddr("10.0.0.1")}.At(strings.Clone("node-a"), strings.Clone("zone-a"))
+	if !a.Equal(b) || a != b || a.NodeName() != "node-a" || a.Zone() != "zone-a" {
+		t.Errorf("the same place twice: %v %q %q, %v %q %q", a, a.NodeName(), a.Zone(), b, b.NodeName(), b.Zone())
+	}
+	if c := a.At("", ""); c.NodeName() != "" || c.Zone() != "" || c.Equal(a) || !c.Equal(Endpoint{IP: a.IP}) {
+		t.Errorf("no place: %q %q", c.NodeName(), c.Zone())
+	}
+	if c := a.At("node-b", "zone-a"); c.Equal(a) || c.NodeName() != "node-b" {
+		t.Errorf("another node: %q, equal to the first %v", c.NodeName(), c.Equal(a))
 	}
 }

@@ -61,7 +61,7 @@ func SelectEndpoints(sp *ServicePort, eps []Endpoint, node Node) EndpointSelecti
 		sel.Cluster = readyOrTerminating(eps, func(i int) bool { return mode.allows(hinted[i], node) })
 	}
 	if sp.UsesLocalEndpoints() {
-		sel.Local = readyOrTerminating(eps, func(i int) bool { return eps[i].NodeName == node.Name })
+		sel.Local = readyOrTerminating(eps, func(i int) bool { return eps[i].NodeName() == node.Name })
 	}
 	return sel
 }
@@ -203,11 +203,11 @@ func derivedHints(sp *ServicePort, eps []Endpoint) []Endpoint {
 		if e.Hints != nil {
 			h = *e.Hints // a copy: Hints are shared with the tracker's endpoints
 		}
-		if byNode && e.NodeName != "" {
-			h.ForNodes = []string{e.NodeName}
+		if byNode && e.NodeName() != "" {
+			h.ForNodes = []string{e.NodeName()}
 		}
-		if e.Zone != "" {
-			h.ForZones = []string{e.Zone}
+		if e.Zone() != "" {
+			h.ForZones = []string{e.Zone()}
 		}
 		out[i].Hints = nil
 		if h.ForNodes != nil || h.ForZones != nil {

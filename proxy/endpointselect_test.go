@@ -11,13 +11,13 @@ import (
 func TestSelectEndpoints(t *testing.T) {
 	node := Node{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}
 	ep := func(ip string, mods ...func(*Endpoint)) Endpoint {
-		e := Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, NodeName: "node-b", Zone: "zone-b"}
+		e := Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true}.At("node-b", "zone-b")
 		for _, m := range mods {
 			m(&e)
 		}
 		return e
 	}
-	local := func(e *Endpoint) { e.NodeName, e.Zone = "node-a", "zone-a" }
+	local := func(e *Endpoint) { *e = e.At("node-a", "zone-a") }
 	terminating := func(e *Endpoint) { e.Ready, e.Terminating = false, true }
 	notServing := func(e *Endpoint) { e.Ready, e.Serving, e.Terminating = false, false, true }
 	notReady := func(e *Endpoint) { e.Ready, e.Serving = false, false }
@@ -96,7 +96,7 @@ func TestSelectEndpoints(t *testing.T) {
 			eps:     []Endpoint{ep("10.0.0.1", zones("zone-a")), ep("10.0.0.2", local, zones("zone-b"))},
 			cluster: []string{"10.0.0.1"}, usable: true},
 		{name: "PreferSameNode without hints prefers this node", sp: preferNode,
-			eps:     []Endpoint{ep("10.0.0.1", func(e *Endpoint) { e.Zone = "zone-a" }), ep("10.0.0.2", local)},
+			eps:     []Endpoint{ep("10.0.0.1", func(e *Endpoint) { *e = e.At(e.NodeName(), "zone-a") }), ep("10.0.0.2", local)},
 			cluster: []string{"10.0.0.2"}, usable: true},
 	}
 	for _, tt := range tests {

@@ -222,7 +222,7 @@ func healthChecks(st *State) (ports map[hcKey]int32, counts map[hcKey]int) {
 			for _, ep := range st.Endpoints[name] {
 				// Only ready endpoints: a node left with terminating
 				// ones must fail the check so the balancer drains it.
-				if ep.Ready && ep.NodeName == st.Node.Name && key.Family.Has(ep.IP) {
+				if ep.Ready && ep.NodeName() == st.Node.Name && key.Family.Has(ep.IP) {
 					local[key][ep.IP] = struct{}{}
 				}
 			}

@@ -33,7 +33,7 @@ func hcState(port int32, eps ...Endpoint) *State {
 }
 
 func nodeEp(ip, node string, ready bool) Endpoint {
-	return Endpoint{IP: netip.MustParseAddr(ip), Port: 8080, Ready: ready, Serving: ready, NodeName: node}
+	return Endpoint{IP: netip.MustParseAddr(ip), Port: 8080, Ready: ready, Serving: ready}.At(node, "")
 }
 
 func TestHealthChecksCountDistinctLocalReadyAddressesPerFamily(t *testing.T) {
@@ -43,7 +43,7 @@ func TestHealthChecksCountDistinctLocalReadyAddressesPerFamily(t *testing.T) {
 		nodeEp("10.0.0.3", "node-a", false), // not ready
 		nodeEp("10.0.0.4", "node-b", true),  // another node
 		nodeEp("fd00::a", "node-a", true),
-		Endpoint{IP: netip.MustParseAddr("10.0.0.5"), Serving: true, Terminating: true, NodeName: "node-a"},
+		Endpoint{IP: netip.MustParseAddr("10.0.0.5"), Serving: true, Terminating: true}.At("node-a", ""),
 	)
 	ports, counts := healthChecks(st)
 	svc := types.NamespacedName{Namespace: "ns", Name: "lb"}

@@ -28,7 +28,7 @@ func TestNoLocalEndpointsCountsLocalPoliciesWithoutLocalEndpoints(t *testing.T) 
 	add("etp-remote-only", etp, nodeEp("10.0.0.1", "node-b", true), nodeEp("fd00::a", "node-b", true))
 	add("both-remote-v6", both, nodeEp("10.0.0.1", "node-a", true), nodeEp("fd00::a", "node-b", true))
 	add("itp-local", itp, nodeEp("10.0.0.1", "node-a", true))
-	add("itp-local-terminating", itp, Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Serving: true, Terminating: true, NodeName: "node-a"})
+	add("itp-local-terminating", itp, Endpoint{IP: netip.MustParseAddr("10.0.0.1"), Serving: true, Terminating: true}.At("node-a", ""))
 	add("itp-no-endpoints", itp) // rejected, not counted (as upstream)
 	add("cluster-remote", func(*ServicePort) {}, nodeEp("10.0.0.1", "node-b", true))
 

@@ -36,7 +36,7 @@ func servicePortReport(sp *ServicePort, eps []Endpoint, node Node, counters map[
 		re := statusapi.Endpoint{
 			IP: e.IP.String(), Port: e.Port,
 			Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
-			NodeName: e.NodeName, Zone: e.Zone,
+			NodeName: e.NodeName(), Zone: e.Zone(),
 			Usable: usable[e.AddrPort()],
 		}
 		if c, ok := counters[EndpointRef{ServicePort: sp.Name, Endpoint: e.AddrPort()}]; ok {
@@ -113,7 +113,7 @@ func StateFromServices(r *statusapi.Services) (*State, error) {
 				return nil, fmt.Errorf("%s: %w", field(fmt.Sprintf("endpoints[%d].ip", j)), perr)
 			}
 			eps = append(eps, Endpoint{IP: ip, Port: e.Port, Ready: e.Ready, Serving: e.Serving,
-				Terminating: e.Terminating, NodeName: e.NodeName, Zone: e.Zone})
+				Terminating: e.Terminating}.At(e.NodeName, e.Zone))
 		}
 		st.Services[name] = sp
 		st.Endpoints[name] = eps

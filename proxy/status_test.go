@@ -202,8 +202,7 @@ func TestStateFromServicesRebuildsWhatTheAPIReported(t *testing.T) {
 func TestStatusUsableFollowsTheRulesSelection(t *testing.T) {
 	node := Node{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "zone-a"}}
 	ep := func(ip, zone string) Endpoint {
-		return Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, NodeName: "node-b",
-			Zone: zone, Hints: &EndpointHints{ForZones: []string{zone}}}
+		return Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, Hints: &EndpointHints{ForZones: []string{zone}}}.At("node-b", zone)
 	}
 	sp := &ServicePort{Name: spName("ns", "web", "http", "TCP"), Type: v1.ServiceTypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: v1.ProtocolTCP}

@@ -55,7 +55,7 @@ func (w *world) setEndpoints(name proxy.ServicePortName, eps ...string) {
 		if last := ap.Addr().As4()[3]; last == 1 || last == 2 {
 			node = "node-1"
 		}
-		out = append(out, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true, NodeName: node})
+		out = append(out, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true}.At(node, ""))
 	}
 	w.st.Endpoints[name] = out
 	w.st.Changed[name] = struct{}{}
@@ -398,7 +398,7 @@ func TestDualStackRendersEachFamilyFromTheSameState(t *testing.T) {
 	w := newWorld()
 	sp := w.add(spName("demo", "dual", ""), "10.96.0.20", 80, 30020, "10.244.1.1:80")
 	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::20"))
-	w.st.Endpoints[sp.Name] = append(w.st.Endpoints[sp.Name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true, NodeName: "node-1"})
+	w.st.Endpoints[sp.Name] = append(w.st.Endpoints[sp.Name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true}.At("node-1", ""))
 	mustSync(t, b, w.next())
 	in4, in6 := string(v4.Inputs[0]), string(v6.Inputs[0])
 	if !strings.Contains(in4, "-d 10.96.0.20") || strings.Contains(in4, "fd00") {

@@ -51,7 +51,7 @@ func kernelWorld() *world {
 	web.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")}
 	web.AffinityTimeout = time.Hour
 	w.st.Endpoints[web.Name] = append(w.st.Endpoints[web.Name],
-		proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 8080, Ready: true, NodeName: "node-1"})
+		proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 8080, Ready: true}.At("node-1", ""))
 	w.add(spName("demo", "db", ""), "10.96.0.11", 5432, 0, "10.244.2.4:5432")
 	udp := spName("demo", "dns", "")
 	udp.Protocol = v1.ProtocolUDP

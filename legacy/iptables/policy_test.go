@@ -14,7 +14,7 @@ func TestPolicyChainsFollowTheCoresSelection(t *testing.T) {
 	name := spName("demo", "web", "")
 	ep := func(s string, ready, serving, terminating bool, node string) proxy.Endpoint {
 		ap := netip.MustParseAddrPort(s)
-		return proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: ready, Serving: serving, Terminating: terminating, NodeName: node}
+		return proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: ready, Serving: serving, Terminating: terminating}.At(node, "")
 	}
 	for _, c := range []struct {
 		name      string

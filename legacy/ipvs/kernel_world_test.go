@@ -156,7 +156,7 @@ func (k *kstate) add(name, clusterIP string, port, nodePort int32, eps ...netip.
 func (k *kstate) setEndpoints(n proxy.ServicePortName, eps ...netip.Addr) {
 	var out []proxy.Endpoint
 	for _, a := range eps {
-		out = append(out, proxy.Endpoint{IP: a, Port: 8080, Ready: true, Serving: true, NodeName: "node-1"})
+		out = append(out, proxy.Endpoint{IP: a, Port: 8080, Ready: true, Serving: true}.At("node-1", ""))
 	}
 	k.st.Endpoints[n] = out
 	k.st.Changed[n] = struct{}{}

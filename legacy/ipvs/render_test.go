@@ -20,7 +20,7 @@ func spn(name string) proxy.ServicePortName {
 }
 
 func ep(ip string, port int32, node string) proxy.Endpoint {
-	return proxy.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, NodeName: node}
+	return proxy.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true}.At(node, "")
 }
 
 func addrs(ss ...string) []netip.Addr {

@@ -151,7 +151,7 @@ func TestKernelFDLimitChild(t *testing.T) {
 			Protocol: v1.ProtocolTCP}
 		st.Services[name] = &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP, Protocol: v1.ProtocolTCP, Port: 80,
 			ClusterIPs: []netip.Addr{fdVIP(i)}}
-		st.Endpoints[name] = []proxy.Endpoint{{IP: netip.MustParseAddr(podIP), Port: 8080, Ready: true, Serving: true, NodeName: "node-1"}}
+		st.Endpoints[name] = []proxy.Endpoint{proxy.Endpoint{IP: netip.MustParseAddr(podIP), Port: 8080, Ready: true, Serving: true}.At("node-1", "")}
 	}
 	syncErr := ""
 	if err := b.Sync(ctx, st); err != nil {

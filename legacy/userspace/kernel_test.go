@@ -119,7 +119,7 @@ func (k *kernelWorld) setEndpoints(n proxy.ServicePortName, eps ...string) {
 	var list []proxy.Endpoint
 	for _, e := range eps {
 		ap := netip.MustParseAddrPort(e)
-		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true, NodeName: "node-1"})
+		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true}.At("node-1", ""))
 	}
 	k.st.Endpoints[n] = list
 	k.markChanged(n)
