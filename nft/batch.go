@@ -60,7 +60,7 @@ func (b *batch) add(typ uint16, flags uint16, data []byte, owner int) {
 	binary.NativeEndian.PutUint16(h[6:], flags)
 	// Sequence and port ID (bytes 8-15) are set by sendBatch.
 	buf = append(append(buf, h[:]...), data...)
-	buf = append(buf, make([]byte, padded-n)...)
+	buf = append(buf, make([]byte, 4)[:padded-n]...)
 	b.chunks[c] = buf
 	b.size += padded
 }
@@ -88,6 +88,7 @@ type batchEncoder struct {
 	b        *batch
 	last     int // the last operation message, -1 before the first
 	nfgen    []byte
+	scratch  []byte // an element message being written (elemenc.go)
 }
 
 func newBatchEncoder() (*batchEncoder, error) {
@@ -112,6 +113,10 @@ func newBatchEncoder() (*batchEncoder, error) {
 
 // add encodes one operation.
 func (e *batchEncoder) add(o *op) error {
+	if o.kind == opAddElement || o.kind == opDelElement {
+		e.addElements(o)
+		return nil
+	}
 	if err := queue(e.enc, o); err != nil {
 		return err
 	}

@@ -217,66 +217,19 @@ func queue(conn *nftables.Conn, o *op) error {
 			ud = userdata.AppendString(nil, userdata.TypeComment, r.Comment)
 		}
 		conn.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: o.chain.Name, Table: t}, Exprs: r.Exprs, UserData: ud})
-	case opAddElement, opDelElement:
-		s := nfSet(t, o.set)
-		elems := make([]nftables.SetElement, len(o.elems))
-		for i, e := range o.elems {
-			elems[i] = nftables.SetElement{Key: e.Key, IntervalEnd: e.KeyEnd, Comment: e.Comment}
-			if o.kind == opAddElement {
-				switch {
-				case e.Verdict == verdictDrop:
-					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
-				case e.Verdict == verdictGoto:
-					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
-				case e.Verdict == verdictJump:
-					elems[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Chain}
-				case e.Data != nil:
-					elems[i].Val = e.Data
-				}
-			}
-		}
-		send := conn.SetDeleteElements
-		if o.kind == opAddElement {
-			send = conn.SetAddElements
-		}
-		for _, chunk := range elementChunks(elems) {
-			if err := send(s, chunk); err != nil {
-				return fmt.Errorf("elements of %s: %w", o.set.Name, err)
-			}
-		}
+	default: // the elements: batchEncoder.addElements
+		return fmt.Errorf("queue: operation %d is not encoded by google/nftables", o.kind)
 	}
 	return nil
 }
 
 // maxElementBytes bounds the estimated size of one element message's list.
-// google/nftables puts all the elements of a call in one nested netlink
-// attribute, whose length is 16 bits: past 64 KiB (about 600 service-ips
-// elements with their comments) the length wraps and the kernel rejects
-// the batch with a misleading error (ENOENT, ERANGE). Half of it leaves
-// room for the estimate's slack.
+// The elements of a message are one nested netlink attribute, whose length
+// is 16 bits: past 64 KiB (about 600 service-ips elements with their
+// comments) the length wraps and the kernel rejects the batch with a
+// misleading error (ENOENT, ERANGE). Half of it leaves room for the
+// estimate's slack.
 const maxElementBytes = 32 << 10
-
-// elementChunks splits elems into runs whose encoding stays under
-// maxElementBytes; each run is one message of the same transaction.
-func elementChunks(elems []nftables.SetElement) [][]nftables.SetElement {
-	var chunks [][]nftables.SetElement
-	start, size := 0, 0
-	for i, e := range elems {
-		// Attribute headers and padding, flags, key, end key, verdict
-		// and comment: 64 bytes covers every fixed part.
-		n := 64 + len(e.Key) + len(e.KeyEnd) + len(e.Comment)
-		if e.VerdictData != nil {
-			n += len(e.VerdictData.Chain)
-		}
-		n += len(e.Val)
-		if size+n > maxElementBytes && i > start {
-			chunks = append(chunks, elems[start:i])
-			start, size = i, 0
-		}
-		size += n
-	}
-	return append(chunks, elems[start:])
-}
 
 func nfSet(t *nftables.Table, s *Set) *nftables.Set {
 	ns := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Concatenation: s.Concat,
