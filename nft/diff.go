@@ -87,7 +87,7 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 	}
 	for _, set := range sortedKeys(want.elements) {
 		var del []Element
-		add := make([]Element, 0, len(want.elements[set])) // in a full sync, nearly all of them
+		add := tx.elementsFor(len(want.elements[set])) // in a full sync, nearly all of them
 		m := model.elements[set]
 		if m == nil {
 			m = map[string]uint64{}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/nftables"
@@ -141,5 +142,52 @@ func TestElementMessagesAreGoogleNftablesBytes(t *testing.T) {
 				t.Errorf("%s: message %d has type %#x and flags %#x, want %#x and %#x", c.name, i, typ, flags, wantTyp, wantFlags)
 			}
 		}
+	}
+}
+
+// A streamed transaction hands the element lists the encoder is done with
+// to the next diff, and the batch is what it would be with fresh lists.
+func TestSpilledElementListsAreReusedAfterEncoding(t *testing.T) {
+	set := &Set{Name: mapEndpoints}
+	group := func(first int) []Element {
+		var es []Element
+		for i := range 4 {
+			es = append(es, Element{Key: slotKey(uint32(first + i)), Data: []byte{10, 0, 0, byte(first + i), 0x1f, 0x90, 0, 0}})
+		}
+		return es
+	}
+	encode := func(reuse bool) (*batch, bool) {
+		e, err := newBatchEncoder()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx := &Transaction{stream: e}
+		first := tx.elementsFor(4)
+		tx.addElements(familyIPv4, set, append(first, group(0)...))
+		if err := tx.spill(); err != nil {
+			t.Fatal(err)
+		}
+		second := make([]Element, 0, 4)
+		reused := false
+		if reuse {
+			second = tx.elementsFor(4)
+			reused = cap(second) >= 4 && &second[:1][0] == &first[:1][0]
+			if len(second) != 0 || !slices.EqualFunc(second[:4], make([]Element, 4), func(a, b Element) bool { return a.Key == nil && a.Data == nil }) {
+				t.Errorf("a spare list is not empty and cleared: %v", second[:4])
+			}
+		}
+		tx.addElements(familyIPv4, set, append(second, group(4)...))
+		if err := tx.spill(); err != nil {
+			t.Fatal(err)
+		}
+		return e.finish(), reused
+	}
+	fresh, _ := encode(false)
+	again, reused := encode(true)
+	if !reused {
+		t.Error("the second group's list is not the first's, encoded")
+	}
+	if !slices.EqualFunc(fresh.chunks, again.chunks, bytes.Equal) {
+		t.Errorf("the batch differs with a reused list:\n%x\n%x", again.chunks, fresh.chunks)
 	}
 }
