@@ -129,7 +129,7 @@ func (b *Backend) LastTransactionOps() int { return b.lastOps }
 func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
 
 // Sync makes kp's tables match s in one transaction (a large full sync into
-// a table that does not exist yet goes in a few: see applyStage). After a successful
+// a table that does not exist yet goes in a few: see stager). After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
 // a failure, when the Node changed, and every fullSyncInterval, when the
 // kernel is read again so that whatever changed behind kp's back (another
@@ -158,7 +158,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	defer tx.discard()
-	var stagedFams []family // their base chains go in the last transaction
+	st := &stager{conn: b.conn}
+	defer func() { _ = st.wait() }() // a stage still in flight when the sync fails
+	var stagedFams []family          // their base chains go in the last transaction
 	for _, f := range families {
 		book := b.tables[f]
 		staged := false
@@ -181,7 +183,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
 		b.slotsMu.Lock()
 		if full {
-			err = b.syncFull(ctx, tx, f, book, s, skel, staged)
+			err = b.syncFull(ctx, tx, st, f, book, s, skel, staged)
 		} else {
 			b.syncChanged(tx, f, book, s, skel)
 		}
@@ -209,6 +211,10 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	if !full {
 		b.carryCounters(tx)
+	}
+	if err := st.wait(); err != nil {
+		b.tables = nil
+		return err
 	}
 	if err := b.conn.Apply(tx); err != nil {
 		b.tables = nil // unknown now: re-read and reconcile next time

@@ -42,20 +42,55 @@ func stageSize(n int) int {
 	return max(1, (groups+fullSyncStages-1)/fullSyncStages) * fullSyncGroup
 }
 
-// applyStage applies what tx holds and starts it again, empty.
-func (b *Backend) applyStage(tx *Transaction) error {
-	if err := b.conn.Apply(tx); err != nil {
-		return fmt.Errorf("apply a stage of a full sync into a new table: %w", err)
+// stager applies the stages of a full sync into a new table while the
+// next stage is rendered and encoded: a stage's kernel work (its sendmsg:
+// nfnetlink applies a batch in the sender's context) runs on another core
+// than kp's rendering. One stage is in flight at most, so the stages reach
+// the kernel in order; a Sync waits for it before its last transaction and
+// before it returns.
+type stager struct {
+	conn Conn
+	done chan error // the stage in flight; nil when none
+}
+
+// apply starts applying what tx holds and starts tx again, empty. It first
+// waits for the stage before, whose error it returns.
+func (s *stager) apply(tx *Transaction) error {
+	if err := s.wait(); err != nil {
+		return err
+	}
+	if err := tx.spill(); err != nil {
+		return err
 	}
 	next := &Transaction{}
-	if st, ok := b.conn.(streamer); ok {
+	if st, ok := s.conn.(streamer); ok {
 		var err error
 		if next, err = st.Stream(); err != nil {
 			return fmt.Errorf("start the nftables transaction: %w", err)
 		}
 	}
+	stage := *tx
+	next.spare, stage.spare = stage.spare, nil // spilled: the encoder has them back
 	*tx = *next
+	s.done = make(chan error, 1)
+	go func() {
+		if err := s.conn.Apply(&stage); err != nil {
+			s.done <- fmt.Errorf("apply a stage of a full sync into a new table: %w", err)
+			return
+		}
+		s.done <- nil
+	}()
 	return nil
+}
+
+// wait waits for the stage in flight, if any, and returns its error.
+func (s *stager) wait() error {
+	if s.done == nil {
+		return nil
+	}
+	err := <-s.done
+	s.done = nil
+	return err
 }
 
 // streamer is a Conn that can encode a transaction while it is built
@@ -72,7 +107,7 @@ type streamer interface {
 // (at 10,000 Services it was most of kp's peak memory). The skeleton goes
 // first, as service objects name its chains and sets; what nobody wants
 // any more is deleted last.
-func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
+func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
 	if book.owned != nil {
 		// Over kp's own bookkeeping (the Node changed), not a table just
 		// read: the model has back what it keeps none of between syncs.
@@ -138,7 +173,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, f family, book 
 		}
 		want.reset()
 		if (i+1)%stage == 0 && i != len(names)-1 {
-			if err := b.applyStage(tx); err != nil {
+			if err := st.apply(tx); err != nil {
 				return err
 			}
 		}

@@ -1,9 +1,11 @@
 package nft
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestFullSyncIntoANewTableGoesInStages: a large full sync into a table
@@ -135,4 +137,68 @@ func (c *modelWatch) Apply(tx *Transaction) error {
 	}
 	c.held = append(c.held, n)
 	return c.Conn.Apply(tx)
+}
+
+// blockingConn is a Fake whose Apply waits for release, and says when it
+// started: a stand-in for a stage the kernel is still applying.
+type blockingConn struct {
+	*Fake
+	started chan int
+	release chan error
+	applied int
+}
+
+func (c *blockingConn) Apply(tx *Transaction) error {
+	c.applied++
+	c.started <- c.applied
+	if err := <-c.release; err != nil {
+		return err
+	}
+	return c.Fake.Apply(tx)
+}
+
+// TestStagerAppliesAStageWhileTheNextIsBuilt: apply returns while its stage
+// is still being applied, the next apply waits for it (one stage in flight,
+// in order), and a stage's error comes back from the next apply or wait.
+func TestStagerAppliesAStageWhileTheNextIsBuilt(t *testing.T) {
+	c := &blockingConn{Fake: NewFake(), started: make(chan int, 4), release: make(chan error)}
+	st := &stager{conn: c}
+	tx := &Transaction{}
+	tx.addTable(familyIPv4)
+	if err := st.apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-c.started; n != 1 {
+		t.Fatalf("stage %d started first", n)
+	}
+	if tx.Len() != 0 {
+		t.Errorf("the next stage starts with %d operations, want none", tx.Len())
+	}
+	tx.addChain(familyIPv4, &Chain{Name: "services"}) // built while stage 1 is applied
+	second := make(chan error, 1)
+	go func() { second <- st.apply(tx) }()
+	select {
+	case n := <-c.started:
+		t.Fatalf("stage %d started while stage 1 was still being applied", n)
+	case err := <-second:
+		t.Fatalf("the second apply returned (%v) before stage 1 was applied", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	c.release <- nil // stage 1 done
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if n := <-c.started; n != 2 {
+		t.Fatalf("stage %d started second", n)
+	}
+	c.release <- errors.New("no buffer space")
+	if err := st.wait(); err == nil || !strings.Contains(err.Error(), "apply a stage of a full sync into a new table: no buffer space") {
+		t.Errorf("wait after a failed stage: %v", err)
+	}
+	if err := st.wait(); err != nil {
+		t.Errorf("wait with no stage in flight: %v", err)
+	}
+	if c.Fake.Transactions != 1 {
+		t.Errorf("the fake applied %d transactions, want stage 1 alone", c.Fake.Transactions)
+	}
 }
