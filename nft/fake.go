@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // Fake is an in-memory Conn for unit tests. It applies transactions all or
@@ -14,6 +15,9 @@ import (
 // deleted and may not be added twice with another value), and exports its
 // state for assertions.
 type Fake struct {
+	// mu orders Apply against the reads: a staged full sync applies a
+	// stage while the next family's table is read (stager).
+	mu     sync.Mutex
 	Tables map[string]*FakeTable // by family name: "ip", "ip6"
 	// Transactions counts applied transactions; LastOps is the last one's size.
 	Transactions int
@@ -58,6 +62,8 @@ func (ft *FakeTable) clone() *FakeTable {
 }
 
 func (f *Fake) Apply(tx *Transaction) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.FailNext != nil {
 		err := f.FailNext
 		f.FailNext = nil
@@ -247,6 +253,8 @@ func fakeRefs(t *FakeTable, chain string) string {
 }
 
 func (f *Fake) Read(fam family) (*tableState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	t := f.Tables[fam.name]
 	if t == nil {
 		return nil, nil
@@ -275,6 +283,8 @@ func (f *Fake) Read(fam family) (*tableState, error) {
 // DNATCounters reads the fake's rule texts: every rule with "counter" and
 // "dnat to ADDR:PORT" counts, at zero.
 func (f *Fake) DNATCounters(fam family, chains []string) (map[string]map[netip.AddrPort]Counter, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	out := map[string]map[netip.AddrPort]Counter{}
 	t := f.Tables[fam.name]
 	if t == nil {
@@ -303,6 +313,8 @@ func (f *Fake) DNATCounters(fam family, chains []string) (map[string]map[netip.A
 // ElementCounters reports a zero counter for every element of the named
 // map, when the map counts (Set.Counter).
 func (f *Fake) ElementCounters(fam family, set string) (map[string]Counter, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	t := f.Tables[fam.name]
 	if t == nil || t.Sets[set] == nil || !t.Sets[set].Counter {
 		return nil, nil
@@ -316,6 +328,8 @@ func (f *Fake) ElementCounters(fam family, set string) (map[string]Counter, erro
 
 // Dump prints the fake ruleset canonically (sorted), in nft-like syntax.
 func (f *Fake) Dump() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var sb strings.Builder
 	for _, fam := range sortedKeys(f.Tables) {
 		t := f.Tables[fam]
