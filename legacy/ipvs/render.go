@@ -130,8 +130,15 @@ func render(in renderInput, sp *proxy.ServicePort, eps []proxy.Endpoint) *render
 		entry(setHealthCheck, strconv.Itoa(int(sp.HealthCheckNodePort)))
 	}
 	// Hairpin: a pod reaching itself through the Service is masqueraded,
-	// or its own reply would bypass IPVS.
+	// or its own reply would bypass IPVS. Only a pod on this node can send
+	// its packets through this node's IPVS, so only local endpoints get an
+	// entry, as upstream's KUBE-LOOP-BACK: a node then holds one per pod
+	// it runs, not one per endpoint in the cluster (100,000 at 10,000
+	// Services × 10).
 	for _, e := range append(slices.Clone(internal), external...) {
+		if e.NodeName() != in.node.Name {
+			continue
+		}
 		entry(setLoopBack, e.IP.String()+","+protoLower(sp.Protocol)+":"+strconv.Itoa(int(e.Port))+","+e.IP.String())
 	}
 	return out

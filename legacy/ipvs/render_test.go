@@ -65,7 +65,8 @@ func TestRenderFollowsUpstreamsLayout(t *testing.T) {
 		want: []string{"tcp/10.96.0.10:80 rr t=0 [10.244.0.2:8080 10.244.1.2:8080]", "addr 10.96.0.10",
 			"set CLUSTER-IP 10.96.0.10,tcp:80", "set IPVS-IPS 10.96.0.10", "set IPVS-SERVERS 10.96.0.10,tcp:80",
 			"set LOOP-BACK 10.244.0.2,tcp:8080,10.244.0.2"},
-		not: []string{"fd00::10"},
+		// Hairpin is for this node's pods only (upstream's KUBE-LOOP-BACK).
+		not: []string{"fd00::10", "set LOOP-BACK 10.244.1.2"},
 	}, {
 		name: "ClientIP affinity is IPVS persistence with the Service's timeout",
 		sp:   proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP, AffinityTimeout: 3 * time.Hour},
@@ -170,7 +171,7 @@ func TestUDPRealServersAreDeletedAtOnce(t *testing.T) {
 }
 
 func TestBookCountsSharedAddressesAndEntries(t *testing.T) {
-	in := renderInput{family: proxy.IPv4, scheduler: "rr"}
+	in := renderInput{family: proxy.IPv4, scheduler: "rr", node: proxy.Node{Name: "n1"}}
 	bk := newBook()
 	a := &proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	b := &proxy.ServicePort{Name: proxy.ServicePortName{NamespacedName: a.Name.NamespacedName, Port: "b", Protocol: v1.ProtocolTCP},
