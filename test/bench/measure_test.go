@@ -69,6 +69,11 @@ func (p *proxyRun) coldStart(c *cluster, n int, syncTimeout time.Duration) FullS
 	}
 	res.CPUSeconds, res.PeakRSS = st.cpu, st.hwm
 	res.FDs = openFDs(pid)
+	if p.complete != nil {
+		if err := p.complete(); err != nil {
+			p.t.Errorf("%s N=%d: after its full sync: %v", p.name, n, err)
+		}
+	}
 	p.checkSamples(c, n)
 	return res
 }

@@ -38,6 +38,9 @@ type proxyRun struct {
 	args  []string
 	proc  *netns.Process
 	count func() (int, error) // Services programmed in the kernel
+	// complete, when set, checks once a cold start is done what count
+	// does not (each IPVS virtual server has its real servers).
+	complete func() error
 }
 
 // newProxy prepares (does not start) proxy name in world w as node node.
@@ -76,6 +79,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		if name == KPIPVS {
 			p.args = append(p.args, "--proxy-mode", "ipvs")
 			p.count = func() (int, error) { return countIPVS(w.Node()) }
+			p.complete = func() error { return ipvsComplete(w.Node()) }
 		}
 	case UpstreamNFT, UpstreamIPTables:
 		mode := "nftables"
@@ -92,6 +96,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 	case UpstreamIPVS:
 		p.bin = apiserver.Bin(t, apiserver.KubeProxy)
 		p.count = func() (int, error) { return countIPVS(w.Node()) }
+		p.complete = func() error { return ipvsComplete(w.Node()) }
 		p.args = append(common,
 			"--proxy-mode", "ipvs",
 			// Its ipvs mode's own names for the two periods.
