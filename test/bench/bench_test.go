@@ -113,9 +113,13 @@ func TestBench(t *testing.T) {
 		}
 		cfg.Ns = append(cfg.Ns, n)
 	}
+	load := watchLoad(t)
 	// The report is rewritten after every N, so a run cut short still
 	// leaves what it measured.
 	write := func(res *Results) {
+		if *flagVM == "" { // in a VM its own load says little: the host's is taken there
+			res.Machine.Load = load.String()
+		}
 		if *flagMerge != "" {
 			res = merged(t, *flagMerge, res)
 		}

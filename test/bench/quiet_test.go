@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -71,4 +73,70 @@ func cpuTimes() ([2]uint64, bool) {
 		}
 	}
 	return out, true
+}
+
+// loadWatch samples this machine's 1-minute load average while a run
+// lasts, so the report says how busy the machine was (under load, every
+// proxy's times stretch, and not evenly).
+type loadWatch struct {
+	mu       sync.Mutex
+	min, max float64
+	samples  int
+}
+
+// watchLoad samples /proc/loadavg every loadEvery until t ends.
+func watchLoad(t *testing.T) *loadWatch {
+	w := &loadWatch{}
+	w.sample()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		tick := time.NewTicker(loadEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				w.sample()
+			}
+		}
+	}()
+	return w
+}
+
+const loadEvery = 30 * time.Second
+
+func (w *loadWatch) sample() {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.samples == 0 || v < w.min {
+		w.min = v
+	}
+	if w.samples == 0 || v > w.max {
+		w.max = v
+	}
+	w.samples++
+}
+
+// String is the range seen, for Machine.Load.
+func (w *loadWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.samples == 0 {
+		return ""
+	}
+	return fmt.Sprintf("1-minute load average %.2f–%.2f over the run (%d samples, one every %v)", w.min, w.max, w.samples, loadEvery)
 }

@@ -26,7 +26,10 @@ func WriteReport(w io.Writer, r *Results) error {
 	}
 	p("## Machine\n\n")
 	p("| | |\n|---|---|\n")
-	p("| CPU | %s, %d cores (shared with other builds during the run) |\n", m.CPU, m.Cores)
+	p("| CPU | %s, %d cores |\n", m.CPU, m.Cores)
+	if m.Load != "" {
+		p("| Load | %s |\n", m.Load)
+	}
 	p("| Memory | %.0f GB |\n| Kernel | %s |\n| Go | %s |\n| Upstream | %s |\n", m.MemGB, m.Kernel, m.Go, m.Upstream)
 	if m.IPTables != "" {
 		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`) |\n",

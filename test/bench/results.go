@@ -160,7 +160,10 @@ type Machine struct {
 	IPTables string `json:",omitempty"`
 	// VM describes the virtual machine the run was made in ("" on the
 	// host): under software emulation only the ratios count.
-	VM    string `json:",omitempty"`
+	VM string `json:",omitempty"`
+	// Load is how busy the machine running the proxies' host was during
+	// the run (for a VM run, the host's): loadWatch's summary.
+	Load  string `json:",omitempty"`
 	Cores int
 	MemGB float64
 }

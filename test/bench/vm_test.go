@@ -79,6 +79,7 @@ func TestBenchInTheVM(t *testing.T) {
 	args := append([]string{"-bench.proxies=" + *flagVMProxies}, strings.Fields(*flagVMArgs)...)
 	var res *Results
 	var notes []string
+	load := watchLoad(t)
 	if *flagVMSeed {
 		// One boot per N, each on its own seed.
 		for _, f := range strings.Split(*flagVMN, ",") {
@@ -89,7 +90,7 @@ func TestBenchInTheVM(t *testing.T) {
 			seed := filepath.Join(t.TempDir(), "etcd")
 			took := seedEtcd(t, n, seed)
 			t.Logf("N=%d: seed populated on the host in %v", n, took.Round(time.Millisecond))
-			notes = append(notes, fmt.Sprintf("N=%d: the API server was populated on the host (in %v, niced, beside other work), "+
+			notes = append(notes, fmt.Sprintf("N=%d: the API server was populated on the host (in %v, niced), "+
 				"and the VM's etcd started on a copy of its data (-bench.vm.seed).", n, took.Round(time.Second)))
 			r, out := runInVM(t, append(slices.Clone(args), fmt.Sprintf("-bench.n=%d", n), "-bench.seed="+seed))
 			if r == nil {
@@ -98,7 +99,7 @@ func TestBenchInTheVM(t *testing.T) {
 			// The VM's own population was none: the seed's Services were there.
 			notes = append(notes, slices.DeleteFunc(timings(out), func(n string) bool { return strings.Contains(n, "populated") })...)
 			res = mergeRuns(res, r)
-			writeVMReport(t, res, notes)
+			writeVMReport(t, res, notes, load)
 		}
 		return
 	}
@@ -106,7 +107,7 @@ func TestBenchInTheVM(t *testing.T) {
 	if res == nil {
 		return
 	}
-	writeVMReport(t, res, timings(out))
+	writeVMReport(t, res, timings(out), load)
 }
 
 // mergeRuns is base with r's records added (base nil: r).
@@ -126,8 +127,9 @@ func mergeRuns(base, r *Results) *Results {
 }
 
 // writeVMReport writes the VM run's report to -bench.vm.out.
-func writeVMReport(t *testing.T, res *Results, notes []string) {
+func writeVMReport(t *testing.T, res *Results, notes []string, load *loadWatch) {
 	t.Helper()
+	res.Machine.Load = "the host's " + load.String()
 	res.Command = "make bench-vm BENCH_VM_N=" + *flagVMN
 	if *flagVMArgs != "" {
 		res.Command += " BENCH_VM_ARGS='" + *flagVMArgs + "'"
