@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -23,33 +24,23 @@ var benchServices = flag.Int("bench.services", 1000, "Services (× 10 endpoints)
 //
 //	vm.RunPackage(t, opts, "./legacy/ipvs", "^$", "-test.bench", "BenchmarkKernelFullSync", "-test.benchtime", "1x")
 //
-// Besides ns/op it reports the wall time spent in each seam per sync:
-// ipvs-s/op (IPVS netlink), links-s/op (kp-ipvs0 and its addresses),
-// ipset-s/op (ipset save and restore) and iptables-s/op (the rules); the
-// rest is kp's own rendering and diffing.
+// Besides ns/op it reports the wall time spent in each seam per sync
+// (benchTimers): ipvs-s/op (IPVS netlink), links-s/op (kp-ipvs0 and its
+// addresses), ipset-s/op (ipset save and restore), localaddrs-s/op (the
+// node's addresses, for the NodePorts) and rest-s/op (the iptables rules,
+// kp's own rendering and diffing).
 func BenchmarkKernelFullSync(b *testing.B) {
 	if testing.Short() {
 		b.Skip("short")
 	}
 	st := benchState(*benchServices)
-	var h timedHandle
-	var l timedLinks
-	var s timedIPSet
-	var total time.Duration
+	var t benchTimers
 	for b.Loop() {
 		b.StopTimer()
 		node := netns.NewNamespace(b, "ipvsbench")
-		be, err := New(kernelConfig("rr"), nil, WithHandle(func(in Handle) Handle { h.Handle = in; return &h }))
-		if err != nil {
-			b.Fatal(err)
-		}
-		l.Links, be.links = be.links, &l
-		s.IPSet, be.ipset = be.ipset, &s
-		be.drainEvery = 0
+		be := t.backend(b)
 		b.StartTimer()
-		start := time.Now()
-		err = netns.InNamespace(node, func() error { return be.Sync(context.Background(), st) })
-		total += time.Since(start)
+		err := t.sync(node, be, st)
 		b.StopTimer()
 		_ = be.Shutdown(context.Background())
 		if err != nil {
@@ -57,11 +48,86 @@ func BenchmarkKernelFullSync(b *testing.B) {
 		}
 		b.StartTimer()
 	}
+	t.report(b)
+}
+
+// BenchmarkKernelPartialSync is one endpoint change (one endpoint address
+// of one Service replaced) after a full sync of N Services × 10: kp-ipvs's
+// own sync per change, with the same seams reported as
+// BenchmarkKernelFullSync. In the VM, like it.
+func BenchmarkKernelPartialSync(b *testing.B) {
+	if testing.Short() {
+		b.Skip("short")
+	}
+	st := benchState(*benchServices)
+	var t benchTimers
+	node := netns.NewNamespace(b, "ipvsbench")
+	be := t.backend(b)
+	b.Cleanup(func() { _ = be.Shutdown(context.Background()) })
+	if err := t.sync(node, be, st); err != nil {
+		b.Fatal(err)
+	}
+	t = benchTimers{h: timedHandle{Handle: t.h.Handle}, l: timedLinks{Links: t.l.Links}, s: timedIPSet{IPSet: t.s.IPSet}}
+	name := spn("svc-0")
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		eps := slices.Clone(st.Endpoints[name])
+		eps[0].IP = netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})
+		st.Endpoints[name] = eps
+		st.Changed = map[proxy.ServicePortName]struct{}{name: {}}
+		st.Generation++
+		b.StartTimer()
+		if err := t.sync(node, be, st); err != nil {
+			b.Fatal(err)
+		}
+		if be.LastSyncFull() {
+			b.Fatal("an endpoint change made a full sync")
+		}
+	}
+	t.report(b)
+}
+
+// benchTimers time a backend's syncs per seam.
+type benchTimers struct {
+	h            timedHandle
+	l            timedLinks
+	s            timedIPSet
+	addrs, total time.Duration
+}
+
+// backend is a kp-ipvs Backend whose seams t times (its IPVS socket opens
+// at the first sync, in the namespace of that sync).
+func (t *benchTimers) backend(b *testing.B) *Backend {
+	be, err := New(kernelConfig("rr"), nil,
+		WithHandle(func(in Handle) Handle { t.h.Handle = in; return &t.h }),
+		WithLocalAddrs(func() ([]netip.Addr, error) {
+			defer func(start time.Time) { t.addrs += time.Since(start) }(time.Now())
+			return proxy.LocalAddrs()
+		}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	t.l.Links, be.links = be.links, &t.l
+	t.s.IPSet, be.ipset = be.ipset, &t.s
+	be.drainEvery = 0
+	return be
+}
+
+// sync syncs st in namespace node and adds its wall time to the total.
+func (t *benchTimers) sync(node string, be *Backend, st *proxy.State) error {
+	start := time.Now()
+	err := netns.InNamespace(node, func() error { return be.Sync(context.Background(), st) })
+	t.total += time.Since(start)
+	return err
+}
+
+func (t *benchTimers) report(b *testing.B) {
 	n := float64(b.N)
-	b.ReportMetric(h.d.Seconds()/n, "ipvs-s/op")
-	b.ReportMetric(l.d.Seconds()/n, "links-s/op")
-	b.ReportMetric(s.d.Seconds()/n, "ipset-s/op")
-	b.ReportMetric((total-h.d-l.d-s.d).Seconds()/n, "rest-s/op")
+	b.ReportMetric(t.h.d.Seconds()/n, "ipvs-s/op")
+	b.ReportMetric(t.l.d.Seconds()/n, "links-s/op")
+	b.ReportMetric(t.s.d.Seconds()/n, "ipset-s/op")
+	b.ReportMetric(t.addrs.Seconds()/n, "localaddrs-s/op")
+	b.ReportMetric((t.total-t.h.d-t.l.d-t.s.d-t.addrs).Seconds()/n, "rest-s/op")
 }
 
 // benchState is n ClusterIP Services (10.96.0.0/16 on), each TCP 80 with 10
@@ -108,6 +174,22 @@ func (t *timedHandle) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, err
 func (t *timedHandle) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	defer t.time(time.Now())
 	return t.Handle.NewDestination(s, d)
+}
+func (t *timedHandle) IsServicePresent(s *ipvs.Service) bool {
+	defer t.time(time.Now())
+	return t.Handle.IsServicePresent(s)
+}
+func (t *timedHandle) GetService(s *ipvs.Service) (*ipvs.Service, error) {
+	defer t.time(time.Now())
+	return t.Handle.GetService(s)
+}
+func (t *timedHandle) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error {
+	defer t.time(time.Now())
+	return t.Handle.UpdateDestination(s, d)
+}
+func (t *timedHandle) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
+	defer t.time(time.Now())
+	return t.Handle.DelDestination(s, d)
 }
 
 type timedLinks struct {
