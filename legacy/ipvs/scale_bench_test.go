@@ -16,7 +16,7 @@ import (
 	"github.com/kpproxy/kp/test/netns"
 )
 
-var benchServices = flag.Int("bench.services", 1000, "Services (× 10 endpoints) of BenchmarkKernelFullSync")
+var benchServices = flag.Int("bench.services", 1000, "Services (× 10 endpoints) of BenchmarkKernelFullSync and BenchmarkKernelPartialSync")
 
 // BenchmarkKernelFullSync is one cold full sync of N ClusterIP Services × 10
 // endpoints into a fresh namespace, the work of kp-ipvs's cold start without
@@ -89,10 +89,11 @@ func BenchmarkKernelPartialSync(b *testing.B) {
 
 // benchTimers time a backend's syncs per seam.
 type benchTimers struct {
-	h            timedHandle
-	l            timedLinks
-	s            timedIPSet
-	addrs, total time.Duration
+	h     timedHandle
+	l     timedLinks
+	s     timedIPSet
+	addrs stopwatch
+	total time.Duration
 }
 
 // backend is a kp-ipvs Backend whose seams t times (its IPVS socket opens
@@ -101,7 +102,7 @@ func (t *benchTimers) backend(b *testing.B) *Backend {
 	be, err := New(kernelConfig("rr"), nil,
 		WithHandle(func(in Handle) Handle { t.h.Handle = in; return &t.h }),
 		WithLocalAddrs(func() ([]netip.Addr, error) {
-			defer func(start time.Time) { t.addrs += time.Since(start) }(time.Now())
+			defer t.addrs.time(time.Now())
 			return proxy.LocalAddrs()
 		}))
 	if err != nil {
@@ -126,8 +127,8 @@ func (t *benchTimers) report(b *testing.B) {
 	b.ReportMetric(t.h.d.Seconds()/n, "ipvs-s/op")
 	b.ReportMetric(t.l.d.Seconds()/n, "links-s/op")
 	b.ReportMetric(t.s.d.Seconds()/n, "ipset-s/op")
-	b.ReportMetric(t.addrs.Seconds()/n, "localaddrs-s/op")
-	b.ReportMetric((t.total-t.h.d-t.l.d-t.s.d-t.addrs).Seconds()/n, "rest-s/op")
+	b.ReportMetric(t.addrs.d.Seconds()/n, "localaddrs-s/op")
+	b.ReportMetric((t.total-t.h.d-t.l.d-t.s.d-t.addrs.d).Seconds()/n, "rest-s/op")
 }
 
 // benchState is n ClusterIP Services (10.96.0.0/16 on), each TCP 80 with 10
@@ -152,12 +153,16 @@ func benchState(n int) *proxy.State {
 	return k.next()
 }
 
+// stopwatch sums the wall time of the calls that add to it:
+// defer w.time(time.Now()).
+type stopwatch struct{ d time.Duration }
+
+func (w *stopwatch) time(start time.Time) { w.d += time.Since(start) }
+
 type timedHandle struct {
 	Handle
-	d time.Duration
+	stopwatch
 }
-
-func (t *timedHandle) time(start time.Time) { t.d += time.Since(start) }
 
 func (t *timedHandle) GetServices() ([]*ipvs.Service, error) {
 	defer t.time(time.Now())
@@ -194,32 +199,32 @@ func (t *timedHandle) DelDestination(s *ipvs.Service, d *ipvs.Destination) error
 
 type timedLinks struct {
 	Links
-	d time.Duration
+	stopwatch
 }
 
 func (t *timedLinks) Ensure() error {
-	defer func(start time.Time) { t.d += time.Since(start) }(time.Now())
+	defer t.time(time.Now())
 	return t.Links.Ensure()
 }
 func (t *timedLinks) Addrs() ([]netip.Addr, error) {
-	defer func(start time.Time) { t.d += time.Since(start) }(time.Now())
+	defer t.time(time.Now())
 	return t.Links.Addrs()
 }
 func (t *timedLinks) AddAddr(a netip.Addr) error {
-	defer func(start time.Time) { t.d += time.Since(start) }(time.Now())
+	defer t.time(time.Now())
 	return t.Links.AddAddr(a)
 }
 
 type timedIPSet struct {
 	IPSet
-	d time.Duration
+	stopwatch
 }
 
 func (t *timedIPSet) Restore(ctx context.Context, data []byte) error {
-	defer func(start time.Time) { t.d += time.Since(start) }(time.Now())
+	defer t.time(time.Now())
 	return t.IPSet.Restore(ctx, data)
 }
 func (t *timedIPSet) List(ctx context.Context) (map[string][]string, error) {
-	defer func(start time.Time) { t.d += time.Since(start) }(time.Now())
+	defer t.time(time.Now())
 	return t.IPSet.List(ctx)
 }

@@ -29,16 +29,21 @@ var ipvsDummies = []string{"kube-ipvs0", "kp-ipvs0"}
 // world still up beside upstream-ipvs's (both with the same 1,000
 // Services), it showed 498 of upstream's 1,000 for 15 minutes.
 func countIPVS(ns string) (int, error) {
-	n := 0
-	err := inIPVS(ns, func(h *ipvs.Handle) error {
-		svcs, err := h.GetServices()
-		if err != nil {
-			return fmt.Errorf("list the IPVS virtual servers: %w", err)
-		}
-		n = len(benchServers(svcs))
-		return nil
+	svcs, err := ipvsServers(ns)
+	return len(benchServers(svcs)), err
+}
+
+// ipvsServers lists namespace ns's IPVS virtual servers.
+func ipvsServers(ns string) ([]*ipvs.Service, error) {
+	var svcs []*ipvs.Service
+	err := inIPVS(ns, func(h *ipvs.Handle) (err error) {
+		svcs, err = h.GetServices()
+		return err
 	})
-	return n, err
+	if err != nil {
+		return nil, fmt.Errorf("list the IPVS virtual servers: %w", err)
+	}
+	return svcs, nil
 }
 
 // ipvsComplete checks that each of the benchmark's virtual servers in
@@ -129,18 +134,14 @@ func ipvsLeftovers(ns string) error {
 	if !hasIPVS(ns) {
 		return nil
 	}
-	var servers []string
-	if err := inIPVS(ns, func(h *ipvs.Handle) error {
-		svcs, err := h.GetServices()
-		for _, s := range svcs {
-			servers = append(servers, fmt.Sprintf("virtual server %d %s:%d fwmark %d", s.Protocol, s.Address, s.Port, s.FWMark))
-		}
+	svcs, err := ipvsServers(ns)
+	if err != nil {
 		return err
-	}); err != nil {
-		return fmt.Errorf("list the IPVS virtual servers: %w", err)
 	}
-	if len(servers) > 0 {
-		return fmt.Errorf("an ipvs mode's %s is still there (%d virtual servers in all)", servers[0], len(servers))
+	if len(svcs) > 0 {
+		s := svcs[0]
+		return fmt.Errorf("an ipvs mode's virtual server %d %s:%d fwmark %d is still there (%d virtual servers in all)",
+			s.Protocol, s.Address, s.Port, s.FWMark, len(svcs))
 	}
 	out, err := netns.Exec(ns, "sh", "-c",
 		"ip -br link; ipset list -n; iptables-nft-save; iptables-legacy-save; ip6tables-nft-save")
