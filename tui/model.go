@@ -93,6 +93,15 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	var cmd tea.Cmd
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
+		if msg.Width <= 0 || msg.Height <= 0 {
+			// A terminal of no size: kubectl exec -it's pseudo-terminal
+			// until the container runtime applies the client's size, or
+			// for good when that resize came too early. Draw at the last
+			// size known (80×24 at first), the renderer included, which
+			// otherwise draws nothing at 0×0.
+			w, h := m.c.Width, m.c.Height
+			return m, func() tea.Msg { return tea.WindowSizeMsg{Width: w, Height: h} }
+		}
 		m.c.Width, m.c.Height = msg.Width, msg.Height
 	case snapshotMsg:
 		m.s.applySnapshot(msg)

@@ -99,3 +99,19 @@ func TestColourOnlyWhenAllowed(t *testing.T) {
 		})
 	}
 }
+
+// A terminal that reports no size (kubectl exec -it's pseudo-terminal
+// before the runtime applies the client's) is drawn at 80×24, not as
+// nothing.
+func TestProgramOnATerminalOfNoSize(t *testing.T) {
+	src := &fakeSource{svcs: services(1, 2, 3)}
+	m := New(Config{Source: src, Refresh: time.Hour, Now: func() time.Time { return t0 }})
+	tm := teatest.NewTestModel(t, m, teatest.WithInitialTermSize(0, 0))
+	waitScreen(t, tm, "default/web:http", "kube-system/dns:dns")
+	tm.Type("q")
+	tm.WaitFinished(t, teatest.WithFinalTimeout(5*time.Second))
+	final := tm.FinalModel(t).(*Model)
+	if final.c.Width != 80 || final.c.Height != 24 {
+		t.Errorf("size %d×%d after a 0×0 terminal, want 80×24", final.c.Width, final.c.Height)
+	}
+}
