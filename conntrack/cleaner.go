@@ -20,7 +20,8 @@ const (
 	ReasonEndpointGone = "endpoint_gone"
 	// ReasonNotNATed: the flow started while the Service address had no
 	// rule, so it was never DNATed; conntrack keeps sending it nowhere
-	// (upstream issue #48370) for as long as the client keeps sending.
+	// (upstream issue #48370) for as long as the client keeps sending. For
+	// TCP, a connection attempt's entry (SYN_SENT, see Judge).
 	ReasonNotNATed = "not_nated"
 	// ReasonServiceRemoved: the Service port is gone altogether.
 	ReasonServiceRemoved = "service_removed"
@@ -96,6 +97,9 @@ func NewJudge(prev, cur *proxy.State, nodeIPs []netip.Addr) *Judge {
 
 // Judge decides about one flow.
 func (j *Judge) Judge(f Flow) Staleness {
+	if f.Protocol == ProtoTCP {
+		return j.judgeTCP(f)
+	}
 	if !cleaned(f.Protocol) {
 		return Staleness{}
 	}
@@ -117,7 +121,30 @@ func (j *Judge) Judge(f Flow) Staleness {
 	return Staleness{}
 }
 
-// Cleaner deletes stale UDP and SCTP conntrack entries after every sync. It
+// judgeTCP finds the one kind of stale TCP entry: a connection attempt to a
+// Service address that was never DNATed (SYN_SENT, the reply tuple still
+// the Service address), made while the address had no rule (before the
+// Service was synced, or before any proxy ran). Its SYNs went nowhere and
+// the client gave up, but the entry stays for two minutes, renewed by each
+// SYN, and a new connection from the same source port (ports are reused)
+// matches it: conntrack sees a retransmission, NAT has already decided
+// (nothing, or too late: a confirmed entry is never NATed), so the SYN
+// goes past DNAT to the Service address, where the reject rule refuses it.
+// Deleting the entry lets that SYN start a new one, which is DNATed. Any
+// other TCP entry is left to TCP (see cleaned); an attempt's entry has no
+// connection to break.
+func (j *Judge) judgeTCP(f Flow) Staleness {
+	if f.ProtoState != tcpSynSent || f.DNATed() {
+		return Staleness{}
+	}
+	if t, ok := j.ix.lookup(f); ok {
+		return Staleness{Stale: true, Reason: ReasonNotNATed, ServicePort: t.name}
+	}
+	return Staleness{}
+}
+
+// Cleaner deletes stale UDP and SCTP conntrack entries after every sync, and
+// the TCP connection attempts that never met a rule (see judgeTCP). It
 // is a reconciler: each run judges a full dump of the table against the
 // State just synced, so an entry a run missed (or that appeared in a race
 // with the sync) is deleted by the next one.
@@ -211,7 +238,7 @@ func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 // Clean deletes the entries that are stale after a sync from prev to cur,
 // and returns how many it deleted.
 func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
-	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) {
+	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) && !servesNewTCP(prev, cur) {
 		return 0, nil // nothing to judge: skip the dump
 	}
 	addrs, err := c.localAddrs()
@@ -263,6 +290,33 @@ func hasCleanedProtocol(st *proxy.State) bool {
 	}
 	for _, sp := range st.Services {
 		if cleaned(protoNumber(sp.Protocol)) {
+			return true
+		}
+	}
+	return false
+}
+
+// servesNewTCP reports whether cur has a TCP Service address that prev did
+// not (a Service port added or changed, the first sync, new node
+// addresses for the NodePorts): only then can a connection attempt made
+// before its rule be waiting in the table. Endpoints that come or go do
+// not count: a Service port without endpoints rejects new connections
+// before conntrack keeps them.
+func servesNewTCP(prev, cur *proxy.State) bool {
+	if cur == nil {
+		return false
+	}
+	isTCP := func(sp *proxy.ServicePort) bool { return sp != nil && protoNumber(sp.Protocol) == ProtoTCP }
+	if prev == nil || cur.NodeChanged {
+		for _, sp := range cur.Services {
+			if isTCP(sp) {
+				return true
+			}
+		}
+		return false
+	}
+	for name := range cur.Changed {
+		if sp := cur.Services[name]; isTCP(sp) && !prev.Services[name].Equal(sp) {
 			return true
 		}
 	}

@@ -68,8 +68,14 @@ func TestJudgeDeletesOnlyStaleUDPAndSCTPEntries(t *testing.T) {
 			flow(ProtoSCTP, "10.244.9.9:40000", "10.96.0.30:3868", "10.244.3.2:3868"), ""},
 		{"tcp to a removed endpoint is left to TCP",
 			flow(ProtoTCP, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.99:5353"), ""},
-		{"tcp never DNATed is left to TCP",
-			flow(ProtoTCP, "10.244.9.9:40000", "10.96.0.10:53", "10.96.0.10:53"), ""},
+		{"tcp never DNATed but past its first SYN is left to TCP",
+			tcpFlow(tcpEstablished, "10.244.9.9:40000", "10.96.0.10:53", "10.96.0.10:53"), ""},
+		{"a tcp connection attempt never DNATed is deleted (its source port would follow it past DNAT)",
+			tcpFlow(tcpSynSent, "10.244.9.9:40000", "10.96.0.10:53", "10.96.0.10:53"), ReasonNotNATed},
+		{"a DNATed tcp connection attempt is left to TCP",
+			tcpFlow(tcpSynSent, "10.244.9.9:40000", "10.96.0.10:53", "10.244.1.2:5353"), ""},
+		{"a tcp connection attempt to no Service is left alone",
+			tcpFlow(tcpSynSent, "10.244.9.9:40000", "10.96.0.77:80", "10.96.0.77:80"), ""},
 		{"udp that is not for a Service is kept",
 			flow(ProtoUDP, "10.244.9.9:40000", "10.244.1.2:5353", "10.244.1.2:5353"), ""},
 		{"udp to a node address on a port that is no NodePort is kept",
@@ -82,6 +88,14 @@ func TestJudgeDeletesOnlyStaleUDPAndSCTPEntries(t *testing.T) {
 			}
 		})
 	}
+}
+
+const tcpEstablished = 3
+
+func tcpFlow(state uint8, client, dst, replySrc string) Flow {
+	f := flow(ProtoTCP, client, dst, replySrc)
+	f.ProtoState = state
+	return f
 }
 
 func TestJudgeWithoutPreviousStateOnlyUsesCurrent(t *testing.T) {
@@ -178,6 +192,62 @@ func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(c.errors); v != 1 {
 		t.Errorf("cleanup errors = %v, want 1", v)
+	}
+}
+
+// A TCP-only State is dumped when it serves a TCP address the previous one
+// did not (the first sync, a Service port added or changed, new node
+// addresses): connection attempts made before the rule may wait there.
+func TestCleanerDumpsForTCPOnlyWhenATCPAddressIsNew(t *testing.T) {
+	tcpOnly := func() *proxy.State {
+		st := testState()
+		for name, sp := range st.Services {
+			if sp.Protocol != "TCP" {
+				delete(st.Services, name)
+			}
+		}
+		return st
+	}
+	prev := tcpOnly()
+	var name proxy.ServicePortName
+	for n := range prev.Services {
+		name = n
+	}
+	added, changed, node, endpoints := tcpOnly(), tcpOnly(), tcpOnly(), tcpOnly()
+	added.Services[spn("new", "web", "", "TCP")] = &proxy.ServicePort{Name: spn("new", "web", "", "TCP"), ClusterIPs: addrs("10.96.0.88"), Port: 80, Protocol: "TCP"}
+	added.Changed = map[proxy.ServicePortName]struct{}{spn("new", "web", "", "TCP"): {}}
+	sp := *changed.Services[name]
+	sp.ExternalIPs = addrs("203.0.113.80")
+	changed.Services[name] = &sp
+	changed.Changed = map[proxy.ServicePortName]struct{}{name: {}}
+	node.NodeChanged = true
+	endpoints.Endpoints[name] = nil
+	endpoints.Changed = map[proxy.ServicePortName]struct{}{name: {}}
+	for _, tt := range []struct {
+		what       string
+		prev, cur  *proxy.State
+		wantDumped bool
+	}{
+		{"the first sync", nil, prev, true},
+		{"a Service port added", prev, added, true},
+		{"a Service port given an address", prev, changed, true},
+		{"new node addresses", prev, node, true},
+		{"endpoints changed only", prev, endpoints, false},
+		{"nothing changed", prev, prev, false},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			dumped := false
+			c := NewCleaner(CleanerConfig{
+				Dial:       func() (Conn, error) { dumped = true; return &fakeConn{}, nil },
+				LocalAddrs: func() ([]netip.Addr, error) { return nil, nil },
+			})
+			if _, err := c.Clean(context.Background(), tt.prev, tt.cur); err != nil {
+				t.Fatal(err)
+			}
+			if dumped != tt.wantDumped {
+				t.Errorf("dumped the table: %v, want %v", dumped, tt.wantDumped)
+			}
+		})
 	}
 }
 

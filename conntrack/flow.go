@@ -100,6 +100,9 @@ func protoName(p uint8) string {
 	return fmt.Sprintf("proto-%d", p)
 }
 
+// tcpSynSent is the kernel's TCP_CONNTRACK_SYN_SENT.
+const tcpSynSent = 1
+
 // The kernel's enum tcp_conntrack and enum sctp_conntrack, in order.
 var (
 	tcpStates = []string{"NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT",

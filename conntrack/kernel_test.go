@@ -246,3 +246,69 @@ wait:
 		}
 	}
 }
+
+// TestKernelTCPAttemptBeforeItsServiceDoesNotBlockItsSourcePort: a client
+// tries a ClusterIP before the Service has a rule; its SYN is forwarded
+// (nowhere), and the node's conntrack keeps the attempt, never DNATed, for
+// two minutes. Once the Service is synced, a new connection from the same
+// source port (ports are reused) would match that entry and go past DNAT
+// to the reject rule: refused. The cleaner deletes the attempt's entry on
+// the sync that adds the Service, and the connection gets through.
+func TestKernelTCPAttemptBeforeItsServiceDoesNotBlockItsSourcePort(t *testing.T) {
+	k := newKernelWorld(t, 1)
+	pod := k.w.Pods()[0]
+	const clusterIP, port = "10.96.0.80", 80
+	name := spn("e2e", "web", "http", v1.ProtocolTCP)
+	sp := &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: addrs(clusterIP), Port: port, Protocol: v1.ProtocolTCP}
+	node := proxy.Node{Name: "node", IPs: []netip.Addr{k.w.NodeIP()}}
+	empty := &proxy.State{Generation: 1, Services: map[proxy.ServicePortName]*proxy.ServicePort{},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Node: node}
+	if err := k.backend.Sync(context.Background(), empty); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.AddrPortFrom(k.w.ClientIP(), 40123)
+	dial := func(timeout time.Duration) (string, error) {
+		var reply string
+		err := netns.InNamespace(k.w.Client(), func() error {
+			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src), Timeout: timeout}
+			c, err := d.Dial("tcp", net.JoinHostPort(clusterIP, fmt.Sprint(port)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			reply, err = netns.Ask(ctx, c)
+			return err
+		})
+		name, _ := netns.ParseReply(reply)
+		return name, err
+	}
+	if name, err := dial(1500 * time.Millisecond); err == nil {
+		t.Fatalf("connected to %s (%s) before the Service had a rule", clusterIP, name)
+	}
+	f, ok := flowFrom(k.dump(t), src)
+	if !ok || f.State() != "SYN_SENT" || f.DNATed() {
+		t.Fatalf("the attempt left %+v (found %v) in the node's conntrack, want a SYN_SENT entry never DNATed", f, ok)
+	}
+
+	withWeb := &proxy.State{Generation: 2,
+		Services:  map[proxy.ServicePortName]*proxy.ServicePort{name: sp},
+		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{name: {proxy.Endpoint{IP: pod.IP, Port: int32(k.w.TCPPorts()[0]), Ready: true, Serving: true}.At("node", "")}},
+		Changed:   map[proxy.ServicePortName]struct{}{name: {}},
+		Node:      node,
+	}
+	if err := k.backend.Sync(context.Background(), withWeb); err != nil {
+		t.Fatal(err)
+	}
+	cleaner := NewCleaner(CleanerConfig{
+		Dial:       Dialer{NetNS: k.fd}.Open,
+		LocalAddrs: func() ([]netip.Addr, error) { return k.localAddrs(t), nil },
+	})
+	if n, err := cleaner.Clean(context.Background(), empty, withWeb); err != nil || n != 1 {
+		t.Errorf("Clean = %d, %v; want the attempt's entry deleted", n, err)
+	}
+	if name, err := dial(5 * time.Second); err != nil || name != pod.Name {
+		t.Errorf("from the same source port once the Service is synced: %q, %v; want %s", name, err, pod.Name)
+	}
+}

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +13,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/cluster"
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // waitFor polls cond every 250 ms until it returns "" (done) and fails the
@@ -149,11 +152,37 @@ func explained(c *cluster.Cluster, dial func() (string, error)) func() (string, 
 		}
 		var b strings.Builder
 		for _, n := range c.Nodes {
-			out, _ := n.Exec("sh", "-c", "conntrack -L -p tcp 2>/dev/null | grep -Ev 'ESTABLISHED|TIME_WAIT|CLOSE|FIN_WAIT|LAST_ACK'")
+			// CLOSE is kept: a connection reset by its peer (a RST from an
+			// endpoint or a node) leaves its entry there.
+			out, _ := n.Exec("sh", "-c", "conntrack -L -p tcp 2>/dev/null | grep -Ev 'ESTABLISHED|TIME_WAIT|FIN_WAIT|LAST_ACK|CLOSE_WAIT'")
 			fmt.Fprintf(&b, "\n    %s, conntrack entries not established: %s", n.Name, strings.TrimSpace(out))
+			fmt.Fprintf(&b, "\n    %s, kp: %s", n.Name, kpSyncs(n))
+			// "no route to host" is a neighbour that did not answer (or an
+			// ICMP host unreachable): the unresolved ones.
+			out, _ = n.Exec("sh", "-c", "ip -4 neigh | grep -Ev 'REACHABLE|STALE|PERMANENT|DELAY'")
+			fmt.Fprintf(&b, "\n    %s, neighbours unresolved: %s", n.Name, strings.TrimSpace(out))
 		}
 		return reply, fmt.Errorf("%w%s", err, b.String())
 	}
+}
+
+// kpSyncs says what kp on n runs and when it last synced, for a failed
+// attempt's message: a sync that ended just before the failure points at
+// kp's own rules.
+func kpSyncs(n *cluster.Node) string {
+	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249"+statusapi.StatusPath, 3*time.Second)
+	if err != nil || code != 200 {
+		return fmt.Sprintf("no status (%d %v)", code, err)
+	}
+	var st statusapi.Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		return err.Error()
+	}
+	last := "never"
+	if st.LastSync != nil {
+		last = fmt.Sprintf("%s (full %v, generation %d)", st.LastSync.Time.Format("15:04:05.000"), st.LastSync.Full, st.LastSync.Generation)
+	}
+	return fmt.Sprintf("%s, started %s, last sync %s, syncs %+v", st.Mode, st.StartTime.Format("15:04:05.000"), last, st.Syncs)
 }
 
 // failures lists the failed attempts, for a message.
