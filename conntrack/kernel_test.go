@@ -268,19 +268,7 @@ func TestKernelTCPAttemptBeforeItsServiceDoesNotBlockItsSourcePort(t *testing.T)
 	}
 	src := netip.AddrPortFrom(k.w.ClientIP(), 40123)
 	dial := func(timeout time.Duration) (string, error) {
-		var reply string
-		err := netns.InNamespace(k.w.Client(), func() error {
-			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src), Timeout: timeout}
-			c, err := d.Dial("tcp", net.JoinHostPort(clusterIP, fmt.Sprint(port)))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			reply, err = netns.Ask(ctx, c)
-			return err
-		})
+		reply, err := netns.DialFromPort(k.w.Client(), src, net.JoinHostPort(clusterIP, fmt.Sprint(port)), timeout)
 		name, _ := netns.ParseReply(reply)
 		return name, err
 	}

@@ -30,10 +30,14 @@ func dnsService(name, clusterIP string, nodePort int32, pods ...*netns.Pod) Serv
 	return svc
 }
 
-// deletedEntries reads kp_conntrack_entries_deleted_total for a reason.
-func (e *env) deletedEntries(reason string) int {
+// deletedEntries reads kp_conntrack_entries_deleted_total for a UDP reason.
+func (e *env) deletedEntries(reason string) int { return e.deletedEntriesOf("UDP", reason) }
+
+// deletedEntriesOf reads kp_conntrack_entries_deleted_total for a protocol
+// and reason.
+func (e *env) deletedEntriesOf(protocol, reason string) int {
 	e.t.Helper()
-	re := regexp.MustCompile(`kp_conntrack_entries_deleted_total\{protocol="UDP",reason="` + reason + `"\} (\d+)`)
+	re := regexp.MustCompile(`kp_conntrack_entries_deleted_total\{protocol="` + protocol + `",reason="` + reason + `"\} (\d+)`)
 	m := re.FindStringSubmatch(e.metrics())
 	if m == nil {
 		return 0
@@ -173,6 +177,57 @@ func TestUDPClientThatStartedBeforeTheFirstEndpointGetsAnswers(t *testing.T) {
 				t.Errorf("kp_conntrack_entries_deleted_total{reason=not_nated} = %d, want at least 1", n)
 			}
 		})
+	})
+}
+
+// tcpService is a TCP-only Service, 80 → the pods' 8080.
+func tcpService(name, clusterIP string, pods ...*netns.Pod) Service {
+	return Service{Name: name, ClusterIPs: []string{clusterIP},
+		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}, Endpoints: endpoints(pods...)}
+}
+
+// A TCP client that tried a ClusterIP before it had a rule left an entry of
+// its attempt (SYN_SENT, never DNATed) that lasts two minutes; a new
+// connection from the same source port matches it, and its SYN passes
+// DNAT: refused. kp deletes the attempt's entry on the sync that adds the
+// Service (a TCP-only one: the table is dumped for it), and exactly one
+// connection from that port then gets through. (Retrying would hide the
+// bug: a refused SYN leaves the entry CLOSE, which the next SYN replaces.)
+func TestTCPClientThatTriedBeforeTheServiceConnectsFromTheSamePort(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 1)
+		pod := e.w.Pods()[0]
+		e.write("other.yaml", tcpService("other", "10.96.0.56", pod))
+		e.startKP()
+		e.answers(e.w.Client(), "tcp", "10.96.0.56:80")
+		src := netip.AddrPortFrom(e.w.ClientIP(), 40123)
+		dial := func(timeout time.Duration) (string, error) {
+			reply, err := netns.DialFromPort(e.w.Client(), src, "10.96.0.55:80", timeout)
+			name, _ := netns.ParseReply(reply)
+			return name, err
+		}
+		if name, err := dial(1500 * time.Millisecond); err == nil {
+			t.Fatalf("connected (to %s) before the Service existed", name)
+		}
+		e.eventually("the attempt's entry, never DNATed, in the node's conntrack", 5*time.Second, func() error {
+			for _, f := range e.conntrackFrom(src) {
+				if !f.DNATed() && f.State() == "SYN_SENT" {
+					return nil
+				}
+			}
+			return fmt.Errorf("none: %+v", e.conntrackFrom(src))
+		})
+
+		e.write("web.yaml", tcpService("web", "10.96.0.55", pod))
+		e.eventually("kp to delete the attempt's entry", 15*time.Second, func() error {
+			if n := e.deletedEntriesOf("TCP", "not_nated"); n < 1 {
+				return fmt.Errorf("kp_conntrack_entries_deleted_total{protocol=TCP,reason=not_nated} = %d", n)
+			}
+			return nil
+		})
+		if name, err := dial(5 * time.Second); err != nil || name != pod.Name {
+			t.Errorf("one connection from the attempt's source port once the Service exists: %q, %v; want %s", name, err, pod.Name)
+		}
 	})
 }
 

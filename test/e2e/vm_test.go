@@ -40,6 +40,7 @@ var vmServiceTests = []string{
 	"TestUDPClientFollowsItsServerPodWhenThePodIsReplaced",
 	"TestUDPClientFollowsARollingReplacement",
 	"TestUDPClientThatStartedBeforeTheFirstEndpointGetsAnswers",
+	"TestTCPClientThatTriedBeforeTheServiceConnectsFromTheSamePort",
 	"TestTCPConnectionsAreNotTouchedByConntrackCleanup",
 	"TestStatusAPIReportsSyncsEndpointsAndNewConnections",
 	"TestKpFlowsShowsTheConnectionsTheTestMade",

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,6 +74,26 @@ func Dial(ns, network, addr string, timeout time.Duration) (string, error) {
 	}
 	defer c.Close()
 	return Ask(ctx, c)
+}
+
+// DialFromPort is Dial over TCP from a fixed source address and port, as a
+// client whose port is reused: the connection's conntrack entry is then
+// known in advance, and may be an old one's.
+func DialFromPort(ns string, src netip.AddrPort, addr string, timeout time.Duration) (string, error) {
+	var reply string
+	err := InNamespace(ns, func() error {
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src), Timeout: timeout}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		reply, err = Ask(ctx, c)
+		return err
+	})
+	return reply, err
 }
 
 // Ask asks the echo server at the other end of c (dialed from anywhere) for
