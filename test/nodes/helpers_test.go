@@ -170,12 +170,8 @@ func explained(c *cluster.Cluster, dial func() (string, error)) func() (string, 
 // attempt's message: a sync that ended just before the failure points at
 // kp's own rules.
 func kpSyncs(n *cluster.Node) string {
-	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249"+statusapi.StatusPath, 3*time.Second)
-	if err != nil || code != 200 {
-		return fmt.Sprintf("no status (%d %v)", code, err)
-	}
-	var st statusapi.Status
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
+	st, err := kpStatus(n)
+	if err != nil {
 		return err.Error()
 	}
 	last := "never"
@@ -183,6 +179,19 @@ func kpSyncs(n *cluster.Node) string {
 		last = fmt.Sprintf("%s (full %v, generation %d)", st.LastSync.Time.Format("15:04:05.000"), st.LastSync.Full, st.LastSync.Generation)
 	}
 	return fmt.Sprintf("%s, started %s, last sync %s, syncs %+v", st.Mode, st.StartTime.Format("15:04:05.000"), last, st.Syncs)
+}
+
+// kpStatus reads kp's status API on n.
+func kpStatus(n *cluster.Node) (*statusapi.Status, error) {
+	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249"+statusapi.StatusPath, 3*time.Second)
+	if err != nil || code != 200 {
+		return nil, fmt.Errorf("%s: kp's status: %d %v", n.Name, code, err)
+	}
+	var st statusapi.Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		return nil, fmt.Errorf("%s: kp's status: %w", n.Name, err)
+	}
+	return &st, nil
 }
 
 // failures lists the failed attempts, for a message.

@@ -361,15 +361,11 @@ func serviceAddr(t *testing.T, c *cluster.Cluster, name string, port uint16) str
 // kpStatusOn reads kp's status API on the node's loopback.
 func kpStatusOn(t *testing.T, n *cluster.Node) *statusapi.Status {
 	t.Helper()
-	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249"+statusapi.StatusPath, 3*time.Second)
-	if err != nil || code != 200 {
-		t.Fatalf("%s: kp's status: %d %v", n.Name, code, err)
-	}
-	var st statusapi.Status
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
+	st, err := kpStatus(n)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return &st
+	return st
 }
 
 func nodeLabel(t *testing.T, c *cluster.Cluster, node, key string) string {
