@@ -16,6 +16,7 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
 )
 
 // fullSyncInterval bounds how long kp trusts its own record of the kernel:
@@ -149,7 +150,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	tx := &Transaction{}
 	if full {
-		defer proxy.LowerGC(proxy.FullSyncGCPercent)() // for this sync only
+		defer server.LowerGC(server.FullSyncGCPercent)() // for this sync only
 	}
 	if st, ok := b.conn.(streamer); ok && full {
 		if tx, err = st.Stream(); err != nil {

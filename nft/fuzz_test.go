@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/source"
 )
 
 // FuzzManifestToNFT follows arbitrary manifest bytes the whole way a
@@ -30,13 +31,13 @@ func FuzzManifestToNFT(f *testing.F) {
 			f.Fatal(err)
 		}
 		// A seed that does not decode would only exercise the decoder.
-		if _, err := proxy.DecodeManifest(data); err != nil {
+		if _, err := source.DecodeManifest(data); err != nil {
 			f.Fatalf("seed %s: %v", p, err)
 		}
 		f.Add(data)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		objs, err := proxy.DecodeManifest(data)
+		objs, err := source.DecodeManifest(data)
 		if err != nil {
 			return // rejected files never reach the tracker
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kpproxy/kp/proxy/proxytest"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/utils/ptr"
@@ -110,7 +111,7 @@ func TestServiceFieldsTheAPIServerAcceptsAreProgrammed(t *testing.T) {
 			name: "external IPs in the legacy forms",
 			mut:  func(s *v1.Service) { s.Spec.ExternalIPs = []string{"0010.001.2.3", "::ffff:010.1.2.4", "203.0.113.5"} },
 			check: func(t *testing.T, sp *ServicePort) {
-				if want := addrs("10.1.2.3", "10.1.2.4", "203.0.113.5"); !slices.Equal(sp.ExternalIPs, want) {
+				if want := proxytest.Addrs("10.1.2.3", "10.1.2.4", "203.0.113.5"); !slices.Equal(sp.ExternalIPs, want) {
 					t.Errorf("external IPs %v, want %v", sp.ExternalIPs, want)
 				}
 			},
@@ -139,7 +140,7 @@ func TestServiceFieldsTheAPIServerAcceptsAreProgrammed(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ns, name := cmp.Or(tt.ns, "ns"), cmp.Or(tt.svc, "web")
-			svc := testService(ns, name)
+			svc := proxytest.Service(ns, name)
 			if tt.mut != nil {
 				tt.mut(svc)
 			}
@@ -190,7 +191,7 @@ func TestServiceFieldsNoAPIServerAcceptsAreRefusedByField(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			svc := testService(cmp.Or(tt.ns, "ns"), cmp.Or(tt.svc, "web"))
+			svc := proxytest.Service(cmp.Or(tt.ns, "ns"), cmp.Or(tt.svc, "web"))
 			if tt.mut != nil {
 				tt.mut(svc)
 			}
@@ -210,7 +211,7 @@ func TestEndpointSliceFieldsTheAPIServerAcceptsAreProgrammed(t *testing.T) {
 	long := "p" + strings.Repeat("x", 62)
 	sliceName := strings.Repeat("a.", 126) + "z" // 253 characters, with dots
 	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP} {
-		sl := testSlice("ns", sliceName, "web", []string{"10.0.0.1", "0010.0.0.2"}, func(sl *discovery.EndpointSlice) {
+		sl := proxytest.Slice("ns", sliceName, "web", []string{"10.0.0.1", "0010.0.0.2"}, func(sl *discovery.EndpointSlice) {
 			sl.Ports = []discovery.EndpointPort{{Name: ptr.To(long), Protocol: ptr.To(proto), Port: ptr.To[int32](65535)}}
 		})
 		eps, errs := EndpointsFor(spName("ns", "web", long, proto), []*discovery.EndpointSlice{sl})

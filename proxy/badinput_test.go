@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kpproxy/kp/proxy/proxytest"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/utils/ptr"
@@ -17,8 +18,8 @@ import (
 // checks the promise: the bad object is logged with its kind, name
 // and the field at fault; what is bad is skipped; everything else works.
 func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
-	good := testService("ns", "good", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.99", nil })
-	goodSlice := testSlice("ns", "good-1", "good", []string{"10.0.0.99"})
+	good := proxytest.Service("ns", "good", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.99", nil })
+	goodSlice := proxytest.Slice("ns", "good-1", "good", []string{"10.0.0.99"})
 	web := spName("ns", "web", "http", v1.ProtocolTCP)
 
 	tests := []struct {
@@ -33,7 +34,7 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "invalid cluster IP string",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.300", nil }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.300", nil }))
 			},
 			wantLog: [][3]string{{"Service", "ns/web", "spec.clusterIP"}},
 			wantWeb: "-",
@@ -41,8 +42,8 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "invalid external IP and endpoint address strings drop only those",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"1.2.3.4", "not-an-ip"} }))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1", "10.0.0.x", "10.0.0.2"}))
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"1.2.3.4", "not-an-ip"} }))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1", "10.0.0.x", "10.0.0.2"}))
 			},
 			wantLog: [][3]string{
 				{"Service", "ns/web", "spec.externalIPs[1]"},
@@ -53,7 +54,7 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "port 0",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Port = 0 }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Port = 0 }))
 			},
 			wantLog: [][3]string{{"Service", "ns/web", "spec.ports[0].port"}},
 			wantWeb: "-",
@@ -61,10 +62,10 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "port 70000 in the Service and in the slice",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "big", Port: 70000, Protocol: v1.ProtocolTCP})
 				}))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
 					sl.Ports = append(sl.Ports, discovery.EndpointPort{Name: ptr.To("big"), Port: ptr.To[int32](70000)})
 				}))
 			},
@@ -77,11 +78,11 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "nodePort 70000 costs only the NodePort",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.Type = v1.ServiceTypeNodePort
 					s.Spec.Ports[0].NodePort = 70000
 				}))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}))
 			},
 			wantLog: [][3]string{{"Service", "ns/web", "spec.ports[0].nodePort"}},
 			wantWeb: "10.0.0.1:8080",
@@ -89,8 +90,8 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "unknown protocol",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Protocol = "QUIC" }))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Protocol = "QUIC" }))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
 					sl.Ports[0].Protocol = ptr.To(v1.Protocol("ICMP"))
 				}))
 			},
@@ -103,9 +104,9 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "EndpointSlice of the wrong address family",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web"))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"fd00::1", "10.0.0.1"}))
-				addSlice(s, testSlice("ns", "web-2", "web", []string{"10.0.0.2"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddService(s, proxytest.Service("ns", "web"))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"fd00::1", "10.0.0.1"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-2", "web", []string{"10.0.0.2"}, func(sl *discovery.EndpointSlice) {
 					sl.AddressType = "IPv5"
 				}))
 			},
@@ -118,20 +119,20 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "the same endpoint in two slices counts once, ready copy wins",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web"))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddService(s, proxytest.Service("ns", "web"))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
 					sl.Endpoints[0].Conditions.Ready = ptr.To(false)
 				}))
-				addSlice(s, testSlice("ns", "web-2", "web", []string{"10.0.0.1", "10.0.0.2"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-2", "web", []string{"10.0.0.1", "10.0.0.2"}))
 			},
 			wantWeb: "10.0.0.1:8080 10.0.0.2:8080",
 		},
 		{
 			name: "a slice without the service-name label is someone else's: ignored, not logged",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web"))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}))
-				addSlice(s, testSlice("ns", "mirrored-1", "", []string{"10.0.0.7"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddService(s, proxytest.Service("ns", "web"))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "mirrored-1", "", []string{"10.0.0.7"}, func(sl *discovery.EndpointSlice) {
 					delete(sl.Labels, discovery.LabelServiceName)
 					sl.Labels[discovery.LabelManagedBy] = "endpointslicemirroring-controller.k8s.io"
 				}))
@@ -141,14 +142,14 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		{
 			name: "Service and port names the API would refuse (they name kernel objects)",
 			objects: func(s Sink) {
-				addService(s, testService("ns", "web", func(s *v1.Service) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", func(s *v1.Service) {
 					s.Spec.Ports = append(s.Spec.Ports,
 						v1.ServicePort{Name: "Web/80", Port: 8080, Protocol: v1.ProtocolTCP},
 						v1.ServicePort{Name: "p" + strings.Repeat("x", 63), Port: 8081, Protocol: v1.ProtocolTCP})
 				}))
-				addService(s, testService("ns", strings.Repeat("x", 64)))
-				addService(s, testService("Bad/NS", "web"))
-				addSlice(s, testSlice("ns", "web-1", "web", []string{"10.0.0.1"}))
+				proxytest.AddService(s, proxytest.Service("ns", strings.Repeat("x", 64)))
+				proxytest.AddService(s, proxytest.Service("Bad/NS", "web"))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-1", "web", []string{"10.0.0.1"}))
 			},
 			wantLog: [][3]string{
 				{"Service", "ns/web", "spec.ports[1].name"},
@@ -163,8 +164,8 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs bytes.Buffer
 			tr, _ := newTestTracker(t, slog.New(slog.NewTextHandler(&logs, nil)))
-			addService(tr, good)
-			addSlice(tr, goodSlice)
+			proxytest.AddService(tr, good)
+			proxytest.AddSlice(tr, goodSlice)
 			tt.objects(tr)
 			st := tr.Snapshot()
 
@@ -190,7 +191,7 @@ func TestBadInputIsLoggedAndSkippedAlone(t *testing.T) {
 
 func TestServiceOf5000EndpointsIsKeptWhole(t *testing.T) {
 	tr, _ := newTestTracker(t, nil)
-	addService(tr, testService("ns", "web"))
+	proxytest.AddService(tr, proxytest.Service("ns", "web"))
 	// 5,000 endpoints in 50 slices of 100, as the controller splits them.
 	for s := 0; s < 50; s++ {
 		var ips []string
@@ -198,7 +199,7 @@ func TestServiceOf5000EndpointsIsKeptWhole(t *testing.T) {
 			n := s*100 + i
 			ips = append(ips, fmt.Sprintf("10.%d.%d.%d", n/65536, (n/256)%256, n%256))
 		}
-		addSlice(tr, testSlice("ns", fmt.Sprintf("web-%02d", s), "web", ips))
+		proxytest.AddSlice(tr, proxytest.Slice("ns", fmt.Sprintf("web-%02d", s), "web", ips))
 	}
 	st := tr.Snapshot()
 	eps := st.Endpoints[spName("ns", "web", "http", v1.ProtocolTCP)]

@@ -30,7 +30,7 @@ func EndpointsFor(sp ServicePortName, slices []*discovery.EndpointSlice) ([]Endp
 		if s == nil || s.Namespace != sp.Namespace || s.Labels[discovery.LabelServiceName] != sp.Name {
 			continue
 		}
-		info, e := parseEndpointSlice(s)
+		info, e := ParseEndpointSlice(s)
 		errs = append(errs, e...)
 		if info != nil {
 			infos = append(infos, info)
@@ -64,7 +64,7 @@ type sliceInfo struct {
 	// of this slice alone for its one port: sorted, deduplicated, with the
 	// port set.
 	merged      bool
-	triggerTime time.Time
+	TriggerTime time.Time
 }
 
 type slicePort struct {
@@ -78,7 +78,7 @@ type slicePort struct {
 // proxy's, and slices without the kubernetes.io/service-name label, which
 // belong to someone else (mirroring controllers, other tools) and which
 // upstream kube-proxy ignores as quietly.
-func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
+func ParseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 	obj := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
 	var errs []error
 	fail := func(field string, err error) {
@@ -113,7 +113,7 @@ func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 		if err != nil {
 			fail("metadata.annotations["+v1.EndpointsLastChangeTriggerTime+"]", fmt.Errorf("not an RFC 3339 time: %q", v))
 		} else {
-			info.triggerTime = t
+			info.TriggerTime = t
 		}
 	}
 
@@ -162,7 +162,7 @@ func parseEndpointSlice(s *discovery.EndpointSlice) (*sliceInfo, []error) {
 			continue
 		}
 		if !family.Has(a) {
-			fail(field()+"[0]", fmt.Errorf("%s address %s in a slice of addressType %s", familyOf(a), a, s.AddressType))
+			fail(field()+"[0]", fmt.Errorf("%s address %s in a slice of addressType %s", FamilyOf(a), a, s.AddressType))
 			continue
 		}
 		info.endpoints = append(info.endpoints, endpointFrom(a, ep))
@@ -225,7 +225,7 @@ func (s *sliceInfo) portFor(sp ServicePortName) int32 {
 
 // equal compares what a backend would see; the trigger time is left out, so a
 // slice rewritten with identical endpoints is a no-op.
-func (s *sliceInfo) equal(o *sliceInfo) bool {
+func (s *sliceInfo) Equal(o *sliceInfo) bool {
 	if s == nil || o == nil {
 		return s == o
 	}

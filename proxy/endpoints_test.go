@@ -8,31 +8,11 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kpproxy/kp/proxy/proxytest"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
-
-// testSlice is an IPv4 slice of Service ns/svc with one TCP port "http"
-// (8080) and a ready endpoint per address.
-func testSlice(ns, name, svc string, ips []string, muts ...func(*discovery.EndpointSlice)) *discovery.EndpointSlice {
-	s := &discovery.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: ns, Name: name,
-			Labels: map[string]string{discovery.LabelServiceName: svc},
-		},
-		AddressType: discovery.AddressTypeIPv4,
-		Ports:       []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(v1.ProtocolTCP)}},
-	}
-	for _, ip := range ips {
-		s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{ip}})
-	}
-	for _, m := range muts {
-		m(s)
-	}
-	return s
-}
 
 // ep is a ready, serving endpoint.
 func ep(ipPort string, muts ...func(*Endpoint)) Endpoint {
@@ -66,11 +46,11 @@ func TestEndpointsFor(t *testing.T) {
 			name: "endpoints of every slice of the service, sorted by IP then port",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-b", "web", []string{"10.0.0.3", "10.0.0.1"}),
-				testSlice("ns", "web-a", "web", []string{"10.0.0.2"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.3", "10.0.0.1"}),
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.2"}, func(s *discovery.EndpointSlice) {
 					s.Ports[0].Port = ptr.To[int32](9090)
 				}),
-				testSlice("ns", "web-c", "web", []string{"10.0.0.2"}),
+				proxytest.Slice("ns", "web-c", "web", []string{"10.0.0.2"}),
 			},
 			want: []Endpoint{ep("10.0.0.1:8080"), ep("10.0.0.2:8080"), ep("10.0.0.2:9090"), ep("10.0.0.3:8080")},
 		},
@@ -78,9 +58,9 @@ func TestEndpointsFor(t *testing.T) {
 			name: "slices of other services and other namespaces are left out",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1"}),
-				testSlice("ns", "api-a", "api", []string{"10.0.0.2"}),
-				testSlice("other", "web-a", "web", []string{"10.0.0.3"}),
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}),
+				proxytest.Slice("ns", "api-a", "api", []string{"10.0.0.2"}),
+				proxytest.Slice("other", "web-a", "web", []string{"10.0.0.3"}),
 			},
 			want: []Endpoint{ep("10.0.0.1:8080")},
 		},
@@ -88,13 +68,13 @@ func TestEndpointsFor(t *testing.T) {
 			name: "the target port is the slice port with the same name and protocol",
 			sp:   spName("ns", "web", "dns", v1.ProtocolUDP),
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
 					s.Ports = []discovery.EndpointPort{
 						{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(v1.ProtocolTCP)},
 						{Name: ptr.To("dns"), Port: ptr.To[int32](5354), Protocol: ptr.To(v1.ProtocolUDP)},
 					}
 				}),
-				testSlice("ns", "web-b", "web", []string{"10.0.0.2"}), // no "dns" port
+				proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.2"}), // no "dns" port
 			},
 			want: []Endpoint{ep("10.0.0.1:5354")},
 		},
@@ -102,7 +82,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "unnamed port with no protocol matches an unnamed TCP service port",
 			sp:   spName("ns", "web", "", v1.ProtocolTCP),
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
 					s.Ports = []discovery.EndpointPort{{Port: ptr.To[int32](8080)}}
 				}),
 			},
@@ -112,7 +92,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "conditions: ready defaults to true, serving to ready, terminating to false",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
 					s.Endpoints = []discovery.Endpoint{
 						{Addresses: []string{"10.0.0.1"}},
 						{Addresses: []string{"10.0.0.2"}, Conditions: discovery.EndpointConditions{Ready: ptr.To(false)}},
@@ -132,7 +112,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "node name, zone and zone hints are carried",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
 					s.Endpoints = []discovery.Endpoint{{
 						Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("node-a"), Zone: ptr.To("zone-a"),
 						Hints: &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "zone-a"}, {Name: "zone-b"}}},
@@ -148,10 +128,10 @@ func TestEndpointsFor(t *testing.T) {
 			name: "the same address and port in two slices counts once, the ready copy winning",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", nil, func(s *discovery.EndpointSlice) {
 					s.Endpoints = []discovery.Endpoint{{Addresses: []string{"10.0.0.1"}, Conditions: discovery.EndpointConditions{Ready: ptr.To(false)}}}
 				}),
-				testSlice("ns", "web-b", "web", []string{"10.0.0.1", "10.0.0.1"}),
+				proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.1", "10.0.0.1"}),
 			},
 			want: []Endpoint{ep("10.0.0.1:8080")},
 		},
@@ -159,7 +139,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "IPv6 slices give IPv6 endpoints",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"fd00::2", "fd00::1"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"fd00::2", "fd00::1"}, func(s *discovery.EndpointSlice) {
 					s.AddressType = discovery.AddressTypeIPv6
 				}),
 			},
@@ -169,7 +149,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "FQDN slices are ignored without error",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"example.com"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"example.com"}, func(s *discovery.EndpointSlice) {
 					s.AddressType = discovery.AddressTypeFQDN
 				}),
 			},
@@ -178,7 +158,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "bad endpoints are skipped and named, the others kept",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1", "10.0.0.999", "fd00::1", "10.0.0.2"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1", "10.0.0.999", "fd00::1", "10.0.0.2"}, func(s *discovery.EndpointSlice) {
 					s.Endpoints = append(s.Endpoints, discovery.Endpoint{})
 				}),
 			},
@@ -193,7 +173,7 @@ func TestEndpointsFor(t *testing.T) {
 			name: "bad slice ports are skipped and named",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) {
 					s.Ports = []discovery.EndpointPort{
 						{Name: ptr.To("http"), Port: ptr.To[int32](0)},
 						{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(v1.Protocol("ICMP"))},
@@ -215,8 +195,8 @@ func TestEndpointsFor(t *testing.T) {
 			name: "unknown address type is named and the slice skipped",
 			sp:   web,
 			slices: []*discovery.EndpointSlice{
-				testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) { s.AddressType = "IPX" }),
-				testSlice("ns", "web-b", "web", []string{"10.0.0.2"}),
+				proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(s *discovery.EndpointSlice) { s.AddressType = "IPX" }),
+				proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.2"}),
 			},
 			want:       []Endpoint{ep("10.0.0.2:8080")},
 			wantErrors: []string{"EndpointSlice ns/web-a addressType"},

@@ -49,7 +49,7 @@ func logFieldErrors(log *slog.Logger, errs []error) {
 
 // errorsKey is a stable text for a list of errors, to tell whether the errors
 // of an object changed between two versions of it.
-func errorsKey(errs []error) string {
+func ErrorsKey(errs []error) string {
 	var b strings.Builder
 	for _, err := range errs {
 		b.WriteString(err.Error())

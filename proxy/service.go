@@ -198,7 +198,7 @@ func (c *serviceConverter) clusterIPs() []netip.Addr {
 			continue
 		}
 		if slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
-			c.fail(f, fmt.Errorf("second %s cluster IP %s (at most one per family)", familyOf(a), a))
+			c.fail(f, fmt.Errorf("second %s cluster IP %s (at most one per family)", FamilyOf(a), a))
 			continue
 		}
 		out = append(out, a)
@@ -460,7 +460,7 @@ func unmapPrefix(p netip.Prefix) (netip.Prefix, error) {
 	return p, nil
 }
 
-func familyOf(a netip.Addr) Family {
+func FamilyOf(a netip.Addr) Family {
 	if a.Is4() {
 		return IPv4
 	}

@@ -9,35 +9,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kpproxy/kp/proxy/proxytest"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
-
-// testService is a valid single-port ClusterIP Service, changed by muts.
-func testService(ns, name string, muts ...func(*v1.Service)) *v1.Service {
-	s := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1.ServiceSpec{
-			Type:       v1.ServiceTypeClusterIP,
-			ClusterIP:  "10.96.0.10",
-			ClusterIPs: []string{"10.96.0.10"},
-			Ports:      []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-		},
-	}
-	for _, m := range muts {
-		m(s)
-	}
-	return s
-}
 
 // testPort is the ServicePort testService converts to, changed by muts.
 func testPort(ns, name string, muts ...func(*ServicePort)) *ServicePort {
 	sp := &ServicePort{
 		Name:       spName(ns, name, "http", v1.ProtocolTCP),
 		Type:       v1.ServiceTypeClusterIP,
-		ClusterIPs: addrs("10.96.0.10"),
+		ClusterIPs: proxytest.Addrs("10.96.0.10"),
 		Port:       80,
 		Protocol:   v1.ProtocolTCP,
 	}
@@ -49,14 +32,6 @@ func testPort(ns, name string, muts ...func(*ServicePort)) *ServicePort {
 
 func spName(ns, name, port string, proto v1.Protocol) ServicePortName {
 	return ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: proto}
-}
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
 }
 
 func fmtPorts(ps []*ServicePort) string {
@@ -101,7 +76,7 @@ func TestServicePortsFromService(t *testing.T) {
 	}{
 		{
 			name: "cluster IP service gives one port per spec port",
-			svc: testService("ns", "web", withPorts(
+			svc: proxytest.Service("ns", "web", withPorts(
 				v1.ServicePort{Name: "http", Port: 80, Protocol: v1.ProtocolTCP},
 				v1.ServicePort{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP},
 				v1.ServicePort{Name: "sig", Port: 9000, Protocol: v1.ProtocolSCTP},
@@ -118,60 +93,60 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "headless service is ignored without error",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
 		},
 		{
 			name: "ExternalName service is ignored without error",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ServiceTypeExternalName, "", nil
 			}),
 		},
 		{
 			name: "service labelled for another proxy is ignored without error",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Labels = map[string]string{LabelServiceProxyName: "someone-else"}
 			}),
 		},
 		{
 			name: "dual-stack service keeps both cluster IPs in order",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"fd00::10", "10.96.0.10"} }),
-			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.ClusterIPs = addrs("fd00::10", "10.96.0.10") })},
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"fd00::10", "10.96.0.10"} }),
+			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.ClusterIPs = proxytest.Addrs("fd00::10", "10.96.0.10") })},
 		},
 		{
 			name: "clusterIP is used when clusterIPs is empty",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = nil }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = nil }),
 			want: []*ServicePort{testPort("ns", "web")},
 		},
 		{
 			name: "IPv4 with leading zeros is read as decimal like upstream",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"010.096.000.010"} }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"010.096.000.010"} }),
 			want: []*ServicePort{testPort("ns", "web")},
 		},
 		{
 			name:       "invalid cluster IP leaves no usable port",
-			svc:        testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.300"} }),
+			svc:        proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.300"} }),
 			wantErrors: []string{"Service ns/web spec.clusterIPs[0]"},
 		},
 		{
 			name:       "missing cluster IP leaves no usable port",
-			svc:        testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+			svc:        proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
 			wantErrors: []string{"Service ns/web spec.clusterIP"},
 		},
 		{
 			name:       "invalid second cluster IP is skipped",
-			svc:        testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::zz"} }),
+			svc:        proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::zz"} }),
 			want:       []*ServicePort{testPort("ns", "web")},
 			wantErrors: []string{"Service ns/web spec.clusterIPs[1]"},
 		},
 		{
 			name:       "second cluster IP of the same family is skipped",
-			svc:        testService("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "10.96.0.11"} }),
+			svc:        proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "10.96.0.11"} }),
 			want:       []*ServicePort{testPort("ns", "web")},
 			wantErrors: []string{"Service ns/web spec.clusterIPs[1]"},
 		},
 		{
 			name: "port 0 drops only that port",
-			svc: testService("ns", "web", withPorts(
+			svc: proxytest.Service("ns", "web", withPorts(
 				v1.ServicePort{Name: "http", Port: 80},
 				v1.ServicePort{Name: "bad", Port: 0},
 			)),
@@ -180,7 +155,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "port above 65535 drops only that port",
-			svc: testService("ns", "web", withPorts(
+			svc: proxytest.Service("ns", "web", withPorts(
 				v1.ServicePort{Name: "bad", Port: 70000},
 				v1.ServicePort{Name: "http", Port: 80},
 			)),
@@ -189,7 +164,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "unknown protocol drops only that port",
-			svc: testService("ns", "web", withPorts(
+			svc: proxytest.Service("ns", "web", withPorts(
 				v1.ServicePort{Name: "http", Port: 80},
 				v1.ServicePort{Name: "icmp", Port: 1, Protocol: "ICMP"},
 			)),
@@ -198,12 +173,12 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "empty protocol defaults to TCP",
-			svc:  testService("ns", "web", withPorts(v1.ServicePort{Name: "http", Port: 80})),
+			svc:  proxytest.Service("ns", "web", withPorts(v1.ServicePort{Name: "http", Port: 80})),
 			want: []*ServicePort{testPort("ns", "web")},
 		},
 		{
 			name: "duplicate port name drops the second",
-			svc: testService("ns", "web", withPorts(
+			svc: proxytest.Service("ns", "web", withPorts(
 				v1.ServicePort{Name: "http", Port: 80},
 				v1.ServicePort{Name: "http", Port: 8080},
 			)),
@@ -212,32 +187,32 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "NodePort service carries its node port",
-			svc:  testService("ns", "web", nodePortSvc),
+			svc:  proxytest.Service("ns", "web", nodePortSvc),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.Type, p.NodePort = v1.ServiceTypeNodePort, 30080 })},
 		},
 		{
 			name:       "invalid node port costs only the NodePort",
-			svc:        testService("ns", "web", nodePortSvc, func(s *v1.Service) { s.Spec.Ports[0].NodePort = 70000 }),
+			svc:        proxytest.Service("ns", "web", nodePortSvc, func(s *v1.Service) { s.Spec.Ports[0].NodePort = 70000 }),
 			want:       []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.Type = v1.ServiceTypeNodePort })},
 			wantErrors: []string{"Service ns/web spec.ports[0].nodePort"},
 		},
 		{
 			name:       "node port on a ClusterIP service is ignored",
-			svc:        testService("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].NodePort = 30080 }),
+			svc:        proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].NodePort = 30080 }),
 			want:       []*ServicePort{testPort("ns", "web")},
 			wantErrors: []string{"Service ns/web spec.ports[0].nodePort"},
 		},
 		{
 			name: "external IPs are kept and an invalid one is skipped",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.1", "nope", "2001:db8::1"} }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.1", "nope", "2001:db8::1"} }),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) {
-				p.ExternalIPs = addrs("192.0.2.1", "2001:db8::1")
+				p.ExternalIPs = proxytest.Addrs("192.0.2.1", "2001:db8::1")
 			})},
 			wantErrors: []string{"Service ns/web spec.externalIPs[1]"},
 		},
 		{
 			name: "load balancer ingress IPs skip hostnames and proxy-mode ingress",
-			svc: testService("ns", "web", lbSvc, func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", lbSvc, func(s *v1.Service) {
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{
 					{IP: "203.0.113.1"},
 					{Hostname: "lb.example.com"},
@@ -248,13 +223,13 @@ func TestServicePortsFromService(t *testing.T) {
 			}),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) {
 				p.Type, p.NodePort = v1.ServiceTypeLoadBalancer, 30080
-				p.LoadBalancerIPs = addrs("203.0.113.1", "203.0.113.3")
+				p.LoadBalancerIPs = proxytest.Addrs("203.0.113.1", "203.0.113.3")
 			})},
 			wantErrors: []string{"Service ns/web status.loadBalancer.ingress[4].ip"},
 		},
 		{
 			name: "source ranges are trimmed and masked, an invalid one skipped",
-			svc: testService("ns", "web", lbSvc, func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", lbSvc, func(s *v1.Service) {
 				s.Spec.LoadBalancerSourceRanges = []string{" 192.0.2.7/24 ", "10.0.0.0/40"}
 			}),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) {
@@ -265,7 +240,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "source ranges fall back to the annotation",
-			svc: testService("ns", "web", lbSvc, func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", lbSvc, func(s *v1.Service) {
 				s.Annotations = map[string]string{v1.AnnotationLoadBalancerSourceRangesKey: "192.0.2.0/24, 2001:db8::/32"}
 			}),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) {
@@ -275,7 +250,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "external traffic policy Local on a load balancer carries the health check node port",
-			svc: testService("ns", "web", lbSvc, func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", lbSvc, func(s *v1.Service) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 				s.Spec.HealthCheckNodePort = 32000
 			}),
@@ -286,7 +261,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "load balancer with policy Local and no health check node port is reported",
-			svc: testService("ns", "web", lbSvc, func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", lbSvc, func(s *v1.Service) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			}),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) {
@@ -296,26 +271,26 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "external traffic policy Local means nothing on a plain ClusterIP service",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			}),
 			want: []*ServicePort{testPort("ns", "web")},
 		},
 		{
 			name: "internal traffic policy Local",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
 			}),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.InternalPolicyLocal = true })},
 		},
 		{
 			name: "client IP affinity defaults to 10800 seconds",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.AffinityTimeout = 10800 * time.Second })},
 		},
 		{
 			name: "client IP affinity honours its timeout",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
 			}),
@@ -323,7 +298,7 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "invalid affinity timeout falls back to the default",
-			svc: testService("ns", "web", func(s *v1.Service) {
+			svc: proxytest.Service("ns", "web", func(s *v1.Service) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](0)}}
 			}),
@@ -332,14 +307,14 @@ func TestServicePortsFromService(t *testing.T) {
 		},
 		{
 			name: "traffic distribution is carried",
-			svc:  testService("ns", "web", func(s *v1.Service) { s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose) }),
+			svc:  proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.TrafficDistribution = ptr.To(v1.ServiceTrafficDistributionPreferClose) }),
 			want: []*ServicePort{testPort("ns", "web", func(p *ServicePort) { p.TrafficDistribution = "PreferClose" })},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := ServicePortsFromService(tt.svc)
-			if !portsEqual(got, tt.want) {
+			if !PortsEqual(got, tt.want) {
 				t.Errorf("ports:\ngot:%s\nwant:%s", fmtPorts(got), fmtPorts(tt.want))
 			}
 			if fields := errFields(t, unjoin(err)); !slices.Equal(fields, tt.wantErrors) {
@@ -350,7 +325,7 @@ func TestServicePortsFromService(t *testing.T) {
 }
 
 func TestFieldErrorNamesObjectAndField(t *testing.T) {
-	_, err := ServicePortsFromService(testService("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Port = 0 }))
+	_, err := ServicePortsFromService(proxytest.Service("ns", "web", func(s *v1.Service) { s.Spec.Ports[0].Port = 0 }))
 	want := "Service ns/web: spec.ports[0].port: port 0 is outside 1..65535"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)

@@ -45,7 +45,7 @@ type Batcher interface {
 
 // batch runs fn, whose calls go to sink, as one change of sink when sink
 // can take one.
-func batch(sink Sink, fn func()) {
+func Batch(sink Sink, fn func()) {
 	if b, ok := sink.(Batcher); ok {
 		b.Batch(fn)
 		return

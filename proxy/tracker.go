@@ -180,7 +180,7 @@ func (t *ChangeTracker) updateService(key types.NamespacedName, svc *v1.Service)
 	if old != nil {
 		oldPorts = old.ports
 	}
-	changed := !portsEqual(oldPorts, ports)
+	changed := !PortsEqual(oldPorts, ports)
 	if changed {
 		t.notePublished(key, old)
 	}
@@ -231,12 +231,12 @@ func (t *ChangeTracker) updateSlice(key types.NamespacedName, slice *discovery.E
 			return false
 		}
 		var errs []error
-		info, errs = parseEndpointSlice(slice)
+		info, errs = ParseEndpointSlice(slice)
 		entry := &sliceEntry{resourceVersion: slice.ResourceVersion, info: info}
 		entry.logKey = t.logOnce(old.lastLogKey(), slice.ResourceVersion, errs)
 		t.slices[key] = entry
 	}
-	if oldInfo.equal(info) {
+	if oldInfo.Equal(info) {
 		return false
 	}
 	if oldInfo != nil {
@@ -258,9 +258,9 @@ func (t *ChangeTracker) updateSlice(key types.NamespacedName, slice *discovery.E
 		}
 		t.bySvc[info.service] = infos
 		t.markDirty(info.service, true)
-		if info.triggerTime.After(t.started) {
-			if cur, ok := t.triggerTimes[info.service]; !ok || info.triggerTime.Before(cur) {
-				t.triggerTimes[info.service] = info.triggerTime
+		if info.TriggerTime.After(t.started) {
+			if cur, ok := t.triggerTimes[info.service]; !ok || info.TriggerTime.Before(cur) {
+				t.triggerTimes[info.service] = info.TriggerTime
 			}
 		}
 	}
@@ -273,7 +273,7 @@ func (t *ChangeTracker) OnNode(node *v1.Node) {
 		t.log.Debug("ignoring another node", "node", node.Name, "want", t.nodeName)
 		return
 	}
-	n, errs := nodeFrom(t.nodeName, node)
+	n, errs := NodeFrom(t.nodeName, node)
 	t.mu.Lock()
 	rv := ""
 	if node != nil {
@@ -335,7 +335,7 @@ func (t *ChangeTracker) markDirty(key types.NamespacedName, changed bool) bool {
 // resourceVersion (from manifests) are logged again only when their errors
 // change.
 func (t *ChangeTracker) logOnce(prevKey, resourceVersion string, errs []error) string {
-	key := resourceVersion + "\x00" + errorsKey(errs)
+	key := resourceVersion + "\x00" + ErrorsKey(errs)
 	if len(errs) > 0 && key != prevKey {
 		logFieldErrors(t.log, errs)
 	}
@@ -356,7 +356,7 @@ func (e *sliceEntry) lastLogKey() string {
 	return e.logKey
 }
 
-func portsEqual(a, b []*ServicePort) bool {
+func PortsEqual(a, b []*ServicePort) bool {
 	if len(a) != len(b) {
 		return false
 	}

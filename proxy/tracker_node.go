@@ -14,7 +14,7 @@ import (
 // first, then the ExternalIP ones, in status order; the first address of a
 // family is that family's primary node IP, as upstream's GetNodeHostIPs picks
 // it. A nil node (not known yet, or deleted) yields just the name.
-func nodeFrom(name string, node *v1.Node) (Node, []error) {
+func NodeFrom(name string, node *v1.Node) (Node, []error) {
 	if node == nil {
 		return Node{Name: name}, nil
 	}

@@ -8,14 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	networkingv1 "k8s.io/api/networking/v1"
+	"github.com/kpproxy/kp/proxy/proxytest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
-
-func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
-	return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
-}
 
 func TestServiceCIDRsInTheState(t *testing.T) {
 	var logs bytes.Buffer
@@ -37,17 +33,23 @@ func TestServiceCIDRsInTheState(t *testing.T) {
 		{"the flag's CIDRs from the start", func() {}, "[10.96.0.0/16]", true, 0},
 		{"nothing changed", func() {}, "[10.96.0.0/16]", false, 0},
 		{"a dual-stack ServiceCIDR object, sorted and masked",
-			func() { tr.OnServiceCIDR("kubernetes", serviceCIDR("kubernetes", "fd00:96::/112", "10.100.0.5/16")) },
+			func() {
+				tr.OnServiceCIDR("kubernetes", proxytest.ServiceCIDR("kubernetes", "fd00:96::/112", "10.100.0.5/16"))
+			},
 			"[10.96.0.0/16 10.100.0.0/16 fd00:96::/112]", true, 1},
 		{"a second object repeating a CIDR",
-			func() { tr.OnServiceCIDR("extra", serviceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24")) },
+			func() {
+				tr.OnServiceCIDR("extra", proxytest.ServiceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24"))
+			},
 			"[10.96.0.0/16 10.100.0.0/16 10.200.0.0/24 fd00:96::/112]", true, 2},
 		{"the same object again: no change",
-			func() { tr.OnServiceCIDR("extra", serviceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24")) },
+			func() {
+				tr.OnServiceCIDR("extra", proxytest.ServiceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24"))
+			},
 			"[10.96.0.0/16 10.100.0.0/16 10.200.0.0/24 fd00:96::/112]", false, 2},
 		{"an object being deleted still counts (as upstream kube-proxy)",
 			func() {
-				c := serviceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24")
+				c := proxytest.ServiceCIDR("extra", "10.100.0.0/16", "bad", "10.200.0.0/24")
 				c.DeletionTimestamp = &metav1.Time{Time: trackerStart}
 				tr.OnServiceCIDR("extra", c)
 			},

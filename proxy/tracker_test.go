@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kpproxy/kp/proxy/proxytest"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,10 +36,6 @@ func newTestTracker(t *testing.T, log *slog.Logger) (*ChangeTracker, *atomic.Int
 	return tr, &notified
 }
 
-func addService(s Sink, svc *v1.Service) { s.OnService(svc.Namespace, svc.Name, svc) }
-
-func addSlice(s Sink, sl *discovery.EndpointSlice) { s.OnEndpointSlice(sl.Namespace, sl.Name, sl) }
-
 // stateEndpoints renders a State as service port → "ip:port" endpoints.
 func stateEndpoints(s *State) map[ServicePortName][]string {
 	out := make(map[ServicePortName][]string)
@@ -61,7 +58,7 @@ func TestChangeTracker(t *testing.T) {
 	web := spName("ns", "web", "http", v1.ProtocolTCP)
 	api := spName("ns", "api", "http", v1.ProtocolTCP)
 	apiService := func(muts ...func(*v1.Service)) *v1.Service {
-		return testService("ns", "api", append([]func(*v1.Service){func(s *v1.Service) {
+		return proxytest.Service("ns", "api", append([]func(*v1.Service){func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.20", []string{"10.96.0.20"}
 		}}, muts...)...)
 	}
@@ -78,7 +75,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "update that converts to the same service port is ignored",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) {
 					s.Annotations = map[string]string{"irrelevant": "yes"}
 				}))
 			},
@@ -87,7 +84,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "slice rewritten with the same endpoints is ignored",
 			change: func(s Sink) {
-				addSlice(s, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) {
 					sl.ResourceVersion = "2"
 					sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trackerStart.Add(time.Minute).Format(time.RFC3339)}
 				}))
@@ -97,8 +94,8 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "service changed and changed back is not in Changed",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }))
-				addService(s, testService("ns", "web", withRV("3")))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("3")))
 			},
 			wantNotified:  true,
 			wantEndpoints: map[ServicePortName][]string{web: {"10.0.0.1:8080"}, api: {}},
@@ -106,7 +103,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "modified service port is in Changed",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 }))
 			},
 			wantNotified:  true,
 			wantChanged:   []ServicePortName{web},
@@ -122,7 +119,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "renamed port replaces the old service port",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
 			},
 			wantNotified: true,
 			wantChanged:  []ServicePortName{web, spName("ns", "web", "web", v1.ProtocolTCP)},
@@ -135,8 +132,8 @@ func TestChangeTracker(t *testing.T) {
 			// take the one before it for what was published.
 			name: "port renamed twice replaces the published one",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
-				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "www" }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "www" }))
 			},
 			wantNotified: true,
 			wantChanged:  []ServicePortName{web, spName("ns", "web", "www", v1.ProtocolTCP)},
@@ -147,10 +144,10 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "port renamed after an update that changed nothing",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) {
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) {
 					s.Annotations = map[string]string{"irrelevant": "yes"}
 				}))
-				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
 			},
 			wantNotified: true,
 			wantChanged:  []ServicePortName{web, spName("ns", "web", "web", v1.ProtocolTCP)},
@@ -162,7 +159,7 @@ func TestChangeTracker(t *testing.T) {
 			name: "service deleted and created again with another port",
 			change: func(s Sink) {
 				s.OnService("ns", "web", nil)
-				addService(s, testService("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("3"), func(s *v1.Service) { s.Spec.Ports[0].Name = "web" }))
 			},
 			wantNotified: true,
 			wantChanged:  []ServicePortName{web, spName("ns", "web", "web", v1.ProtocolTCP)},
@@ -173,7 +170,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "slice replaced by another of the same service",
 			change: func(s Sink) {
-				addSlice(s, testSlice("ns", "web-b", "web", []string{"10.0.0.2"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.2"}))
 				s.OnEndpointSlice("ns", "web-a", nil)
 			},
 			wantNotified:  true,
@@ -183,7 +180,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "slice moved to another service changes both",
 			change: func(s Sink) {
-				addSlice(s, testSlice("ns", "web-a", "api", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) { sl.ResourceVersion = "2" }))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-a", "api", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) { sl.ResourceVersion = "2" }))
 			},
 			wantNotified:  true,
 			wantChanged:   []ServicePortName{api, web},
@@ -192,7 +189,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "endpoint in two slices is listed once",
 			change: func(s Sink) {
-				addSlice(s, testSlice("ns", "web-b", "web", []string{"10.0.0.2", "10.0.0.1"}))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.2", "10.0.0.1"}))
 			},
 			wantNotified:  true,
 			wantChanged:   []ServicePortName{web},
@@ -201,8 +198,8 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "slice for a service not yet known is kept for it",
 			change: func(s Sink) {
-				addSlice(s, testSlice("ns", "db-a", "db", []string{"10.0.0.9"}))
-				addService(s, testService("ns", "db", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.30"} }))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "db-a", "db", []string{"10.0.0.9"}))
+				proxytest.AddService(s, proxytest.Service("ns", "db", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.30"} }))
 			},
 			wantNotified: true,
 			wantChanged:  []ServicePortName{spName("ns", "db", "http", v1.ProtocolTCP)},
@@ -213,9 +210,9 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "bad objects are skipped while the others stay",
 			change: func(s Sink) {
-				addService(s, apiService(withRV("2"), func(s *v1.Service) { s.Spec.ClusterIPs = []string{"bogus"} }))
-				addService(s, testService("ns", "db", func(s *v1.Service) { s.Spec.Ports[0].Protocol = "ICMP" }))
-				addSlice(s, testSlice("ns", "web-b", "web", []string{"10.0.0.2", "not-an-ip"}))
+				proxytest.AddService(s, apiService(withRV("2"), func(s *v1.Service) { s.Spec.ClusterIPs = []string{"bogus"} }))
+				proxytest.AddService(s, proxytest.Service("ns", "db", func(s *v1.Service) { s.Spec.Ports[0].Protocol = "ICMP" }))
+				proxytest.AddSlice(s, proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.2", "not-an-ip"}))
 			},
 			wantNotified:  true,
 			wantChanged:   []ServicePortName{api, web},
@@ -224,7 +221,7 @@ func TestChangeTracker(t *testing.T) {
 		{
 			name: "service becoming headless is removed",
 			change: func(s Sink) {
-				addService(s, testService("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", nil }))
+				proxytest.AddService(s, proxytest.Service("ns", "web", withRV("2"), func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", nil }))
 			},
 			wantNotified:  true,
 			wantChanged:   []ServicePortName{web},
@@ -246,9 +243,9 @@ func TestChangeTracker(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tr, notified := newTestTracker(t, nil)
-			addService(tr, testService("ns", "web", withRV("1")))
-			addService(tr, apiService(withRV("1")))
-			addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) { sl.ResourceVersion = "1" }))
+			proxytest.AddService(tr, proxytest.Service("ns", "web", withRV("1")))
+			proxytest.AddService(tr, apiService(withRV("1")))
+			proxytest.AddSlice(tr, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, func(sl *discovery.EndpointSlice) { sl.ResourceVersion = "1" }))
 			first := tr.Snapshot()
 			firstEndpoints := stateEndpoints(first)
 			notified.Store(0)
@@ -281,8 +278,8 @@ func TestChangeTracker(t *testing.T) {
 
 func TestFirstSnapshotHasEveryServicePortChanged(t *testing.T) {
 	tr, _ := newTestTracker(t, nil)
-	addService(tr, testService("ns", "web"))
-	addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}))
+	proxytest.AddService(tr, proxytest.Service("ns", "web"))
+	proxytest.AddSlice(tr, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}))
 	s := tr.Snapshot()
 	web := spName("ns", "web", "http", v1.ProtocolTCP)
 	if s.Generation != 1 || !slices.Equal(sortedNames(s.Changed), []ServicePortName{web}) || !s.NodeChanged {
@@ -304,11 +301,11 @@ func TestSnapshotHoldsAllOfABatchOrNone(t *testing.T) {
 	web := spName("ns", "web", "http", v1.ProtocolTCP)
 	got := make(chan *State, 1)
 	tr.Batch(func() {
-		addService(tr, testService("ns", "web"))
+		proxytest.AddService(tr, proxytest.Service("ns", "web"))
 		go func() { got <- tr.Snapshot() }()
 		// Time for the snapshot to run, were it not held.
 		time.Sleep(100 * time.Millisecond)
-		addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}))
+		proxytest.AddSlice(tr, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}))
 	})
 	s := <-got
 	if eps := stateEndpoints(s)[web]; len(eps) != 1 {
@@ -324,14 +321,14 @@ func TestTriggerTimes(t *testing.T) {
 			sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339)}
 		}
 	}
-	addService(tr, testService("ns", "web"))
-	addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.1"}, withTrigger(trackerStart.Add(-time.Hour))))
+	proxytest.AddService(tr, proxytest.Service("ns", "web"))
+	proxytest.AddSlice(tr, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.1"}, withTrigger(trackerStart.Add(-time.Hour))))
 	if s := tr.Snapshot(); len(s.TriggerTimes) != 0 {
 		t.Errorf("trigger times older than the tracker are kept: %v", s.TriggerTimes)
 	}
 
-	addSlice(tr, testSlice("ns", "web-a", "web", []string{"10.0.0.2"}, withTrigger(trackerStart.Add(2*time.Second))))
-	addSlice(tr, testSlice("ns", "web-b", "web", []string{"10.0.0.3"}, withTrigger(trackerStart.Add(time.Second))))
+	proxytest.AddSlice(tr, proxytest.Slice("ns", "web-a", "web", []string{"10.0.0.2"}, withTrigger(trackerStart.Add(2*time.Second))))
+	proxytest.AddSlice(tr, proxytest.Slice("ns", "web-b", "web", []string{"10.0.0.3"}, withTrigger(trackerStart.Add(time.Second))))
 	s := tr.Snapshot()
 	if got, want := s.TriggerTimes[web], trackerStart.Add(time.Second); !got.Equal(want) {
 		t.Errorf("trigger time %v, want the oldest pending %v", got, want)
@@ -360,10 +357,10 @@ func TestNodeChanges(t *testing.T) {
 	tr, notified := newTestTracker(t, nil)
 	tr.OnNode(node())
 	s := tr.Snapshot()
-	if want := addrs("192.168.0.5", "fd00::5", "203.0.113.5"); !s.NodeChanged || !slices.Equal(s.Node.IPs, want) || s.Node.Zone() != "zone-a" {
+	if want := proxytest.Addrs("192.168.0.5", "fd00::5", "203.0.113.5"); !s.NodeChanged || !slices.Equal(s.Node.IPs, want) || s.Node.Zone() != "zone-a" {
 		t.Fatalf("node = %+v (changed %v), want IPs %v and zone-a", s.Node, s.NodeChanged, want)
 	}
-	if ip, _ := s.Node.PrimaryIP(IPv6); ip != addrs("fd00::5")[0] {
+	if ip, _ := s.Node.PrimaryIP(IPv6); ip != proxytest.Addrs("fd00::5")[0] {
 		t.Errorf("primary IPv6 = %v", ip)
 	}
 
@@ -402,10 +399,10 @@ func TestValidationErrorsAreLoggedOncePerObjectVersion(t *testing.T) {
 	var buf bytes.Buffer
 	tr, _ := newTestTracker(t, slog.New(slog.NewTextHandler(&buf, nil)))
 	bad := func(rv string) *v1.Service {
-		return testService("ns", "web", func(s *v1.Service) { s.ResourceVersion = rv; s.Spec.Ports[0].Port = 0 })
+		return proxytest.Service("ns", "web", func(s *v1.Service) { s.ResourceVersion = rv; s.Spec.Ports[0].Port = 0 })
 	}
-	addService(tr, bad("1"))
-	addService(tr, bad("1")) // informer resync
+	proxytest.AddService(tr, bad("1"))
+	proxytest.AddService(tr, bad("1")) // informer resync
 	tr.Snapshot()
 	tr.Snapshot()
 	if n := strings.Count(buf.String(), "spec.ports[0].port"); n != 1 {
@@ -416,16 +413,16 @@ func TestValidationErrorsAreLoggedOncePerObjectVersion(t *testing.T) {
 			t.Errorf("log lacks %q:\n%s", want, buf.String())
 		}
 	}
-	addService(tr, bad("2"))
+	proxytest.AddService(tr, bad("2"))
 	if n := strings.Count(buf.String(), "spec.ports[0].port"); n != 2 {
 		t.Errorf("a new version logged %d times in all, want 2", n)
 	}
 
 	// Manifests have no resourceVersion: the same errors again are not news.
 	buf.Reset()
-	sl := testSlice("ns", "web-a", "web", []string{"nope"})
-	addSlice(tr, sl)
-	addSlice(tr, sl)
+	sl := proxytest.Slice("ns", "web-a", "web", []string{"nope"})
+	proxytest.AddSlice(tr, sl)
+	proxytest.AddSlice(tr, sl)
 	if n := strings.Count(buf.String(), "endpoints[0].addresses[0]"); n != 1 {
 		t.Errorf("slice without resourceVersion logged %d times, want once:\n%s", n, buf.String())
 	}
@@ -440,14 +437,14 @@ func BenchmarkSnapshotAfterOneChange(b *testing.B) {
 	for i := range n {
 		name := fmt.Sprintf("svc-%d", i)
 		ip := fmt.Sprintf("10.%d.%d.%d", 96+i/65536, i/256%256, i%256)
-		addService(tr, testService("ns", name, func(s *v1.Service) { s.Spec.ClusterIPs = []string{ip} }))
-		addSlice(tr, testSlice("ns", name+"-a", name, []string{"10.200.0.1", "10.200.0.2", "10.200.0.3"}))
+		proxytest.AddService(tr, proxytest.Service("ns", name, func(s *v1.Service) { s.Spec.ClusterIPs = []string{ip} }))
+		proxytest.AddSlice(tr, proxytest.Slice("ns", name+"-a", name, []string{"10.200.0.1", "10.200.0.2", "10.200.0.3"}))
 	}
 	tr.Snapshot()
 	b.ResetTimer()
 	for i := range b.N {
 		ips := []string{"10.200.0.1", fmt.Sprintf("10.201.%d.%d", i/256%256, i%256)}
-		addSlice(tr, testSlice("ns", "svc-7-a", "svc-7", ips))
+		proxytest.AddSlice(tr, proxytest.Slice("ns", "svc-7-a", "svc-7", ips))
 		if s := tr.Snapshot(); len(s.Changed) != 1 || len(s.Services) != n {
 			b.Fatalf("changed %d, services %d", len(s.Changed), len(s.Services))
 		}
@@ -455,7 +452,7 @@ func BenchmarkSnapshotAfterOneChange(b *testing.B) {
 }
 
 func TestNodeAddressErrorNamesTheNode(t *testing.T) {
-	_, errs := nodeFrom("node-a", &v1.Node{
+	_, errs := NodeFrom("node-a", &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
 		Status:     v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.168.0.300"}}},
 	})

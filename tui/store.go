@@ -9,6 +9,7 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -110,7 +111,7 @@ func (s *store) applySnapshot(m snapshotMsg) {
 }
 
 func (s *store) applyServices(m snapshotMsg) {
-	st, err := proxy.StateFromServices(m.Services)
+	st, err := server.StateFromServices(m.Services)
 	if err != nil {
 		s.statusErr = fmt.Errorf("kp proxy's status API: %w", err)
 		return
@@ -152,7 +153,7 @@ func (s *store) applyDump(m snapshotMsg) {
 	if m.Local != nil {
 		s.local = m.Local
 		if s.services != nil {
-			if st, err := proxy.StateFromServices(s.services); err == nil {
+			if st, err := server.StateFromServices(s.services); err == nil {
 				s.index = conntrack.NewIndex(st, s.local)
 			}
 		}

@@ -23,6 +23,8 @@ import (
 	"github.com/kpproxy/kp/legacy/userspace"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
+	"github.com/kpproxy/kp/proxy/source"
 )
 
 // Set at build time by the Makefile with -ldflags -X.
@@ -53,7 +55,7 @@ type app struct {
 	// is "not implemented yet".
 	backends      map[proxy.Mode]backendFactory
 	newKubeClient func(kubeconfig, master string) (kubeclient.Interface, error)
-	runProxy      func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error
+	runProxy      func(ctx context.Context, cfg proxy.Config, opts server.RunOptions) error
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner
 
@@ -84,8 +86,8 @@ func newApp(stdout, stderr io.Writer) *app {
 			},
 			proxy.ModeNone: func(proxy.Config, *slog.Logger) (proxy.Backend, error) { return proxy.NoneBackend{}, nil },
 		},
-		newKubeClient: proxy.NewKubeClient,
-		runProxy:      proxy.Run,
+		newKubeClient: source.NewKubeClient,
+		runProxy:      server.Run,
 		logOpts:       defaultLogOptions(),
 	}
 }

@@ -14,7 +14,10 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
+	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
+	"github.com/kpproxy/kp/proxy/source"
 )
 
 // fakeBackend records what kp asked of a mode.
@@ -46,7 +49,7 @@ type harness struct {
 	ran            bool     // runProxy was called
 	cfg            proxy.Config
 	sources        []proxy.Source
-	opts           proxy.RunOptions
+	opts           server.RunOptions
 	runProxy       func(ctx context.Context) error
 	// procSys is the folder the app's conntrack tuner writes to instead
 	// of /proc/sys (the unit tests run in the host's namespace).
@@ -67,7 +70,7 @@ func newHarness(t *testing.T) *harness {
 		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
 		return nil, nil
 	}
-	h.a.runProxy = func(ctx context.Context, cfg proxy.Config, opts proxy.RunOptions) error {
+	h.a.runProxy = func(ctx context.Context, cfg proxy.Config, opts server.RunOptions) error {
 		h.ran, h.cfg, h.sources, h.opts = true, cfg, opts.Sources, opts
 		if h.runProxy != nil {
 			return h.runProxy(ctx)
@@ -212,7 +215,7 @@ func TestAutoModeFallsBackToTheFirstModeWhoseProbePasses(t *testing.T) {
 			if code := h.run(append([]string{"proxy", "--manifests", t.TempDir()}, args...)...); code != 0 {
 				t.Fatalf("exit %d, stderr:\n%s", code, h.stderr.String())
 			}
-			sw, ok := h.opts.Backend.(*proxy.Switcher)
+			sw, ok := h.opts.Backend.(*migrate.Switcher)
 			if !ok {
 				t.Fatalf("kp proxy runs %T, not the Switcher", h.opts.Backend)
 			}
@@ -301,7 +304,7 @@ func TestSourceSelection(t *testing.T) {
 			if len(h.sources) != 1 {
 				t.Fatalf("%d sources, want 1", len(h.sources))
 			}
-			_, isDir := h.sources[0].(*proxy.DirSource)
+			_, isDir := h.sources[0].(*source.DirSource)
 			if isDir != tt.wantDir {
 				t.Errorf("source %T, want folder source %v", h.sources[0], tt.wantDir)
 			}

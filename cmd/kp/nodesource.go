@@ -11,6 +11,7 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -35,7 +36,7 @@ type nodeFlags struct {
 // bind adds --netns (described by netnsHelp) and --status-address to fs.
 func (f *nodeFlags) bind(fs *pflag.FlagSet, netnsHelp string) {
 	fs.StringVar(&f.netns, "netns", "", netnsHelp+": a name from 'ip netns' or a path such as /proc/PID/ns/net")
-	fs.StringVar(&f.statusAddress, "status-address", proxy.DefaultMetricsBindAddress,
+	fs.StringVar(&f.statusAddress, "status-address", server.DefaultMetricsBindAddress,
 		"kp proxy's metrics address (--metrics-bind-address), where its status API is served on the node's loopback")
 }
 

@@ -16,16 +16,17 @@ import (
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/userspace"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
 )
 
 // Upstream kube-proxy's defaults, which kp keeps so a DaemonSet behaves the same.
 const (
 	defaultMasqueradeBit      = 14
-	defaultSyncPeriod         = proxy.DefaultSyncPeriod
-	defaultMinSyncPeriod      = proxy.DefaultMinSyncPeriod
+	defaultSyncPeriod         = server.DefaultSyncPeriod
+	defaultMinSyncPeriod      = server.DefaultMinSyncPeriod
 	defaultConfigSyncPeriod   = 15 * time.Minute
-	defaultMetricsBindAddress = proxy.DefaultMetricsBindAddress
-	defaultHealthzBindAddress = proxy.DefaultHealthzBindAddress
+	defaultMetricsBindAddress = server.DefaultMetricsBindAddress
+	defaultHealthzBindAddress = server.DefaultHealthzBindAddress
 	// With an IPv6 --bind-address upstream moves both servers to IPv6.
 	defaultMetricsBindAddressV6 = "[::1]:10249"
 	defaultHealthzBindAddressV6 = "[::]:10256"

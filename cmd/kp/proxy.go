@@ -13,6 +13,8 @@ import (
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
+	"github.com/kpproxy/kp/proxy/source"
 )
 
 func newProxyCommand(a *app) *cobra.Command {
@@ -151,8 +153,8 @@ func (a *app) drain(backend proxy.Backend) {
 // stale UDP conntrack entries (in every mode: the userspace mode has no
 // DNAT entries to clean, but a UDP flow the kernel confirmed to a Service
 // address before kp had a rule for it blackholes there too).
-func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) proxy.RunOptions {
-	opts := proxy.RunOptions{Backend: backend, Sources: sources, Log: a.log}
+func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) server.RunOptions {
+	opts := server.RunOptions{Backend: backend, Sources: sources, Log: a.log}
 	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
 		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
 	opts.Observers = append(opts.Observers, cleaner)
@@ -172,7 +174,7 @@ func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubeclient.Interface, e
 		if cfg.Kubeconfig != "" || cfg.Master != "" {
 			a.log.Info("--manifests is set; the Kubernetes API is not used", "manifests", cfg.ManifestsDir)
 		}
-		return []proxy.Source{proxy.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil, nil
+		return []proxy.Source{source.NewDirSource(cfg.ManifestsDir, cfg.HostnameOverride, a.log)}, nil, nil
 	}
 	if cfg.Kubeconfig == "" && cfg.Master == "" && !a.inCluster() {
 		return nil, nil, errors.New("no source of Services: pass --kubeconfig FILE or --master URL " +
@@ -182,7 +184,7 @@ func (a *app) sources(cfg proxy.Config) ([]proxy.Source, kubeclient.Interface, e
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return []proxy.Source{proxy.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, client, nil
+	return []proxy.Source{source.NewKubeSource(client, cfg.HostnameOverride, cfg.ConfigSyncPeriod, a.log)}, client, nil
 }
 
 // inCluster reports whether client-go's in-cluster configuration applies:

@@ -19,7 +19,7 @@ import (
 // everything but the running mode's rules after the first sync and after
 // each switch (migrate.TakeOver), and keeps the conntrack cleaner in step
 // with the mode.
-func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.SyncObserver) *proxy.Switcher {
+func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.SyncObserver) *migrate.Switcher {
 	var cleaner *conntrack.Cleaner
 	for _, o := range observers {
 		if c, ok := o.(*conntrack.Cleaner); ok {
@@ -27,7 +27,7 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 		}
 	}
 	cfg := s.cfg
-	return proxy.NewSwitcher(proxy.SwitcherConfig{
+	return migrate.NewSwitcher(migrate.SwitcherConfig{
 		Initial:       backend,
 		InitialTarget: targetOf(backend),
 		Log:           a.log,
@@ -57,7 +57,7 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 			if b.Mode() == proxy.ModeNone {
 				return &statusapi.Verification{}, nil
 			}
-			return proxy.VerifyServices(ctx, st, b, proxy.VerifyOptions{})
+			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{})
 		},
 		Switched: func(b proxy.Backend) {
 			if cleaner != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kpproxy/kp/internal/logbuf"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/source"
 	"github.com/kpproxy/kp/test/apiserver"
 	"github.com/kpproxy/kp/test/netns"
 )
@@ -63,11 +64,11 @@ func TestKubeSourceStreamsTheInitialListAndKeepsNoCache(t *testing.T) {
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tracker := proxy.NewChangeTracker(proxy.ChangeTrackerOptions{NodeName: nodeName, Sources: 1})
-	client, err := proxy.KubeClientFor(srv.Instance(0).Config(srv.AdminToken()))
+	client, err := source.KubeClientFor(srv.Instance(0).Config(srv.AdminToken()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := proxy.NewKubeSource(client, nodeName, 0, log)
+	src := source.NewKubeSource(client, nodeName, 0, log)
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Run(runCtx, tracker) }()

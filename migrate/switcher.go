@@ -1,0 +1,461 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+// SwitcherConfig configures a Switcher.
+type SwitcherConfig struct {
+	// Initial is the backend kp started with (probed), running as
+	// InitialTarget (its iptables flavor resolved).
+	Initial       proxy.Backend
+	InitialTarget proxy.Target
+	// Build builds and probes a target's backend and returns the target
+	// resolved (the iptables flavor it chose).
+	Build func(ctx context.Context, t proxy.Target) (proxy.Backend, proxy.Target, error)
+	// Retire removes what else programs the node's Services besides the
+	// running target's rules: kp's other modes and upstream kube-proxy's
+	// leftovers. It runs after the first successful sync and after every
+	// switch. With keepActive, it keeps the old mode's state that still
+	// carries established connections (IPVS virtual servers) and returns
+	// how much it kept; the Switcher runs it again at later syncs.
+	Retire func(ctx context.Context, running proxy.Target, st *proxy.State, keepActive bool) (kept int, err error)
+	// Verify proves that b carries every Service of st; nil is
+	// VerifyServices with real sockets.
+	Verify func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error)
+	// Switched is told when a backend replaces another (what follows the
+	// mode, such as the conntrack cleaner, adapts).
+	Switched func(b proxy.Backend)
+	// Finished is told the outcome of every switch asked for (kp records
+	// it as an Event on its Node).
+	Finished func(m statusapi.Migration)
+	// Drain bounds how long an old mode that proxies connections itself
+	// (userspace) keeps serving its open connections after a switch, and
+	// how long Retire keeps state for established connections.
+	Drain time.Duration
+	Log   *slog.Logger
+	Clock clock.PassiveClock
+}
+
+// Switcher is the Backend kp proxy runs: it forwards every sync to the
+// current mode's backend and switches modes inside the sync loop when
+// asked (Request, from the status API; or the Node's kpproxy.io/proxy-mode
+// annotation), so no sync races a switch and the sources and State stay
+// the same. A switch programs the target mode fully while the old one
+// still serves, proves the new path with VerifyServices, and only then
+// makes it current and removes the old mode's rules (Retire). If
+// programming or verifying fails, the new mode's rules are removed and the
+// old mode keeps serving.
+type Switcher struct {
+	cfg     SwitcherConfig
+	trigger func()
+
+	mu        sync.Mutex
+	cur       proxy.Backend
+	curTarget proxy.Target
+	synced    bool
+	// failed: the last sync of the current backend failed; full: for a
+	// backend that cannot say (FullSyncReporter), whether its last sync
+	// counts as full, by the sync loop's own rule: the first, and the one
+	// after a failure.
+	failed, full bool
+	// annotation is the last kpproxy.io/proxy-mode value acted on.
+	annotation string
+	pending    *switchRequest
+	progress   *statusapi.Migration
+	nextID     uint64
+	// keepUntil ends the drain bound of the last change of mode; kept is
+	// what the last Retire kept for connections, looked at again from
+	// nextRetire (switcher_retire.go).
+	keepUntil  time.Time
+	kept       int
+	nextRetire time.Time
+}
+
+type switchRequest struct {
+	id       uint64
+	target   proxy.Target
+	by       string
+	progress *statusapi.Migration
+}
+
+// NewSwitcher returns a Switcher running cfg.Initial.
+func NewSwitcher(cfg SwitcherConfig) *Switcher {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Verify == nil {
+		cfg.Verify = func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error) {
+			return VerifyServices(ctx, st, b, VerifyOptions{})
+		}
+	}
+	return &Switcher{cfg: cfg, cur: cfg.Initial, curTarget: cfg.InitialTarget}
+}
+
+// SetTrigger gives the Switcher the sync runner's Trigger, so a request
+// runs at the next sync rather than at the periodic one.
+func (s *Switcher) SetTrigger(f func()) { s.mu.Lock(); s.trigger = f; s.mu.Unlock() }
+
+// Current returns the backend running now and its target.
+func (s *Switcher) Current() (proxy.Backend, proxy.Target) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur, s.curTarget
+}
+
+// Mode is the current backend's mode.
+func (s *Switcher) Mode() proxy.Mode { b, _ := s.Current(); return b.Mode() }
+
+// Probe probes the current backend (kp probed it before starting).
+func (s *Switcher) Probe(ctx context.Context) error { b, _ := s.Current(); return b.Probe(ctx) }
+
+// Cleanup cleans the current backend.
+func (s *Switcher) Cleanup(ctx context.Context) error { b, _ := s.Current(); return b.Cleanup(ctx) }
+
+// EndpointCounters reads the current backend's counters.
+func (s *Switcher) EndpointCounters(st *proxy.State) (map[proxy.EndpointRef]proxy.EndpointCounter, error) {
+	b, _ := s.Current()
+	if cr, ok := b.(proxy.CounterReporter); ok {
+		return cr.EndpointCounters(st)
+	}
+	return nil, nil
+}
+
+// LastSyncFull asks the current backend; for a backend that cannot say,
+// the first sync and the one after a failure are full, as without a
+// Switcher.
+func (s *Switcher) LastSyncFull() bool {
+	b, _ := s.Current()
+	if r, ok := b.(proxy.FullSyncReporter); ok {
+		return r.LastSyncFull()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.full
+}
+
+// noteSync records the outcome of a sync of the current backend.
+func (s *Switcher) noteSync(first bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		s.full = first || s.failed
+	}
+	s.failed = err != nil
+}
+
+// Shutdown drains the current backend when it proxies connections itself.
+func (s *Switcher) Shutdown(ctx context.Context) error {
+	b, _ := s.Current()
+	if d, ok := b.(interface{ Shutdown(context.Context) error }); ok {
+		return d.Shutdown(ctx)
+	}
+	return nil
+}
+
+// Request asks for a switch to t at the next sync and returns its
+// progress record. Asking for the mode that runs re-verifies it and runs
+// Retire again (kube-proxy's rules re-created by a kube-proxy that was
+// still running, an interrupted switch's leftovers).
+func (s *Switcher) Request(t proxy.Target, by string) (*statusapi.Migration, error) {
+	s.mu.Lock()
+	if s.curTarget.Mode == proxy.ModeIPTables && t.Mode == proxy.ModeIPTables && t.IPTablesBackend != "" &&
+		t.IPTablesBackend != s.curTarget.IPTablesBackend {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("from %s to %s: kp cannot run both iptables flavors at once; switch to nftables first", s.curTarget, t)
+	}
+	s.request(t, by)
+	trigger := s.trigger
+	s.mu.Unlock()
+	if trigger != nil {
+		trigger()
+	}
+	return s.Migration(), nil
+}
+
+// request records a pending switch; s.mu is held.
+func (s *Switcher) request(t proxy.Target, by string) {
+	s.nextID++
+	s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: t.String(), RequestedBy: by,
+		Phase: statusapi.MigrationPending}
+	s.pending = &switchRequest{id: s.nextID, target: t, by: by, progress: s.progress}
+}
+
+// noteAnnotation turns a new value of the Node's kpproxy.io/proxy-mode
+// annotation into a request.
+func (s *Switcher) noteAnnotation(st *proxy.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := st.Node.ProxyMode
+	if a == s.annotation {
+		return
+	}
+	s.annotation = a
+	if a == "" {
+		return
+	}
+	by := fmt.Sprintf("annotation %s on Node %s", proxy.AnnotationProxyMode, st.Node.Name)
+	t, err := proxy.ParseTarget(a)
+	if err != nil {
+		s.nextID++
+		now := s.cfg.Clock.Now()
+		s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: a, RequestedBy: by,
+			Phase: statusapi.MigrationFailed, Error: err.Error(), Started: now, Ended: now}
+		s.cfg.Log.Error("ignoring the Node's proxy mode annotation", "node", st.Node.Name, "annotation", proxy.AnnotationProxyMode, "err", err)
+		return
+	}
+	// At start, an annotation naming the mode kp already runs is no
+	// request; later, any new value is one.
+	if !s.synced && s.curTarget.Satisfies(t) {
+		return
+	}
+	s.request(t, by)
+}
+
+func (s *Switcher) take() *switchRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.pending
+	s.pending = nil
+	return r
+}
+
+// Sync syncs the current backend, then carries out a pending switch.
+func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
+	s.noteAnnotation(st)
+	req := s.take()
+	s.mu.Lock()
+	first := !s.synced
+	s.mu.Unlock()
+	if first {
+		return s.firstSync(ctx, st, req)
+	}
+	cur, _ := s.Current()
+	err := cur.Sync(ctx, st)
+	s.noteSync(false, err)
+	if err != nil {
+		s.putBack(req)
+		return err
+	}
+	if req != nil {
+		s.migrate(ctx, st, req)
+	} else {
+		s.retireKept(ctx, st)
+	}
+	return nil
+}
+
+// putBack keeps a request for the next sync after the current mode's sync
+// failed, unless a newer one came meanwhile.
+func (s *Switcher) putBack(req *switchRequest) {
+	if req == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending == nil {
+		s.pending = req
+	}
+}
+
+// firstSync starts in the requested mode rather than the configured one
+// when a request (the Node's annotation) is there at start: nothing has
+// synced yet, so there is nothing to hand over, and Retire removes the
+// rules a previous kp left in the configured mode.
+func (s *Switcher) firstSync(ctx context.Context, st *proxy.State, req *switchRequest) error {
+	cur, curT := s.Current()
+	var p *statusapi.Migration
+	if req != nil {
+		p = s.begin(req)
+	}
+	if req != nil && !curT.Satisfies(req.target) {
+		end := s.step(p, "program")
+		b, t, err := s.cfg.Build(ctx, req.target)
+		if err != nil {
+			end("", err)
+			s.finish(p, fmt.Errorf("start in %s: %w; staying in %s", req.target, err, curT))
+		} else {
+			end(fmt.Sprintf("started in %s instead of the configured %s", t, curT), nil)
+			s.cfg.Log.Info("starting in the requested mode, not the configured one", "mode", t.String(),
+				"configured", curT.String(), "requestedBy", req.by)
+			s.swap(b, t)
+			cur, curT = b, t
+		}
+	}
+	err := cur.Sync(ctx, st)
+	s.noteSync(true, err)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.synced = true
+	s.mu.Unlock()
+	s.startDrain()
+	err = s.retire(ctx, curT, st)
+	if err != nil {
+		s.cfg.Log.Warn("removing the leftovers of other proxies failed; they may still match packets", "err", err)
+	}
+	if req != nil && s.running(p) {
+		end := s.step(p, "remove")
+		end("removed other modes' and kube-proxy's rules"+s.keptNote(), err)
+		s.finish(p, err)
+	}
+	return nil
+}
+
+// migrate switches to req's target (or, for the running target,
+// re-verifies it and removes every other proxy's rules).
+func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequest) {
+	old, oldT := s.Current()
+	p := s.begin(req)
+	log := s.cfg.Log.With("from", oldT.String(), "to", req.target.String(), "requestedBy", req.by)
+	log.Info("migration started")
+	nb, nt := old, oldT
+	same := oldT.Satisfies(req.target)
+	end := s.step(p, "program")
+	if same {
+		end("already running "+oldT.String()+"; nothing to program", nil)
+	} else {
+		b, t, err := s.cfg.Build(ctx, req.target)
+		if err == nil {
+			err = b.Sync(ctx, st)
+			if err != nil {
+				s.abandon(ctx, b, log)
+			}
+		}
+		if err != nil {
+			end("", err)
+			s.finish(p, fmt.Errorf("program %s: %w; %s keeps serving", req.target, err, oldT))
+			return
+		}
+		nb, nt = b, t
+		end(fmt.Sprintf("%s programmed %d service ports while %s serves", nt, len(st.Services), oldT), nil)
+		log.Info("migration: new mode programmed", "servicePorts", len(st.Services))
+	}
+
+	end = s.step(p, "verify")
+	v, err := s.verify(ctx, st, nb, nt, p)
+	if err != nil && same && v != nil {
+		// kp's mode runs and synced without error, yet its counters did
+		// not move: another proxy's rules written after kp's (a
+		// kube-proxy that was still running re-created them) come first
+		// in the same nat hooks and take the new connections. Remove
+		// them, then prove kp's path again.
+		end(fmt.Sprintf("not proven yet, rules written after kp's come first in the nat hooks: %v", err), nil)
+		log.Warn("migration: kp's rules are shadowed by rules written after them; removing those and verifying again", "err", err)
+		end = s.step(p, "remove")
+		rerr := s.retire(ctx, nt, st)
+		end("removed the rules that came first (kp's other modes, kube-proxy's)", rerr)
+		end = s.step(p, "verify")
+		v, err = s.verify(ctx, st, nb, nt, p)
+	}
+	if err != nil && !same && shadowed(v) && s.oldTakesTheProbes(ctx, st, old) {
+		end(fmt.Sprintf("not proven yet, %s's rules come first in the nat hooks and took the probes: %v", oldT, err), nil)
+		log.Warn("migration: the new mode's rules are shadowed by the old mode's; removing those first", "err", err)
+		s.handOverShadowed(ctx, st, &migrationRecord{progress: p, old: old, nb: nb, oldT: oldT, nt: nt}, log)
+		return
+	}
+	if err != nil {
+		end("", err)
+		if !same {
+			s.abandon(ctx, nb, log)
+			err = fmt.Errorf("%w; %s's rules removed, %s keeps serving", err, nt, oldT)
+		}
+		s.finish(p, fmt.Errorf("verify %s: %w", nt, err))
+		return
+	}
+	end(fmt.Sprintf("%d service ports proven by %s's counters (%d probes, %d skipped)", v.ServicePorts, nt, v.Probes, len(v.Skipped)), nil)
+	log.Info("migration: new path verified", "servicePorts", v.ServicePorts, "probes", v.Probes, "skipped", len(v.Skipped))
+
+	if !same {
+		s.swap(nb, nt)
+		s.startDrain()
+	}
+	end = s.step(p, "remove")
+	err = s.retire(ctx, nt, st)
+	if !same {
+		s.drain(old, log)
+	}
+	end(fmt.Sprintf("removed every rule but %s's (kp's other modes, kube-proxy's)%s", nt, s.keptNote()), err)
+	if err != nil {
+		err = fmt.Errorf("remove the old rules: %w (%s serves; re-run to retry)", err, nt)
+	}
+	s.finish(p, err)
+}
+
+// verify runs Verify and records its report; service ports it could not
+// prove are an error.
+func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend, t proxy.Target, p *statusapi.Migration) (*statusapi.Verification, error) {
+	v, err := s.cfg.Verify(ctx, st, b)
+	if err == nil && len(v.Failed) > 0 {
+		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), t, v.Failed[0])
+	}
+	s.mu.Lock()
+	p.Verification = v
+	s.mu.Unlock()
+	return v, err
+}
+
+// abandon removes a new backend's rules after its switch failed.
+func (s *Switcher) abandon(ctx context.Context, b proxy.Backend, log *slog.Logger) {
+	if err := b.Cleanup(ctx); err != nil {
+		log.Error("migration: removing the new mode's rules failed", "err", err)
+	}
+	s.drain(b, log)
+}
+
+// drain lets an old backend that proxies connections itself (userspace)
+// finish its open ones in the background.
+func (s *Switcher) drain(b proxy.Backend, log *slog.Logger) {
+	d, ok := b.(interface{ Shutdown(context.Context) error })
+	if !ok {
+		return
+	}
+	bound := s.cfg.Drain
+	if bound <= 0 {
+		bound = time.Hour
+	}
+	go func() {
+		// Its UDP listeners keep answering the flows whose conntrack
+		// entries still redirect to them until the conntrack cleaner,
+		// which runs after this sync, has deleted those entries (their
+		// next packets then take the new mode's path).
+		time.Sleep(drainDelay)
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			log.Warn("old mode drained", "err", err)
+		}
+	}()
+}
+
+// drainDelay is how long an old userspace proxy keeps its listeners after
+// its redirect rules are gone.
+const drainDelay = 5 * time.Second
+
+func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
+	s.mu.Lock()
+	s.cur, s.curTarget = b, t
+	s.mu.Unlock()
+	if s.cfg.Switched != nil {
+		s.cfg.Switched(b)
+	}
+}
+
+var _ proxy.Backend = (*Switcher)(nil)
+
+// SetFinished sets SwitcherConfig.Finished (kp knows its API client only
+// once its sources are built).
+func (s *Switcher) SetFinished(f func(m statusapi.Migration)) { s.cfg.Finished = f }

@@ -1,0 +1,35 @@
+package server
+
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+// RunOptions are what Run needs besides the Config.
+type RunOptions struct {
+	Backend proxy.Backend
+	Sources []proxy.Source
+	Log     *slog.Logger // nil discards
+	// Observers are told about every successful sync, in order.
+	Observers []proxy.SyncObserver
+	// Collectors are registered with the metrics server's registry (an
+	// observer's own metrics, for instance).
+	Collectors []prometheus.Collector
+	// Sysctls are the node settings made at start, for the status API.
+	Sysctls []statusapi.Sysctl
+	// ModeChoice is how the mode was chosen, for the status API.
+	ModeChoice *statusapi.ModeChoice
+	// Inventory lists what programs the node's Services in the kernel,
+	// served at /kp/v1/inventory; nil serves an empty list.
+	Inventory InventoryFunc
+
+	// releaseMemory runs after every successful full sync (nil: return the
+	// freed heap to the kernel in the background); lowerGC sets GOGC (nil:
+	// LowerGC). Tests log the calls.
+	releaseMemory func()
+	lowerGC       func(percent int) (restore func())
+}

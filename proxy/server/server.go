@@ -1,0 +1,330 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/kpproxy/kp/proxy"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+)
+
+// Upstream kube-proxy's defaults.
+const (
+	DefaultSyncPeriod         = 30 * time.Second
+	DefaultMinSyncPeriod      = 1 * time.Second
+	DefaultHealthzBindAddress = "0.0.0.0:10256"
+	DefaultMetricsBindAddress = "127.0.0.1:10249"
+)
+
+// shutdownTimeout bounds how long in-flight health and metrics requests may
+// delay exit.
+const shutdownTimeout = 5 * time.Second
+
+// Run is kp proxy's main loop. It starts opts.Sources, waits until all of
+// them delivered their initial view, then keeps opts.Backend in sync with
+// their changes through a bounded-frequency runner, telling opts.Observers
+// about every successful sync, while serving health checks on
+// cfg.HealthzBindAddress, and metrics and the status API (/kp/v1/...) on
+// cfg.MetricsBindAddress (an empty address or port 0 disables a server).
+//
+// Run returns nil when ctx is cancelled, leaving the kernel state in place:
+// a restarting proxy must not interrupt traffic (cleanup is Backend.Cleanup's
+// job). It returns an error when a server cannot listen or a source fails.
+func Run(ctx context.Context, cfg proxy.Config, opts RunOptions) error {
+	return run(ctx, cfg, opts, clock.RealClock{})
+}
+
+func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithTicker) error {
+	backend, sources, log := opts.Backend, opts.Sources, opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	syncPeriod := cfg.SyncPeriod
+	if syncPeriod <= 0 {
+		syncPeriod = DefaultSyncPeriod
+	}
+	if cfg.MinSyncPeriod < 0 || cfg.MinSyncPeriod > syncPeriod {
+		return fmt.Errorf("min sync period %s must be between 0 and the sync period %s", cfg.MinSyncPeriod, syncPeriod)
+	}
+	nodeName, err := proxy.NodeName(cfg.HostnameOverride)
+	if err != nil {
+		return err
+	}
+
+	// On return: stop the HTTP servers, cancel the sources and the runner,
+	// then wait for all of them (defers run in reverse).
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(sources)+2)
+
+	metrics := NewMetrics(backend.Mode())
+	metrics.FollowMode(backend.Mode)
+	health := NewHealth(2*syncPeriod, clk)
+	status := NewStatus(backend, nodeName, health, clk)
+	status.SetSysctls(opts.Sysctls)
+	status.SetModeChoice(opts.ModeChoice)
+	for _, c := range opts.Collectors {
+		if err := metrics.Registry().Register(c); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	metrics.ObserveHealth(health)
+	serviceHealth := NewServiceHealthServer(ServiceHealthOptions{Log: log, Healthy: health.Healthy,
+		NodePortAddresses: cfg.NodePortAddresses, NodePortPrimary: cfg.NodePortPrimary})
+	defer serviceHealth.Close()
+	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
+		{name: "healthz", addr: cfg.HealthzBindAddress, handler: withPublicStatus(health.Handler(), status, opts.Inventory, nodeName)},
+		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withProfiling(cfg.Profiling, withStatus(metrics.Handler(), status.Handler()))},
+	})
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
+
+	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers,
+		serviceHealth: serviceHealth, clk: clk, log: log, releaseMemory: opts.releaseMemory}
+	if s.releaseMemory == nil {
+		s.releaseMemory = func() { go debug.FreeOSMemory() }
+	}
+	lowerGC := opts.lowerGC
+	if lowerGC == nil {
+		lowerGC = LowerGC
+	}
+	s.listsDone = sync.OnceFunc(lowerGC(ListGCPercent))
+	defer s.listsDone()
+	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
+	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
+		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
+	}
+	s.tracker = proxy.NewChangeTracker(proxy.ChangeTrackerOptions{
+		NodeName:     nodeName,
+		Log:          log,
+		Sources:      len(sources),
+		Clock:        clk,
+		ServiceCIDRs: cfg.ServiceCIDRs,
+		OnChange: func() {
+			metrics.Queued(clk.Now())
+			health.QueuedUpdate(clk.Now())
+			runner.Trigger()
+		},
+	})
+	metrics.ObserveTracker(s.tracker)
+	sink := nodeHealthSink{Sink: s.tracker, health: health, nodeName: nodeName}
+	for _, src := range sources {
+		wg.Go(func() {
+			if err := src.Run(ctx, sink); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("source %s: %w", sourceName(src), err)
+			}
+		})
+	}
+
+	log.Info("waiting for sources to sync", "node", nodeName, "mode", backend.Mode(), "sources", len(sources))
+	if err := waitOrFail(ctx, errc, s.tracker.WaitForSync); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	log.Info("sources synced; starting sync loop", "minSyncPeriod", cfg.MinSyncPeriod, "syncPeriod", syncPeriod)
+	wg.Go(func() { runner.Run(ctx) })
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down; kernel state is left in place")
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// waitOrFail waits for wait, unless a background task fails first. A
+// cancelled ctx is a normal shutdown.
+func waitOrFail(ctx context.Context, errc <-chan error, wait func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() { done <- wait(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-done:
+		return nil // either synced, or ctx done: the caller's select sees which
+	}
+}
+
+// syncer is one run of the runner: snapshot, backend sync, bookkeeping.
+type syncer struct {
+	tracker *proxy.ChangeTracker
+	backend proxy.Backend
+	metrics *Metrics
+	health  *Health
+	clk     clock.PassiveClock
+	log     *slog.Logger
+	// status records outcomes for the status API; observers and prev (the
+	// last State synced) are for the SyncObservers.
+	status    *Status
+	observers []proxy.SyncObserver
+	prev      *proxy.State
+
+	// serviceHealth serves healthCheckNodePorts from each synced State.
+	serviceHealth *ServiceHealthServer
+
+	// releaseMemory gives a full sync's garbage back (RunOptions);
+	// listsDone puts back GOGC as it was before the initial lists (once,
+	// when the first sync starts: the backend sets its own for a full
+	// sync).
+	releaseMemory func()
+	listsDone     func()
+
+	lastFailed bool
+	// triggers keeps the trigger times of snapshots whose sync failed, so
+	// the programming latency is measured when the change finally lands.
+	triggers map[proxy.ServicePortName]time.Time
+}
+
+func (s *syncer) sync(ctx context.Context) error {
+	st := s.tracker.Snapshot()
+	if s.triggers == nil {
+		s.triggers = make(map[proxy.ServicePortName]time.Time)
+	}
+	for name, t := range st.TriggerTimes {
+		if cur, ok := s.triggers[name]; !ok || t.Before(cur) {
+			s.triggers[name] = t
+		}
+	}
+	s.listsDone()
+	start := s.clk.Now()
+	err := s.backend.Sync(ctx, st)
+	end := s.clk.Now()
+	if err != nil {
+		s.lastFailed = true
+		s.metrics.SyncFailed()
+		err = fmt.Errorf("sync %s generation %d (%d service ports changed): %w",
+			s.backend.Mode(), st.Generation, len(st.Changed), err)
+		s.status.Failed(end, err)
+		return err
+	}
+	full := s.lastFailed || st.Generation == 1
+	if r, ok := s.backend.(proxy.FullSyncReporter); ok {
+		full = r.LastSyncFull()
+	}
+	s.lastFailed = false
+	s.metrics.SyncSucceeded(end.Sub(start), full, end)
+	s.metrics.Programmed(s.triggers, end)
+	clear(s.triggers)
+	s.health.Updated(end)
+	s.status.Succeeded(st, start, end, full)
+	s.metrics.ObserveState(st)
+	s.serviceHealth.Sync(st)
+	s.log.Debug("synced", "generation", st.Generation, "servicePorts", len(st.Services),
+		"changed", len(st.Changed), "nodeChanged", st.NodeChanged, "full", full, "duration", end.Sub(start))
+	for _, o := range s.observers {
+		o.Synced(ctx, s.prev, st)
+	}
+	s.prev = st
+	if full {
+		// A full sync's garbage is the size of the whole ruleset, many
+		// times what kp keeps: give it back now rather than keep it until
+		// the runtime's scavenger gets to it. Here, once the backend's Sync
+		// has returned: from inside it, the transaction it was applying
+		// was still reachable, and the collection kept ~8 MB more of a
+		// 10,000-Service sync's heap in use. In the background: a forced
+		// collection takes a while at 10,000s of Services.
+		s.releaseMemory()
+	}
+	return nil
+}
+
+// nodeHealthSink passes the proxy's own Node to Health as well, for
+// /healthz's node eligibility.
+type nodeHealthSink struct {
+	proxy.Sink
+	health   *Health
+	nodeName string
+}
+
+var _ proxy.Batcher = nodeHealthSink{}
+
+// Batch passes a source's batch on to the tracker.
+func (n nodeHealthSink) Batch(fn func()) { proxy.Batch(n.Sink, fn) }
+
+func (n nodeHealthSink) OnNode(node *v1.Node) {
+	if node == nil || node.Name == n.nodeName {
+		n.health.SyncNode(node)
+	}
+	n.Sink.OnNode(node)
+}
+
+func sourceName(src proxy.Source) string {
+	if s, ok := src.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", src)
+}
+
+type httpServer struct {
+	name    string
+	addr    string
+	handler http.Handler
+}
+
+// startHTTP listens on every enabled server's address before returning, so
+// that a port in use fails the start with a clear error, then serves in the
+// background. The returned func shuts them down gracefully.
+func startHTTP(ctx context.Context, wg *sync.WaitGroup, errc chan<- error, log *slog.Logger, servers []httpServer) (func(), error) {
+	var running []*http.Server
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		defer cancel()
+		for _, srv := range running {
+			_ = srv.Shutdown(sctx)
+		}
+	}
+	for _, s := range servers {
+		ln, err := listen(s.name, s.addr)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		if ln == nil {
+			log.Info("server disabled", "server", s.name)
+			continue
+		}
+		srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+		running = append(running, srv)
+		log.Info("serving", "server", s.name, "address", ln.Addr().String())
+		wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s server on %s: %w", s.name, s.addr, err)
+			}
+		})
+	}
+	return stop, nil
+}
+
+// listen returns nil, nil for a disabled server (empty address or port 0).
+func listen(name, addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s bind address %q: want host:port: %w", name, addr, err)
+	}
+	if port == "0" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s server: %w", name, err)
+	}
+	return ln, nil
+}

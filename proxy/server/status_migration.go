@@ -1,0 +1,69 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+// Migrator is a backend that can switch modes while it runs (Switcher);
+// the status API serves its progress and takes its requests.
+type Migrator interface {
+	Current() (proxy.Backend, proxy.Target)
+	Migration() *statusapi.Migration
+	Request(t proxy.Target, by string) (*statusapi.Migration, error)
+}
+
+// serveMigrationRequest takes POST /kp/v1/migration: from loopback only,
+// since the metrics address may listen on every interface and a mode
+// switch is a node administrator's act.
+func serveMigrationRequest(w http.ResponseWriter, r *http.Request, m Migrator) {
+	if !fromLoopback(r) {
+		http.Error(w, "mode switches are accepted from the node itself (loopback) only", http.StatusForbidden)
+		return
+	}
+	var req statusapi.MigrationRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req); err != nil {
+		http.Error(w, fmt.Sprintf("request body: %v", err), http.StatusBadRequest)
+		return
+	}
+	t, err := proxy.ParseTarget(req.To)
+	if err != nil {
+		http.Error(w, "to: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if t.Mode == proxy.ModeNone {
+		// It leaves the node without a proxy unless another one serves
+		// it: only the Node annotation asks for it (kp migrate cluster
+		// --rollback, once kube-proxy's rules are in place).
+		http.Error(w, "to: none is asked for by the Node annotation "+proxy.AnnotationProxyMode+" only (kp migrate cluster --rollback)", http.StatusBadRequest)
+		return
+	}
+	by := req.RequestedBy
+	if by == "" {
+		by = "status API"
+	}
+	mig, err := m.Request(t, by)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	_ = json.NewEncoder(w).Encode(mig)
+}
+
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
