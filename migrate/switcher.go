@@ -159,7 +159,7 @@ func (s *Switcher) noteSync(first bool, err error) {
 // Shutdown drains the current backend when it proxies connections itself.
 func (s *Switcher) Shutdown(ctx context.Context) error {
 	b, _ := s.Current()
-	if d, ok := b.(interface{ Shutdown(context.Context) error }); ok {
+	if d, ok := b.(proxy.Shutdowner); ok {
 		return d.Shutdown(ctx)
 	}
 	return nil
@@ -419,7 +419,7 @@ func (s *Switcher) abandon(ctx context.Context, b proxy.Backend, log *slog.Logge
 // drain lets an old backend that proxies connections itself (userspace)
 // finish its open ones in the background.
 func (s *Switcher) drain(b proxy.Backend, log *slog.Logger) {
-	d, ok := b.(interface{ Shutdown(context.Context) error })
+	d, ok := b.(proxy.Shutdowner)
 	if !ok {
 		return
 	}

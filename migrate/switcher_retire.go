@@ -3,8 +3,9 @@ package migrate
 import (
 	"context"
 	"fmt"
-	"github.com/kpproxy/kp/proxy"
 	"time"
+
+	"github.com/kpproxy/kp/proxy"
 )
 
 // retireRetry is how often the state an old mode left for its established

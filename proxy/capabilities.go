@@ -5,6 +5,45 @@ import (
 	"net/netip"
 )
 
+// The optional capabilities of a Backend, each a small interface that a
+// mode implements when it has it; callers ask for one by name.
+
+// Shutdowner is implemented by a Backend that carries connections itself
+// (userspace): Shutdown stops accepting and lets the open connections
+// finish until ctx ends.
+type Shutdowner interface {
+	Shutdown(ctx context.Context) error
+}
+
+// Triggerable is implemented by a Backend that asks for a sync of its own
+// (the mode switcher, when a switch is requested): the sync loop hands it
+// its trigger.
+type Triggerable interface {
+	SetTrigger(trigger func())
+}
+
+// ActiveKeepingCleaner is implemented by a Backend whose rules carry
+// established connections after another mode took over (ipvs: the virtual
+// servers): CleanupKeepingActive removes the rest and reports how much it
+// kept.
+type ActiveKeepingCleaner interface {
+	CleanupKeepingActive(ctx context.Context) (kept int, err error)
+}
+
+// TargetReporter is implemented by a Backend whose Target says more than
+// its Mode (iptables: the flavor it detected or was given).
+type TargetReporter interface {
+	Target() Target
+}
+
+// TargetOf is the target a probed backend runs as.
+func TargetOf(b Backend) Target {
+	if r, ok := b.(TargetReporter); ok {
+		return r.Target()
+	}
+	return Target{Mode: b.Mode()}
+}
+
 // FullSyncReporter is implemented by a Backend that can tell whether its
 // last Sync re-rendered everything, for the full/partial sync duration
 // metrics. Without it, the first sync and a sync after a failure count as

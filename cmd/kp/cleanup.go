@@ -67,9 +67,7 @@ func (a *app) cleanupModeKeeping(ctx context.Context, m proxy.Mode, cfg proxy.Co
 	if err != nil {
 		return 0, err
 	}
-	if k, ok := b.(interface {
-		CleanupKeepingActive(context.Context) (int, error)
-	}); ok && keepActive {
+	if k, ok := b.(proxy.ActiveKeepingCleaner); ok && keepActive {
 		return k.CleanupKeepingActive(ctx)
 	}
 	return 0, b.Cleanup(ctx)

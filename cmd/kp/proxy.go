@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/conntrack"
@@ -122,31 +120,11 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil
 	}
-	a.drain(backend)
 	if err != nil {
 		return err
 	}
 	a.log.Info("kp proxy stopped")
 	return nil
-}
-
-// shutdownGrace bounds how long a mode that carries connections itself
-// (userspace) lets them finish after SIGTERM; within Kubernetes' default
-// terminationGracePeriodSeconds (30 s).
-const shutdownGrace = 20 * time.Second
-
-// drain lets a backend that proxies connections itself finish them: it
-// stops accepting and waits at most shutdownGrace.
-func (a *app) drain(backend proxy.Backend) {
-	d, ok := backend.(interface{ Shutdown(context.Context) error })
-	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	if err := d.Shutdown(ctx); err != nil {
-		a.log.Warn("shutdown", "err", err)
-	}
 }
 
 // runOptions adds to the backend what follows its syncs: the cleaner of
@@ -160,7 +138,7 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 	opts.Observers = append(opts.Observers, cleaner)
 	opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	// A backend's own metrics (the iptables mode's, with upstream's names).
-	if c, ok := backend.(interface{ Collectors() []prometheus.Collector }); ok {
+	if c, ok := backend.(server.MetricsSource); ok {
 		opts.Collectors = append(opts.Collectors, c.Collectors()...)
 	}
 	return opts

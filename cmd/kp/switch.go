@@ -8,7 +8,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/conntrack"
-	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -29,7 +28,7 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 	cfg := s.cfg
 	return migrate.NewSwitcher(migrate.SwitcherConfig{
 		Initial:       backend,
-		InitialTarget: targetOf(backend),
+		InitialTarget: proxy.TargetOf(backend),
 		Log:           a.log,
 		Build: func(ctx context.Context, t proxy.Target) (proxy.Backend, proxy.Target, error) {
 			st, err := a.settingsFor(s, t)
@@ -40,7 +39,7 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 			if err != nil {
 				return nil, t, err
 			}
-			return b, targetOf(b), nil
+			return b, proxy.TargetOf(b), nil
 		},
 		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State, keepActive bool) (int, error) {
 			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, NodePorts: nodePorts(st), KeepActive: keepActive,
@@ -83,15 +82,6 @@ func (a *app) settingsFor(s settings, t proxy.Target) (settings, error) {
 		out.cfg.IPTablesBackend = t.IPTablesBackend
 	}
 	return out, nil
-}
-
-// targetOf is the target a probed backend runs as.
-func targetOf(b proxy.Backend) proxy.Target {
-	t := proxy.Target{Mode: b.Mode()}
-	if f, ok := b.(interface{ Flavor() iptables.Flavor }); ok {
-		t.IPTablesBackend = string(f.Flavor())
-	}
-	return t
 }
 
 // nodePorts lists st's NodePorts, by which kube-proxy's ipvs-mode virtual

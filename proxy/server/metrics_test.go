@@ -1,12 +1,13 @@
 package server
 
 import (
-	"github.com/kpproxy/kp/proxy"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kpproxy/kp/proxy"
 )
 
 func TestMetricsHandler(t *testing.T) {

@@ -2,12 +2,19 @@ package server
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
+
+// MetricsSource is implemented by a Backend with metrics of its own (the
+// iptables mode's, with upstream's names), registered next to kp's.
+type MetricsSource interface {
+	Collectors() []prometheus.Collector
+}
 
 // RunOptions are what Run needs besides the Config.
 type RunOptions struct {
@@ -26,6 +33,11 @@ type RunOptions struct {
 	// Inventory lists what programs the node's Services in the kernel,
 	// served at /kp/v1/inventory; nil serves an empty list.
 	Inventory InventoryFunc
+	// ShutdownGrace bounds how long a Backend that carries connections
+	// itself (proxy.Shutdowner: userspace, or the switcher while it runs
+	// userspace) lets them finish when Run returns; 0 is
+	// DefaultShutdownGrace.
+	ShutdownGrace time.Duration
 
 	// releaseMemory runs after every successful full sync (nil: return the
 	// freed heap to the kernel in the background); lowerGC sets GOGC (nil:

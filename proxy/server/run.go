@@ -24,6 +24,11 @@ const (
 	DefaultMetricsBindAddress = "127.0.0.1:10249"
 )
 
+// DefaultShutdownGrace bounds how long a mode that carries connections
+// itself (userspace) lets them finish after SIGTERM; within Kubernetes'
+// default terminationGracePeriodSeconds (30 s).
+const DefaultShutdownGrace = 20 * time.Second
+
 // shutdownTimeout bounds how long in-flight health and metrics requests may
 // delay exit.
 const shutdownTimeout = 5 * time.Second
@@ -60,7 +65,9 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	}
 
 	// On return: stop the HTTP servers, cancel the sources and the runner,
-	// then wait for all of them (defers run in reverse).
+	// wait for all of them, then drain the backend that was syncing
+	// (defers run in reverse).
+	defer drain(backend, opts.ShutdownGrace, log)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
@@ -103,7 +110,7 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	s.listsDone = sync.OnceFunc(lowerGC(ListGCPercent))
 	defer s.listsDone()
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
-	if t, ok := backend.(interface{ SetTrigger(func()) }); ok {
+	if t, ok := backend.(proxy.Triggerable); ok {
 		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
 	}
 	s.tracker = proxy.NewChangeTracker(proxy.ChangeTrackerOptions{
@@ -327,4 +334,22 @@ func listen(name, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("%s server: %w", name, err)
 	}
 	return ln, nil
+}
+
+// drain lets a backend that carries connections itself finish them: it
+// stops accepting and waits at most grace. The backend is the one Run
+// synced, so after a mode switch it is the mode that runs now.
+func drain(backend proxy.Backend, grace time.Duration, log *slog.Logger) {
+	d, ok := backend.(proxy.Shutdowner)
+	if !ok {
+		return
+	}
+	if grace <= 0 {
+		grace = DefaultShutdownGrace
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := d.Shutdown(ctx); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
 }
