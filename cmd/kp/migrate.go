@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpproxy/kp/internal/nsenter"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -97,21 +94,10 @@ MODE afterwards.`,
 	return cmd
 }
 
-// migrateError names the node and the step that failed.
-func migrateError(node, step string, err error) error {
-	if node == "" {
-		node = "(unknown)"
-	}
-	return fmt.Errorf("migrate node %s: step %s: %w", node, step, err)
-}
-
 func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	target, err := proxy.ParseTarget(o.to)
 	if err != nil {
 		return fmt.Errorf("--to: %w", err)
-	}
-	if target.Mode == proxy.ModeNone {
-		return errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
 	}
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.
@@ -121,147 +107,39 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	}
 	src, err := o.node.open()
 	if err != nil {
-		return migrateError(node, "plan", err)
+		return migrate.NodeError(node, "plan", err)
 	}
 	defer src.Close()
-	st, err := src.Status(ctx)
-	if err != nil {
-		return migrateError(node, "plan", err)
-	}
-	node = st.Node
-	found, err := a.inventory(ctx, src)
-	if err != nil {
-		return migrateError(node, "plan", err)
-	}
-	running := runningTarget(st)
-	p := newPlan(st, running, target, found)
-	p.print(a.stdout)
-	if p.nothing() {
-		fmt.Fprintf(a.stdout, "\nNothing to do: kp runs %s and nothing else programs Services on %s.\n", running, node)
-		return nil
-	}
-	if o.dryRun {
-		fmt.Fprintln(a.stdout, "\nDry run: nothing changed.")
-		return nil
-	}
-
-	fmt.Fprintf(a.stdout, "\nMigrating node %s to %s:\n", node, target)
-	var id uint64
-	if m := st.Migration; m != nil && m.To == target.String() &&
-		(m.Phase == statusapi.MigrationPending || m.Phase == statusapi.MigrationRunning) {
-		// A re-run while the switch it asked for goes on: follow it.
-		fmt.Fprintf(a.stdout, "  (a switch to %s asked by %s is under way; following it)\n", m.To, m.RequestedBy)
-		id = m.ID
-	} else {
-		mig, err := src.client.RequestMigration(ctx, statusapi.MigrationRequest{To: target.String(), RequestedBy: "kp migrate node"})
-		if err != nil {
-			return migrateError(node, "request", err)
-		}
-		id = mig.ID
-	}
-	final, err := a.follow(ctx, src, id, o.timeout)
-	if err != nil {
-		return migrateError(node, "wait", err)
-	}
-	if final.Phase == statusapi.MigrationFailed {
-		step := "program"
-		for _, s := range final.Steps {
-			if s.Error != "" {
-				step = s.Name
-			}
-		}
-		return migrateError(node, step, errors.New(final.Error))
-	}
-
-	left, err := a.inventory(ctx, src)
-	if err != nil {
-		return migrateError(node, "report", err)
-	}
-	fmt.Fprintf(a.stdout, "\nNode %s now runs kp %s. Programming its Services:\n", node, final.To)
-	printFound(a.stdout, left)
-	var stale []string
-	for _, f := range left {
-		// IPVS virtual servers that connections (established, or UDP
-		// flows IPVS tracks) still use stay until those end (kp removes
-		// them then).
-		if !f.Is("kp", target) && !(final.KeptForConnections > 0 && f.Mode == "ipvs") {
-			stale = append(stale, f.Owner+" "+f.Mode+" in "+f.Where)
-		}
-	}
-	if n := final.KeptForConnections; n > 0 {
-		fmt.Fprintf(a.stdout, "\n%d IPVS virtual servers stay while their connections last (IPVS drops a\n"+
-			"connection's packets once its virtual server is gone); kp removes them when those connections end.\n", n)
-	}
-	if len(stale) > 0 {
-		return migrateError(node, "remove", fmt.Errorf("still on the node: %s (re-run to retry)", strings.Join(stale, "; ")))
-	}
-	fmt.Fprintf(a.stdout, "\nTo keep %s across kp restarts, annotate the Node: kubectl annotate node %s %s=%s --overwrite\n",
-		final.To, node, proxy.AnnotationProxyMode, final.To)
-	return nil
+	sw := &migrate.NodeSwitch{Node: nodeSwitchSource{src}, Target: target, DryRun: o.dryRun, Timeout: o.timeout,
+		Out: a.stdout, Name: node}
+	return sw.Run(ctx)
 }
 
-// follow polls the migration with id until it ends, printing each step as
-// it finishes.
-func (a *app) follow(ctx context.Context, src *nodeSource, id uint64, timeout time.Duration) (*statusapi.Migration, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	printed := 0
-	for {
-		m, err := src.client.Migration(ctx)
-		if err != nil {
-			return nil, src.apiHint(err)
-		}
-		if m != nil && m.ID == id {
-			for ; printed < len(m.Steps) && !m.Steps[printed].Ended.IsZero(); printed++ {
-				s := m.Steps[printed]
-				line := s.Detail
-				if s.Error != "" {
-					line = "FAILED: " + s.Error
-				}
-				fmt.Fprintf(a.stdout, "  %-8s %s (%s)\n", s.Name, line, s.Ended.Sub(s.Started).Round(time.Millisecond))
-			}
-			if m.Phase == statusapi.MigrationSucceeded || m.Phase == statusapi.MigrationFailed {
-				if v := m.Verification; v != nil {
-					for _, w := range v.Warnings {
-						fmt.Fprintf(a.stdout, "  warning: %s\n", w)
-					}
-				}
-				return m, nil
-			}
-		} else if m != nil && m.ID > id {
-			return nil, fmt.Errorf("another switch (to %s, asked by %s) replaced this one", m.To, m.RequestedBy)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("kp did not finish the switch within %s", timeout)
-		case <-time.After(200 * time.Millisecond):
-		}
+// nodeSwitchSource is a node's kp as migrate.NodeSwitch reads it.
+type nodeSwitchSource struct{ *nodeSource }
+
+func (s nodeSwitchSource) RequestMigration(ctx context.Context, req statusapi.MigrationRequest) (*statusapi.Migration, error) {
+	return s.client.RequestMigration(ctx, req)
+}
+
+func (s nodeSwitchSource) Migration(ctx context.Context) (*statusapi.Migration, error) {
+	m, err := s.client.Migration(ctx)
+	if err != nil {
+		return nil, s.apiHint(err)
 	}
+	return m, nil
+}
+
+func (s nodeSwitchSource) Inventory(ctx context.Context) ([]migrate.Found, error) {
+	return s.inventory(ctx)
 }
 
 // inventory lists what programs Services inside the node's namespace.
-func (a *app) inventory(ctx context.Context, src *nodeSource) ([]migrate.Found, error) {
+func (s *nodeSource) inventory(ctx context.Context) ([]migrate.Found, error) {
 	var found []migrate.Found
-	err := inNetns(src.fd, func() (err error) {
+	err := nsenter.RunFd(s.fd, func() (err error) {
 		found, err = migrate.Inventory(ctx)
 		return err
 	})
 	return found, permissionHint(err)
-}
-
-// runningTarget is the mode kp reports it runs.
-func runningTarget(st *statusapi.Status) proxy.Target {
-	return proxy.Target{Mode: proxy.Mode(st.Mode), IPTablesBackend: st.IPTablesBackend}
-}
-
-func printFound(w io.Writer, found []migrate.Found) {
-	if len(found) == 0 {
-		fmt.Fprintln(w, "  (nothing)")
-		return
-	}
-	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	for _, f := range found {
-		fmt.Fprintf(tw, "  %s %s\t%s\t%s\n", f.Owner, f.Mode, f.Where, f.Size())
-	}
-	_ = tw.Flush()
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/internal/nsenter"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -49,13 +50,13 @@ func openNodeSource(netns, addr string) (*nodeSource, error) {
 	s := &nodeSource{netns: netns, addr: addr}
 	if netns != "" {
 		var err error
-		if s.fd, err = openNetns(netns); err != nil {
+		if s.fd, err = nsenter.Open(netns); err != nil {
 			return nil, err
 		}
 	}
 	s.client = &statusapi.Client{
 		BaseURL: "http://" + addr,
-		HTTP:    &http.Client{Transport: &http.Transport{DialContext: dialerIn(s.fd), Proxy: nil}},
+		HTTP:    &http.Client{Transport: &http.Transport{DialContext: nsenter.DialContextFd(s.fd), Proxy: nil}},
 	}
 	return s, nil
 }
@@ -97,7 +98,7 @@ func (s *nodeSource) servicesOf(ctx context.Context, namespace, service string) 
 
 func (s *nodeSource) LocalAddrs() ([]netip.Addr, error) {
 	var local []netip.Addr
-	err := inNetns(s.fd, func() error {
+	err := nsenter.RunFd(s.fd, func() error {
 		var err error
 		local, err = proxy.LocalAddrs()
 		return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
+	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/source"
@@ -110,12 +111,12 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	// modes when asked (kp migrate node).
 	sw := a.switcher(s, backend, opts.Observers)
 	if client != nil {
-		sw.SetFinished(nodeEvents(client, cfg.HostnameOverride, a.log))
+		sw.SetFinished(migrate.NodeEvents(client, cfg.HostnameOverride, a.log))
 	}
 	opts.Backend = sw
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
-	opts.Inventory = inventoryPrograms
+	opts.Inventory = migrate.InventoryPrograms
 	err = a.runProxy(ctx, cfg, opts)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil

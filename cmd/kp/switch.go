@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"golang.org/x/sys/unix"
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
@@ -42,7 +39,7 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 			return b, proxy.TargetOf(b), nil
 		},
 		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State, keepActive bool) (int, error) {
-			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, NodePorts: nodePorts(st), KeepActive: keepActive,
+			to := &migrate.TakeOver{Mode: running.Mode, Log: a.log, NodePorts: migrate.NodePortsOf(st), KeepActive: keepActive,
 				Others: map[proxy.Mode]func(context.Context, bool) (int, error){}}
 			for m := range a.backends {
 				to.Others[m] = func(ctx context.Context, keepActive bool) (int, error) {
@@ -82,36 +79,4 @@ func (a *app) settingsFor(s settings, t proxy.Target) (settings, error) {
 		out.cfg.IPTablesBackend = t.IPTablesBackend
 	}
 	return out, nil
-}
-
-// nodePorts lists st's NodePorts, by which kube-proxy's ipvs-mode virtual
-// servers on node addresses are recognised.
-func nodePorts(st *proxy.State) []migrate.NodePort {
-	var out []migrate.NodePort
-	for _, sp := range st.Services {
-		if sp.NodePort == 0 {
-			continue
-		}
-		proto := uint16(unix.IPPROTO_TCP)
-		switch sp.Protocol {
-		case v1.ProtocolUDP:
-			proto = unix.IPPROTO_UDP
-		case v1.ProtocolSCTP:
-			proto = unix.IPPROTO_SCTP
-		}
-		out = append(out, migrate.NodePort{Protocol: proto, Port: uint16(sp.NodePort)})
-	}
-	return out
-}
-
-// inventoryPrograms is migrate.Inventory as the status API's
-// /kp/v1/inventory lists it.
-func inventoryPrograms(ctx context.Context) ([]statusapi.Program, error) {
-	found, err := migrate.Inventory(ctx)
-	out := make([]statusapi.Program, 0, len(found))
-	for _, f := range found {
-		out = append(out, statusapi.Program{Owner: f.Owner, Mode: f.Mode, Where: f.Where, Chains: f.Chains,
-			Rules: f.Rules, Elements: f.Elements, VirtualServers: f.VirtualServers})
-	}
-	return out, err
 }

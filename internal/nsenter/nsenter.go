@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Run runs fn on an OS thread that joined the network namespace ns. Sockets
@@ -52,4 +54,37 @@ func DialContext(ns netns.NsHandle) func(ctx context.Context, network, addr stri
 		})
 		return c, err
 	}
+}
+
+// Open opens a network namespace by path (/proc/PID/ns/net, or any
+// bind mount of one) or by the name ip-netns(8) gave it (/run/netns/NAME).
+func Open(spec string) (int, error) {
+	path := spec
+	if !strings.Contains(spec, "/") {
+		path = "/run/netns/" + spec
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("network namespace %q: open %s: %w", spec, path, err)
+	}
+	return fd, nil
+}
+
+// RunFd runs fn inside the namespace fd refers to; fd 0 is the caller's
+// own, and fn then runs as is.
+func RunFd(fd int, fn func() error) error {
+	if fd <= 0 {
+		return fn()
+	}
+	return Run(netns.NsHandle(fd), fn)
+}
+
+// DialContextFd returns a DialContext that opens its connections inside the
+// namespace fd refers to (kp's status API listens on that namespace's
+// loopback).
+func DialContextFd(fd int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if fd <= 0 {
+		return (&net.Dialer{}).DialContext
+	}
+	return DialContext(netns.NsHandle(fd))
 }

@@ -1,4 +1,4 @@
-package main
+package migrate
 
 import (
 	"context"
@@ -16,16 +16,16 @@ import (
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-// nodeEvents records each finished mode switch as an Event on kp's Node
+// NodeEvents records each finished mode switch as an Event on kp's Node
 // (kubectl describe node shows it), as kubelet records its own: in the
 // default namespace, the Node's name as its UID.
-func nodeEvents(client kubeclient.Interface, hostnameOverride string, log *slog.Logger) func(statusapi.Migration) {
+func NodeEvents(client kubeclient.Interface, hostnameOverride string, log *slog.Logger) func(statusapi.Migration) {
 	node, err := proxy.NodeName(hostnameOverride)
 	if err != nil {
 		return nil
 	}
 	return func(m statusapi.Migration) {
-		ev := migrationEvent(node, m, time.Now())
+		ev := Event(node, m, time.Now())
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if _, err := client.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
@@ -34,7 +34,8 @@ func nodeEvents(client kubeclient.Interface, hostnameOverride string, log *slog.
 	}
 }
 
-func migrationEvent(node string, m statusapi.Migration, now time.Time) *v1.Event {
+// Event is the Event that records switch m on node.
+func Event(node string, m statusapi.Migration, now time.Time) *v1.Event {
 	reason, typ := "KPModeSwitched", v1.EventTypeNormal
 	msg := fmt.Sprintf("kp switched from %s to %s (asked by %s)", m.From, m.To, m.RequestedBy)
 	if m.Phase == statusapi.MigrationFailed {

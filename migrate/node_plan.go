@@ -1,25 +1,27 @@
-package main
+package migrate
 
 import (
 	"fmt"
 	"io"
+	"text/tabwriter"
 
-	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-// plan is what kp migrate node will do on one node, computed from kp's
+// Plan is what kp migrate node will do on one node, computed from kp's
 // status and the node's rules.
-type plan struct {
+type Plan struct {
 	st              *statusapi.Status
 	running, target proxy.Target
-	found           []migrate.Found
-	keep, remove    []migrate.Found
+	found           []Found
+	keep, remove    []Found
 }
 
-func newPlan(st *statusapi.Status, running, target proxy.Target, found []migrate.Found) *plan {
-	p := &plan{st: st, running: running, target: target, found: found}
+// NewPlan sorts what programs the node (found) into what a switch from
+// running to target keeps and what it removes.
+func NewPlan(st *statusapi.Status, running, target proxy.Target, found []Found) *Plan {
+	p := &Plan{st: st, running: running, target: target, found: found}
 	for _, f := range found {
 		if f.Is("kp", target) {
 			p.keep = append(p.keep, f)
@@ -30,12 +32,13 @@ func newPlan(st *statusapi.Status, running, target proxy.Target, found []migrate
 	return p
 }
 
-// nothing reports whether the node is already where the plan leads.
-func (p *plan) nothing() bool {
+// Nothing reports whether the node is already where the plan leads.
+func (p *Plan) Nothing() bool {
 	return p.running.Satisfies(p.target) && len(p.remove) == 0
 }
 
-func (p *plan) print(w io.Writer) {
+// Print writes the plan for a person.
+func (p *Plan) Print(w io.Writer) {
 	st := p.st
 	health := "healthy"
 	if !st.Healthy {
@@ -50,7 +53,7 @@ func (p *plan) print(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "Programming this node's Services now:")
-	printFound(w, p.found)
+	PrintFound(w, p.found)
 	fmt.Fprintf(w, "\nPlan (to %s):\n", p.target)
 	if p.running.Satisfies(p.target) {
 		fmt.Fprintf(w, "  1. program  nothing: kp already runs %s\n", p.running)
@@ -67,4 +70,17 @@ func (p *plan) print(w io.Writer) {
 	for _, f := range p.remove {
 		fmt.Fprintf(w, "       %s %s in %s: %s\n", f.Owner, f.Mode, f.Where, f.Size())
 	}
+}
+
+// PrintFound lists what programs a node's Services, one line each.
+func PrintFound(w io.Writer, found []Found) {
+	if len(found) == 0 {
+		fmt.Fprintln(w, "  (nothing)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	for _, f := range found {
+		fmt.Fprintf(tw, "  %s %s\t%s\t%s\n", f.Owner, f.Mode, f.Where, f.Size())
+	}
+	_ = tw.Flush()
 }
