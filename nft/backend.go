@@ -15,8 +15,8 @@ import (
 
 	"github.com/google/nftables/expr"
 
+	"github.com/kpproxy/kp/internal/gctune"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/server"
 )
 
 // fullSyncInterval bounds how long kp trusts its own record of the kernel:
@@ -150,7 +150,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	tx := &Transaction{}
 	if full {
-		defer server.LowerGC(server.FullSyncGCPercent)() // for this sync only
+		defer gctune.Lower(gctune.FullSync)() // for this sync only
 	}
 	if st, ok := b.conn.(streamer); ok && full {
 		if tx, err = st.Stream(); err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -111,7 +110,7 @@ func (s *store) applySnapshot(m snapshotMsg) {
 }
 
 func (s *store) applyServices(m snapshotMsg) {
-	st, err := server.StateFromServices(m.Services)
+	st, err := statusapi.StateFromServices(m.Services)
 	if err != nil {
 		s.statusErr = fmt.Errorf("kp proxy's status API: %w", err)
 		return
@@ -153,7 +152,7 @@ func (s *store) applyDump(m snapshotMsg) {
 	if m.Local != nil {
 		s.local = m.Local
 		if s.services != nil {
-			if st, err := server.StateFromServices(s.services); err == nil {
+			if st, err := statusapi.StateFromServices(s.services); err == nil {
 				s.index = conntrack.NewIndex(st, s.local)
 			}
 		}

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/conntrack"
-	"github.com/kpproxy/kp/proxy/server"
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 type flowsOptions struct {
@@ -87,7 +87,7 @@ func (a *app) flows(ctx context.Context, o *flowsOptions) ([]conntrack.FlowRepor
 	if err != nil {
 		return nil, err
 	}
-	st, err := server.StateFromServices(svcs)
+	st, err := statusapi.StateFromServices(svcs)
 	if err != nil {
 		return nil, fmt.Errorf("kp proxy's status API: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kpproxy/kp/internal/gctune"
 	"github.com/kpproxy/kp/proxy"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
@@ -105,9 +106,9 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	}
 	lowerGC := opts.lowerGC
 	if lowerGC == nil {
-		lowerGC = LowerGC
+		lowerGC = gctune.Lower
 	}
-	s.listsDone = sync.OnceFunc(lowerGC(ListGCPercent))
+	s.listsDone = sync.OnceFunc(lowerGC(gctune.InitialLists))
 	defer s.listsDone()
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
 	if t, ok := backend.(proxy.Triggerable); ok {

@@ -174,7 +174,7 @@ func TestStateFromServicesRebuildsWhatTheAPIReported(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	got, err := StateFromServices(&r)
+	got, err := statusapi.StateFromServices(&r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestStateFromServicesRebuildsWhatTheAPIReported(t *testing.T) {
 	}
 
 	r.ServicePorts[0].Endpoints[0].IP = "10.244.1.x"
-	if _, err := StateFromServices(&r); err == nil || !strings.Contains(err.Error(), "endpoints[0].ip") {
+	if _, err := statusapi.StateFromServices(&r); err == nil || !strings.Contains(err.Error(), "endpoints[0].ip") {
 		t.Errorf("bad endpoint IP: %v", err)
 	}
 }

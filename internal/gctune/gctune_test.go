@@ -1,13 +1,13 @@
-package server
+package gctune
 
 import (
 	"runtime/debug"
 	"testing"
 )
 
-// TestLowerGCLeavesAnOperatorsGOGC: LowerGC sets GOGC and restore puts it
+// TestLowerLeavesAnOperatorsGOGC: Lower sets GOGC and restore puts it
 // back, unless the operator set GOGC in the environment.
-func TestLowerGCLeavesAnOperatorsGOGC(t *testing.T) {
+func TestLowerLeavesAnOperatorsGOGC(t *testing.T) {
 	current := func() int {
 		p := debug.SetGCPercent(100)
 		debug.SetGCPercent(p)
@@ -23,7 +23,7 @@ func TestLowerGCLeavesAnOperatorsGOGC(t *testing.T) {
 		t.Run("GOGC="+tc.env, func(t *testing.T) {
 			t.Setenv("GOGC", tc.env)
 			before := current()
-			restore := LowerGC(25)
+			restore := Lower(25)
 			if got := current(); got != tc.want(before) {
 				t.Errorf("GOGC while lowered: %d, want %d", got, tc.want(before))
 			}
