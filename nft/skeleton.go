@@ -80,8 +80,8 @@ func baseChain(name string, t nftables.ChainType, hook *nftables.ChainHook, hook
 }
 
 // skeleton returns the static chains and the small static sets' elements.
-func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *view {
-	v := newView()
+func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *objects {
+	v := newObjects()
 	jumpServices := newRule(f).verdict(expr.VerdictJump, chainServices).build("")
 	checkNew := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainEndpointsCheck).build("")
 	checkClusterIPs := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainClusterIPsCheck).build("")
@@ -157,8 +157,8 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		// is added, so these are written once, never per Service.
 		// The Cluster policy's masquerade decision, the same for every
 		// Service, then the DNAT: one static chain rather than a rule in
-		// each Service's chain (10,000 rules and 1.9 MB of a full sync's
-		// batch at 10,000 Services).
+		// each Service's chain (a rule per Service less in a full sync's
+		// batch; test/bench/NOTES.md).
 		{Name: chainClusterDNAT, Rules: append(b.clusterMasquerade(f, clusterCIDRs, netip.Addr{}, ""),
 			newRule(f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(""))},
 		{Name: chainEndpointDNAT, Rules: []Rule{
