@@ -18,8 +18,25 @@ import (
 // what a rule or element names (chains, sets) exists before it;
 // a set declared anew (its timeout changed) is deleted only after the rules
 // naming it are flushed; references to a chain or set go before it does.
+// Each step below appends its operations after the previous step's.
 func diff(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
-	var replaced []*Set
+	replaced := declareSets(tx, f, record, desired)
+	rewritten := addOrFlushChains(tx, f, record, desired, replaced)
+	for _, s := range replaced {
+		tx.delSet(f, s)
+		tx.addSet(f, s)
+	}
+	addRules(tx, f, rewritten)
+	deleteUnwantedElements(tx, f, record, desired, scope)
+	writeElements(tx, f, record, desired, scope)
+	deleteGoneObjects(tx, f, record, desired, scope)
+}
+
+// declareSets adds the desired sets the record lacks, and returns those
+// whose declaration changed: diff deletes and adds them again once the
+// chains naming them are flushed. Either way their elements are written
+// anew.
+func declareSets(tx *Transaction, f family, record *tableRecord, desired *objects) (replaced []*Set) {
 	for _, name := range sortedKeys(desired.sets) {
 		s := desired.sets[name]
 		cur, exists := record.sets[name]
@@ -33,10 +50,15 @@ func diff(tx *Transaction, f family, record *tableRecord, desired, scope *object
 		}
 		record.sets[name] = s.digest()
 	}
-	// A chain that exists is flushed and rewritten in the same batch, so
-	// packets see either its old or its new rules, never none. Chains that
-	// name a replaced set are rewritten whatever their digest.
-	var rewrite []*Chain
+	return replaced
+}
+
+// addOrFlushChains adds the desired chains the record lacks and flushes
+// those that changed, and returns both, whose rules are to be written. A
+// chain that exists is flushed and rewritten in the same batch, so packets
+// see either its old or its new rules, never none. Chains that name a
+// replaced set are rewritten whatever their digest.
+func addOrFlushChains(tx *Transaction, f family, record *tableRecord, desired *objects, replaced []*Set) (rewritten []*Chain) {
 	for _, name := range sortedKeys(desired.chains) {
 		c := desired.chains[name]
 		d := c.digest()
@@ -49,24 +71,29 @@ func diff(tx *Transaction, f family, record *tableRecord, desired, scope *object
 		} else {
 			tx.addChain(f, c)
 		}
-		rewrite = append(rewrite, c)
+		rewritten = append(rewritten, c)
 		record.chains[name] = d
 	}
-	for _, s := range replaced {
-		tx.delSet(f, s)
-		tx.addSet(f, s)
-	}
+	return rewritten
+}
+
+// addRules writes the rules of chains, just added or flushed.
+func addRules(tx *Transaction, f family, chains []*Chain) {
 	rules := 0
-	for _, c := range rewrite {
+	for _, c := range chains {
 		rules += len(c.Rules)
 	}
 	tx.ops = slices.Grow(tx.ops, rules) // a full sync adds 100,000s: grow once
-	for _, c := range rewrite {
+	for _, c := range chains {
 		for i := range c.Rules {
 			tx.addRule(f, c, &c.Rules[i])
 		}
 	}
+}
 
+// deleteUnwantedElements deletes the elements in scope that desired does
+// not hold, from the sets that stay.
+func deleteUnwantedElements(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
 	for _, set := range sortedKeys(scope.elements) {
 		if goneSet(set, desired, scope) {
 			continue // its elements go with it
@@ -86,6 +113,11 @@ func diff(tx *Transaction, f family, record *tableRecord, desired, scope *object
 		}
 		tx.delElements(f, setOf(f, set, desired, scope), del)
 	}
+}
+
+// writeElements adds the desired elements the record lacks, and replaces
+// (deletes, then adds) those whose value changed.
+func writeElements(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
 	for _, set := range sortedKeys(desired.elements) {
 		var del []Element
 		add := tx.elementsFor(len(desired.elements[set])) // in a full sync, nearly all of them
@@ -111,7 +143,11 @@ func diff(tx *Transaction, f family, record *tableRecord, desired, scope *object
 		tx.delElements(f, s, del)
 		tx.addElements(f, s, add)
 	}
+}
 
+// deleteGoneObjects deletes the chains, sets and named counters in scope
+// that desired does not hold and the kernel has.
+func deleteGoneObjects(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
 	var gone []*Chain
 	for _, name := range sortedKeys(scope.chains) {
 		if _, keep := desired.chains[name]; keep {
