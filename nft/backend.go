@@ -39,7 +39,7 @@ type Backend struct {
 	// tables is what kp knows of each of its tables; nil means unknown
 	// (start, or after a failed transaction): the next sync reads the
 	// kernel and reconciles everything.
-	tables   map[family]*tableBook
+	tables   map[family]*tableBookkeeping
 	lastFull time.Time
 
 	lastNodePortIPs []netip.Addr
@@ -60,21 +60,21 @@ type Backend struct {
 	lastFullSync bool
 }
 
-// tableBook is kp's bookkeeping of one table: what is in the kernel, and
-// which service port wrote what.
-type tableBook struct {
-	model  *tableState
+// tableBookkeeping is kp's bookkeeping of one table: the record of what is in
+// the kernel, and which service port wrote what.
+type tableBookkeeping struct {
+	record *tableRecord
 	owned  map[proxy.ServicePortName]*footprint // what each service port wrote last
 	owners *elementOwners
 	// hairpins holds the hairpin set's pods (nil until the first full sync
-	// over a table just read: the model holds the kernel's elements then).
+	// over a table just read: the record holds the kernel's elements then).
 	hairpins *hairpins
-	skel     *view
+	skel     *objects
 }
 
 // own records fp as what name wrote; an empty footprint (a port of the
 // other family, for instance) is not kept.
-func (book *tableBook) own(name proxy.ServicePortName, fp *footprint) {
+func (book *tableBookkeeping) own(name proxy.ServicePortName, fp *footprint) {
 	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots)+len(fp.pods) == 0 {
 		delete(book.owned, name)
 		return
@@ -141,7 +141,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	full := b.tables == nil || s.NodeChanged
 	if b.tables == nil {
-		b.tables = map[family]*tableBook{}
+		b.tables = map[family]*tableBookkeeping{}
 	}
 	npIPs, err := b.nodePortIPs(s)
 	if err != nil {
@@ -166,17 +166,17 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		book := b.tables[f]
 		staged := false
 		if book == nil {
-			model, err := b.conn.Read(f)
+			record, err := b.conn.Read(f)
 			if err != nil {
 				b.tables = nil
 				return fmt.Errorf("read %s %s: %w", f.name, TableName, err)
 			}
-			if model == nil {
+			if record == nil {
 				tx.addTable(f)
-				model = newTableState()
+				record = newTableRecord()
 				staged = b.stagedFrom > 0 && len(s.Services) >= b.stagedFrom
 			}
-			book = &tableBook{model: model}
+			book = &tableBookkeeping{record: record}
 			b.tables[f] = book
 			full = true
 		}
@@ -200,7 +200,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	for _, f := range stagedFams {
 		book := b.tables[f]
-		diff(tx, f, book.model, book.skel, book.skel) // the base chains
+		diff(tx, f, book.record, book.skel, book.skel) // the base chains
 		if err := tx.spill(); err != nil {
 			b.tables = nil
 			return err
@@ -230,18 +230,18 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 }
 
 // syncChanged renders the changed service ports only, and the skeleton.
-func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *proxy.State, skel *view) {
-	touched := newView() // old and new objects of the changed ports
-	rendered := map[proxy.ServicePortName]*view{}
+func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBookkeeping, s *proxy.State, skel *objects) {
+	touched := newObjects() // old and new objects of the changed ports
+	rendered := map[proxy.ServicePortName]*objects{}
 	var olds, news []*footprint
 	slots := b.slots[f]
 	slots.seen = map[string]bool{}
 	for name := range s.Changed {
 		old := book.owned[name]
 		if old != nil {
-			recallSlots(book.model, slots, old)
+			recallSlots(book.record, slots, old)
 		}
-		v := newView()
+		v := newObjects()
 		var fp *footprint
 		if sp := s.Services[name]; sp != nil {
 			v = b.render(f, slots, sp, s.Endpoints[name], s.Node)
@@ -261,17 +261,17 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 		touched.merge(v)
 	}
 	slots.releaseUnseen(touched.chains)
-	want := newView()
-	want.merge(skel)
+	desired := newObjects()
+	desired.merge(skel)
 	for _, v := range rendered {
-		want.mergeObjects(v)
+		desired.mergeWithoutElements(v)
 		// A changed port's endpoint slots are its own; a slot of an
 		// unchanged port cannot have been a changed port's (blocks
 		// change hands only through a sync of the port that gets it).
 		for set, es := range v.elements {
 			if unshared(set) {
 				for k, e := range es {
-					want.putElement(set, k, e)
+					desired.putElement(set, k, e)
 				}
 			}
 		}
@@ -299,32 +299,32 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBook, s *pro
 				rendered[o.name] = v
 			}
 			if e, ok := v.elements[set][k]; ok {
-				want.putElement(set, k, e)
+				desired.putElement(set, k, e)
 			}
 		}
 	}
-	scope := newView()
+	scope := newObjects()
 	scope.merge(book.skel)
 	scope.merge(touched)
-	scope.merge(want)
-	book.syncHairpins(olds, news, want, scope)
-	diff(tx, f, book.model, want, scope)
-	book.model.forgetDerived()
+	scope.merge(desired)
+	book.syncHairpins(olds, news, desired, scope)
+	diff(tx, f, book.record, desired, scope)
+	book.record.forgetDerived()
 }
 
 // syncHairpins moves the pods of the changed ports' footprints from olds
-// to news, and puts in want and scope the hairpin elements of the pods
-// that either lists, in the model as they are before: a pod's element is
+// to news, and puts in desired and scope the hairpin elements of the pods
+// that either lists, in the record as they are before: a pod's element is
 // added when its count leaves 0, deleted when it returns to 0, and
 // untouched otherwise (a pod moving from one Service to another in one
 // sync keeps its element).
-func (book *tableBook) syncHairpins(olds, news []*footprint, want, scope *view) {
+func (book *tableBookkeeping) syncHairpins(olds, news []*footprint, desired, scope *objects) {
 	h := book.hairpins
 	var pods []netip.Addr
 	for _, fp := range slices.Concat(olds, news) {
 		pods = slices.AppendSeq(pods, fp.pods.all(h.f))
 	}
-	recallHairpins(book.model, h, slices.Values(pods))
+	recallHairpins(book.record, h, slices.Values(pods))
 	for _, fp := range olds {
 		h.remove(fp.pods)
 	}
@@ -335,7 +335,7 @@ func (book *tableBook) syncHairpins(olds, news []*footprint, want, scope *view) 
 		e := hairpinElement(a)
 		scope.addElement(setHairpin, e)
 		if h.has(a) {
-			want.addElement(setHairpin, e)
+			desired.addElement(setHairpin, e)
 		}
 	}
 }

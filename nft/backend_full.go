@@ -21,10 +21,9 @@ const fullSyncGroup = 256
 // one, when it has at least fullSyncStagedFrom Services: nothing of kp's is
 // in the kernel to keep whole, each stage holds whole Services (their
 // chains and every element naming them), and only a stage's batch is held,
-// not the whole table's (17 MB at 10,000 × 10, the largest single part of
-// kp's peak). The price is the kernel's: each transaction adding rules that
-// jump validates the whole table so far (20–60 ms at 10,000), hence few
-// stages. Packets still see one transaction: the table's base chains, the
+// not the whole table's (the largest single part of kp's peak). The price
+// is the kernel's: each transaction adding rules that jump validates the
+// whole table so far, hence few stages (measures: test/bench/NOTES.md). Packets still see one transaction: the table's base chains, the
 // only objects hooked into the kernel's path, go in with the last stage, so
 // until then the table is inert (a kube-proxy still serving the node keeps
 // serving it) and then it is whole. A sync over an existing table stays one
@@ -101,19 +100,18 @@ type streamer interface {
 
 // syncFull renders every service port and removes whatever else the table
 // holds. It goes Service by Service, in name order: each group of
-// fullSyncGroup is rendered, diffed against the model and handed to the
+// fullSyncGroup is rendered, diffed against the record and handed to the
 // transaction's stream before the next, so that a full sync never holds
-// the whole rendered ruleset
-// (at 10,000 Services it was most of kp's peak memory). The skeleton goes
-// first, as service objects name its chains and sets; what nobody wants
+// the whole rendered ruleset (it was most of kp's peak memory). The
+// skeleton goes first, as service objects name its chains and sets; what nobody wants
 // any more is deleted last.
-func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f family, book *tableBook, s *proxy.State, skel *view, staged bool) error {
+func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f family, book *tableBookkeeping, s *proxy.State, skel *objects, staged bool) error {
 	if book.owned != nil {
 		// Over kp's own bookkeeping (the Node changed), not a table just
-		// read: the model has back what it keeps none of between syncs.
-		recallHairpins(book.model, book.hairpins, book.hairpins.pods())
+		// read: the record has back what it keeps none of between syncs.
+		recallHairpins(book.record, book.hairpins, book.hairpins.pods())
 		for _, fp := range book.owned {
-			recallSlots(book.model, b.slots[f], fp)
+			recallSlots(book.record, b.slots[f], fp)
 		}
 	}
 	book.owned = make(map[proxy.ServicePortName]*footprint, len(s.Services))
@@ -125,7 +123,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f f
 	if staged {
 		first = withoutBaseChains(skel) // they come last (see fullSyncStages)
 	}
-	diff(tx, f, book.model, first, first)
+	diff(tx, f, book.record, first, first)
 	if err := tx.spill(); err != nil {
 		return err
 	}
@@ -143,35 +141,35 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f f
 	}
 	// Services are diffed and spilled a group at a time: one message per
 	// group for each set's elements, not one per Service.
-	want, v := newView(), newView()
+	desired, v := newObjects(), newObjects()
 	for i, name := range names {
 		b.renderInto(v, f, slots, s.Services[name], s.Endpoints[name], s.Node)
 		fp := footprintOf(name, v)
 		book.own(name, fp)
 		book.owners.add(fp)
-		want.mergeObjects(v)
+		desired.mergeWithoutElements(v)
 		for set, es := range v.elements {
 			for k, e := range es {
 				if unshared(set) || book.owners.owner(refTo(set, k)) == fp {
-					want.putElement(set, k, e)
+					desired.putElement(set, k, e)
 				}
 			}
 		}
 		for _, a := range book.hairpins.add(fp.pods) {
-			want.addElement(setHairpin, hairpinElement(a))
+			desired.addElement(setHairpin, hairpinElement(a))
 		}
 		if (i+1)%fullSyncGroup != 0 && i != len(names)-1 {
 			continue
 		}
-		diff(tx, f, book.model, want, want)
-		book.model.forgetWritten(want)
+		diff(tx, f, book.record, desired, desired)
+		book.record.forgetWritten(desired)
 		if err := tx.spill(); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		want.reset()
+		desired.reset()
 		if (i+1)%stage == 0 && i != len(names)-1 {
 			if err := st.apply(tx); err != nil {
 				return err
@@ -179,14 +177,14 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f f
 		}
 	}
 	slots.releaseUnseen(nil)
-	diff(tx, f, book.model, newView(), goneFromModel(book.model, skel, book.owned, book.owners, book.hairpins))
-	book.model.forgetDerived()
+	diff(tx, f, book.record, newObjects(), goneFromRecord(book.record, skel, book.owned, book.owners, book.hairpins))
+	book.record.forgetDerived()
 	return tx.spill()
 }
 
 // withoutBaseChains is v less its base chains (a shallow copy).
-func withoutBaseChains(v *view) *view {
-	out := &view{chains: map[string]*Chain{}, sets: v.sets, elements: v.elements, counters: v.counters}
+func withoutBaseChains(v *objects) *objects {
+	out := &objects{chains: map[string]*Chain{}, sets: v.sets, elements: v.elements, counters: v.counters}
 	for name, c := range v.chains {
 		if c.Hook == nil {
 			out.chains[name] = c

@@ -15,13 +15,12 @@ import (
 
 // google/nftables serializes kp's operations, but kp sends them itself.
 // Its Flush asks the kernel to acknowledge every message and reads the
-// acknowledgements one recvmsg at a time, each into a fresh page: at 10,000
-// Services that is over 200,000 messages, and reading their acks took more
-// of kp's CPU and memory than building the transaction. The kernel reports
-// a failing message whether or not it was asked to acknowledge it, so kp
-// asks only for the last one: its acknowledgement (or the commit's error)
-// arrives after every error of the batch, and ends the reading. At 10,000
-// Services this halves the full sync.
+// acknowledgements one recvmsg at a time, each into a fresh page: a full
+// sync has hundreds of thousands of messages, and reading their acks cost
+// more than building the transaction (test/bench/NOTES.md). The kernel
+// reports a failing message whether or not it was asked to acknowledge it,
+// so kp asks only for the last one: its acknowledgement (or the commit's
+// error) arrives after every error of the batch, and ends the reading.
 
 // batch is a transaction as the bytes of its netlink messages, ready to
 // send: BATCH_BEGIN, the operations' messages, BATCH_END. The bytes are
@@ -88,7 +87,7 @@ type batchEncoder struct {
 	b        *batch
 	last     int // the last operation message, -1 before the first
 	nfgen    []byte
-	scratch  []byte // an element message being written (elemenc.go)
+	scratch  []byte // an element message being written (element_encoding.go)
 }
 
 func newBatchEncoder() (*batchEncoder, error) {
@@ -224,8 +223,8 @@ func (n *opNote) describe() string {
 
 // batchSocket is the netlink socket transactions go through. It stays
 // open: closing a netfilter netlink socket makes the kernel wait for the
-// release of the previous transaction's objects (an RCU grace period,
-// about 15 ms here), which would double the time of a small sync.
+// release of the previous transaction's objects (an RCU grace period),
+// which would double the time of a small sync (test/bench/NOTES.md).
 func (c *netlinkConn) batchSocket() (*netlink.Conn, error) {
 	if c.batch != nil {
 		return c.batch, nil

@@ -2,7 +2,6 @@ package nft
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -26,7 +25,7 @@ type Conn interface {
 	Apply(tx *Transaction) error
 	// Read returns what kp's table of family f holds, or nil when the table
 	// does not exist. Chain digests are unknown ("") after a Read.
-	Read(f family) (*tableState, error)
+	Read(f family) (*tableRecord, error)
 	// DNATCounters returns, for those of chains that exist in kp's table
 	// of family f, the counters of their rules that DNAT, summed by target.
 	DNATCounters(f family, chains []string) (map[string]map[netip.AddrPort]Counter, error)
@@ -38,73 +37,6 @@ type Conn interface {
 
 // Counter is a named counter's value.
 type Counter struct{ Packets, Bytes uint64 }
-
-// tableState is what kp knows is in one of its tables. It is kept between
-// syncs for every element of every Service, so it holds hashes, not texts.
-// Between syncs it holds no element of the endpoints map nor of the
-// hairpin set: the slot table and the hairpin counts say what they hold,
-// and a sync puts in the model those its diff needs (recallSlots,
-// recallHairpins), as they are in the kernel, then forgets them.
-type tableState struct {
-	chains   map[string]uint64            // chain name → Chain.digest (0 = unknown: rewrite)
-	sets     map[string]string            // named sets and maps → Set.digest
-	elements map[string]map[string]uint64 // set → keyID → Element.digest (not for dynamic sets)
-	counters map[string]bool              // named counters: kp writes none, an earlier kp's are deleted
-}
-
-// forgetDerived drops the elements of the sets whose contents kp derives
-// from its other bookkeeping between syncs, once a sync's diff is made.
-func (m *tableState) forgetDerived() {
-	delete(m.elements, mapEndpoints)
-	delete(m.elements, setHairpin)
-}
-
-// forgetWritten drops the elements of those sets that v, just diffed,
-// holds: the kernel has them as the slot table and the counts say. A full
-// sync writes each of them once, so its model need not hold them until
-// the sync ends; what the model still holds of those sets at its end was
-// in the kernel and was not written again, for the sync to delete unless
-// wanted (goneFromModel). At 10,000 Services × 10 their 200,000 entries
-// were the largest part of a full sync's peak heap (9 of 44 MB).
-func (m *tableState) forgetWritten(v *view) {
-	for _, set := range []string{mapEndpoints, setHairpin} {
-		for k := range v.elements[set] {
-			delete(m.elements[set], k)
-		}
-	}
-}
-
-func newTableState() *tableState {
-	return &tableState{
-		chains:   map[string]uint64{},
-		sets:     map[string]string{},
-		elements: map[string]map[string]uint64{},
-		counters: map[string]bool{},
-	}
-}
-
-// keyID identifies an element in its set: its raw key, after a byte that
-// says whether it is an interval's end.
-func keyID(k []byte, end bool) string {
-	flag := byte(0)
-	if end {
-		flag = 1
-	}
-	return string(append([]byte{flag}, k...))
-}
-
-func keyBytes(id string) []byte { return []byte(id[1:]) }
-
-func isEndKey(id string) bool { return id != "" && id[0] == 1 }
-
-// keyIDText spells a key kp only knows by its bytes (what it read back
-// from the kernel), for logs: hex, "/end" for an interval's end.
-func keyIDText(id string) string {
-	if isEndKey(id) {
-		return hex.EncodeToString(keyBytes(id)) + "/end"
-	}
-	return hex.EncodeToString(keyBytes(id))
-}
 
 // netlinkConn talks to nf_tables in one network namespace: the process's
 // own (nsFd 0) or the one nsFd refers to.
@@ -259,7 +191,7 @@ func nfChain(t *nftables.Table, c *Chain) *nftables.Chain {
 	return ch
 }
 
-func (c *netlinkConn) Read(f family) (*tableState, error) {
+func (c *netlinkConn) Read(f family) (*tableRecord, error) {
 	conn, err := c.open()
 	if err != nil {
 		return nil, fmt.Errorf("open netlink: %w", err)
@@ -276,7 +208,7 @@ func (c *netlinkConn) Read(f family) (*tableState, error) {
 		return nil, nil
 	}
 	t := nfTable(f)
-	st := newTableState()
+	st := newTableRecord()
 	chains, err := conn.ListChainsOfTableFamily(f.nf)
 	if err != nil {
 		return nil, fmt.Errorf("list %s chains: %w", f.name, err)

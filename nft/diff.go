@@ -8,38 +8,61 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// diff appends to tx what turns the kernel's table (model) into want, for the
-// objects in scope: a scoped object absent from want is deleted; an object in
-// want that differs from the model is written. model is updated as if tx
-// succeeds (the caller re-reads the kernel when it does not).
+// diff appends to tx what turns the kernel's table (as record has it) into
+// desired, for the objects in scope: a scoped object absent from desired is
+// deleted; an object in desired that differs from the record is written.
+// record is updated as if tx succeeds (the caller re-reads the kernel when
+// it does not).
 //
 // Order matters within the one batch, which the kernel checks as it goes:
 // what a rule or element names (chains, sets) exists before it;
 // a set declared anew (its timeout changed) is deleted only after the rules
 // naming it are flushed; references to a chain or set go before it does.
-func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
-	var replaced []*Set
-	for _, name := range sortedKeys(want.sets) {
-		s := want.sets[name]
-		cur, exists := model.sets[name]
+// Each step below appends its operations after the previous step's.
+func diff(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
+	replaced := declareSets(tx, f, record, desired)
+	rewritten := addOrFlushChains(tx, f, record, desired, replaced)
+	for _, s := range replaced {
+		tx.delSet(f, s)
+		tx.addSet(f, s)
+	}
+	addRules(tx, f, rewritten)
+	deleteUnwantedElements(tx, f, record, desired, scope)
+	writeElements(tx, f, record, desired, scope)
+	deleteGoneObjects(tx, f, record, desired, scope)
+}
+
+// declareSets adds the desired sets the record lacks, and returns those
+// whose declaration changed: diff deletes and adds them again once the
+// chains naming them are flushed. Either way their elements are written
+// anew.
+func declareSets(tx *Transaction, f family, record *tableRecord, desired *objects) (replaced []*Set) {
+	for _, name := range sortedKeys(desired.sets) {
+		s := desired.sets[name]
+		cur, exists := record.sets[name]
 		switch {
 		case !exists:
 			tx.addSet(f, s)
-			model.elements[name] = map[string]uint64{}
+			record.elements[name] = map[string]uint64{}
 		case cur != s.digest():
 			replaced = append(replaced, s)
-			model.elements[name] = map[string]uint64{}
+			record.elements[name] = map[string]uint64{}
 		}
-		model.sets[name] = s.digest()
+		record.sets[name] = s.digest()
 	}
-	// A chain that exists is flushed and rewritten in the same batch, so
-	// packets see either its old or its new rules, never none. Chains that
-	// name a replaced set are rewritten whatever their digest.
-	var rewrite []*Chain
-	for _, name := range sortedKeys(want.chains) {
-		c := want.chains[name]
+	return replaced
+}
+
+// addOrFlushChains adds the desired chains the record lacks and flushes
+// those that changed, and returns both, whose rules are to be written. A
+// chain that exists is flushed and rewritten in the same batch, so packets
+// see either its old or its new rules, never none. Chains that name a
+// replaced set are rewritten whatever their digest.
+func addOrFlushChains(tx *Transaction, f family, record *tableRecord, desired *objects, replaced []*Set) (rewritten []*Chain) {
+	for _, name := range sortedKeys(desired.chains) {
+		c := desired.chains[name]
 		d := c.digest()
-		old, exists := model.chains[name]
+		old, exists := record.chains[name]
 		if exists && old == d && !namesAny(c, replaced) {
 			continue
 		}
@@ -48,53 +71,63 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		} else {
 			tx.addChain(f, c)
 		}
-		rewrite = append(rewrite, c)
-		model.chains[name] = d
+		rewritten = append(rewritten, c)
+		record.chains[name] = d
 	}
-	for _, s := range replaced {
-		tx.delSet(f, s)
-		tx.addSet(f, s)
-	}
+	return rewritten
+}
+
+// addRules writes the rules of chains, just added or flushed.
+func addRules(tx *Transaction, f family, chains []*Chain) {
 	rules := 0
-	for _, c := range rewrite {
+	for _, c := range chains {
 		rules += len(c.Rules)
 	}
 	tx.ops = slices.Grow(tx.ops, rules) // a full sync adds 100,000s: grow once
-	for _, c := range rewrite {
+	for _, c := range chains {
 		for i := range c.Rules {
 			tx.addRule(f, c, &c.Rules[i])
 		}
 	}
+}
 
+// deleteUnwantedElements deletes the elements in scope that desired does
+// not hold, from the sets that stay.
+func deleteUnwantedElements(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
 	for _, set := range sortedKeys(scope.elements) {
-		if goneSet(set, want, scope) {
+		if goneSet(set, desired, scope) {
 			continue // its elements go with it
 		}
 		var del []Element
 		for _, k := range sortedKeys(scope.elements[set]) {
 			e := scope.elements[set][k]
-			if _, keep := want.elements[set][k]; keep {
+			if _, keep := desired.elements[set][k]; keep {
 				continue
 			}
 			// Whatever value it has: no service port wants the key
-			// any more (want holds every key one still owns).
-			if _, ok := model.elements[set][k]; ok {
+			// any more (desired holds every key one still owns).
+			if _, ok := record.elements[set][k]; ok {
 				del = append(del, e)
-				delete(model.elements[set], k)
+				delete(record.elements[set], k)
 			}
 		}
-		tx.delElements(f, setOf(f, set, want, scope), del)
+		tx.delElements(f, setOf(f, set, desired, scope), del)
 	}
-	for _, set := range sortedKeys(want.elements) {
+}
+
+// writeElements adds the desired elements the record lacks, and replaces
+// (deletes, then adds) those whose value changed.
+func writeElements(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
+	for _, set := range sortedKeys(desired.elements) {
 		var del []Element
-		add := tx.elementsFor(len(want.elements[set])) // in a full sync, nearly all of them
-		m := model.elements[set]
+		add := tx.elementsFor(len(desired.elements[set])) // in a full sync, nearly all of them
+		m := record.elements[set]
 		if m == nil {
 			m = map[string]uint64{}
-			model.elements[set] = m
+			record.elements[set] = m
 		}
-		for _, k := range elementOrder(want.elements[set]) {
-			e := want.elements[set][k]
+		for _, k := range elementOrder(desired.elements[set]) {
+			e := desired.elements[set][k]
 			d := e.digest()
 			cur, ok := m[k]
 			if ok && cur == d {
@@ -106,19 +139,23 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 			add = append(add, e)
 			m[k] = d
 		}
-		s := setOf(f, set, want, scope)
+		s := setOf(f, set, desired, scope)
 		tx.delElements(f, s, del)
 		tx.addElements(f, s, add)
 	}
+}
 
+// deleteGoneObjects deletes the chains, sets and named counters in scope
+// that desired does not hold and the kernel has.
+func deleteGoneObjects(tx *Transaction, f family, record *tableRecord, desired, scope *objects) {
 	var gone []*Chain
 	for _, name := range sortedKeys(scope.chains) {
-		if _, keep := want.chains[name]; keep {
+		if _, keep := desired.chains[name]; keep {
 			continue
 		}
-		if _, ok := model.chains[name]; ok {
+		if _, ok := record.chains[name]; ok {
 			gone = append(gone, &Chain{Name: name})
-			delete(model.chains, name)
+			delete(record.chains, name)
 		}
 	}
 	// Rules name sets and map elements name chains: flush the chains, then
@@ -127,27 +164,27 @@ func diff(tx *Transaction, f family, model *tableState, want, scope *view) {
 		tx.flushChain(f, c)
 	}
 	for _, name := range sortedKeys(scope.sets) {
-		if _, ok := model.sets[name]; ok && goneSet(name, want, scope) {
+		if _, ok := record.sets[name]; ok && goneSet(name, desired, scope) {
 			tx.delSet(f, scope.sets[name])
-			delete(model.sets, name)
-			delete(model.elements, name)
+			delete(record.sets, name)
+			delete(record.elements, name)
 		}
 	}
 	for _, c := range gone {
 		tx.delChain(f, c)
 	}
 	for _, name := range sortedKeys(scope.counters) {
-		if want.counters[name] || !model.counters[name] {
+		if desired.counters[name] || !record.counters[name] {
 			continue
 		}
 		tx.delCounter(f, name)
-		delete(model.counters, name)
+		delete(record.counters, name)
 	}
 }
 
-func goneSet(name string, want, scope *view) bool {
+func goneSet(name string, desired, scope *objects) bool {
 	_, inScope := scope.sets[name]
-	_, wanted := want.sets[name]
+	_, wanted := desired.sets[name]
 	return inScope && !wanted
 }
 
@@ -163,11 +200,11 @@ func namesAny(c *Chain, sets []*Set) bool {
 	return false
 }
 
-// setOf returns the declaration of the named set: from the views when one
+// setOf returns the declaration of the named set: from the objects when one
 // declares it, else kp's static one (element operations only need its name
 // and key type).
-func setOf(f family, name string, views ...*view) *Set {
-	for _, v := range views {
+func setOf(f family, name string, from ...*objects) *Set {
+	for _, v := range from {
 		if s := v.sets[name]; s != nil && s.KeyType.Bytes != 0 {
 			return s
 		}
@@ -175,12 +212,12 @@ func setOf(f family, name string, views ...*view) *Set {
 	return setByName(f, name)
 }
 
-// goneFromModel lists, as a scope for diff, what the model holds that
-// nobody wants: chains and sets not in wanted, elements whose key no
-// service port owns (nor the skeleton, nor the hairpin counts), and any
-// named counter. With an empty want, diff deletes them all, in the
-// kernel's order.
-func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*footprint, owners *elementOwners, hairpins *hairpins) *view {
+// goneFromRecord lists, as a scope for diff, what the record holds that
+// nobody wants: chains and sets that neither the skeleton nor a footprint
+// names, elements whose key no service port owns (nor the skeleton, nor the
+// hairpin counts), and any named counter. With nothing desired, diff
+// deletes them all, in the kernel's order.
+func goneFromRecord(m *tableRecord, skel *objects, owned map[proxy.ServicePortName]*footprint, owners *elementOwners, hairpins *hairpins) *objects {
 	chains, sets, slots := map[string]bool{}, map[string]bool{}, map[uint32]bool{}
 	for name := range skel.chains {
 		chains[name] = true
@@ -201,7 +238,7 @@ func goneFromModel(m *tableState, skel *view, owned map[proxy.ServicePortName]*f
 			}
 		}
 	}
-	v := newView()
+	v := newObjects()
 	for name := range m.chains {
 		if !chains[name] {
 			v.chains[name] = &Chain{Name: name}

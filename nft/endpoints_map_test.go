@@ -132,7 +132,7 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 					if got := len(e.fake.Tables["ip"].Elements[mapEndpoints]); got != want {
 						t.Errorf("step %d: the endpoints map holds %d elements, want %d:\n%s", i, got, want, e.fake.Dump())
 					}
-					if m := e.be.tables[familyIPv4].model.elements[mapEndpoints]; len(m) > 0 {
+					if m := e.be.tables[familyIPv4].record.elements[mapEndpoints]; len(m) > 0 {
 						t.Errorf("step %d: the model keeps %d endpoints map elements between syncs", i, len(m))
 					}
 				})

@@ -16,13 +16,11 @@ import (
 // the addresses of its port's pods, hairpins counts the footprints listing
 // each, and the element is added when a pod's count leaves 0 and deleted
 // when it returns to 0. The set holds exactly the counted pods after every
-// successful sync, so kp's model of the kernel keeps none of its elements
-// between syncs: a sync puts in the model the elements it touches, as they
-// were before it (see recallHairpins), and forgets them after. At 10,000
-// Services × 10 endpoints, the 100,000 elements took ~10 MB booked as a
-// footprint's reference, an owner and a model entry each (28.0 → 20.4 MiB
-// kept after a full sync); a count takes 8 bytes per IPv4 pod, and a
-// footprint 4.
+// successful sync, so kp's record of the kernel keeps none of its elements
+// between syncs: a sync puts in the record the elements it touches, as they
+// were before it (see recallHairpins), and forgets them after. Booked as
+// elements, each pod took a footprint's reference, an owner and a record
+// entry; a count takes a few bytes (test/bench/NOTES.md, "Memory (issue 14)").
 
 // podAddrs is the distinct addresses of a service port's pods, each in
 // its raw form (4 bytes in the ip table, 16 in ip6), concatenated.
@@ -104,8 +102,8 @@ type podCounter interface {
 }
 
 // podCounts keys the counts by an address's raw bytes, 4 in the ip table
-// and 16 in ip6: no pointer for the collector to follow, and at 100,000
-// IPv4 pods 8 bytes an entry where 16-byte keys took 20.
+// and 16 in ip6: no pointer for the collector to follow, and a smaller
+// entry in the ip table (test/bench/NOTES.md).
 type podCounts[K comparable] struct {
 	m    map[K]int32
 	key  func(netip.Addr) K
@@ -147,10 +145,10 @@ func hairpinPod(id string) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// recallHairpins puts in the model the hairpin elements of pods as the
+// recallHairpins puts in the record the hairpin elements of pods as the
 // kernel holds them before this sync changes a count: present when
-// counted. The model keeps them for the sync's diff only (forgetDerived).
-func recallHairpins(m *tableState, h *hairpins, pods iter.Seq[netip.Addr]) {
+// counted. The record keeps them for the sync's diff only (forgetDerived).
+func recallHairpins(m *tableRecord, h *hairpins, pods iter.Seq[netip.Addr]) {
 	es := m.elements[setHairpin]
 	if es == nil {
 		es = map[string]uint64{}

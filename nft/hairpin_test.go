@@ -131,7 +131,7 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 				if got, want := hairpinSet(t, e.fake), podsOf(e.w); !slices.Equal(got, want) {
 					t.Errorf("step %d: hairpin set holds %v, want %v", i, got, want)
 				}
-				if m := e.be.tables[familyIPv4].model.elements[setHairpin]; len(m) > 0 {
+				if m := e.be.tables[familyIPv4].record.elements[setHairpin]; len(m) > 0 {
 					t.Errorf("step %d: the model keeps %d hairpin elements between syncs", i, len(m))
 				}
 			})
@@ -171,7 +171,7 @@ func TestHairpinSetIsBookedAsACountPerPod(t *testing.T) {
 				mustSync(t, be, s)
 			}
 			book := be.tables[familyIPv4]
-			if es := book.model.elements[setHairpin]; len(es) > 0 {
+			if es := book.record.elements[setHairpin]; len(es) > 0 {
 				t.Errorf("the model keeps %d hairpin elements between syncs", len(es))
 			}
 			for _, fp := range book.owned {

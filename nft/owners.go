@@ -43,7 +43,7 @@ func (r elemRef) setName() string { return r.set.Value() }
 // slotRun is the endpoint slots first … first+n-1.
 type slotRun struct{ first, n uint32 }
 
-func footprintOf(name proxy.ServicePortName, v *view) *footprint {
+func footprintOf(name proxy.ServicePortName, v *objects) *footprint {
 	fp := &footprint{name: name, chains: make([]string, 0, len(v.chains)), pods: podAddrsOf(v.pods)}
 	for c := range v.chains {
 		fp.chains = append(fp.chains, c)
@@ -115,9 +115,9 @@ func (fp *footprint) has(r elemRef) bool {
 	return slices.Contains(fp.elems, r)
 }
 
-// scope is the footprint as a view of names and keys, for diff's scope.
-func (fp *footprint) scope() *view {
-	v := newView()
+// scope is the footprint as objects of names and keys, for diff's scope.
+func (fp *footprint) scope() *objects {
+	v := newObjects()
 	for _, c := range fp.chains {
 		v.chains[c] = &Chain{Name: c}
 	}
@@ -145,9 +145,8 @@ func (fp *footprint) scope() *view {
 // at every sync, whatever order changes came in: the first owner by name
 // wins.
 //
-// It is indexed by a 64-bit hash of the key, not the key: at 10,000
-// Services it holds 120,000 keys, and a map entry of two strings took
-// about 120 bytes where a hash takes about 40. The owners listed under a
+// It is indexed by a 64-bit hash of the key, not the key: an entry keyed by
+// two strings took three times the memory (test/bench/NOTES.md). The owners listed under a
 // hash are those of every key with that hash, so owner checks the
 // footprints it finds: a collision costs a comparison, never a wrong
 // owner. Most hashes have one owner, kept in first alone.

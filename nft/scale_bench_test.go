@@ -119,8 +119,8 @@ func (c *applyTimer) Apply(tx *Transaction) error {
 // nullConn accepts every transaction and holds nothing.
 type nullConn struct{}
 
-func (nullConn) Apply(*Transaction) error         { return nil }
-func (nullConn) Read(family) (*tableState, error) { return nil, nil }
+func (nullConn) Apply(*Transaction) error          { return nil }
+func (nullConn) Read(family) (*tableRecord, error) { return nil, nil }
 func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Counter, error) {
 	return nil, nil
 }

@@ -74,7 +74,7 @@ type serviceRender struct {
 	b       *Backend
 	f       family
 	sp      *proxy.ServicePort
-	v       *view
+	v       *objects
 	comment string
 	proto   uint8
 	slots   *slotTable
@@ -85,13 +85,13 @@ type serviceRender struct {
 // internal policy's chain, external addresses and the NodePort to the
 // external chain; a policy with no endpoint rejects (no usable endpoint
 // anywhere) or drops (none for that policy) in the filter hooks.
-func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
-	return b.renderInto(newView(), f, slots, sp, eps, node)
+func (b *Backend) render(f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *objects {
+	return b.renderInto(newObjects(), f, slots, sp, eps, node)
 }
 
 // renderInto is render into v, which it resets first (a full sync renders
-// every Service into one view, its maps allocated once).
-func (b *Backend) renderInto(v *view, f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *view {
+// every Service into the same objects, their maps allocated once).
+func (b *Backend) renderInto(v *objects, f family, slots *slotTable, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node) *objects {
 	v.reset()
 	clusterIPs := proxy.FilterAddrs(f.pf, sp.ClusterIPs)
 	if len(clusterIPs) == 0 {
@@ -273,8 +273,8 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 	// no lookup, jump or NAT: when the number of endpoints or the block
 	// changes, only that chain is rewritten, and the kernel does not
 	// validate the whole table for it (it does for any rule added with a
-	// lookup, a jump or goto, a meta set or a NAT expression: 20–60 ms at
-	// 10,000 Services, against ~1 ms; see README). The slot table knows
+	// lookup, a jump or goto, a meta set or a NAT expression, which is
+	// costly at scale; see README). The slot table knows
 	// the block by the pick chain's name.
 	pick := pickChainName(name)
 	blk := r.slots.assign(pick, addrs)

@@ -79,9 +79,33 @@ func baseChain(name string, t nftables.ChainType, hook *nftables.ChainHook, hook
 	return &Chain{Name: name, Hook: &Hook{Type: t, Hook: hook, HookName: hookName, Priority: prio}, Rules: rules}
 }
 
-// skeleton returns the static chains and the small static sets' elements.
-func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *view {
-	v := newView()
+// skeleton returns the static chains and sets, and the small static sets'
+// elements: what every sync desires whatever the Services.
+func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *objects {
+	v := newObjects()
+	for _, c := range slices.Concat(hookedChains(f), b.staticChains(f, clusterCIDRs)) {
+		v.chains[c.Name] = c
+	}
+	for _, s := range staticSets(f) {
+		v.sets[s.Name] = s
+		v.elements[s.Name] = map[string]Element{}
+	}
+	for _, a := range nodePortIPs {
+		e := Element{Key: addrKey(a), KeyText: a.String()}
+		v.elements[setNodePortIPs][keyID(e.Key, false)] = e
+	}
+	for _, e := range prefixElements(clusterCIDRs) {
+		v.elements[setClusterCIDRs][keyID(e.Key, e.KeyEnd)] = e
+	}
+	for _, e := range prefixElements(serviceCIDRs) {
+		v.elements[setServiceCIDRs][keyID(e.Key, e.KeyEnd)] = e
+	}
+	return v
+}
+
+// hookedChains are kp's base chains, those hooked into the kernel's packet
+// path: each jumps to a static chain below.
+func hookedChains(f family) []*Chain {
 	jumpServices := newRule(f).verdict(expr.VerdictJump, chainServices).build("")
 	checkNew := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainEndpointsCheck).build("")
 	checkClusterIPs := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainClusterIPsCheck).build("")
@@ -89,15 +113,7 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 	// does: a packet of an established one would pay a map lookup for
 	// nothing.
 	jumpFirewall := newRule(f).ctStateNew().verdict(expr.VerdictJump, chainFirewallCheck).build("")
-	// A TCP packet that starts a conntrack entry without opening a
-	// connection, addressed to this node, belongs to a flow someone else
-	// serves without conntrack: upstream's ipvs mode, whose connections
-	// to the ClusterIPs on its dummy interface can run without an entry.
-	// DNAT or a reject would reset it (the ipvs take-over keeps such
-	// virtual servers while their connections last); IPVS takes it in
-	// LOCAL_IN.
-	notOurs := newRule(f).l4proto(6).tcpNotSyn().fibDaddrLocal().verdict(expr.VerdictReturn, "").build("")
-	for _, c := range []*Chain{
+	return []*Chain{
 		baseChain("nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, "prerouting", -100, jumpServices),
 		baseChain("nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, "output", -100, jumpServices),
 		baseChain("nat-postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, "postrouting", 100,
@@ -122,6 +138,21 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		baseChain("filter-input", nftables.ChainTypeFilter, nftables.ChainHookInput, "input", -10, checkNew),
 		baseChain("filter-forward", nftables.ChainTypeFilter, nftables.ChainHookForward, "forward", -10, checkNew, checkClusterIPs),
 		baseChain("filter-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, "output", -10, checkNew, checkClusterIPs),
+	}
+}
+
+// staticChains are the chains the base chains lead to, the same whatever
+// the Services: they look packets up in the static maps and sets.
+func (b *Backend) staticChains(f family, clusterCIDRs []netip.Prefix) []*Chain {
+	// A TCP packet that starts a conntrack entry without opening a
+	// connection, addressed to this node, belongs to a flow someone else
+	// serves without conntrack: upstream's ipvs mode, whose connections
+	// to the ClusterIPs on its dummy interface can run without an entry.
+	// DNAT or a reject would reset it (the ipvs take-over keeps such
+	// virtual servers while their connections last); IPVS takes it in
+	// LOCAL_IN.
+	notOurs := newRule(f).l4proto(6).tcpNotSyn().fibDaddrLocal().verdict(expr.VerdictReturn, "").build("")
+	return []*Chain{
 		{Name: chainFirewallCheck, Rules: []Rule{newRule(f).keyVMap(true, mapFirewallIPs).build("")}},
 		{Name: chainClusterIPsCheck, Rules: []Rule{
 			notOurs,
@@ -157,8 +188,8 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 		// is added, so these are written once, never per Service.
 		// The Cluster policy's masquerade decision, the same for every
 		// Service, then the DNAT: one static chain rather than a rule in
-		// each Service's chain (10,000 rules and 1.9 MB of a full sync's
-		// batch at 10,000 Services).
+		// each Service's chain (a rule per Service less in a full sync's
+		// batch; test/bench/NOTES.md).
 		{Name: chainClusterDNAT, Rules: append(b.clusterMasquerade(f, clusterCIDRs, netip.Addr{}, ""),
 			newRule(f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(""))},
 		{Name: chainEndpointDNAT, Rules: []Rule{
@@ -170,24 +201,7 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 			newRule(f).l4proto(6).rejectTCPReset().build(""),
 			newRule(f).rejectPortUnreachable().build(""),
 		}},
-	} {
-		v.chains[c.Name] = c
 	}
-	for _, s := range staticSets(f) {
-		v.sets[s.Name] = s
-		v.elements[s.Name] = map[string]Element{}
-	}
-	for _, a := range nodePortIPs {
-		e := Element{Key: addrKey(a), KeyText: a.String()}
-		v.elements[setNodePortIPs][keyID(e.Key, false)] = e
-	}
-	for _, e := range prefixElements(clusterCIDRs) {
-		v.elements[setClusterCIDRs][keyID(e.Key, e.KeyEnd)] = e
-	}
-	for _, e := range prefixElements(serviceCIDRs) {
-		v.elements[setServiceCIDRs][keyID(e.Key, e.KeyEnd)] = e
-	}
-	return v
 }
 
 // prefixElements encodes prefixes as the elements of an interval set. The

@@ -36,9 +36,9 @@ type slotBlock struct {
 }
 
 // slotEndpoints is a block's endpoints in slot order, packed: address and
-// port in 6 bytes each when all are IPv4, 18 when not. As netip.AddrPort
-// values (32 bytes, each with a pointer for the collector to follow) the
-// 100,000 endpoints of 10,000 Services × 10 took 3.2 MB.
+// port in 6 bytes each when all are IPv4, 18 when not, rather than
+// netip.AddrPort values (32 bytes, each with a pointer for the collector to
+// follow; measures in test/bench/NOTES.md).
 type slotEndpoints struct {
 	b     []byte
 	width uint8
@@ -217,8 +217,8 @@ func (t *slotTable) release(chain string) {
 // another chain in the sync that frees it.
 //
 // With a scope, only its chains are looked at: a partial sync touches a
-// few, and walking every block made each endpoint change O(N) (44 % of kp's
-// sync per change at 30,000 Services, 3.4 of 7.1 ms).
+// few, and walking every block made each endpoint change O(N)
+// (test/bench/NOTES.md).
 func (t *slotTable) releaseUnseen(scope map[string]*Chain) {
 	if scope == nil {
 		for chain := range t.blocks {
@@ -250,20 +250,19 @@ func slotData(a netip.AddrPort) []byte {
 }
 
 // The endpoints map holds, for every slot of every block, the endpoint the
-// slot table puts there, after every successful sync: kp's model of the
-// kernel keeps none of its elements between syncs (at 10,000 Services × 10
-// endpoints, 100,000 entries duplicating the slot table: 20.4 → 15.5 MiB
-// kept after a full sync). A sync
-// puts back in the model the elements of the blocks it may change, as they
+// slot table puts there, after every successful sync: kp's record of the
+// kernel keeps none of its elements between syncs, which would duplicate
+// the slot table (test/bench/NOTES.md, "Memory (issue 14)"). A sync puts
+// back in the record the elements of the blocks it may change, as they
 // are before it changes them (recallSlots), and forgets them after its
-// diff (tableState.forgetDerived). A full sync after a read of the kernel
+// diff (tableRecord.forgetDerived). A full sync after a read of the kernel
 // diffs against the elements read; a failed sync leaves the slot table
 // ahead of the kernel, and is followed by such a full sync.
 
-// recallSlots puts in the model the endpoints map's elements of the blocks
+// recallSlots puts in the record the endpoints map's elements of the blocks
 // of fp's chains, as the slot table holds them. Call it before fp's port is
 // rendered again: rendering assigns its blocks anew.
-func recallSlots(m *tableState, slots *slotTable, fp *footprint) {
+func recallSlots(m *tableRecord, slots *slotTable, fp *footprint) {
 	es := m.elements[mapEndpoints]
 	if es == nil {
 		es = map[string]uint64{}

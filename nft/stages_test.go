@@ -141,7 +141,7 @@ func (c *modelWatch) Stream() (*Transaction, error) {
 func (c *modelWatch) sample() {
 	n := 0
 	for _, book := range c.b.tables {
-		n += len(book.model.elements[mapEndpoints]) + len(book.model.elements[setHairpin])
+		n += len(book.record.elements[mapEndpoints]) + len(book.record.elements[setHairpin])
 	}
 	c.held = append(c.held, n)
 }

@@ -101,8 +101,8 @@ func (s *Set) digest() string {
 // kernel encoding; KeyText its nft spelling.
 //
 // Its size is kept at or under 128 bytes: a Go map holds a larger value
-// out of line, one allocation per element put (a view holds elements by
-// value, and a full sync at 10,000 Services puts 440,000).
+// out of line, one allocation per element put (objects hold elements by
+// value, and a full sync puts hundreds of thousands).
 type Element struct {
 	Key     []byte
 	KeyText string
@@ -144,7 +144,7 @@ func (e *Element) value() string {
 	return ""
 }
 
-// digest identifies the element's value as kp records it in its model of
+// digest identifies the element's value as kp keeps it in its record of
 // the kernel (a hash of value: kp keeps one per element between syncs).
 func (e *Element) digest() uint64 {
 	// FNV-1a of what value spells, without spelling it: diff takes the
@@ -209,8 +209,8 @@ type Transaction struct {
 	stream  opStream
 	spilled int
 	// spare are element lists the batch encoder is done with, for the next
-	// group's diff to fill (elementsFor): a full sync's lists were 25 of
-	// the 159 MB it allocated at 10,000 Services.
+	// group's diff to fill (elementsFor): a full sync's lists were a
+	// good part of what it allocated (test/bench/NOTES.md).
 	spare [][]Element
 }
 

@@ -1,13 +1,12 @@
 package nft
 
-// Set elements are most of a full sync's batch (at 10,000 Services: 100,000
-// endpoint slots, 100,000 hairpin pods, 10,000 service-ips verdicts), and
-// google/nftables builds each one as a slice of netlink attributes, each
-// marshalled into a fresh buffer and copied into its parent's: 44 % of
-// the bytes a full sync allocated, and as much of the garbage collector's
-// work. kp
-// writes their messages itself, straight into one reused buffer, as the
-// same bytes (TestElementMessagesAreGoogleNftablesBytes).
+// Set elements are most of a full sync's batch (ten endpoint slots and
+// hairpin pods for each Service's verdict), and google/nftables builds
+// each one as a slice of netlink attributes, each marshalled into a fresh
+// buffer and copied into its parent's: the largest part of what a full
+// sync allocated (test/bench/NOTES.md). kp writes their messages itself,
+// straight into one reused buffer, as the same bytes
+// (TestElementMessagesAreGoogleNftablesBytes).
 
 import (
 	"encoding/binary"

@@ -1,10 +1,37 @@
 package nft
 
+// An element's key as kp keeps it (keyID: the key's bytes and whether it
+// ends an interval), and its spelling for logs.
+
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 )
+
+// keyID identifies an element in its set: its raw key, after a byte that
+// says whether it is an interval's end.
+func keyID(k []byte, end bool) string {
+	flag := byte(0)
+	if end {
+		flag = 1
+	}
+	return string(append([]byte{flag}, k...))
+}
+
+func keyBytes(id string) []byte { return []byte(id[1:]) }
+
+func isEndKey(id string) bool { return id != "" && id[0] == 1 }
+
+// keyIDText spells a key kp only knows by its bytes (what it read back
+// from the kernel), for logs: hex, "/end" for an interval's end.
+func keyIDText(id string) string {
+	if isEndKey(id) {
+		return hex.EncodeToString(keyBytes(id)) + "/end"
+	}
+	return hex.EncodeToString(keyBytes(id))
+}
 
 // keyTextOf spells the key of an element of one of kp's sets the way nft
 // lists it, from the key's bytes alone: kp keeps only the keys of what it

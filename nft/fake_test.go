@@ -252,14 +252,14 @@ func fakeRefs(t *FakeTable, chain string) string {
 	return ""
 }
 
-func (f *Fake) Read(fam family) (*tableState, error) {
+func (f *Fake) Read(fam family) (*tableRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := f.Tables[fam.name]
 	if t == nil {
 		return nil, nil
 	}
-	st := newTableState()
+	st := newTableRecord()
 	for c := range t.Chains {
 		st.chains[c] = 0
 	}

@@ -5,9 +5,11 @@ import (
 	"sort"
 )
 
-// view is a set of nftables objects: what kp wants (the whole table, or the
-// objects of one service port), keyed for diffing against tableState.
-type view struct {
+// objects is a collection of nftables objects of one table (chains, sets,
+// their elements, named counters), keyed for diff: the desired objects a
+// State renders to (the whole table, or one service port's), or a scope,
+// the objects a diff may delete. diff compares them with the tableRecord.
+type objects struct {
 	chains   map[string]*Chain
 	sets     map[string]*Set
 	elements map[string]map[string]Element // set → keyID → element
@@ -15,26 +17,25 @@ type view struct {
 	// pods are the addresses of a rendered port's endpoints, whose
 	// hairpin elements are counted, not rendered (see hairpins).
 	pods []netip.Addr
-	// spare holds the static sets' element maps of a view reset for its
-	// next use (a full sync's group view, and the view each Service is
+	// spare holds the static sets' element maps of objects reset for
+	// their next use (a full sync's group, and the objects each Service is
 	// rendered into), emptied, for their capacity: growing the maps anew
-	// for each of 40 groups and 10,000 Services was a sixth of a
-	// 10,000-Service cold start's allocations, and so of its garbage
-	// collection, which took most of its CPU.
+	// for every group and Service was a large share of a cold start's
+	// allocations (test/bench/NOTES.md).
 	spare map[string]map[string]Element
 }
 
-func newView() *view {
-	return &view{chains: map[string]*Chain{}, sets: map[string]*Set{}, elements: map[string]map[string]Element{}, counters: map[string]bool{}}
+func newObjects() *objects {
+	return &objects{chains: map[string]*Chain{}, sets: map[string]*Set{}, elements: map[string]map[string]Element{}, counters: map[string]bool{}}
 }
 
-func (v *view) addElement(set string, e Element) { v.putElement(set, keyID(e.Key, e.KeyEnd), e) }
+func (v *objects) addElement(set string, e Element) { v.putElement(set, keyID(e.Key, e.KeyEnd), e) }
 
 // putElement adds e under its keyID k.
-func (v *view) putElement(set, k string, e Element) { v.elementMap(set)[k] = e }
+func (v *objects) putElement(set, k string, e Element) { v.elementMap(set)[k] = e }
 
 // elementMap is set's elements, a spare map or a new one when v has none.
-func (v *view) elementMap(set string) map[string]Element {
+func (v *objects) elementMap(set string) map[string]Element {
 	if m := v.elements[set]; m != nil {
 		return m
 	}
@@ -62,7 +63,7 @@ var staticSetNames = func() map[string]bool {
 
 // reset empties v for its next use, keeping the element maps of the
 // static sets.
-func (v *view) reset() {
+func (v *objects) reset() {
 	clear(v.chains)
 	clear(v.sets)
 	clear(v.counters)
@@ -80,11 +81,11 @@ func (v *view) reset() {
 }
 
 // merge adds o's objects to v.
-func (v *view) merge(o *view) {
+func (v *objects) merge(o *objects) {
 	if o == nil {
 		return
 	}
-	v.mergeObjects(o)
+	v.mergeWithoutElements(o)
 	for s, es := range o.elements {
 		for k, e := range es {
 			v.putElement(s, k, e)
@@ -92,8 +93,8 @@ func (v *view) merge(o *view) {
 	}
 }
 
-// mergeObjects adds o's chains, sets and counters to v, not their elements.
-func (v *view) mergeObjects(o *view) {
+// mergeWithoutElements adds o's chains, sets and counters to v, not their elements.
+func (v *objects) mergeWithoutElements(o *objects) {
 	if o == nil {
 		return
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // googleElementMessages is how google/nftables encodes o (kp's encoding
-// before elemenc.go): the data of each message, one per run of
+// before element_encoding.go): the data of each message, one per run of
 // elementChunkEnd.
 func googleElementMessages(t *testing.T, o *op) [][]byte {
 	t.Helper()
