@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"encoding/json"
@@ -26,7 +26,7 @@ import (
 // ignores or refuses included: a valid upstream file must decode. Names,
 // JSON tags, Go types and field order are upstream's; the one visible
 // difference is that a value of the wrong JSON type for a field of a named
-// type is reported with the mirror's type name (main.ProxyMode where
+// type is reported with the mirror's type name (options.ProxyMode where
 // upstream says v1alpha1.ProxyMode).
 //
 // The tests in kubeproxyconfig_test.go, which may import upstream's package,

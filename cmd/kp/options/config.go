@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"errors"
@@ -74,7 +74,7 @@ func loadConfigFile(path string) (*fileConfig, error) {
 // apply merges the file into s (which holds defaults and the resolved mode).
 // Zero values mean "default", as upstream's defaulting treats them. Every
 // problem is reported, not just the first, so one edit fixes the file.
-func (f *fileConfig) apply(s *settings) []error {
+func (f *fileConfig) apply(s *Settings) []error {
 	kc := &f.kc
 	var errs []error
 	unsupported := func(field, hint string) {
@@ -84,7 +84,7 @@ func (f *fileConfig) apply(s *settings) []error {
 		errs = append(errs, fmt.Errorf("--config %s: %s %q: %w", f.path, field, fmt.Sprint(value), err))
 	}
 	ignore := func(field, reason string) {
-		s.ignored = append(s.ignored, ignoredSetting{name: field + " in " + f.path, reason: reason})
+		s.Ignored = append(s.Ignored, IgnoredSetting{Name: field + " in " + f.path, Reason: reason})
 	}
 
 	for _, name := range slices.Sorted(maps.Keys(kc.FeatureGates)) {
@@ -95,7 +95,7 @@ func (f *fileConfig) apply(s *settings) []error {
 
 	cc := kc.ClientConnection
 	if cc.Kubeconfig != "" {
-		s.cfg.Kubeconfig = cc.Kubeconfig
+		s.Config.Kubeconfig = cc.Kubeconfig
 	}
 	if cc.QPS != 0 || cc.Burst != 0 || cc.ContentType != "" || cc.AcceptContentTypes != "" {
 		ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
@@ -104,17 +104,17 @@ func (f *fileConfig) apply(s *settings) []error {
 	switch kc.Logging.Format {
 	case "":
 	case "text", "json":
-		s.log.format = kc.Logging.Format
+		s.Log.format = kc.Logging.Format
 	default:
 		invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
 	}
-	s.log.verbosity = int(kc.Logging.Verbosity)
+	s.Log.verbosity = int(kc.Logging.Verbosity)
 	if len(kc.Logging.VModule) > 0 {
 		ignore("logging.vmodule", "kp's logs have one verbosity")
 	}
 
 	if kc.HostnameOverride != "" {
-		s.cfg.HostnameOverride = kc.HostnameOverride
+		s.Config.HostnameOverride = kc.HostnameOverride
 	}
 	if v6, err := checkBindAddressIP(kc.BindAddress); err != nil {
 		invalid("bindAddress", kc.BindAddress, err)
@@ -125,8 +125,8 @@ func (f *fileConfig) apply(s *settings) []error {
 		field, value string
 		dst          *string
 	}{
-		{"healthzBindAddress", kc.HealthzBindAddress, &s.cfg.HealthzBindAddress},
-		{"metricsBindAddress", kc.MetricsBindAddress, &s.cfg.MetricsBindAddress},
+		{"healthzBindAddress", kc.HealthzBindAddress, &s.Config.HealthzBindAddress},
+		{"metricsBindAddress", kc.MetricsBindAddress, &s.Config.MetricsBindAddress},
 	} {
 		if a.value == "" {
 			continue
@@ -140,7 +140,7 @@ func (f *fileConfig) apply(s *settings) []error {
 		ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
 	}
 	if kc.EnableProfiling {
-		s.cfg.Profiling = true
+		s.Config.Profiling = true
 	}
 	if kc.ShowHiddenMetricsForVersion != "" {
 		ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
@@ -150,7 +150,7 @@ func (f *fileConfig) apply(s *settings) []error {
 	// mode in use; the other sections are ignored.
 	mode := modeSection{name: "nftables", masqueradeBit: kc.NFTables.MasqueradeBit, masqueradeAll: kc.NFTables.MasqueradeAll,
 		syncPeriod: kc.NFTables.SyncPeriod, minSyncPeriod: kc.NFTables.MinSyncPeriod}
-	switch s.cfg.Mode {
+	switch s.Config.Mode {
 	case proxy.ModeIPTables, proxy.ModeUserspace:
 		mode = modeSection{name: "iptables", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
 			syncPeriod: kc.IPTables.SyncPeriod, minSyncPeriod: kc.IPTables.MinSyncPeriod}
@@ -161,7 +161,7 @@ func (f *fileConfig) apply(s *settings) []error {
 	}
 	errs = append(errs, mode.apply(f.path, s)...)
 	if v := kc.IPTables.LocalhostNodePorts; v != nil {
-		s.cfg.LocalhostNodePorts = *v
+		s.Config.LocalhostNodePorts = *v
 	}
 
 	for _, err := range applyIPVSSection(kc.IPVS, s) {
@@ -190,14 +190,14 @@ func (f *fileConfig) apply(s *settings) []error {
 		if err != nil {
 			invalid("clusterCIDR", kc.ClusterCIDR, err)
 		}
-		s.cfg.ClusterCIDRs = cidrs
+		s.Config.ClusterCIDRs = cidrs
 	}
 	if len(kc.NodePortAddresses) > 0 {
 		cidrs, primary, err := parseNodePortAddresses(kc.NodePortAddresses)
 		if err != nil {
 			invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
 		}
-		s.cfg.NodePortAddresses, s.cfg.NodePortPrimary = cidrs, primary
+		s.Config.NodePortAddresses, s.Config.NodePortPrimary = cidrs, primary
 	}
 
 	if kc.OOMScoreAdj != nil {
@@ -211,7 +211,7 @@ func (f *fileConfig) apply(s *settings) []error {
 		if err := checkDuration(d, false); err != nil {
 			invalid("configSyncPeriod", d, err)
 		}
-		s.cfg.ConfigSyncPeriod = d
+		s.Config.ConfigSyncPeriod = d
 	}
 	return errs
 }
@@ -225,7 +225,7 @@ type modeSection struct {
 	syncPeriod, minSyncPeriod metav1.Duration
 }
 
-func (m modeSection) apply(path string, s *settings) []error {
+func (m modeSection) apply(path string, s *Settings) []error {
 	var errs []error
 	invalid := func(field string, value any, err error) {
 		errs = append(errs, fmt.Errorf("--config %s: %s.%s %q: %w", path, m.name, field, fmt.Sprint(value), err))
@@ -234,18 +234,18 @@ func (m modeSection) apply(path string, s *settings) []error {
 		if err := checkMasqueradeBit(*m.masqueradeBit); err != nil {
 			invalid("masqueradeBit", *m.masqueradeBit, err)
 		}
-		s.cfg.MasqueradeBit = int(*m.masqueradeBit)
+		s.Config.MasqueradeBit = int(*m.masqueradeBit)
 	}
 	if m.masqueradeAll {
-		s.cfg.MasqueradeAll = true
+		s.Config.MasqueradeAll = true
 	}
 	for _, d := range []struct {
 		field string
 		value time.Duration
 		dst   *time.Duration
 	}{
-		{"syncPeriod", m.syncPeriod.Duration, &s.cfg.SyncPeriod},
-		{"minSyncPeriod", m.minSyncPeriod.Duration, &s.cfg.MinSyncPeriod},
+		{"syncPeriod", m.syncPeriod.Duration, &s.Config.SyncPeriod},
+		{"minSyncPeriod", m.minSyncPeriod.Duration, &s.Config.MinSyncPeriod},
 	} {
 		// 0 is "unset": upstream's defaulting replaces it too.
 		if d.value == 0 {
