@@ -75,49 +75,94 @@ func loadConfigFile(path string) (*fileConfig, error) {
 // Zero values mean "default", as upstream's defaulting treats them. Every
 // problem is reported, not just the first, so one edit fixes the file.
 func (f *fileConfig) apply(s *Settings) []error {
-	kc := &f.kc
-	var errs []error
-	unsupported := func(field, hint string) {
-		errs = append(errs, fmt.Errorf("--config %s: field %s is not supported by kp%s", f.path, field, hint))
+	m := &fileMerge{path: f.path, s: s}
+	for _, section := range fileSections {
+		section(m, &f.kc)
 	}
-	invalid := func(field string, value any, err error) {
-		errs = append(errs, fmt.Errorf("--config %s: %s %q: %w", f.path, field, fmt.Sprint(value), err))
-	}
-	ignore := func(field, reason string) {
-		s.Ignored = append(s.Ignored, IgnoredSetting{Name: field + " in " + f.path, Reason: reason})
-	}
+	return m.errs
+}
 
+// fileSections merge the file's parts into the settings, in the order their
+// problems are reported and their ignored settings logged.
+var fileSections = []func(*fileMerge, *KubeProxyConfiguration){
+	(*fileMerge).featureGates,
+	(*fileMerge).clientConnection,
+	(*fileMerge).logging,
+	(*fileMerge).servers,
+	(*fileMerge).modeSections,
+	(*fileMerge).unsupportedFields,
+	(*fileMerge).networks,
+	(*fileMerge).conntrack,
+	(*fileMerge).configSyncPeriod,
+}
+
+// fileMerge is one merge of a file into s: the problems found, and the
+// wording of each kind.
+type fileMerge struct {
+	path string
+	s    *Settings
+	errs []error
+}
+
+func (m *fileMerge) unsupported(field, hint string) {
+	m.errs = append(m.errs, fmt.Errorf("--config %s: field %s is not supported by kp%s", m.path, field, hint))
+}
+
+func (m *fileMerge) invalid(field string, value any, err error) {
+	m.errs = append(m.errs, fmt.Errorf("--config %s: %s %q: %w", m.path, field, fmt.Sprint(value), err))
+}
+
+func (m *fileMerge) ignore(field, reason string) {
+	m.s.Ignored = append(m.s.Ignored, IgnoredSetting{Name: field + " in " + m.path, Reason: reason})
+}
+
+// sectionErrors adds the errors of a section's own check, naming the file.
+func (m *fileMerge) sectionErrors(errs []error) {
+	for _, err := range errs {
+		m.errs = append(m.errs, fmt.Errorf("--config %s: %w", m.path, err))
+	}
+}
+
+func (m *fileMerge) featureGates(kc *KubeProxyConfiguration) {
 	for _, name := range slices.Sorted(maps.Keys(kc.FeatureGates)) {
 		if err := checkFeatureGate(name, kc.FeatureGates[name]); err != nil {
-			unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
+			m.unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
 		}
 	}
+}
 
+func (m *fileMerge) clientConnection(kc *KubeProxyConfiguration) {
 	cc := kc.ClientConnection
 	if cc.Kubeconfig != "" {
-		s.Config.Kubeconfig = cc.Kubeconfig
+		m.s.Config.Kubeconfig = cc.Kubeconfig
 	}
 	if cc.QPS != 0 || cc.Burst != 0 || cc.ContentType != "" || cc.AcceptContentTypes != "" {
-		ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
+		m.ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
 	}
+}
 
+func (m *fileMerge) logging(kc *KubeProxyConfiguration) {
 	switch kc.Logging.Format {
 	case "":
 	case "text", "json":
-		s.Log.format = kc.Logging.Format
+		m.s.Log.format = kc.Logging.Format
 	default:
-		invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
+		m.invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
 	}
-	s.Log.verbosity = int(kc.Logging.Verbosity)
+	m.s.Log.verbosity = int(kc.Logging.Verbosity)
 	if len(kc.Logging.VModule) > 0 {
-		ignore("logging.vmodule", "kp's logs have one verbosity")
+		m.ignore("logging.vmodule", "kp's logs have one verbosity")
 	}
+}
 
+// servers reads the node's name and what kp's servers bind to.
+func (m *fileMerge) servers(kc *KubeProxyConfiguration) {
+	s := m.s
 	if kc.HostnameOverride != "" {
 		s.Config.HostnameOverride = kc.HostnameOverride
 	}
 	if v6, err := checkBindAddressIP(kc.BindAddress); err != nil {
-		invalid("bindAddress", kc.BindAddress, err)
+		m.invalid("bindAddress", kc.BindAddress, err)
 	} else {
 		s.bindAddressV6 = v6
 	}
@@ -132,20 +177,25 @@ func (f *fileConfig) apply(s *Settings) []error {
 			continue
 		}
 		if err := checkBindAddress(a.value); err != nil {
-			invalid(a.field, a.value, err)
+			m.invalid(a.field, a.value, err)
 		}
 		*a.dst = a.value
 	}
 	if kc.BindAddressHardFail {
-		ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
+		m.ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
 	}
 	if kc.EnableProfiling {
 		s.Config.Profiling = true
 	}
 	if kc.ShowHiddenMetricsForVersion != "" {
-		ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
+		m.ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
 	}
+}
 
+// modeSections reads the sections of the modes: the masquerade and sync
+// settings from the mode in use's, the rest from their own.
+func (m *fileMerge) modeSections(kc *KubeProxyConfiguration) {
+	s := m.s
 	// Upstream reads the masquerade and sync settings from the section of the
 	// mode in use; the other sections are ignored.
 	mode := modeSection{name: "nftables", masqueradeBit: kc.NFTables.MasqueradeBit, masqueradeAll: kc.NFTables.MasqueradeAll,
@@ -159,14 +209,16 @@ func (f *fileConfig) apply(s *Settings) []error {
 		mode = modeSection{name: "ipvs", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
 			syncPeriod: kc.IPVS.SyncPeriod, minSyncPeriod: kc.IPVS.MinSyncPeriod}
 	}
-	errs = append(errs, mode.apply(f.path, s)...)
+	m.errs = append(m.errs, mode.apply(m.path, s)...)
 	if v := kc.IPTables.LocalhostNodePorts; v != nil {
 		s.Config.LocalhostNodePorts = *v
 	}
+	m.sectionErrors(applyIPVSSection(kc.IPVS, s))
+}
 
-	for _, err := range applyIPVSSection(kc.IPVS, s) {
-		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
-	}
+// unsupportedFields refuses the Windows and local-traffic settings kp does not
+// implement.
+func (m *fileMerge) unsupportedFields(kc *KubeProxyConfiguration) {
 	for _, u := range []struct {
 		field string
 		set   bool
@@ -178,42 +230,48 @@ func (f *fileConfig) apply(s *Settings) []error {
 		{"detectLocal.interfaceNamePrefix", kc.DetectLocal.InterfaceNamePrefix != ""},
 	} {
 		if u.set {
-			unsupported(u.field, "; remove it or leave it empty")
+			m.unsupported(u.field, "; remove it or leave it empty")
 		}
 	}
 	if err := checkDetectLocalMode(string(kc.DetectLocalMode)); err != nil {
-		unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
+		m.unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
 	}
+}
 
+// networks reads the pods' CIDRs and the addresses NodePorts answer on.
+func (m *fileMerge) networks(kc *KubeProxyConfiguration) {
 	if kc.ClusterCIDR != "" {
 		cidrs, err := parseClusterCIDRs(kc.ClusterCIDR)
 		if err != nil {
-			invalid("clusterCIDR", kc.ClusterCIDR, err)
+			m.invalid("clusterCIDR", kc.ClusterCIDR, err)
 		}
-		s.Config.ClusterCIDRs = cidrs
+		m.s.Config.ClusterCIDRs = cidrs
 	}
 	if len(kc.NodePortAddresses) > 0 {
 		cidrs, primary, err := parseNodePortAddresses(kc.NodePortAddresses)
 		if err != nil {
-			invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
+			m.invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
 		}
-		s.Config.NodePortAddresses, s.Config.NodePortPrimary = cidrs, primary
+		m.s.Config.NodePortAddresses, m.s.Config.NodePortPrimary = cidrs, primary
 	}
+}
 
+// conntrack reads the node tuning: the conntrack section, and the OOM score
+// kp leaves alone.
+func (m *fileMerge) conntrack(kc *KubeProxyConfiguration) {
 	if kc.OOMScoreAdj != nil {
-		ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
+		m.ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
 	}
-	for _, err := range applyConntrackSection(kc.Conntrack, s) {
-		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
-	}
+	m.sectionErrors(applyConntrackSection(kc.Conntrack, m.s))
+}
 
+func (m *fileMerge) configSyncPeriod(kc *KubeProxyConfiguration) {
 	if d := kc.ConfigSyncPeriod.Duration; d != 0 {
 		if err := checkDuration(d, false); err != nil {
-			invalid("configSyncPeriod", d, err)
+			m.invalid("configSyncPeriod", d, err)
 		}
-		s.Config.ConfigSyncPeriod = d
+		m.s.Config.ConfigSyncPeriod = d
 	}
-	return errs
 }
 
 // modeSection is the part of one mode's section (nftables, iptables, ipvs)
