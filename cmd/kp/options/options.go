@@ -127,115 +127,147 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.compat.addFlags(fs)
 }
 
-// apply overrides s with every flag set on the command line.
+// apply overrides s with every flag set on the command line. Every problem
+// is reported, in the order of the sections below.
 func (o *Options) apply(fs *pflag.FlagSet, logFlags LogOptions, s *Settings) []error {
-	var errs []error
-	changed := fs.Changed
-	fail := func(flag, value string, err error) {
-		errs = append(errs, fmt.Errorf("--%s %q: %w", flag, value, err))
+	m := &flagMerge{changed: fs.Changed, s: s}
+	o.applySource(m)
+	o.applyNetworks(m)
+	o.applyDurations(m)
+	o.applyServers(m)
+	if m.changed("log-format") || m.changed("logging-format") {
+		s.Log.format = logFlags.format
+	}
+	if m.changed("v") {
+		s.Log.verbosity = logFlags.verbosity
 	}
 
-	if changed("kubeconfig") {
-		s.Config.Kubeconfig = o.kubeconfig
+	errs := m.errs
+	errs = append(errs, o.ipvs.apply(fs, s)...)
+	errs = append(errs, o.conntrack.apply(fs, s)...)
+	errs = append(errs, o.userspace.apply(fs, s)...)
+	errs = append(errs, o.compat.apply(fs, s)...)
+	return errs
+}
+
+// flagMerge is one merge of the flags set on the command line into s, and
+// the problems found.
+type flagMerge struct {
+	changed func(name string) bool
+	s       *Settings
+	errs    []error
+}
+
+func (m *flagMerge) fail(flag, value string, err error) {
+	m.errs = append(m.errs, fmt.Errorf("--%s %q: %w", flag, value, err))
+}
+
+// applySource sets where Services come from and the node's name.
+func (o *Options) applySource(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("kubeconfig") {
+		c.Kubeconfig = o.kubeconfig
 	}
-	if changed("master") {
-		s.Config.Master = o.master
+	if m.changed("master") {
+		c.Master = o.master
 	}
-	if changed("manifests") {
-		s.Config.ManifestsDir = o.manifests
+	if m.changed("manifests") {
+		c.ManifestsDir = o.manifests
 	}
-	if changed("hostname-override") {
-		s.Config.HostnameOverride = o.hostnameOverride
+	if m.changed("hostname-override") {
+		c.HostnameOverride = o.hostnameOverride
 	}
-	if changed("cluster-cidr") {
+}
+
+// applyNetworks sets the CIDRs, the masquerade settings and the iptables
+// mode's own.
+func (o *Options) applyNetworks(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("cluster-cidr") {
 		cidrs, err := parseClusterCIDRs(o.clusterCIDR)
 		if err != nil {
-			fail("cluster-cidr", o.clusterCIDR, err)
+			m.fail("cluster-cidr", o.clusterCIDR, err)
 		}
-		s.Config.ClusterCIDRs = cidrs
+		c.ClusterCIDRs = cidrs
 	}
-	if changed("nodeport-addresses") {
+	if m.changed("nodeport-addresses") {
 		cidrs, primary, err := parseNodePortAddresses(o.nodePortAddresses)
 		if err != nil {
-			fail("nodeport-addresses", strings.Join(o.nodePortAddresses, ","), err)
+			m.fail("nodeport-addresses", strings.Join(o.nodePortAddresses, ","), err)
 		}
-		s.Config.NodePortAddresses, s.Config.NodePortPrimary = cidrs, primary
+		c.NodePortAddresses, c.NodePortPrimary = cidrs, primary
 	}
-	if changed("service-cidrs") {
+	if m.changed("service-cidrs") {
 		cidrs, err := parseServiceCIDRs(o.serviceCIDRs)
 		if err != nil {
-			fail("service-cidrs", o.serviceCIDRs, err)
+			m.fail("service-cidrs", o.serviceCIDRs, err)
 		}
-		s.Config.ServiceCIDRs = cidrs
+		c.ServiceCIDRs = cidrs
 	}
-	if changed("masquerade-all") {
-		s.Config.MasqueradeAll = o.masqueradeAll
+	if m.changed("masquerade-all") {
+		c.MasqueradeAll = o.masqueradeAll
 	}
-	if changed("iptables-backend") {
+	if m.changed("iptables-backend") {
 		if _, err := iptables.ParseFlavor(o.iptablesBackend); err != nil {
-			fail("iptables-backend", o.iptablesBackend, errors.New("want auto, nft or legacy"))
+			m.fail("iptables-backend", o.iptablesBackend, errors.New("want auto, nft or legacy"))
 		}
-		s.Config.IPTablesBackend = o.iptablesBackend
+		c.IPTablesBackend = o.iptablesBackend
 	}
-	if changed("iptables-localhost-nodeports") {
-		s.Config.LocalhostNodePorts = o.iptablesLocalhostNodePorts
+	if m.changed("iptables-localhost-nodeports") {
+		c.LocalhostNodePorts = o.iptablesLocalhostNodePorts
 	}
-	if changed("iptables-masquerade-bit") {
+	if m.changed("iptables-masquerade-bit") {
 		if err := checkMasqueradeBit(o.masqueradeBit); err != nil {
-			fail("iptables-masquerade-bit", strconv.Itoa(int(o.masqueradeBit)), err)
+			m.fail("iptables-masquerade-bit", strconv.Itoa(int(o.masqueradeBit)), err)
 		}
-		s.Config.MasqueradeBit = int(o.masqueradeBit)
+		c.MasqueradeBit = int(o.masqueradeBit)
 	}
+}
 
+// applyDurations sets the sync periods, from their current names or, when
+// those are not set, upstream's older ones.
+func (o *Options) applyDurations(m *flagMerge) {
+	c := &m.s.Config
 	durations := []struct {
 		flags []string // the current name first, then upstream's older one
 		vals  []time.Duration
 		dst   *time.Duration
 		zero  bool // whether 0 is allowed
 	}{
-		{[]string{"sync-period", "iptables-sync-period"}, []time.Duration{o.syncPeriod, o.iptablesSyncPeriod}, &s.Config.SyncPeriod, false},
-		{[]string{"min-sync-period", "iptables-min-sync-period"}, []time.Duration{o.minSyncPeriod, o.iptablesMinSyncPeriod}, &s.Config.MinSyncPeriod, true},
-		{[]string{"config-sync-period"}, []time.Duration{o.configSyncPeriod}, &s.Config.ConfigSyncPeriod, false},
+		{[]string{"sync-period", "iptables-sync-period"}, []time.Duration{o.syncPeriod, o.iptablesSyncPeriod}, &c.SyncPeriod, false},
+		{[]string{"min-sync-period", "iptables-min-sync-period"}, []time.Duration{o.minSyncPeriod, o.iptablesMinSyncPeriod}, &c.MinSyncPeriod, true},
+		{[]string{"config-sync-period"}, []time.Duration{o.configSyncPeriod}, &c.ConfigSyncPeriod, false},
 	}
 	for _, d := range durations {
 		for i, name := range d.flags {
-			if !changed(name) {
+			if !m.changed(name) {
 				continue
 			}
 			if err := checkDuration(d.vals[i], d.zero); err != nil {
-				fail(name, d.vals[i].String(), err)
+				m.fail(name, d.vals[i].String(), err)
 			}
 			*d.dst = d.vals[i]
 			break
 		}
 	}
+}
 
-	if changed("metrics-bind-address") {
+// applyServers sets the metrics and health check servers.
+func (o *Options) applyServers(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("metrics-bind-address") {
 		if err := checkBindAddress(o.metricsBindAddress); err != nil {
-			fail("metrics-bind-address", o.metricsBindAddress, err)
+			m.fail("metrics-bind-address", o.metricsBindAddress, err)
 		}
-		s.Config.MetricsBindAddress = o.metricsBindAddress
+		c.MetricsBindAddress = o.metricsBindAddress
 	}
-	if changed("profiling") {
-		s.Config.Profiling = o.profiling
+	if m.changed("profiling") {
+		c.Profiling = o.profiling
 	}
-	if changed("healthz-bind-address") {
+	if m.changed("healthz-bind-address") {
 		if err := checkBindAddress(o.healthzBindAddress); err != nil {
-			fail("healthz-bind-address", o.healthzBindAddress, err)
+			m.fail("healthz-bind-address", o.healthzBindAddress, err)
 		}
-		s.Config.HealthzBindAddress = o.healthzBindAddress
+		c.HealthzBindAddress = o.healthzBindAddress
 	}
-
-	if changed("log-format") || changed("logging-format") {
-		s.Log.format = logFlags.format
-	}
-	if changed("v") {
-		s.Log.verbosity = logFlags.verbosity
-	}
-
-	errs = append(errs, o.ipvs.apply(fs, s)...)
-	errs = append(errs, o.conntrack.apply(fs, s)...)
-	errs = append(errs, o.userspace.apply(fs, s)...)
-	errs = append(errs, o.compat.apply(fs, s)...)
-	return errs
 }
