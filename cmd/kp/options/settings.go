@@ -24,8 +24,8 @@ type Settings struct {
 	ModeFrom string
 	// ForMode is set when the mode is auto: the settings again with the
 	// mode forced to m (each mode reads its own section of the config
-	// file and has its own defaults), for choosing the mode (cmd/kp's
-	// startBackend).
+	// file and has its own defaults), for choosing the mode and for
+	// switching to another (cmd/kp's startBackend and settingsFor).
 	ForMode func(m proxy.Mode) (Settings, error)
 	// bindAddressV6 is an IPv6 unspecified --bind-address, which moves the
 	// default server addresses to IPv6 as upstream does.
