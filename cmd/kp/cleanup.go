@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -25,8 +26,8 @@ remove. Run it after uninstalling kp, or before switching the node to another pr
   ip netns exec node-1 kp cleanup -v 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s := defaultSettings()
-			return a.cleanup(cmd.Context(), s.cfg)
+			s := options.DefaultSettings()
+			return a.cleanup(cmd.Context(), s.Config)
 		},
 	}
 }
@@ -36,7 +37,7 @@ remove. Run it after uninstalling kp, or before switching the node to another pr
 func (a *app) cleanup(ctx context.Context, cfg proxy.Config) error {
 	var errs []error
 	var cleaned []proxy.Mode
-	for _, m := range modes {
+	for _, m := range options.Modes {
 		if _, ok := a.backends[m]; !ok {
 			continue
 		}

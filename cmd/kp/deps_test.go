@@ -17,7 +17,7 @@ import (
 //     ~0.5 MiB (VmHWM 25.8 → 25.2 MiB), through the k8s.io/component-base
 //     it links (logs api, featuregate, metrics and legacyregistry, which
 //     registers Prometheus collectors at init) and OpenTelemetry. kp decodes
-//     into its own mirror (kubeproxyconfig.go).
+//     into its own mirror (options/kubeproxyconfig.go).
 //
 // Tests may import them; the binary must not.
 var unwantedInBinary = []struct {
@@ -26,7 +26,7 @@ var unwantedInBinary = []struct {
 	why     string
 }{
 	{"k8s.io/client-go/kubernetes", true, "the clientset (~8 MiB RSS); use internal/kubeclient"},
-	{"k8s.io/kube-proxy/config/v1alpha1", false, "upstream's config types (~0.5 MiB RSS with component-base); use KubeProxyConfiguration in kubeproxyconfig.go"},
+	{"k8s.io/kube-proxy/config/v1alpha1", false, "upstream's config types (~0.5 MiB RSS with component-base); use KubeProxyConfiguration in cmd/kp/options/kubeproxyconfig.go"},
 	{"k8s.io/component-base", true, "component-base (metrics, featuregate, logs: most of upstream's config types' ~0.5 MiB RSS)"},
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/legacy/iptables"
@@ -59,7 +60,7 @@ type app struct {
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner
 
-	logOpts logOptions // bound to the root's persistent flags
+	logOpts options.LogOptions // bound to the root's persistent flags
 	log     *slog.Logger
 }
 
@@ -88,7 +89,7 @@ func newApp(stdout, stderr io.Writer) *app {
 		},
 		newKubeClient: source.NewKubeClient,
 		runProxy:      server.Run,
-		logOpts:       defaultLogOptions(),
+		logOpts:       options.DefaultLogOptions(),
 	}
 }
 
@@ -144,7 +145,7 @@ DaemonSet can run kp with its arguments unchanged.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(a.stderr, a.logOpts)
+			log, err := options.NewLogger(a.stderr, a.logOpts)
 			if err != nil {
 				return err
 			}
@@ -158,7 +159,7 @@ DaemonSet can run kp with its arguments unchanged.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())
 	})
-	a.logOpts.addFlags(root.PersistentFlags())
+	a.logOpts.AddFlags(root.PersistentFlags())
 
 	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
 	return root

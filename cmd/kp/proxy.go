@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/migrate"
@@ -17,7 +18,7 @@ import (
 )
 
 func newProxyCommand(a *app) *cobra.Command {
-	o := &proxyOptions{}
+	o := &options.Options{}
 	cmd := &cobra.Command{
 		Use:   "proxy",
 		Short: "Run the node proxy (kube-proxy's flags and config file)",
@@ -33,7 +34,7 @@ settings that only tune the process (OOM score, API client rates) are accepted
 and logged as ignored. The --conntrack-* settings are applied at start, as
 upstream applies them (kp sysctl applies them alone).
 
-` + wrap(ignoredFlagsHelp(), 84),
+` + wrap(options.IgnoredFlagsHelp(), 84),
 		Example: `  # In a kube-proxy DaemonSet: same arguments
   kp proxy --config /var/lib/kube-proxy/config.conf --hostname-override "$NODE_NAME"
 
@@ -54,20 +55,20 @@ upstream applies them (kp sysctl applies them alone).
 			if err != nil {
 				return err
 			}
-			if o.cleanup {
-				return a.cleanup(cmd.Context(), s.cfg)
+			if o.Cleanup {
+				return a.cleanup(cmd.Context(), s.Config)
 			}
 			return a.proxy(cmd.Context(), s)
 		},
 	}
-	o.addFlags(cmd.Flags())
+	o.AddFlags(cmd.Flags())
 	return cmd
 }
 
 // settings resolves the command's flags and config file, then uses them
 // (useSettings): what kp proxy and kp sysctl start with.
-func (a *app) settings(cmd *cobra.Command, o *proxyOptions) (settings, error) {
-	s, err := o.settings(cmd.Flags(), a.logOpts, a.hostname)
+func (a *app) settings(cmd *cobra.Command, o *options.Options) (options.Settings, error) {
+	s, err := o.Resolve(cmd.Flags(), a.logOpts, a.hostname)
 	if err != nil {
 		return s, err
 	}
@@ -76,25 +77,25 @@ func (a *app) settings(cmd *cobra.Command, o *proxyOptions) (settings, error) {
 
 // useSettings rebuilds the logger if the config file changed logging, then
 // logs what kp accepted but ignores.
-func (a *app) useSettings(s settings) error {
-	if s.log != a.logOpts {
-		log, err := newLogger(a.stderr, s.log)
+func (a *app) useSettings(s options.Settings) error {
+	if s.Log != a.logOpts {
+		log, err := options.NewLogger(a.stderr, s.Log)
 		if err != nil {
 			return err
 		}
 		a.log = log
 	}
-	for _, ig := range s.ignored {
-		a.log.Info("ignoring kube-proxy setting", "setting", ig.name, "reason", ig.reason)
+	for _, ig := range s.Ignored {
+		a.log.Info("ignoring kube-proxy setting", "setting", ig.Name, "reason", ig.Reason)
 	}
 	return nil
 }
 
 // proxy runs the proxy until ctx ends.
-func (a *app) proxy(ctx context.Context, s settings) error {
+func (a *app) proxy(ctx context.Context, s options.Settings) error {
 	// The source first: it does not depend on the mode, and a missing one
 	// is the first thing to fix.
-	sources, client, err := a.sources(s.cfg)
+	sources, client, err := a.sources(s.Config)
 	if err != nil {
 		return err
 	}
@@ -102,7 +103,7 @@ func (a *app) proxy(ctx context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
-	cfg := s.cfg
+	cfg := s.Config
 
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
@@ -15,14 +16,14 @@ import (
 // everything but the running mode's rules after the first sync and after
 // each switch (migrate.TakeOver), and keeps the conntrack cleaner in step
 // with the mode.
-func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.SyncObserver) *migrate.Switcher {
+func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []proxy.SyncObserver) *migrate.Switcher {
 	var cleaner *conntrack.Cleaner
 	for _, o := range observers {
 		if c, ok := o.(*conntrack.Cleaner); ok {
 			cleaner = c
 		}
 	}
-	cfg := s.cfg
+	cfg := s.Config
 	return migrate.NewSwitcher(migrate.SwitcherConfig{
 		Initial:       backend,
 		InitialTarget: proxy.TargetOf(backend),
@@ -66,17 +67,17 @@ func (a *app) switcher(s settings, backend proxy.Backend, observers []proxy.Sync
 // settingsFor is s for target t: the mode's own section of the config file
 // and defaults when the mode was auto, else s with the mode (and iptables
 // flavor) replaced.
-func (a *app) settingsFor(s settings, t proxy.Target) (settings, error) {
+func (a *app) settingsFor(s options.Settings, t proxy.Target) (options.Settings, error) {
 	out := s
-	if s.forMode != nil {
+	if s.ForMode != nil {
 		var err error
-		if out, err = s.forMode(t.Mode); err != nil {
+		if out, err = s.ForMode(t.Mode); err != nil {
 			return s, fmt.Errorf("settings for %s mode: %w", t.Mode, err)
 		}
 	}
-	out.cfg.Mode, out.modeFrom = t.Mode, "kp migrate --to "+t.String()
+	out.Config.Mode, out.ModeFrom = t.Mode, "kp migrate --to "+t.String()
 	if t.IPTablesBackend != "" {
-		out.cfg.IPTablesBackend = t.IPTablesBackend
+		out.Config.IPTablesBackend = t.IPTablesBackend
 	}
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"errors"
@@ -49,7 +49,7 @@ func (u *userspaceOptions) addFlags(fs *pflag.FlagSet) {
 			"for this long. Must be greater than 0.")
 }
 
-func (u *userspaceOptions) apply(fs *pflag.FlagSet, s *settings) []error {
+func (u *userspaceOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 	var errs []error
 	fail := func(flag, value string, err error) {
 		errs = append(errs, fmt.Errorf("--%s %q: %w", flag, value, err))
@@ -59,25 +59,25 @@ func (u *userspaceOptions) apply(fs *pflag.FlagSet, s *settings) []error {
 		if err != nil {
 			fail("userspace-redirect", u.redirect, errors.New("want auto, nftables or iptables"))
 		}
-		s.cfg.UserspaceRedirect = r
+		s.Config.UserspaceRedirect = r
 	}
 	if fs.Changed("userspace-max-connections") {
 		if u.maxConnections < 0 {
 			fail("userspace-max-connections", strconv.Itoa(u.maxConnections), errors.New("must not be negative"))
 		}
-		s.cfg.UserspaceMaxConnections = u.maxConnections
+		s.Config.UserspaceMaxConnections = u.maxConnections
 	}
 	if fs.Changed("userspace-tcp-idle-timeout") {
 		if err := checkDuration(u.tcpIdleTimeout, true); err != nil {
 			fail("userspace-tcp-idle-timeout", u.tcpIdleTimeout.String(), err)
 		}
-		s.cfg.UserspaceTCPIdleTimeout = u.tcpIdleTimeout
+		s.Config.UserspaceTCPIdleTimeout = u.tcpIdleTimeout
 	}
 	if fs.Changed("userspace-udp-idle-timeout") {
 		if err := checkDuration(u.udpIdleTimeout, false); err != nil {
 			fail("userspace-udp-idle-timeout", u.udpIdleTimeout.String(), err)
 		}
-		s.cfg.UserspaceUDPIdleTimeout = u.udpIdleTimeout
+		s.Config.UserspaceUDPIdleTimeout = u.udpIdleTimeout
 	}
 	return errs
 }

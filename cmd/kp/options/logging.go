@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"flag"
@@ -11,16 +11,18 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// logOptions are the logging flags every command shares. The KubeProxyConfiguration
+// LogOptions are the logging flags every command shares. The KubeProxyConfiguration
 // file's logging section can set them too (flags win).
-type logOptions struct {
+type LogOptions struct {
 	format    string // text or json
 	verbosity int    // klog-style -v
 }
 
-func defaultLogOptions() logOptions { return logOptions{format: "text"} }
+// DefaultLogOptions are text at verbosity 0.
+func DefaultLogOptions() LogOptions { return LogOptions{format: "text"} }
 
-func (o *logOptions) addFlags(fs *pflag.FlagSet) {
+// AddFlags binds the logging flags to o.
+func (o *LogOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.format, "log-format", o.format, "Log format: text or json.")
 	// Upstream's name for the same thing, so a kube-proxy DaemonSet's
 	// --logging-format=json keeps working.
@@ -34,14 +36,14 @@ func (o *logOptions) addFlags(fs *pflag.FlagSet) {
 // logLevel maps klog verbosity onto slog: klog's V(n) arrives through logr as
 // slog.Level(-n), so -v n must let levels down to -n through. kp's own Debug
 // (-4) therefore shows from -v 4.
-func (o logOptions) logLevel() slog.Level {
+func (o LogOptions) logLevel() slog.Level {
 	if o.verbosity <= 0 {
 		return slog.LevelInfo
 	}
 	return slog.Level(-o.verbosity)
 }
 
-func (o logOptions) validate() error {
+func (o LogOptions) validate() error {
 	switch o.format {
 	case "text", "json":
 	default:
@@ -53,9 +55,9 @@ func (o logOptions) validate() error {
 	return nil
 }
 
-// newLogger builds kp's logger writing to w and routes klog (client-go's
+// NewLogger builds kp's logger writing to w and routes klog (client-go's
 // logging) into it, so one process writes one log format.
-func newLogger(w io.Writer, o logOptions) (*slog.Logger, error) {
+func NewLogger(w io.Writer, o LogOptions) (*slog.Logger, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}

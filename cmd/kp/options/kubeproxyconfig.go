@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"encoding/json"
@@ -13,20 +13,14 @@ import (
 // v0.36.3, with the component-base types it embeds), which kp reads as its
 // --config file.
 //
-// Why a copy: importing upstream's package links k8s.io/component-base
-// (logs api, featuregate, metrics and legacyregistry, which registers
-// Prometheus collectors at init) and OpenTelemetry into kp, for the sake of
-// a few struct definitions. Measured on idle kp proxy with the demo
-// manifests (medians of 8 runs each way): VmHWM 25.8 → 25.2 MiB, RssAnon
-// 7.2 → 6.8 MiB, of which 240 kB is what those packages' init functions
-// allocate. Every kp process pays it, and kp's memory is held against
-// upstream kube-proxy's.
+// Why a copy: upstream's package would link k8s.io/component-base and
+// OpenTelemetry into every kp process (the cost: test/bench/NOTES.md).
 //
 // kp decodes the file strictly, so every upstream field is here, the ones kp
 // ignores or refuses included: a valid upstream file must decode. Names,
 // JSON tags, Go types and field order are upstream's; the one visible
 // difference is that a value of the wrong JSON type for a field of a named
-// type is reported with the mirror's type name (main.ProxyMode where
+// type is reported with the mirror's type name (options.ProxyMode where
 // upstream says v1alpha1.ProxyMode).
 //
 // The tests in kubeproxyconfig_test.go, which may import upstream's package,

@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"errors"
@@ -74,50 +74,95 @@ func loadConfigFile(path string) (*fileConfig, error) {
 // apply merges the file into s (which holds defaults and the resolved mode).
 // Zero values mean "default", as upstream's defaulting treats them. Every
 // problem is reported, not just the first, so one edit fixes the file.
-func (f *fileConfig) apply(s *settings) []error {
-	kc := &f.kc
-	var errs []error
-	unsupported := func(field, hint string) {
-		errs = append(errs, fmt.Errorf("--config %s: field %s is not supported by kp%s", f.path, field, hint))
+func (f *fileConfig) apply(s *Settings) []error {
+	m := &fileMerge{path: f.path, s: s}
+	for _, section := range fileSections {
+		section(m, &f.kc)
 	}
-	invalid := func(field string, value any, err error) {
-		errs = append(errs, fmt.Errorf("--config %s: %s %q: %w", f.path, field, fmt.Sprint(value), err))
-	}
-	ignore := func(field, reason string) {
-		s.ignored = append(s.ignored, ignoredSetting{name: field + " in " + f.path, reason: reason})
-	}
+	return m.errs
+}
 
+// fileSections merge the file's parts into the settings, in the order their
+// problems are reported and their ignored settings logged.
+var fileSections = []func(*fileMerge, *KubeProxyConfiguration){
+	(*fileMerge).featureGates,
+	(*fileMerge).clientConnection,
+	(*fileMerge).logging,
+	(*fileMerge).servers,
+	(*fileMerge).modeSections,
+	(*fileMerge).unsupportedFields,
+	(*fileMerge).networks,
+	(*fileMerge).conntrack,
+	(*fileMerge).configSyncPeriod,
+}
+
+// fileMerge is one merge of a file into s: the problems found, and the
+// wording of each kind.
+type fileMerge struct {
+	path string
+	s    *Settings
+	errs []error
+}
+
+func (m *fileMerge) unsupported(field, hint string) {
+	m.errs = append(m.errs, fmt.Errorf("--config %s: field %s is not supported by kp%s", m.path, field, hint))
+}
+
+func (m *fileMerge) invalid(field string, value any, err error) {
+	m.errs = append(m.errs, fmt.Errorf("--config %s: %s %q: %w", m.path, field, fmt.Sprint(value), err))
+}
+
+func (m *fileMerge) ignore(field, reason string) {
+	m.s.Ignored = append(m.s.Ignored, IgnoredSetting{Name: field + " in " + m.path, Reason: reason})
+}
+
+// sectionErrors adds the errors of a section's own check, naming the file.
+func (m *fileMerge) sectionErrors(errs []error) {
+	for _, err := range errs {
+		m.errs = append(m.errs, fmt.Errorf("--config %s: %w", m.path, err))
+	}
+}
+
+func (m *fileMerge) featureGates(kc *KubeProxyConfiguration) {
 	for _, name := range slices.Sorted(maps.Keys(kc.FeatureGates)) {
 		if err := checkFeatureGate(name, kc.FeatureGates[name]); err != nil {
-			unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
+			m.unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
 		}
 	}
+}
 
+func (m *fileMerge) clientConnection(kc *KubeProxyConfiguration) {
 	cc := kc.ClientConnection
 	if cc.Kubeconfig != "" {
-		s.cfg.Kubeconfig = cc.Kubeconfig
+		m.s.Config.Kubeconfig = cc.Kubeconfig
 	}
 	if cc.QPS != 0 || cc.Burst != 0 || cc.ContentType != "" || cc.AcceptContentTypes != "" {
-		ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
+		m.ignore("clientConnection.qps/burst/contentType", "kp sets its own API client rate limits and content type")
 	}
+}
 
+func (m *fileMerge) logging(kc *KubeProxyConfiguration) {
 	switch kc.Logging.Format {
 	case "":
 	case "text", "json":
-		s.log.format = kc.Logging.Format
+		m.s.Log.format = kc.Logging.Format
 	default:
-		invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
+		m.invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
 	}
-	s.log.verbosity = int(kc.Logging.Verbosity)
+	m.s.Log.verbosity = int(kc.Logging.Verbosity)
 	if len(kc.Logging.VModule) > 0 {
-		ignore("logging.vmodule", "kp's logs have one verbosity")
+		m.ignore("logging.vmodule", "kp's logs have one verbosity")
 	}
+}
 
+// servers reads the node's name and what kp's servers bind to.
+func (m *fileMerge) servers(kc *KubeProxyConfiguration) {
+	s := m.s
 	if kc.HostnameOverride != "" {
-		s.cfg.HostnameOverride = kc.HostnameOverride
+		s.Config.HostnameOverride = kc.HostnameOverride
 	}
 	if v6, err := checkBindAddressIP(kc.BindAddress); err != nil {
-		invalid("bindAddress", kc.BindAddress, err)
+		m.invalid("bindAddress", kc.BindAddress, err)
 	} else {
 		s.bindAddressV6 = v6
 	}
@@ -125,32 +170,37 @@ func (f *fileConfig) apply(s *settings) []error {
 		field, value string
 		dst          *string
 	}{
-		{"healthzBindAddress", kc.HealthzBindAddress, &s.cfg.HealthzBindAddress},
-		{"metricsBindAddress", kc.MetricsBindAddress, &s.cfg.MetricsBindAddress},
+		{"healthzBindAddress", kc.HealthzBindAddress, &s.Config.HealthzBindAddress},
+		{"metricsBindAddress", kc.MetricsBindAddress, &s.Config.MetricsBindAddress},
 	} {
 		if a.value == "" {
 			continue
 		}
 		if err := checkBindAddress(a.value); err != nil {
-			invalid(a.field, a.value, err)
+			m.invalid(a.field, a.value, err)
 		}
 		*a.dst = a.value
 	}
 	if kc.BindAddressHardFail {
-		ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
+		m.ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")
 	}
 	if kc.EnableProfiling {
-		s.cfg.Profiling = true
+		s.Config.Profiling = true
 	}
 	if kc.ShowHiddenMetricsForVersion != "" {
-		ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
+		m.ignore("showHiddenMetricsForVersion", "kp has no hidden metrics")
 	}
+}
 
+// modeSections reads the sections of the modes: the masquerade and sync
+// settings from the mode in use's, the rest from their own.
+func (m *fileMerge) modeSections(kc *KubeProxyConfiguration) {
+	s := m.s
 	// Upstream reads the masquerade and sync settings from the section of the
 	// mode in use; the other sections are ignored.
 	mode := modeSection{name: "nftables", masqueradeBit: kc.NFTables.MasqueradeBit, masqueradeAll: kc.NFTables.MasqueradeAll,
 		syncPeriod: kc.NFTables.SyncPeriod, minSyncPeriod: kc.NFTables.MinSyncPeriod}
-	switch s.cfg.Mode {
+	switch s.Config.Mode {
 	case proxy.ModeIPTables, proxy.ModeUserspace:
 		mode = modeSection{name: "iptables", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
 			syncPeriod: kc.IPTables.SyncPeriod, minSyncPeriod: kc.IPTables.MinSyncPeriod}
@@ -159,14 +209,16 @@ func (f *fileConfig) apply(s *settings) []error {
 		mode = modeSection{name: "ipvs", masqueradeBit: kc.IPTables.MasqueradeBit, masqueradeAll: kc.IPTables.MasqueradeAll,
 			syncPeriod: kc.IPVS.SyncPeriod, minSyncPeriod: kc.IPVS.MinSyncPeriod}
 	}
-	errs = append(errs, mode.apply(f.path, s)...)
+	m.errs = append(m.errs, mode.apply(m.path, s)...)
 	if v := kc.IPTables.LocalhostNodePorts; v != nil {
-		s.cfg.LocalhostNodePorts = *v
+		s.Config.LocalhostNodePorts = *v
 	}
+	m.sectionErrors(applyIPVSSection(kc.IPVS, s))
+}
 
-	for _, err := range applyIPVSSection(kc.IPVS, s) {
-		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
-	}
+// unsupportedFields refuses the Windows and local-traffic settings kp does not
+// implement.
+func (m *fileMerge) unsupportedFields(kc *KubeProxyConfiguration) {
 	for _, u := range []struct {
 		field string
 		set   bool
@@ -178,42 +230,48 @@ func (f *fileConfig) apply(s *settings) []error {
 		{"detectLocal.interfaceNamePrefix", kc.DetectLocal.InterfaceNamePrefix != ""},
 	} {
 		if u.set {
-			unsupported(u.field, "; remove it or leave it empty")
+			m.unsupported(u.field, "; remove it or leave it empty")
 		}
 	}
 	if err := checkDetectLocalMode(string(kc.DetectLocalMode)); err != nil {
-		unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
+		m.unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
 	}
+}
 
+// networks reads the pods' CIDRs and the addresses NodePorts answer on.
+func (m *fileMerge) networks(kc *KubeProxyConfiguration) {
 	if kc.ClusterCIDR != "" {
 		cidrs, err := parseClusterCIDRs(kc.ClusterCIDR)
 		if err != nil {
-			invalid("clusterCIDR", kc.ClusterCIDR, err)
+			m.invalid("clusterCIDR", kc.ClusterCIDR, err)
 		}
-		s.cfg.ClusterCIDRs = cidrs
+		m.s.Config.ClusterCIDRs = cidrs
 	}
 	if len(kc.NodePortAddresses) > 0 {
 		cidrs, primary, err := parseNodePortAddresses(kc.NodePortAddresses)
 		if err != nil {
-			invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
+			m.invalid("nodePortAddresses", strings.Join(kc.NodePortAddresses, ","), err)
 		}
-		s.cfg.NodePortAddresses, s.cfg.NodePortPrimary = cidrs, primary
+		m.s.Config.NodePortAddresses, m.s.Config.NodePortPrimary = cidrs, primary
 	}
+}
 
+// conntrack reads the node tuning: the conntrack section, and the OOM score
+// kp leaves alone.
+func (m *fileMerge) conntrack(kc *KubeProxyConfiguration) {
 	if kc.OOMScoreAdj != nil {
-		ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
+		m.ignore("oomScoreAdj", "kp does not change its own OOM score; set it through the pod")
 	}
-	for _, err := range applyConntrackSection(kc.Conntrack, s) {
-		errs = append(errs, fmt.Errorf("--config %s: %w", f.path, err))
-	}
+	m.sectionErrors(applyConntrackSection(kc.Conntrack, m.s))
+}
 
+func (m *fileMerge) configSyncPeriod(kc *KubeProxyConfiguration) {
 	if d := kc.ConfigSyncPeriod.Duration; d != 0 {
 		if err := checkDuration(d, false); err != nil {
-			invalid("configSyncPeriod", d, err)
+			m.invalid("configSyncPeriod", d, err)
 		}
-		s.cfg.ConfigSyncPeriod = d
+		m.s.Config.ConfigSyncPeriod = d
 	}
-	return errs
 }
 
 // modeSection is the part of one mode's section (nftables, iptables, ipvs)
@@ -225,7 +283,7 @@ type modeSection struct {
 	syncPeriod, minSyncPeriod metav1.Duration
 }
 
-func (m modeSection) apply(path string, s *settings) []error {
+func (m modeSection) apply(path string, s *Settings) []error {
 	var errs []error
 	invalid := func(field string, value any, err error) {
 		errs = append(errs, fmt.Errorf("--config %s: %s.%s %q: %w", path, m.name, field, fmt.Sprint(value), err))
@@ -234,18 +292,18 @@ func (m modeSection) apply(path string, s *settings) []error {
 		if err := checkMasqueradeBit(*m.masqueradeBit); err != nil {
 			invalid("masqueradeBit", *m.masqueradeBit, err)
 		}
-		s.cfg.MasqueradeBit = int(*m.masqueradeBit)
+		s.Config.MasqueradeBit = int(*m.masqueradeBit)
 	}
 	if m.masqueradeAll {
-		s.cfg.MasqueradeAll = true
+		s.Config.MasqueradeAll = true
 	}
 	for _, d := range []struct {
 		field string
 		value time.Duration
 		dst   *time.Duration
 	}{
-		{"syncPeriod", m.syncPeriod.Duration, &s.cfg.SyncPeriod},
-		{"minSyncPeriod", m.minSyncPeriod.Duration, &s.cfg.MinSyncPeriod},
+		{"syncPeriod", m.syncPeriod.Duration, &s.Config.SyncPeriod},
+		{"minSyncPeriod", m.minSyncPeriod.Duration, &s.Config.MinSyncPeriod},
 	} {
 		// 0 is "unset": upstream's defaulting replaces it too.
 		if d.value == 0 {

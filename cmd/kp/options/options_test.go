@@ -1,8 +1,10 @@
-package main
+package options
 
 import (
 	"fmt"
+	"io"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/spf13/pflag"
 )
 
 // defaultsFor is the proxy.Config kp proxy runs with when given only
@@ -45,35 +48,66 @@ func prefixes(ss ...string) []netip.Prefix {
 	return out
 }
 
-// runProxyWith runs kp proxy --manifests dir args... with fake backends for
-// the extra modes, and returns the Config proxy.Run was given.
-func runProxyWith(t *testing.T, dir string, extraModes []proxy.Mode, args ...string) (proxy.Config, *harness) {
+// configOf resolves kp proxy --manifests dir args... as kp proxy does (for
+// auto, the settings of the first mode, which kp proxy starts when its probe
+// passes) and returns the Config kp would run with.
+func configOf(t *testing.T, dir string, args ...string) proxy.Config {
 	t.Helper()
-	h := newHarness(t)
-	for _, m := range extraModes {
-		h.a.backends[m] = (&fakeBackend{mode: m}).factory()
+	s, err := resolve(append([]string{"--manifests", dir}, args...)...)
+	if err == nil && s.ForMode != nil {
+		s, err = s.ForMode(Modes[0])
 	}
-	code := h.run(append([]string{"proxy", "--manifests", dir}, args...)...)
-	if code != 0 || !h.ran {
-		t.Fatalf("exit %d, ran %v, stderr:\n%s", code, h.ran, h.stderr.String())
+	if err != nil {
+		t.Fatalf("kp proxy %s: %v", strings.Join(args, " "), err)
 	}
-	return h.cfg, h
+	return s.Config
+}
+
+// resolve parses args as kp proxy's flags, the root command's logging flags
+// included, and resolves them on a host named " Node-A.Example ", as cmd/kp
+// does.
+func resolve(args ...string) (Settings, error) {
+	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	logFlags := DefaultLogOptions()
+	logFlags.AddFlags(fs)
+	var o Options
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return Settings{}, err
+	}
+	if fs.NArg() > 0 {
+		return Settings{}, fmt.Errorf("arguments %q", fs.Args())
+	}
+	return o.Resolve(fs, logFlags, func() (string, error) { return " Node-A.Example ", nil })
+}
+
+// stderrOf is what kp prints for err, a setting's error that stops it
+// (cmd/kp's run).
+func stderrOf(err error) string { return fmt.Sprintf("kp: %v\n", err) }
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func TestProxyFlagsBecomeConfig(t *testing.T) {
 	dir := t.TempDir()
 	tests := []struct {
-		name  string
-		args  []string
-		modes []proxy.Mode // fake backends to build besides nftables
-		want  func(*proxy.Config)
+		name string
+		args []string
+		want func(*proxy.Config)
 	}{
 		{name: "defaults are kube-proxy's, nftables answers NodePorts on primary IPs", want: func(*proxy.Config) {}},
 		{name: "empty proxy mode means nftables", args: []string{"--proxy-mode="}, want: func(*proxy.Config) {}},
 		{name: "ipvs flags", args: []string{"--proxy-mode", "ipvs", "--ipvs-scheduler", "mh", "--ipvs-strict-arp",
 			"--ipvs-exclude-cidrs", "10.1.0.0/16,fd00:1::/64", "--ipvs-tcp-timeout", "1m", "--ipvs-tcpfin-timeout", "30s",
 			"--ipvs-udp-timeout", "5s", "--ipvs-sync-period", "45s", "--ipvs-min-sync-period", "3s"},
-			modes: []proxy.Mode{proxy.ModeIPVS}, want: func(c *proxy.Config) {
+			want: func(c *proxy.Config) {
 				c.Mode, c.NodePortPrimary = proxy.ModeIPVS, false
 				c.SyncPeriod, c.MinSyncPeriod = 45*time.Second, 3*time.Second
 				c.IPVS = proxy.IPVSConfig{Scheduler: "mh", StrictARP: true, ExcludeCIDRs: prefixes("10.1.0.0/16", "fd00:1::/64"),
@@ -113,18 +147,15 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 		{name: "profiling", args: []string{"--profiling"}, want: func(c *proxy.Config) { c.Profiling = true }},
 		{name: "iptables backend and localhost NodePorts", args: []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy",
 			"--iptables-localhost-nodeports=false"},
-			modes: []proxy.Mode{proxy.ModeIPTables},
 			want: func(c *proxy.Config) {
 				c.Mode, c.IPTablesBackend, c.LocalhostNodePorts = proxy.ModeIPTables, "legacy", false
 				c.NodePortPrimary = false
 			}},
 		{name: "iptables mode answers NodePorts on every local IP, as upstream's", args: []string{"--proxy-mode", "iptables"},
-			modes: []proxy.Mode{proxy.ModeIPTables},
-			want:  func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
+			want: func(c *proxy.Config) { c.Mode, c.NodePortPrimary = proxy.ModeIPTables, false }},
 		{name: "userspace mode's redirect, connection cap and idle timeouts", args: []string{"--proxy-mode", "userspace",
 			"--userspace-redirect", "iptables", "--userspace-max-connections", "0",
 			"--userspace-tcp-idle-timeout", "10m", "--userspace-udp-idle-timeout", "5s"},
-			modes: []proxy.Mode{proxy.ModeUserspace},
 			want: func(c *proxy.Config) {
 				c.Mode, c.NodePortPrimary = proxy.ModeUserspace, false
 				c.UserspaceRedirect, c.UserspaceMaxConnections = "iptables", 0
@@ -138,25 +169,13 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, _ := runProxyWith(t, dir, tt.modes, tt.args...)
+			got := configOf(t, dir, tt.args...)
 			want := defaultsFor(dir)
 			tt.want(&want)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("config:\n got %+v\nwant %+v", got, want)
 			}
 		})
-	}
-}
-
-func TestIgnoredFlagsAreLogged(t *testing.T) {
-	_, h := runProxyWith(t, t.TempDir(), nil, "--kube-api-qps=20", "--oom-score-adj=-999")
-	for _, want := range []string{
-		`msg="ignoring kube-proxy setting" setting=--kube-api-qps reason="kp sets its own API client rate limits"`,
-		`setting=--oom-score-adj`,
-	} {
-		if !strings.Contains(h.stderr.String(), want) {
-			t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
-		}
 	}
 }
 
@@ -202,14 +221,8 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --proxy-mode "kernelspace": unknown proxy mode; valid modes are nftables, iptables, ipvs, userspace, or auto`},
 		{"unknown iptables backend", []string{"--iptables-backend", "xtables"},
 			`kp: --iptables-backend "xtables": want auto, nft or legacy`},
-		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},
-			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`},
 		{"unknown IPVS scheduler", []string{"--ipvs-scheduler", "fastest"},
 			`kp: --ipvs-scheduler "fastest": unknown IPVS scheduler; use one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos`},
-		{"iptables not built yet", []string{"--proxy-mode=iptables"},
-			`kp: --proxy-mode=iptables is not implemented yet; use nftables`},
-		{"userspace not built yet", []string{"--proxy-mode", "userspace"},
-			`kp: --proxy-mode=userspace is not implemented yet; use nftables`},
 		{"healthz address without port", []string{"--healthz-bind-address", "0.0.0.0"},
 			`kp: --healthz-bind-address "0.0.0.0": want IP:port, for example 0.0.0.0:10256`},
 		{"metrics address not an IP", []string{"--metrics-bind-address", "localhost:10249"},
@@ -222,8 +235,6 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --feature-gates SomeAlphaThing=true: not supported by kp`},
 		{"feature gate against kp's behaviour", []string{"--feature-gates", "AllAlpha=true"},
 			`kp: --feature-gates AllAlpha=true: not supported by kp, which always behaves as AllAlpha=false`},
-		{"malformed feature gates", []string{"--feature-gates", "NFTablesProxyMode"},
-			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: "NFTablesProxyMode": want Name=true|false (see 'kp proxy --help')`},
 		{"unknown log format", []string{"--log-format", "xml"},
 			`kp: --log-format "xml": must be text or json`},
 		{"manifests folder missing", []string{"--manifests", missing},
@@ -232,21 +243,18 @@ func TestProxyFlagErrors(t *testing.T) {
 			fmt.Sprintf(`kp: --manifests %q: not a directory`, file)},
 		{"every error at once", []string{"--cluster-cidr", "x", "--iptables-masquerade-bit", "99"},
 			"kp: --cluster-cidr \"x\": invalid CIDR\n--iptables-masquerade-bit \"99\": must be within [0, 31]"},
-		{"positional arguments", []string{"extra"},
-			`kp: unknown command "extra" for "kp proxy"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
 			args := tt.args
 			if !strings.HasPrefix(tt.name, "manifests") {
 				args = append([]string{"--manifests", t.TempDir()}, args...)
 			}
-			code := h.run(append([]string{"proxy"}, args...)...)
-			if code != 1 || h.ran {
-				t.Errorf("exit %d, ran %v; want exit 1 before running", code, h.ran)
+			_, err := resolve(args...)
+			if err == nil {
+				t.Fatalf("resolved without an error; want one")
 			}
-			if got := strings.TrimSuffix(h.stderr.String(), "\n"); got != tt.want {
+			if got := strings.TrimSuffix(stderrOf(err), "\n"); got != tt.want {
 				t.Errorf("stderr:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})

@@ -1,7 +1,6 @@
-package main
+package options
 
 import (
-	"fmt"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -88,11 +87,10 @@ const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyCon
 func TestConfigFileBecomesConfig(t *testing.T) {
 	dir := t.TempDir()
 	tests := []struct {
-		name  string
-		file  string
-		args  []string
-		modes []proxy.Mode
-		want  func(*proxy.Config)
+		name string
+		file string
+		args []string
+		want func(*proxy.Config)
 	}{
 		{name: "kubeadm's ConfigMap is kp's defaults plus what it sets", file: kubeadmConfig,
 			want: func(c *proxy.Config) {
@@ -136,7 +134,7 @@ iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
 mode: iptables
 iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m, localhostNodePorts: false}
 nftables: {masqueradeBit: 2}
-`, modes: []proxy.Mode{proxy.ModeIPTables}, want: func(c *proxy.Config) {
+`, want: func(c *proxy.Config) {
 			c.Mode, c.LocalhostNodePorts, c.NodePortPrimary = proxy.ModeIPTables, false, false
 			c.MasqueradeAll, c.MasqueradeBit, c.SyncPeriod = true, 1, 2*time.Minute
 		}},
@@ -158,7 +156,7 @@ ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}
 mode: ipvs
 iptables: {masqueradeBit: 5}
 ipvs: {scheduler: sh, strictARP: true, excludeCIDRs: [10.1.0.0/16], tcpTimeout: 10s, tcpFinTimeout: 5s, udpTimeout: 3s, syncPeriod: 20s, minSyncPeriod: 2s}
-`, modes: []proxy.Mode{proxy.ModeIPVS}, want: func(c *proxy.Config) {
+`, want: func(c *proxy.Config) {
 			c.Mode, c.MasqueradeBit, c.NodePortPrimary = proxy.ModeIPVS, 5, false
 			c.SyncPeriod, c.MinSyncPeriod = 20*time.Second, 2*time.Second
 			c.IPVS = proxy.IPVSConfig{Scheduler: "sh", StrictARP: true, ExcludeCIDRs: prefixes("10.1.0.0/16"),
@@ -168,41 +166,13 @@ ipvs: {scheduler: sh, strictARP: true, excludeCIDRs: [10.1.0.0/16], tcpTimeout: 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := writeFile(t, "kube-proxy.yaml", tt.file)
-			got, _ := runProxyWith(t, dir, tt.modes, append([]string{"--config", path}, tt.args...)...)
+			got := configOf(t, dir, append([]string{"--config", path}, tt.args...)...)
 			want := defaultsFor(dir)
 			tt.want(&want)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("config:\n got %+v\nwant %+v", got, want)
 			}
 		})
-	}
-}
-
-func TestConfigFileLoggingAppliesUnlessFlagsSetIt(t *testing.T) {
-	path := writeFile(t, "kube-proxy.yaml", header+"logging: {format: json, verbosity: 4}\n")
-	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
-	if !strings.Contains(h.stderr.String(), `{"time":`) || !strings.Contains(h.stderr.String(), `"level":"INFO","msg":"starting kp proxy"`) {
-		t.Errorf("file's logging.format json not used:\n%s", h.stderr.String())
-	}
-	if h.a.log == nil || !h.a.log.Enabled(t.Context(), -4) {
-		t.Errorf("file's logging.verbosity 4 not used")
-	}
-
-	_, h = runProxyWith(t, t.TempDir(), nil, "--config", path, "--log-format", "text", "--v", "0")
-	if strings.Contains(h.stderr.String(), `{"time":`) || h.a.log.Enabled(t.Context(), -1) {
-		t.Errorf("flags did not override the file's logging:\n%s", h.stderr.String())
-	}
-}
-
-func TestConfigFileIgnoredSettingsAreLogged(t *testing.T) {
-	path := writeFile(t, "kube-proxy.yaml", header+"oomScoreAdj: -999\n")
-	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
-	for _, want := range []string{
-		fmt.Sprintf(`setting="oomScoreAdj in %s"`, path),
-	} {
-		if !strings.Contains(h.stderr.String(), want) {
-			t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
-		}
 	}
 }
 
@@ -252,33 +222,21 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
 			path := writeFile(t, "kube-proxy.yaml", tt.file)
-			code := h.run(append([]string{"proxy", "--manifests", t.TempDir(), "--config", path}, tt.args...)...)
+			_, err := resolve(append([]string{"--manifests", t.TempDir(), "--config", path}, tt.args...)...)
 			want := "kp: --config " + path + ": " + strings.ReplaceAll(tt.want, "PATH", path)
-			if got := strings.TrimSuffix(h.stderr.String(), "\n"); code != 1 || got != want {
-				t.Errorf("exit %d, stderr:\n%s\nwant:\n%s", code, got, want)
+			if got := strings.TrimSuffix(stderrOf(err), "\n"); err == nil || got != want {
+				t.Errorf("error %v, stderr:\n%s\nwant:\n%s", err, got, want)
 			}
 		})
 	}
 }
 
-func TestConfigFileModeNotBuiltYet(t *testing.T) {
-	h := newHarness(t)
-	path := writeFile(t, "kube-proxy.yaml", header+"mode: ipvs\n")
-	code := h.run("proxy", "--manifests", t.TempDir(), "--config", path)
-	want := "kp: mode ipvs in --config " + path + " is not implemented yet; use nftables\n"
-	if code != 1 || h.stderr.String() != want {
-		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
-	}
-}
-
 func TestConfigFileMissing(t *testing.T) {
-	h := newHarness(t)
 	path := filepath.Join(t.TempDir(), "nope.yaml")
-	code := h.run("proxy", "--config", path)
+	_, err := resolve("--config", path)
 	want := "kp: --config: open " + path + ": no such file or directory\n"
-	if code != 1 || h.stderr.String() != want {
-		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
+	if err == nil || stderrOf(err) != want {
+		t.Errorf("error %v, stderr %q, want %q", err, stderrOf(err), want)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"encoding"
@@ -18,7 +18,7 @@ import (
 )
 
 // The kp binary must not link upstream's package (see kubeproxyconfig.go and
-// deps_test.go); its tests may, to hold the mirror to it.
+// cmd/kp/deps_test.go); its tests may, to hold the mirror to it.
 
 func TestKubeProxyConfigurationMirrorsUpstreamFields(t *testing.T) {
 	want := jsonShapes(reflect.TypeFor[upstream.KubeProxyConfiguration]())

@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ func TestVerbosityMapsOntoSlogLevels(t *testing.T) {
 		{6, slog.Level(-6)},
 	}
 	for _, tt := range tests {
-		if got := (logOptions{format: "text", verbosity: tt.v}).logLevel(); got != tt.want {
+		if got := (LogOptions{format: "text", verbosity: tt.v}).logLevel(); got != tt.want {
 			t.Errorf("-v %d: level %v, want %v", tt.v, got, tt.want)
 		}
 	}
@@ -30,10 +30,10 @@ func TestVerbosityMapsOntoSlogLevels(t *testing.T) {
 
 func TestKlogIsRoutedIntoSlogAtItsVerbosity(t *testing.T) {
 	var buf bytes.Buffer
-	if _, err := newLogger(&buf, logOptions{format: "json", verbosity: 2}); err != nil {
+	if _, err := NewLogger(&buf, LogOptions{format: "json", verbosity: 2}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = newLogger(&bytes.Buffer{}, defaultLogOptions()) })
+	t.Cleanup(func() { _, _ = NewLogger(&bytes.Buffer{}, DefaultLogOptions()) })
 
 	klog.InfoS("from client-go", "k", "v")
 	klog.V(2).InfoS("at v2")
@@ -50,21 +50,5 @@ func TestKlogIsRoutedIntoSlogAtItsVerbosity(t *testing.T) {
 	}
 	if got, want := strings.Join(msgs, "|"), "from client-go|at v2|an error"; got != want {
 		t.Errorf("klog messages through slog: %q, want %q\n%s", got, want, buf.String())
-	}
-}
-
-func TestJSONLogFormat(t *testing.T) {
-	_, h := runProxyWith(t, t.TempDir(), nil, "--log-format", "json")
-	for _, line := range strings.Split(strings.TrimSpace(h.stderr.String()), "\n") {
-		if !json.Valid([]byte(line)) {
-			t.Errorf("not JSON: %q", line)
-		}
-	}
-}
-
-func TestUpstreamLoggingFormatFlag(t *testing.T) {
-	_, h := runProxyWith(t, t.TempDir(), nil, "--logging-format=json")
-	if !strings.HasPrefix(h.stderr.String(), `{"time":`) {
-		t.Errorf("--logging-format=json not honoured:\n%s", h.stderr.String())
 	}
 }

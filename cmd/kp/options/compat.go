@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"errors"
@@ -77,7 +77,7 @@ func (c *compatOptions) addFlags(fs *pflag.FlagSet) {
 
 // apply checks the compatibility flags set on the command line and records
 // the ignored ones in s.
-func (c *compatOptions) apply(fs *pflag.FlagSet, s *settings) []error {
+func (c *compatOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 	var errs []error
 	if fs.Changed("bind-address") {
 		v6, err := checkBindAddressIP(c.bindAddress)
@@ -98,7 +98,7 @@ func (c *compatOptions) apply(fs *pflag.FlagSet, s *settings) []error {
 	}
 	for _, f := range ignoredFlags {
 		if fs.Changed(f.name) {
-			s.ignored = append(s.ignored, ignoredSetting{name: "--" + f.name, reason: f.reason})
+			s.Ignored = append(s.Ignored, IgnoredSetting{Name: "--" + f.name, Reason: f.reason})
 		}
 	}
 	return errs
@@ -142,8 +142,8 @@ func checkFeatureGate(name string, value bool) error {
 	return nil
 }
 
-// ignoredFlagsHelp is the paragraph of kp proxy's help naming the ignored flags.
-func ignoredFlagsHelp() string {
+// IgnoredFlagsHelp is the paragraph of kp proxy's help naming the ignored flags.
+func IgnoredFlagsHelp() string {
 	names := make([]string, len(ignoredFlags))
 	for i, f := range ignoredFlags {
 		names[i] = "--" + f.name

@@ -1,4 +1,4 @@
-package main
+package options
 
 import (
 	"fmt"
@@ -36,12 +36,12 @@ func (o *ipvsOptions) addFlags(fs *pflag.FlagSet) {
 }
 
 // apply sets the ipvs flags given on the command line.
-func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *settings) []error {
+func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 	var errs []error
 	fail := func(flag, value string, err error) {
 		errs = append(errs, fmt.Errorf("--%s %q: %w", flag, value, err))
 	}
-	c := &s.cfg.IPVS
+	c := &s.Config.IPVS
 	if fs.Changed("ipvs-scheduler") {
 		if err := ipvs.CheckScheduler(o.scheduler); err != nil {
 			fail("ipvs-scheduler", o.scheduler, err)
@@ -80,43 +80,43 @@ func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *settings) []error {
 		if err := checkDuration(o.syncPeriod, false); err != nil {
 			fail("ipvs-sync-period", o.syncPeriod.String(), err)
 		}
-		s.cfg.SyncPeriod = o.syncPeriod
+		s.Config.SyncPeriod = o.syncPeriod
 	}
 	if fs.Changed("ipvs-min-sync-period") && !fs.Changed("min-sync-period") && !fs.Changed("iptables-min-sync-period") {
 		if err := checkDuration(o.minSyncPeriod, true); err != nil {
 			fail("ipvs-min-sync-period", o.minSyncPeriod.String(), err)
 		}
-		s.cfg.MinSyncPeriod = o.minSyncPeriod
+		s.Config.MinSyncPeriod = o.minSyncPeriod
 	}
 	return errs
 }
 
 // applyIPVSSection reads the config file's ipvs section (upstream reads it
 // whatever the mode; it only acts in ipvs mode).
-func applyIPVSSection(c KubeProxyIPVSConfiguration, s *settings) []error {
+func applyIPVSSection(c KubeProxyIPVSConfiguration, s *Settings) []error {
 	var errs []error
 	if c.Scheduler != "" {
 		if err := ipvs.CheckScheduler(c.Scheduler); err != nil {
 			errs = append(errs, fmt.Errorf("ipvs.scheduler %q: %w", c.Scheduler, err))
 		}
-		s.cfg.IPVS.Scheduler = c.Scheduler
+		s.Config.IPVS.Scheduler = c.Scheduler
 	}
-	s.cfg.IPVS.StrictARP = s.cfg.IPVS.StrictARP || c.StrictARP
+	s.Config.IPVS.StrictARP = s.Config.IPVS.StrictARP || c.StrictARP
 	if len(c.ExcludeCIDRs) > 0 {
 		cidrs, err := parseCIDRs(c.ExcludeCIDRs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("ipvs.excludeCIDRs %q: %w", strings.Join(c.ExcludeCIDRs, ","), err))
 		}
-		s.cfg.IPVS.ExcludeCIDRs = cidrs
+		s.Config.IPVS.ExcludeCIDRs = cidrs
 	}
 	for _, d := range []struct {
 		field string
 		v     time.Duration
 		dst   *time.Duration
 	}{
-		{"ipvs.tcpTimeout", c.TCPTimeout.Duration, &s.cfg.IPVS.TCPTimeout},
-		{"ipvs.tcpFinTimeout", c.TCPFinTimeout.Duration, &s.cfg.IPVS.TCPFinTimeout},
-		{"ipvs.udpTimeout", c.UDPTimeout.Duration, &s.cfg.IPVS.UDPTimeout},
+		{"ipvs.tcpTimeout", c.TCPTimeout.Duration, &s.Config.IPVS.TCPTimeout},
+		{"ipvs.tcpFinTimeout", c.TCPFinTimeout.Duration, &s.Config.IPVS.TCPFinTimeout},
+		{"ipvs.udpTimeout", c.UDPTimeout.Duration, &s.Config.IPVS.UDPTimeout},
 	} {
 		if d.v == 0 {
 			continue

@@ -1,0 +1,73 @@
+package options
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kpproxy/kp/proxy"
+)
+
+// resolveMode sets s's mode from, first to last: a mode auto is trying
+// (forcedMode), --proxy-mode, the config file's mode. None of them, or
+// "auto", leaves the mode auto: resolved as the first candidate, with
+// s.ForMode to resolve the others. The mode decides which section of the
+// file applies, so it is resolved before anything else.
+func (o *Options) resolveMode(fs *pflag.FlagSet, file *fileConfig, s *Settings, logFlags LogOptions, hostname func() (string, error)) error {
+	auto := true
+	switch {
+	case o.forcedMode != "":
+		s.Config.Mode, s.ModeFrom, auto = o.forcedMode, "auto", false
+	case fs.Changed("proxy-mode"):
+		m, err := parseMode(o.mode)
+		if err != nil {
+			return fmt.Errorf("--proxy-mode %q: %w", o.mode, err)
+		}
+		if m != modeAuto {
+			s.Config.Mode, s.ModeFrom, auto = m, "--proxy-mode="+o.mode, false
+		}
+	case file != nil && file.kc.Mode != "":
+		m, err := parseMode(string(file.kc.Mode))
+		if err != nil {
+			return fmt.Errorf("--config %s: mode %q: %w", file.path, file.kc.Mode, err)
+		}
+		if m != modeAuto {
+			s.Config.Mode, s.ModeFrom, auto = m, fmt.Sprintf("mode %s in --config %s", m, file.path), false
+		}
+	}
+	if auto {
+		// Resolved as the first candidate; startBackend resolves each
+		// candidate it tries again through ForMode.
+		s.Config.Mode, s.ModeFrom = Modes[0], "auto"
+		s.ForMode = func(m proxy.Mode) (Settings, error) {
+			forced := *o
+			forced.forcedMode = m
+			return forced.Resolve(fs, logFlags, hostname)
+		}
+	}
+	return nil
+}
+
+// Modes lists every mode kp recognises, in fallback order.
+var Modes = []proxy.Mode{proxy.ModeNFTables, proxy.ModeIPTables, proxy.ModeIPVS, proxy.ModeUserspace}
+
+// modeAuto is --proxy-mode auto (or empty): the first mode of Modes whose
+// probe passes.
+const modeAuto proxy.Mode = "auto"
+
+func parseMode(s string) (proxy.Mode, error) {
+	if s == "" || s == string(modeAuto) {
+		return modeAuto, nil
+	}
+	m := proxy.Mode(s)
+	if !slices.Contains(Modes, m) {
+		names := make([]string, len(Modes))
+		for i, m := range Modes {
+			names[i] = string(m)
+		}
+		return "", fmt.Errorf("unknown proxy mode; valid modes are %s, or auto", strings.Join(names, ", "))
+	}
+	return m, nil
+}

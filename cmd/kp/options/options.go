@@ -1,0 +1,273 @@
+package options
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
+)
+
+// Upstream kube-proxy's defaults, which kp keeps so a DaemonSet behaves the same.
+const (
+	defaultMasqueradeBit      = 14
+	defaultSyncPeriod         = server.DefaultSyncPeriod
+	defaultMinSyncPeriod      = server.DefaultMinSyncPeriod
+	defaultConfigSyncPeriod   = 15 * time.Minute
+	defaultMetricsBindAddress = server.DefaultMetricsBindAddress
+	defaultHealthzBindAddress = server.DefaultHealthzBindAddress
+	// With an IPv6 --bind-address upstream moves both servers to IPv6.
+	defaultMetricsBindAddressV6 = "[::1]:10249"
+	defaultHealthzBindAddressV6 = "[::]:10256"
+)
+
+// Options holds kp proxy's flags as parsed. Upstream's names and meanings;
+// Resolve turns them, with the --config file, into Settings.
+type Options struct {
+	configFile string
+	Cleanup    bool // --cleanup: cmd/kp cleans up instead of proxying
+
+	mode              string
+	forcedMode        proxy.Mode // set by Settings.ForMode, beats the flag and the file
+	kubeconfig        string
+	master            string
+	manifests         string
+	hostnameOverride  string
+	clusterCIDR       string
+	nodePortAddresses []string
+	serviceCIDRs      string
+	masqueradeAll     bool
+	masqueradeBit     int32
+
+	iptablesBackend            string
+	iptablesLocalhostNodePorts bool
+
+	userspace userspaceOptions
+
+	syncPeriod            time.Duration
+	minSyncPeriod         time.Duration
+	iptablesSyncPeriod    time.Duration // upstream's older name for --sync-period
+	iptablesMinSyncPeriod time.Duration // upstream's older name for --min-sync-period
+	configSyncPeriod      time.Duration
+
+	metricsBindAddress string
+	profiling          bool
+	healthzBindAddress string
+
+	ipvs ipvsOptions
+
+	conntrack conntrackOptions
+	compat    compatOptions
+}
+
+// AddFlags binds kp proxy's flags (those of kp sysctl too) to o.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.configFile, "config", "",
+		"Path to a KubeProxyConfiguration file (apiVersion kubeproxy.config.k8s.io/v1alpha1). "+
+			"Fields kp does not support are reported as errors; flags set on the command line override the file.")
+	fs.BoolVar(&o.Cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
+
+	fs.StringVar(&o.mode, "proxy-mode", "auto",
+		"Which proxy mode to use: nftables, iptables, ipvs or userspace, or auto "+
+			"(the default, also when empty) for the first of nftables, iptables, ipvs, userspace that this node's kernel runs.")
+	fs.StringVar(&o.iptablesBackend, "iptables-backend", "auto",
+		"kp only: the iptables binaries the iptables mode uses: nft (iptables-nft), legacy (iptables-legacy), "+
+			"or auto to choose as upstream's iptables-wrapper does (the flavor already holding rules).")
+	fs.BoolVar(&o.iptablesLocalhostNodePorts, "iptables-localhost-nodeports", true,
+		"In iptables mode, answer IPv4 NodePorts on 127.0.0.0/8 too (sets net.ipv4.conf.all.route_localnet=1), "+
+			"when NodePorts answer on every local address.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file with the API server's location and credentials.")
+	fs.StringVar(&o.master, "master", "", "The address of the Kubernetes API server (overrides the kubeconfig's).")
+	fs.StringVar(&o.manifests, "manifests", "",
+		"Read Services and EndpointSlices from the YAML/JSON files in this directory (reloaded on change) "+
+			"instead of the Kubernetes API.")
+	fs.StringVar(&o.hostnameOverride, "hostname-override", "",
+		"The name of this node, if not the host name. Endpoints' nodeName and the Node object are matched against it.")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "",
+		"The pods' CIDR range, or an IPv4,IPv6 pair for dual-stack. Traffic to a Service from outside it is masqueraded.")
+	fs.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil,
+		"CIDR ranges of the node IPs that answer NodePorts, or the single word 'primary' for the node's primary IPs "+
+			"(the default in nftables mode).")
+	fs.StringVar(&o.serviceCIDRs, "service-cidrs", "",
+		"kp only: the cluster's Service CIDRs, comma-separated (for example 10.96.0.0/12,fd00:96::/108). Traffic to an "+
+			"unallocated address inside them is dropped. With the Kubernetes API, ServiceCIDR objects add theirs; "+
+			"with --manifests this flag (or ServiceCIDR manifests) is the only source.")
+	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "Masquerade (SNAT) all traffic sent to Service addresses.")
+	fs.Int32Var(&o.masqueradeBit, "iptables-masquerade-bit", defaultMasqueradeBit,
+		"The bit of the packet mark that flags packets for masquerade, in every mode. Must be within [0, 31].")
+
+	fs.DurationVar(&o.syncPeriod, "sync-period", defaultSyncPeriod,
+		"How often the kernel state is fully reconciled even when nothing changed. Must be greater than 0.")
+	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", defaultMinSyncPeriod,
+		"The minimum time between syncs; changes arriving faster are batched. 0 syncs every change at once.")
+	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", defaultSyncPeriod, "Old name of --sync-period.")
+	fs.DurationVar(&o.iptablesMinSyncPeriod, "iptables-min-sync-period", defaultMinSyncPeriod, "Old name of --min-sync-period.")
+	_ = fs.MarkHidden("iptables-sync-period")
+	_ = fs.MarkHidden("iptables-min-sync-period")
+	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", defaultConfigSyncPeriod,
+		"Upstream's informer resync period; accepted and without effect in kp, which keeps no informer cache "+
+			"(a resync re-delivers unchanged objects). Must be greater than 0.")
+
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", defaultMetricsBindAddress,
+		"IP address and port of the metrics server ('0.0.0.0:10249' for all IPv4 interfaces). Empty or port 0 disables it.")
+	fs.BoolVar(&o.profiling, "profiling", false,
+		"Serve Go's profiles at /debug/pprof/ on the metrics server, as upstream does.")
+	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
+		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
+
+	o.ipvs.addFlags(fs)
+	o.conntrack.addFlags(fs)
+	o.userspace.addFlags(fs)
+	o.compat.addFlags(fs)
+}
+
+// apply overrides s with every flag set on the command line. Every problem
+// is reported, in the order of the sections below.
+func (o *Options) apply(fs *pflag.FlagSet, logFlags LogOptions, s *Settings) []error {
+	m := &flagMerge{changed: fs.Changed, s: s}
+	o.applySource(m)
+	o.applyNetworks(m)
+	o.applyDurations(m)
+	o.applyServers(m)
+	if m.changed("log-format") || m.changed("logging-format") {
+		s.Log.format = logFlags.format
+	}
+	if m.changed("v") {
+		s.Log.verbosity = logFlags.verbosity
+	}
+
+	errs := m.errs
+	errs = append(errs, o.ipvs.apply(fs, s)...)
+	errs = append(errs, o.conntrack.apply(fs, s)...)
+	errs = append(errs, o.userspace.apply(fs, s)...)
+	errs = append(errs, o.compat.apply(fs, s)...)
+	return errs
+}
+
+// flagMerge is one merge of the flags set on the command line into s, and
+// the problems found.
+type flagMerge struct {
+	changed func(name string) bool
+	s       *Settings
+	errs    []error
+}
+
+func (m *flagMerge) fail(flag, value string, err error) {
+	m.errs = append(m.errs, fmt.Errorf("--%s %q: %w", flag, value, err))
+}
+
+// applySource sets where Services come from and the node's name.
+func (o *Options) applySource(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("kubeconfig") {
+		c.Kubeconfig = o.kubeconfig
+	}
+	if m.changed("master") {
+		c.Master = o.master
+	}
+	if m.changed("manifests") {
+		c.ManifestsDir = o.manifests
+	}
+	if m.changed("hostname-override") {
+		c.HostnameOverride = o.hostnameOverride
+	}
+}
+
+// applyNetworks sets the CIDRs, the masquerade settings and the iptables
+// mode's own.
+func (o *Options) applyNetworks(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("cluster-cidr") {
+		cidrs, err := parseClusterCIDRs(o.clusterCIDR)
+		if err != nil {
+			m.fail("cluster-cidr", o.clusterCIDR, err)
+		}
+		c.ClusterCIDRs = cidrs
+	}
+	if m.changed("nodeport-addresses") {
+		cidrs, primary, err := parseNodePortAddresses(o.nodePortAddresses)
+		if err != nil {
+			m.fail("nodeport-addresses", strings.Join(o.nodePortAddresses, ","), err)
+		}
+		c.NodePortAddresses, c.NodePortPrimary = cidrs, primary
+	}
+	if m.changed("service-cidrs") {
+		cidrs, err := parseServiceCIDRs(o.serviceCIDRs)
+		if err != nil {
+			m.fail("service-cidrs", o.serviceCIDRs, err)
+		}
+		c.ServiceCIDRs = cidrs
+	}
+	if m.changed("masquerade-all") {
+		c.MasqueradeAll = o.masqueradeAll
+	}
+	if m.changed("iptables-backend") {
+		if _, err := iptables.ParseFlavor(o.iptablesBackend); err != nil {
+			m.fail("iptables-backend", o.iptablesBackend, errors.New("want auto, nft or legacy"))
+		}
+		c.IPTablesBackend = o.iptablesBackend
+	}
+	if m.changed("iptables-localhost-nodeports") {
+		c.LocalhostNodePorts = o.iptablesLocalhostNodePorts
+	}
+	if m.changed("iptables-masquerade-bit") {
+		if err := checkMasqueradeBit(o.masqueradeBit); err != nil {
+			m.fail("iptables-masquerade-bit", strconv.Itoa(int(o.masqueradeBit)), err)
+		}
+		c.MasqueradeBit = int(o.masqueradeBit)
+	}
+}
+
+// applyDurations sets the sync periods, from their current names or, when
+// those are not set, upstream's older ones.
+func (o *Options) applyDurations(m *flagMerge) {
+	c := &m.s.Config
+	durations := []struct {
+		flags []string // the current name first, then upstream's older one
+		vals  []time.Duration
+		dst   *time.Duration
+		zero  bool // whether 0 is allowed
+	}{
+		{[]string{"sync-period", "iptables-sync-period"}, []time.Duration{o.syncPeriod, o.iptablesSyncPeriod}, &c.SyncPeriod, false},
+		{[]string{"min-sync-period", "iptables-min-sync-period"}, []time.Duration{o.minSyncPeriod, o.iptablesMinSyncPeriod}, &c.MinSyncPeriod, true},
+		{[]string{"config-sync-period"}, []time.Duration{o.configSyncPeriod}, &c.ConfigSyncPeriod, false},
+	}
+	for _, d := range durations {
+		for i, name := range d.flags {
+			if !m.changed(name) {
+				continue
+			}
+			if err := checkDuration(d.vals[i], d.zero); err != nil {
+				m.fail(name, d.vals[i].String(), err)
+			}
+			*d.dst = d.vals[i]
+			break
+		}
+	}
+}
+
+// applyServers sets the metrics and health check servers.
+func (o *Options) applyServers(m *flagMerge) {
+	c := &m.s.Config
+	if m.changed("metrics-bind-address") {
+		if err := checkBindAddress(o.metricsBindAddress); err != nil {
+			m.fail("metrics-bind-address", o.metricsBindAddress, err)
+		}
+		c.MetricsBindAddress = o.metricsBindAddress
+	}
+	if m.changed("profiling") {
+		c.Profiling = o.profiling
+	}
+	if m.changed("healthz-bind-address") {
+		if err := checkBindAddress(o.healthzBindAddress); err != nil {
+			m.fail("healthz-bind-address", o.healthzBindAddress, err)
+		}
+		c.HealthzBindAddress = o.healthzBindAddress
+	}
+}

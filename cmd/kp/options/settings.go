@@ -1,0 +1,154 @@
+package options
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/legacy/iptables"
+	"github.com/kpproxy/kp/legacy/userspace"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// Settings is everything kp proxy resolved from flags and the config file.
+type Settings struct {
+	Config proxy.Config
+	// Conntrack is what kp sets in the node's conntrack at start.
+	Conntrack conntrack.Tuning
+	Log       LogOptions
+	// ModeFrom says where the mode came from, for "not implemented" errors.
+	ModeFrom string
+	// ForMode is set when the mode is auto: the settings again with the
+	// mode forced to m (each mode reads its own section of the config
+	// file and has its own defaults), for choosing the mode and for
+	// switching to another (cmd/kp's startBackend and settingsFor).
+	ForMode func(m proxy.Mode) (Settings, error)
+	// bindAddressV6 is an IPv6 unspecified --bind-address, which moves the
+	// default server addresses to IPv6 as upstream does.
+	bindAddressV6 bool
+	// Ignored lists settings kp accepts for compatibility but does not act on;
+	// they are logged once the logger is final.
+	Ignored []IgnoredSetting
+}
+
+// IgnoredSetting is a setting kp accepts and does not act on.
+type IgnoredSetting struct {
+	Name   string // "--conntrack-max-per-core" or "conntrack.maxPerCore in kube-proxy.yaml"
+	Reason string
+}
+
+// DefaultSettings are upstream kube-proxy's defaults, with nftables as the
+// mode.
+func DefaultSettings() Settings {
+	return Settings{
+		Config: proxy.Config{
+			Mode:                    proxy.ModeNFTables,
+			MasqueradeBit:           defaultMasqueradeBit,
+			IPTablesBackend:         string(iptables.FlavorAuto),
+			LocalhostNodePorts:      true,
+			UserspaceRedirect:       userspace.RedirectAuto,
+			UserspaceMaxConnections: defaultUserspaceMaxConnections,
+			UserspaceTCPIdleTimeout: defaultUserspaceTCPIdleTimeout,
+			UserspaceUDPIdleTimeout: defaultUserspaceUDPIdleTimeout,
+			SyncPeriod:              defaultSyncPeriod,
+			MinSyncPeriod:           defaultMinSyncPeriod,
+			ConfigSyncPeriod:        defaultConfigSyncPeriod,
+			MetricsBindAddress:      defaultMetricsBindAddress,
+			HealthzBindAddress:      defaultHealthzBindAddress,
+		},
+		Conntrack: conntrack.DefaultTuning(),
+		Log:       DefaultLogOptions(),
+	}
+}
+
+// Resolve merges defaults, then the --config file, then every flag set on
+// the command line. (Upstream lets only --hostname-override and the logging
+// flags beat its file and silently drops the rest; kp lets every explicit
+// flag win, so no argument in a DaemonSet is ignored without a word.) fs is
+// the parsed command's flag set, including the root's logging flags, whose
+// values are logFlags.
+func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func() (string, error)) (Settings, error) {
+	s := DefaultSettings()
+
+	// The mode decides which section of the file applies (nftables.*,
+	// iptables.*), so it is resolved first; the flag beats the file.
+	var file *fileConfig
+	if o.configFile != "" {
+		f, err := loadConfigFile(o.configFile)
+		if err != nil {
+			return s, err
+		}
+		file = f
+	}
+	if err := o.resolveMode(fs, file, &s, logFlags, hostname); err != nil {
+		return s, err
+	}
+
+	var errs []error
+	if file != nil {
+		errs = append(errs, file.apply(&s)...)
+	}
+	errs = append(errs, o.apply(fs, logFlags, &s)...)
+	if len(errs) == 0 {
+		errs = append(errs, s.finish(hostname)...)
+	}
+	return s, errors.Join(errs...)
+}
+
+// finish fills what depends on the merged result and checks what involves
+// more than one setting.
+func (s *Settings) finish(hostname func() (string, error)) []error {
+	var errs []error
+
+	// Upstream lower-cases and trims the node name whether it came from the
+	// host or from --hostname-override, so Node names match.
+	name := s.Config.HostnameOverride
+	if strings.TrimSpace(name) == "" {
+		h, err := hostname()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cannot tell this node's name (%w); set --hostname-override", err))
+		}
+		name = h
+	}
+	s.Config.HostnameOverride = strings.ToLower(strings.TrimSpace(name))
+	if s.Config.HostnameOverride == "" && len(errs) == 0 {
+		errs = append(errs, errors.New("this node's host name is empty; set --hostname-override"))
+	}
+
+	// Upstream's nftables mode answers NodePorts only on the node's primary
+	// IPs unless given CIDRs; its iptables mode answers on every local IP
+	// (and warns that this default is unsafe), and so does kp's: a drop-in
+	// keeps the mode's semantics. --nodeport-addresses primary gives the
+	// nftables default in iptables mode.
+	if len(s.Config.NodePortAddresses) == 0 && s.Config.Mode == proxy.ModeNFTables {
+		s.Config.NodePortPrimary = true
+	}
+
+	if s.bindAddressV6 {
+		if s.Config.MetricsBindAddress == defaultMetricsBindAddress {
+			s.Config.MetricsBindAddress = defaultMetricsBindAddressV6
+		}
+		if s.Config.HealthzBindAddress == defaultHealthzBindAddress {
+			s.Config.HealthzBindAddress = defaultHealthzBindAddressV6
+		}
+	}
+
+	if s.Config.MinSyncPeriod > s.Config.SyncPeriod {
+		errs = append(errs, fmt.Errorf("--min-sync-period %s is longer than --sync-period %s", s.Config.MinSyncPeriod, s.Config.SyncPeriod))
+	}
+	if err := s.Log.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if dir := s.Config.ManifestsDir; dir != "" {
+		if fi, err := os.Stat(dir); err != nil {
+			errs = append(errs, fmt.Errorf("--manifests %q: %w", dir, err))
+		} else if !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--manifests %q: not a directory", dir))
+		}
+	}
+	return errs
+}
