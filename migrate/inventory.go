@@ -136,7 +136,7 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 }
 
 func inventoryNFTables() ([]Found, error) {
-	conn, tables, err := ipTables()
+	conn, tables, err := listIPNFTables()
 	if err != nil {
 		return nil, err
 	}

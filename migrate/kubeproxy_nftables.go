@@ -24,7 +24,7 @@ func (f NFTablesFound) String() string {
 // calling thread's network namespace and, when remove is set, deletes them
 // in one transaction, as upstream's own cleanup does.
 func KubeProxyNFTables(remove bool) ([]NFTablesFound, error) {
-	conn, tables, err := ipTables()
+	conn, tables, err := listIPNFTables()
 	if err != nil {
 		return nil, err
 	}

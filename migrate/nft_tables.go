@@ -6,10 +6,10 @@ import (
 	"github.com/google/nftables"
 )
 
-// ipTables opens nftables in the calling thread's network namespace and
+// listIPNFTables opens nftables in the calling thread's network namespace and
 // lists its ip and ip6 tables (the families kp and kube-proxy write). The
 // caller closes the connection.
-func ipTables() (*nftables.Conn, []*nftables.Table, error) {
+func listIPNFTables() (*nftables.Conn, []*nftables.Table, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, nil, fmt.Errorf("nftables: %w", err)

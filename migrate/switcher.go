@@ -224,7 +224,7 @@ func (s *Switcher) noteAnnotation(st *proxy.State) {
 	s.request(t, by)
 }
 
-func (s *Switcher) take() *switchRequest {
+func (s *Switcher) nextRequest() *switchRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.pending
@@ -235,7 +235,7 @@ func (s *Switcher) take() *switchRequest {
 // Sync syncs the current backend, then carries out a pending switch.
 func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
 	s.noteAnnotation(st)
-	req := s.take()
+	req := s.nextRequest()
 	s.mu.Lock()
 	first := !s.synced
 	s.mu.Unlock()
@@ -246,7 +246,7 @@ func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
 	err := cur.Sync(ctx, st)
 	s.noteSync(false, err)
 	if err != nil {
-		s.putBack(req)
+		s.requeue(req)
 		return err
 	}
 	if req != nil {
@@ -257,9 +257,9 @@ func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
 	return nil
 }
 
-// putBack keeps a request for the next sync after the current mode's sync
+// requeue keeps a request for the next sync after the current mode's sync
 // failed, unless a newer one came meanwhile.
-func (s *Switcher) putBack(req *switchRequest) {
+func (s *Switcher) requeue(req *switchRequest) {
 	if req == nil {
 		return
 	}
@@ -309,7 +309,7 @@ func (s *Switcher) firstSync(ctx context.Context, st *proxy.State, req *switchRe
 	}
 	if req != nil && s.running(p) {
 		end := s.step(p, "remove")
-		end("removed other modes' and kube-proxy's rules"+s.keptNote(), err)
+		end("removed other modes' and kube-proxy's rules"+s.keptForConnectionsNote(), err)
 		s.finish(p, err)
 	}
 	return nil
@@ -388,7 +388,7 @@ func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequ
 	if !same {
 		s.drain(old, log)
 	}
-	end(fmt.Sprintf("removed every rule but %s's (kp's other modes, kube-proxy's)%s", nt, s.keptNote()), err)
+	end(fmt.Sprintf("removed every rule but %s's (kp's other modes, kube-proxy's)%s", nt, s.keptForConnectionsNote()), err)
 	if err != nil {
 		err = fmt.Errorf("remove the old rules: %w (%s serves; re-run to retry)", err, nt)
 	}
@@ -407,43 +407,6 @@ func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend,
 	s.mu.Unlock()
 	return v, err
 }
-
-// abandon removes a new backend's rules after its switch failed.
-func (s *Switcher) abandon(ctx context.Context, b proxy.Backend, log *slog.Logger) {
-	if err := b.Cleanup(ctx); err != nil {
-		log.Error("migration: removing the new mode's rules failed", "err", err)
-	}
-	s.drain(b, log)
-}
-
-// drain lets an old backend that proxies connections itself (userspace)
-// finish its open ones in the background.
-func (s *Switcher) drain(b proxy.Backend, log *slog.Logger) {
-	d, ok := b.(proxy.Shutdowner)
-	if !ok {
-		return
-	}
-	bound := s.cfg.Drain
-	if bound <= 0 {
-		bound = time.Hour
-	}
-	go func() {
-		// Its UDP listeners keep answering the flows whose conntrack
-		// entries still redirect to them until the conntrack cleaner,
-		// which runs after this sync, has deleted those entries (their
-		// next packets then take the new mode's path).
-		time.Sleep(drainDelay)
-		ctx, cancel := context.WithTimeout(context.Background(), bound)
-		defer cancel()
-		if err := d.Shutdown(ctx); err != nil {
-			log.Warn("old mode drained", "err", err)
-		}
-	}()
-}
-
-// drainDelay is how long an old userspace proxy keeps its listeners after
-// its redirect rules are gone.
-const drainDelay = 5 * time.Second
 
 func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 	s.mu.Lock()

@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
@@ -68,21 +69,58 @@ func (s *Switcher) retireKept(ctx context.Context, st *proxy.State) {
 	if err := s.retire(ctx, t, st); err != nil {
 		s.cfg.Log.Warn("removing the old mode's drained state failed; retrying", "err", err)
 	}
-	if s.keptNow() == 0 {
+	if s.keptForConnections() == 0 {
 		s.cfg.Log.Info("old mode's state removed: its connections have ended or the drain bound passed")
 	}
 }
 
-// keptNote tells a migration's progress what the last Retire kept.
-func (s *Switcher) keptNote() string {
-	if n := s.keptNow(); n > 0 {
+// keptForConnectionsNote tells a migration's progress what the last Retire kept.
+func (s *Switcher) keptForConnectionsNote() string {
+	if n := s.keptForConnections(); n > 0 {
 		return fmt.Sprintf("; %d IPVS virtual servers kept while their connections last", n)
 	}
 	return ""
 }
 
-func (s *Switcher) keptNow() int {
+func (s *Switcher) keptForConnections() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.kept
 }
+
+// abandon removes a new backend's rules after its switch failed.
+func (s *Switcher) abandon(ctx context.Context, b proxy.Backend, log *slog.Logger) {
+	if err := b.Cleanup(ctx); err != nil {
+		log.Error("migration: removing the new mode's rules failed", "err", err)
+	}
+	s.drain(b, log)
+}
+
+// drain lets an old backend that proxies connections itself (userspace)
+// finish its open ones in the background.
+func (s *Switcher) drain(b proxy.Backend, log *slog.Logger) {
+	d, ok := b.(proxy.Shutdowner)
+	if !ok {
+		return
+	}
+	bound := s.cfg.Drain
+	if bound <= 0 {
+		bound = time.Hour
+	}
+	go func() {
+		// Its UDP listeners keep answering the flows whose conntrack
+		// entries still redirect to them until the conntrack cleaner,
+		// which runs after this sync, has deleted those entries (their
+		// next packets then take the new mode's path).
+		time.Sleep(drainDelay)
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			log.Warn("old mode drained", "err", err)
+		}
+	}()
+}
+
+// drainDelay is how long an old userspace proxy keeps its listeners after
+// its redirect rules are gone.
+const drainDelay = 5 * time.Second

@@ -44,7 +44,7 @@ func (s *Switcher) handOverShadowed(ctx context.Context, st *proxy.State, p *mig
 	end := s.step(p.progress, "remove")
 	rerr := s.retire(ctx, p.nt, st)
 	end(fmt.Sprintf("removed %s's rules first, as they came first in the nat hooks (kp's other modes, kube-proxy's)%s",
-		p.oldT, s.keptNote()), rerr)
+		p.oldT, s.keptForConnectionsNote()), rerr)
 	end = s.step(p.progress, "verify")
 	v, err := s.verify(ctx, st, p.nb, p.nt, p.progress)
 	if err == nil {

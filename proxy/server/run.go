@@ -75,16 +75,9 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	defer cancel()
 	errc := make(chan error, len(sources)+2)
 
-	metrics := NewMetrics(backend.Mode())
-	metrics.FollowMode(backend.Mode)
-	health := NewHealth(2*syncPeriod, clk)
-	status := NewStatus(backend, nodeName, health, clk)
-	status.SetSysctls(opts.Sysctls)
-	status.SetModeChoice(opts.ModeChoice)
-	for _, c := range opts.Collectors {
-		if err := metrics.Registry().Register(c); err != nil {
-			return fmt.Errorf("register metrics: %w", err)
-		}
+	metrics, health, status, err := newObservers(backend, nodeName, syncPeriod, opts, clk)
+	if err != nil {
+		return err
 	}
 	metrics.ObserveHealth(health)
 	serviceHealth := NewServiceHealthServer(ServiceHealthOptions{Log: log, Healthy: health.Healthy,
@@ -353,4 +346,22 @@ func drain(backend proxy.Backend, grace time.Duration, log *slog.Logger) {
 	if err := d.Shutdown(ctx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+}
+
+// newObservers builds what watches the sync loop: its metrics (with the
+// collectors opts adds), the health it reports on /healthz, and the status
+// API's record.
+func newObservers(backend proxy.Backend, nodeName string, syncPeriod time.Duration, opts RunOptions, clk clock.WithTicker) (*Metrics, *Health, *Status, error) {
+	metrics := NewMetrics(backend.Mode())
+	metrics.FollowMode(backend.Mode)
+	health := NewHealth(2*syncPeriod, clk)
+	status := NewStatus(backend, nodeName, health, clk)
+	status.SetSysctls(opts.Sysctls)
+	status.SetModeChoice(opts.ModeChoice)
+	for _, c := range opts.Collectors {
+		if err := metrics.Registry().Register(c); err != nil {
+			return nil, nil, nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return metrics, health, status, nil
 }
