@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/kpproxy/kp/cmd/kp/options"
@@ -24,26 +23,42 @@ func (a *app) startBackend(ctx context.Context, s options.Settings) (options.Set
 		}
 		return s, b, &statusapi.ModeChoice{From: s.ModeFrom}, nil
 	}
-	choice := &statusapi.ModeChoice{From: "auto", Auto: true}
-	var errs []error
-	for _, m := range options.Modes {
+	chosen := s
+	b, refused, err := proxy.FirstThatRuns(ctx, options.Modes, func(m proxy.Mode) (proxy.Backend, error) {
 		sm, err := s.ForMode(m)
-		if err == nil {
-			var b proxy.Backend
-			if b, err = a.probeMode(ctx, sm); err == nil {
-				a.log.Info("proxy mode chosen", "mode", m, "refused", len(choice.Refused))
-				return sm, b, choice, nil
-			}
+		if err != nil {
+			return nil, err
 		}
-		a.log.Info("proxy mode refused", "mode", m, "reason", err)
-		choice.Refused = append(choice.Refused, statusapi.RefusedMode{Mode: string(m), Reason: err.Error()})
-		errs = append(errs, err)
+		chosen = sm
+		return a.buildMode(sm)
+	})
+	choice := &statusapi.ModeChoice{From: "auto", Auto: true}
+	for _, r := range refused {
+		a.log.Info("proxy mode refused", "mode", r.Mode, "reason", r.Reason)
+		choice.Refused = append(choice.Refused, statusapi.RefusedMode{Mode: string(r.Mode), Reason: r.Reason.Error()})
 	}
-	return s, nil, choice, fmt.Errorf("no proxy mode can run on this node:\n%w", errors.Join(errs...))
+	if err != nil {
+		return s, nil, choice, err
+	}
+	a.log.Info("proxy mode chosen", "mode", b.Mode(), "refused", len(choice.Refused))
+	return chosen, b, choice, nil
 }
 
 // probeMode builds the backend of s's mode and probes it.
 func (a *app) probeMode(ctx context.Context, s options.Settings) (proxy.Backend, error) {
+	backend, err := a.buildMode(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := proxy.Probe(ctx, backend); err != nil {
+		return nil, err
+	}
+	return backend, nil
+}
+
+// buildMode builds the backend of s's mode: the one constructor path of
+// every backend kp runs, at start and after a switch.
+func (a *app) buildMode(s options.Settings) (proxy.Backend, error) {
 	cfg := s.Config
 	newBackend, ok := a.backends[cfg.Mode]
 	if !ok {
@@ -55,9 +70,6 @@ func (a *app) probeMode(ctx context.Context, s options.Settings) (proxy.Backend,
 	backend, err := newBackend(cfg, a.log)
 	if err != nil {
 		return nil, fmt.Errorf("%s mode: %w", cfg.Mode, err)
-	}
-	if err := backend.Probe(ctx); err != nil {
-		return nil, fmt.Errorf("%s mode cannot run on this node: %w", cfg.Mode, err)
 	}
 	return backend, nil
 }
