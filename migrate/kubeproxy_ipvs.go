@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	kpipvs "github.com/kpproxy/kp/legacy/ipvs"
+	"github.com/kpproxy/kp/proxy"
 )
 
 // kubeIPVSInterface is the dummy interface upstream kube-proxy's ipvs mode
@@ -134,7 +134,7 @@ func KubeProxyIPVS(ctx context.Context, how Removal, nodePorts []NodePort) (IPVS
 		linkAddrs = addrs
 	}
 	kept := map[netip.Addr]bool{}
-	local, err := localAddrs()
+	local, err := localAddrSet()
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -237,16 +237,15 @@ func listIPSets(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-func localAddrs() (map[netip.Addr]bool, error) {
-	addrs, err := net.InterfaceAddrs()
+// localAddrSet is proxy.LocalAddrs as a set.
+func localAddrSet() (map[netip.Addr]bool, error) {
+	addrs, err := proxy.LocalAddrs()
 	if err != nil {
 		return nil, fmt.Errorf("list local addresses: %w", err)
 	}
-	out := map[netip.Addr]bool{}
+	out := make(map[netip.Addr]bool, len(addrs))
 	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out[p.Addr().Unmap()] = true
-		}
+		out[a] = true
 	}
 	return out, nil
 }

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/kpproxy/kp/internal/logbuf"
+	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/proxy"
 )
 

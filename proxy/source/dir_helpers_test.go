@@ -18,7 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/kpproxy/kp/internal/logbuf"
+	"github.com/kpproxy/kp/test/logbuf"
 )
 
 // recordingSink is a Sink that records every call and keeps the resulting

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kpproxy/kp/internal/logbuf"
+	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/source"
 	"github.com/kpproxy/kp/test/apiserver"
