@@ -289,7 +289,7 @@ func hasCleanedProtocol(st *proxy.State) bool {
 		return false
 	}
 	for _, sp := range st.Services {
-		if cleaned(protoNumber(sp.Protocol)) {
+		if cleaned(proxy.ProtocolNumber(sp.Protocol)) {
 			return true
 		}
 	}
@@ -306,7 +306,7 @@ func servesNewTCP(prev, cur *proxy.State) bool {
 	if cur == nil {
 		return false
 	}
-	isTCP := func(sp *proxy.ServicePort) bool { return sp != nil && protoNumber(sp.Protocol) == ProtoTCP }
+	isTCP := func(sp *proxy.ServicePort) bool { return sp != nil && proxy.ProtocolNumber(sp.Protocol) == ProtoTCP }
 	if prev == nil || cur.NodeChanged {
 		for _, sp := range cur.Services {
 			if isTCP(sp) {

@@ -5,14 +5,15 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kpproxy/kp/proxy"
 	ct "github.com/ti-mo/conntrack"
 )
 
 // IP protocol numbers of the flows kp cares about.
 const (
-	ProtoTCP  uint8 = 6
-	ProtoUDP  uint8 = 17
-	ProtoSCTP uint8 = 132
+	ProtoTCP  uint8 = proxy.ProtocolNumberTCP
+	ProtoUDP  uint8 = proxy.ProtocolNumberUDP
+	ProtoSCTP uint8 = proxy.ProtocolNumberSCTP
 )
 
 // Flow is one conntrack entry, as kp uses it.
@@ -85,13 +86,10 @@ func (f Flow) Age(now time.Time) time.Duration {
 func (f Flow) ProtocolName() string { return protoName(f.Protocol) }
 
 func protoName(p uint8) string {
+	if name := proxy.ProtocolOf(p); name != "" {
+		return string(name)
+	}
 	switch p {
-	case ProtoTCP:
-		return "TCP"
-	case ProtoUDP:
-		return "UDP"
-	case ProtoSCTP:
-		return "SCTP"
 	case 1:
 		return "ICMP"
 	case 58:

@@ -3,8 +3,6 @@ package conntrack
 import (
 	"net/netip"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -81,7 +79,7 @@ func NewIndex(st *proxy.State, nodeIPs []netip.Addr) *Index {
 }
 
 func (ix *Index) add(sp *proxy.ServicePort, eps []proxy.Endpoint) {
-	proto := protoNumber(sp.Protocol)
+	proto := proxy.ProtocolNumber(sp.Protocol)
 	for _, g := range []struct {
 		via   Via
 		addrs []netip.Addr
@@ -124,14 +122,4 @@ func (ix *Index) Attribute(f Flow) (Attribution, bool) {
 		}
 	}
 	return a, true
-}
-
-func protoNumber(p v1.Protocol) uint8 {
-	switch p {
-	case v1.ProtocolUDP:
-		return ProtoUDP
-	case v1.ProtocolSCTP:
-		return ProtoSCTP
-	}
-	return ProtoTCP
 }

@@ -5,8 +5,6 @@ import (
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
-	"golang.org/x/sys/unix"
-	v1 "k8s.io/api/core/v1"
 )
 
 // NodePortsOf lists st's NodePorts, by which kube-proxy's ipvs-mode virtual
@@ -17,14 +15,7 @@ func NodePortsOf(st *proxy.State) []NodePort {
 		if sp.NodePort == 0 {
 			continue
 		}
-		proto := uint16(unix.IPPROTO_TCP)
-		switch sp.Protocol {
-		case v1.ProtocolUDP:
-			proto = unix.IPPROTO_UDP
-		case v1.ProtocolSCTP:
-			proto = unix.IPPROTO_SCTP
-		}
-		out = append(out, NodePort{Protocol: proto, Port: uint16(sp.NodePort)})
+		out = append(out, NodePort{Protocol: uint16(proxy.ProtocolNumber(sp.Protocol)), Port: uint16(sp.NodePort)})
 	}
 	return out
 }

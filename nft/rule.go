@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/kpproxy/kp/proxy"
 	"golang.org/x/sys/unix"
 )
 
@@ -317,14 +318,10 @@ func (b *ruleBuilder) rejectPortUnreachable() *ruleBuilder {
 	return b.add("reject", &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3 /* ICMP_PORT_UNREACH */})
 }
 
+// protoName is nft's spelling of protocol p.
 func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
+	if name := proxy.ProtocolOf(p); name != "" {
+		return strings.ToLower(string(name))
 	}
 	return fmt.Sprint(p)
 }

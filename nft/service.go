@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables/expr"
-	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
 )
@@ -44,16 +43,6 @@ func endpointID(sp *proxy.ServicePort, ep proxy.Endpoint) string {
 // affinitySetName is the endpoint's session affinity set.
 func affinitySetName(sp *proxy.ServicePort, ep proxy.Endpoint) string {
 	return "affinity-" + endpointID(sp, ep)
-}
-
-func protoNumber(p v1.Protocol) uint8 {
-	switch p {
-	case v1.ProtocolUDP:
-		return 17
-	case v1.ProtocolSCTP:
-		return 132
-	}
-	return 6
 }
 
 func addrProtoPortKey(a netip.Addr, proto uint8, port int32) []byte {
@@ -97,7 +86,7 @@ func (b *Backend) renderInto(v *objects, f family, slots *slotTable, sp *proxy.S
 	if len(clusterIPs) == 0 {
 		return v // a single-stack service of the other family
 	}
-	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: protoNumber(sp.Protocol), slots: slots}
+	r := &serviceRender{b: b, f: f, sp: sp, v: v, comment: fitComment(sp.Name.String()), proto: proxy.ProtocolNumber(sp.Protocol), slots: slots}
 	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f.pf, eps), node)
 	noEndpoint := Element{Verdict: verdictGoto, Chain: chainReject}
 	if sel.Usable {
