@@ -16,7 +16,7 @@ import (
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 
 // runProxyWith runs kp proxy --manifests dir args... with fake backends for
-// the extra modes, and returns the Config proxy.Run was given.
+// the extra modes, and returns the Config server.Run was given.
 func runProxyWith(t *testing.T, dir string, extraModes []proxy.Mode, args ...string) (proxy.Config, *harness) {
 	t.Helper()
 	h := newHarness(t)

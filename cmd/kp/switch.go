@@ -11,7 +11,7 @@ import (
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-// switcher wraps the started backend in the proxy.Switcher kp proxy runs:
+// switcher wraps the started backend in the migrate.Switcher kp proxy runs:
 // it builds other modes' backends with s's settings for that mode, removes
 // everything but the running mode's rules after the first sync and after
 // each switch (migrate.TakeOver), and keeps the conntrack cleaner in step

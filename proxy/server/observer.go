@@ -41,7 +41,7 @@ type RunOptions struct {
 
 	// releaseMemory runs after every successful full sync (nil: return the
 	// freed heap to the kernel in the background); lowerGC sets GOGC (nil:
-	// LowerGC). Tests log the calls.
+	// gctune.Lower). Tests log the calls.
 	releaseMemory func()
 	lowerGC       func(percent int) (restore func())
 }

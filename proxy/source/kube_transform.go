@@ -16,7 +16,7 @@ import (
 // annotations kp never reads (kubectl's last-applied-configuration, a copy
 // of the whole object, among them), selectors, owner references and target
 // references dropped, a third of the room. kp reads a few fields of each
-// (the converters in service.go, endpoints.go and tracker_node.go); the
+// (the converters in proxy's service.go, endpoints.go and tracker_node.go); the
 // compact copy keeps exactly those (TestTransformKeepsWhatKpReads).
 
 // transformObjects strips whatever kind of object the informer delivers;

@@ -1,8 +1,9 @@
 // Package statusapi holds the JSON types of kp proxy's read-only status API
 // and a small client for it. kp serves the API on its metrics address under
-// a versioned path (/kp/v1/...); kp top and kp flows are its clients. The
-// package depends on nothing but the standard library so that any client
-// can import it.
+// a versioned path (/kp/v1/...); kp top, kp flows and kp migrate are its
+// clients. The types and the client use the standard library alone;
+// StateFromServices (state.go) imports the core (proxy) to rebuild a State
+// from a report.
 //
 // Compatibility: within v1, fields are only ever added. A client ignores
 // fields it does not know; a field kp cannot fill is omitted, not zeroed.
