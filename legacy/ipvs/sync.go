@@ -29,16 +29,16 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		return err
 	}
 	dummy := map[netip.Addr]bool{}
-	for _, bk := range b.books {
-		for a := range bk.addrs {
+	for _, wr := range b.written {
+		for a := range wr.addrs {
 			dummy[a] = true
 		}
 	}
 	nodeAddrs := map[proxy.Family][]netip.Addr{}
-	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	full := b.written == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
 	for _, f := range b.families {
 		nodeAddrs[f] = b.nodePortAddrs(f, s.Node, dummy)
-		if bk := b.books[f]; bk != nil && !slices.Equal(bk.nodeAddrs, nodeAddrs[f]) {
+		if wr := b.written[f]; wr != nil && !slices.Equal(wr.nodeAddrs, nodeAddrs[f]) {
 			full = true
 		}
 	}
@@ -50,7 +50,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.lastSyncFull = full
 	if err != nil {
-		b.books = nil
+		b.written = nil
 		return err
 	}
 	if full {
@@ -73,15 +73,15 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 	if err := b.links.Ensure(); err != nil {
 		return err
 	}
-	books := map[proxy.Family]*book{}
+	next := map[proxy.Family]*written{}
 	for _, f := range b.families {
-		bk := newBook()
-		bk.nodeAddrs = nodeAddrs[f]
+		wr := newWritten()
+		wr.nodeAddrs = nodeAddrs[f]
 		in := b.renderInput(f, s, nodeAddrs[f])
 		for name, sp := range s.Services {
-			bk.set(name, render(in, sp, s.Endpoints[name]), newChange())
+			wr.set(name, render(in, sp, s.Endpoints[name]), newChange())
 		}
-		books[f] = bk
+		next[f] = wr
 	}
 
 	// What the kernel holds: the virtual servers, which of them are kp's
@@ -114,8 +114,8 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 
 	// Addresses first: a new Service's packets must reach INPUT.
 	want := map[netip.Addr]bool{}
-	for _, bk := range books {
-		for a := range bk.addrs {
+	for _, wr := range next {
+		for a := range wr.addrs {
 			want[a] = true
 			if !onDummy[a] {
 				if err := b.links.AddAddr(a); err != nil {
@@ -133,8 +133,8 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 		}
 		seen[k] = true
 		var vs *VirtualServer
-		if bk := books[familyOf(k.Addr)]; bk != nil {
-			vs = bk.servers[k]
+		if wr := next[familyOf(k.Addr)]; wr != nil {
+			vs = wr.servers[k]
 		}
 		if vs == nil && !(owned[k] || onDummy[k.Addr]) {
 			continue // another program's
@@ -152,17 +152,17 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 			return err
 		}
 	}
-	for _, bk := range books {
-		for _, k := range sortedKeys(bk.servers) {
+	for _, wr := range next {
+		for _, k := range sortedKeys(wr.servers) {
 			if !seen[k] {
-				if err := b.applyAll(diffServer(k, bk.servers[k], nil, proxy.ServicePortName{})); err != nil {
+				if err := b.applyAll(diffServer(k, wr.servers[k], nil, proxy.ServicePortName{})); err != nil {
 					return err
 				}
 			}
 		}
 	}
 
-	if err := b.ipset.Restore(ctx, fullSetsInput(books, b.families)); err != nil {
+	if err := b.ipset.Restore(ctx, fullSetsInput(next, b.families)); err != nil {
 		return err
 	}
 	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
@@ -175,7 +175,7 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 			}
 		}
 	}
-	b.books = books
+	b.written = next
 	return nil
 }
 
@@ -183,14 +183,14 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 func (b *Backend) syncPartial(ctx context.Context, s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) error {
 	changes := map[proxy.Family]*change{}
 	for _, f := range b.families {
-		bk := b.books[f]
+		wr := b.written[f]
 		c := newChange()
 		in := b.renderInput(f, s, nodeAddrs[f])
 		for _, name := range sortedNames(s.Changed) {
 			if sp := s.Services[name]; sp != nil {
-				bk.set(name, render(in, sp, s.Endpoints[name]), c)
+				wr.set(name, render(in, sp, s.Endpoints[name]), c)
 			} else {
-				bk.set(name, nil, c)
+				wr.set(name, nil, c)
 			}
 		}
 		c.settle()
@@ -204,9 +204,9 @@ func (b *Backend) syncPartial(ctx context.Context, s *proxy.State, nodeAddrs map
 		}
 	}
 	for _, f := range b.families {
-		c, bk := changes[f], b.books[f]
+		c, wr := changes[f], b.written[f]
 		for _, k := range sortedKeys(c.servers) {
-			vs := bk.servers[k]
+			vs := wr.servers[k]
 			have, err := b.readServer(k, vs != nil)
 			if err != nil {
 				return fmt.Errorf("service port %s: %w", c.serversOwners[k], err)
@@ -300,11 +300,11 @@ func (b *Backend) excluded(a netip.Addr) bool {
 
 // fullSetsInput rewrites every set of the families: each is filled under a
 // temporary name and swapped in, so packets never see it half filled.
-func fullSetsInput(books map[proxy.Family]*book, fams []proxy.Family) []byte {
+func fullSetsInput(byFamily map[proxy.Family]*written, fams []proxy.Family) []byte {
 	var w strings.Builder
 	for _, f := range fams {
 		byKind := map[setKind][]string{}
-		for e := range books[f].entries {
+		for e := range byFamily[f].entries {
 			byKind[e.Kind] = append(byKind[e.Kind], e.Entry)
 		}
 		for i, k := range setKinds {
