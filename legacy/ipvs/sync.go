@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
-	v1 "k8s.io/api/core/v1"
+	"github.com/moby/ipvs"
 
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
@@ -73,6 +72,39 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 	if err := b.links.Ensure(); err != nil {
 		return err
 	}
+	next := b.renderAll(s, nodeAddrs)
+	have, err := b.readKernel(ctx)
+	if err != nil {
+		return err
+	}
+	// Addresses first: a new Service's packets must reach INPUT.
+	want, err := b.addAddrs(next, have.onDummy)
+	if err != nil {
+		return err
+	}
+	if err := b.reconcileServers(next, have); err != nil {
+		return err
+	}
+	if err := b.ipset.Restore(ctx, fullSetsInput(next, b.families)); err != nil {
+		return err
+	}
+	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
+		return err
+	}
+	for _, a := range have.addrs {
+		if !want[a] {
+			if err := b.links.DelAddr(a); err != nil {
+				return err
+			}
+		}
+	}
+	b.written = next
+	return nil
+}
+
+// renderAll renders every service port of s, per family: what a full sync
+// will have written once it succeeds.
+func (b *Backend) renderAll(s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) map[proxy.Family]*written {
 	next := map[proxy.Family]*written{}
 	for _, f := range b.families {
 		wr := newWritten()
@@ -83,50 +115,75 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 		}
 		next[f] = wr
 	}
+	return next
+}
 
-	// What the kernel holds: the virtual servers, which of them are kp's
-	// (recorded in the KP-IPVS-SERVERS sets, or on kp-ipvs0's addresses),
-	// and kp-ipvs0's addresses.
+// kernelState is what a full sync reads from the kernel before it changes
+// anything.
+type kernelState struct {
+	// addrs are kp-ipvs0's addresses; onDummy the same, as a set.
+	addrs   []netip.Addr
+	onDummy map[netip.Addr]bool
+	// owned are the virtual servers recorded as kp's in the
+	// KP-IPVS-SERVERS sets.
+	owned map[vsKey]bool
+	// servers are every virtual server of the namespace, kp's or not.
+	servers []*ipvs.Service
+}
+
+// readKernel reads the virtual servers, which of them are kp's (recorded
+// in the KP-IPVS-SERVERS sets, or on kp-ipvs0's addresses), and kp-ipvs0's
+// addresses.
+func (b *Backend) readKernel(ctx context.Context) (*kernelState, error) {
 	sets, err := b.ipset.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	haveAddrs, err := b.links.Addrs()
-	if err != nil {
-		return err
+	have := &kernelState{onDummy: map[netip.Addr]bool{}, owned: map[vsKey]bool{}}
+	if have.addrs, err = b.links.Addrs(); err != nil {
+		return nil, err
 	}
-	onDummy := map[netip.Addr]bool{}
-	for _, a := range haveAddrs {
-		onDummy[a] = true
+	for _, a := range have.addrs {
+		have.onDummy[a] = true
 	}
-	owned := map[vsKey]bool{}
 	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 		for _, e := range sets[setName(f, setServers)] {
 			if k, ok := parseIPPort(e); ok {
-				owned[k] = true
+				have.owned[k] = true
 			}
 		}
 	}
-	kernel, err := b.handle.GetServices()
-	if err != nil {
-		return fmt.Errorf("list IPVS virtual servers: %w", err)
+	if have.servers, err = b.handle.GetServices(); err != nil {
+		return nil, fmt.Errorf("list IPVS virtual servers: %w", err)
 	}
+	return have, nil
+}
 
-	// Addresses first: a new Service's packets must reach INPUT.
+// addAddrs puts on kp-ipvs0 every address next needs that it lacks, and
+// returns the addresses next needs (the others go once the rest is
+// written).
+func (b *Backend) addAddrs(next map[proxy.Family]*written, onDummy map[netip.Addr]bool) (map[netip.Addr]bool, error) {
 	want := map[netip.Addr]bool{}
 	for _, wr := range next {
 		for a := range wr.addrs {
 			want[a] = true
 			if !onDummy[a] {
 				if err := b.links.AddAddr(a); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
 	}
+	return want, nil
+}
 
+// reconcileServers makes the kernel's virtual servers match next: each
+// one the kernel holds is updated, or deleted when it is kp's and next
+// lacks it (another program's are left alone, as are kp's in excluded
+// CIDRs); then the ones next adds are created, in key order.
+func (b *Backend) reconcileServers(next map[proxy.Family]*written, have *kernelState) error {
 	seen := map[vsKey]bool{}
-	for _, ks := range kernel {
+	for _, ks := range have.servers {
 		k, ok := kernelKey(ks)
 		if !ok {
 			continue
@@ -136,19 +193,20 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 		if wr := next[familyOf(k.Addr)]; wr != nil {
 			vs = wr.servers[k]
 		}
-		if vs == nil && !(owned[k] || onDummy[k.Addr]) {
+		if vs == nil && !(have.owned[k] || have.onDummy[k.Addr]) {
 			continue // another program's
 		}
 		if vs == nil && b.excluded(k.Addr) {
 			continue
 		}
-		have := &kernelServer{svc: ks}
+		cur := &kernelServer{svc: ks}
 		if vs != nil {
-			if have.dests, err = b.handle.GetDestinations(ks); err != nil {
+			var err error
+			if cur.dests, err = b.handle.GetDestinations(ks); err != nil {
 				return fmt.Errorf("service port %s: read the real servers of %s: %w", vs.Owner, k, err)
 			}
 		}
-		if err := b.applyAll(diffServer(k, vs, have, proxy.ServicePortName{})); err != nil {
+		if err := b.applyAll(diffServer(k, vs, cur, proxy.ServicePortName{})); err != nil {
 			return err
 		}
 	}
@@ -161,21 +219,6 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 			}
 		}
 	}
-
-	if err := b.ipset.Restore(ctx, fullSetsInput(next, b.families)); err != nil {
-		return err
-	}
-	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
-		return err
-	}
-	for _, a := range haveAddrs {
-		if !want[a] {
-			if err := b.links.DelAddr(a); err != nil {
-				return err
-			}
-		}
-	}
-	b.written = next
 	return nil
 }
 
@@ -296,62 +339,6 @@ func (b *Backend) writeRules(ctx context.Context, serviceCIDRs []netip.Prefix) e
 
 func (b *Backend) excluded(a netip.Addr) bool {
 	return slices.ContainsFunc(b.cfg.IPVS.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
-}
-
-// fullSetsInput rewrites every set of the families: each is filled under a
-// temporary name and swapped in, so packets never see it half filled.
-func fullSetsInput(byFamily map[proxy.Family]*written, fams []proxy.Family) []byte {
-	var w strings.Builder
-	for _, f := range fams {
-		byKind := map[setKind][]string{}
-		for e := range byFamily[f].entries {
-			byKind[e.Kind] = append(byKind[e.Kind], e.Entry)
-		}
-		for i, k := range setKinds {
-			name, tmp := setName(f, k), fmt.Sprintf("KP-TMP-%d-%d", f, i)
-			w.WriteString(createLine(f, k, name) + " -exist\n")
-			w.WriteString(createLine(f, k, tmp) + " -exist\n")
-			w.WriteString("flush " + tmp + "\n")
-			entries := byKind[k]
-			slices.Sort(entries)
-			for _, e := range entries {
-				w.WriteString("add " + tmp + " " + e + " -exist\n")
-			}
-			w.WriteString("swap " + tmp + " " + name + "\n")
-			w.WriteString("destroy " + tmp + "\n")
-		}
-	}
-	return []byte(w.String())
-}
-
-// partialSetsInput adds and deletes the entries the changes name.
-func partialSetsInput(changes map[proxy.Family]*change, fams []proxy.Family) []byte {
-	var w strings.Builder
-	for _, f := range fams {
-		c := changes[f]
-		for _, e := range c.delEntries {
-			w.WriteString("del " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
-		}
-		for _, e := range c.addEntries {
-			w.WriteString("add " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
-		}
-	}
-	return []byte(w.String())
-}
-
-// parseIPPort reads a hash:ip,port entry ("10.96.0.10,tcp:80").
-func parseIPPort(e string) (vsKey, bool) {
-	ip, pp, ok := strings.Cut(e, ",")
-	if !ok {
-		return vsKey{}, false
-	}
-	proto, port, ok := strings.Cut(pp, ":")
-	a, err := netip.ParseAddr(ip)
-	n, perr := strconv.ParseUint(port, 10, 16)
-	if !ok || err != nil || perr != nil {
-		return vsKey{}, false
-	}
-	return vsKey{Proto: v1.Protocol(strings.ToUpper(proto)), Addr: a, Port: uint16(n)}, true
 }
 
 func familyOf(a netip.Addr) proxy.Family {
