@@ -7,9 +7,10 @@ import (
 )
 
 // stageMaxChains bounds the chains of one staging restore: iptables-nft's
-// --noflush cost grows with lines × chains named per restore (diff.go,
-// cacheHintLine), and each restore has a fixed cost of its own, so 512 is
-// the measured middle ground (test/bench/NOTES.md, "kp-iptables").
+// --noflush cost grows with lines × chains named per restore
+// (restore_input.go, cacheHintLine), and each restore has a fixed cost of
+// its own, so 512 is the measured middle ground (test/bench/NOTES.md,
+// "kp-iptables").
 const stageMaxChains = 512
 
 // staging says whether a full sync of this backend stages the chains the
