@@ -111,9 +111,9 @@ func compareNames(a, b proxy.ServicePortName) int {
 
 // listeningAgain reports whether a service port the last sync refused has a
 // listener now: not in s.Changed, it still changes the rules.
-func (b *Backend) listeningAgain(ports map[proxy.ServicePortName]listenerPorts) bool {
+func (b *Backend) listeningAgain(states map[proxy.ServicePortName]portState) bool {
 	for _, name := range b.refused {
-		if _, ok := b.last[name]; !ok && ports[name] != (listenerPorts{}) {
+		if _, ok := b.last[name]; !ok && states[name].ports != (listenerPorts{}) {
 			return true
 		}
 	}
