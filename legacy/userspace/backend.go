@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 
@@ -267,15 +265,3 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
-
-// netOps opens sockets and netlink connections: in the process's network
-// namespace, or (tests) in another.
-type netOps struct {
-	listenTCP func() (*net.TCPListener, error)
-	listenUDP func() ([]*net.UDPConn, error)
-	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
-	// inNS runs fn in the namespace (iptables binaries run in the calling
-	// thread's).
-	inNS func(fn func() error) error
-}
