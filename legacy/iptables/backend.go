@@ -52,7 +52,7 @@ type Backend struct {
 	books        map[proxy.Family]*book
 	lastFull     time.Time
 	lastSyncFull bool
-	// noCacheHint: this iptables refused cacheHintLine (diff.go).
+	// noCacheHint: this iptables refused cacheHintLine (restore_input.go).
 	noCacheHint bool
 	// stageChains bounds a staging restore (stage.go); 0 stages nothing.
 	stageChains int

@@ -50,7 +50,7 @@ func (r *execRunner) Restore(ctx context.Context, data []byte) error {
 	cmd.Stdin = bytes.NewReader(data)
 	var stderr bytes.Buffer
 	// Stdout stays /dev/null: it carries only the listing of a cache hint
-	// (diff.go), 48 MB at 10,000 Services; errors go to stderr.
+	// (restore_input.go), 48 MB at 10,000 Services; errors go to stderr.
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {

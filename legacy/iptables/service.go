@@ -47,112 +47,151 @@ func (b *Backend) render(fam proxy.Family, sp *proxy.ServicePort, eps []proxy.En
 		return out // a single-stack service of the other family
 	}
 	r := &serviceRender{b: b, fam: fam, sp: sp, name: sp.Name.String(), proto: protoName(sp), out: out}
-	sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(fam, eps), node)
+	p := r.plan(clusterIPs, proxy.SelectEndpoints(sp, proxy.FilterEndpoints(fam, eps), node))
+	r.clusterIPEntries(p)
+	r.externalEntries(p)
+	r.ownChains(p, node)
+	return out
+}
 
-	var clusterChain, localChain string
+// servicePlan is where each kind of a service port's traffic goes in one
+// family, decided from the endpoint selection before any rule is written.
+type servicePlan struct {
+	sel        proxy.EndpointSelection
+	clusterIPs []netip.Addr
+	lbIPs      []netip.Addr
+	ranges     []netip.Prefix // LoadBalancer source ranges
+	// clusterChain (KP-SVC-) and localChain (KP-SVL-) are the policy
+	// chains that have endpoints, "" when not written; internal and
+	// external are the ones each policy's traffic jumps to.
+	clusterChain, localChain string
+	internal, external       string
+	usesExt                  bool // KP-EXT- is written
+	usesFW                   bool // KP-FW- is written
+	// filterTarget and filterComment are the filter table's answer to
+	// traffic of a policy without endpoints.
+	filterTarget, filterComment string
+}
+
+func (r *serviceRender) plan(clusterIPs []netip.Addr, sel proxy.EndpointSelection) servicePlan {
+	sp := r.sp
+	p := servicePlan{sel: sel, clusterIPs: clusterIPs,
+		lbIPs: proxy.FilterAddrs(r.fam, sp.LoadBalancerIPs), ranges: proxy.FilterPrefixes(r.fam, sp.LoadBalancerSourceRanges)}
 	if len(sel.Cluster) > 0 && sp.UsesClusterEndpoints() {
-		clusterChain = svcChainName(sp)
+		p.clusterChain = svcChainName(sp)
 	}
 	if len(sel.Local) > 0 && sp.UsesLocalEndpoints() {
-		localChain = svlChainName(sp)
+		p.localChain = svlChainName(sp)
 	}
-	internal := clusterChain
+	p.internal = p.clusterChain
 	if sp.InternalPolicyLocal {
-		internal = localChain
+		p.internal = p.localChain
 	}
-	external := clusterChain
+	p.external = p.clusterChain
 	if sp.ExternalPolicyLocal {
-		external = localChain
+		p.external = p.localChain
 	}
-	usesExt := sel.Usable && sp.HasExternal()
-	lbIPs := proxy.FilterAddrs(fam, sp.LoadBalancerIPs)
-	ranges := proxy.FilterPrefixes(fam, sp.LoadBalancerSourceRanges)
-	usesFW := sel.Usable && len(lbIPs) > 0 && len(ranges) > 0
-
-	filterTarget, filterComment := "REJECT", r.name+" has no endpoints"
+	p.usesExt = sel.Usable && sp.HasExternal()
+	p.usesFW = sel.Usable && len(p.lbIPs) > 0 && len(p.ranges) > 0
+	p.filterTarget, p.filterComment = "REJECT", r.name+" has no endpoints"
 	if sel.Usable {
-		filterTarget, filterComment = "DROP", r.name+" has no local endpoints"
+		p.filterTarget, p.filterComment = "DROP", r.name+" has no local endpoints"
 	}
+	return p
+}
 
-	for _, a := range clusterIPs {
-		if internal != "" {
-			r.nat(a, r.name+" cluster IP", r.dst(a)+" -j "+internal)
+// clusterIPEntries adds the ClusterIPs' rules to the shared dispatch
+// chains.
+func (r *serviceRender) clusterIPEntries(p servicePlan) {
+	for _, a := range p.clusterIPs {
+		if p.internal != "" {
+			r.nat(a, r.name+" cluster IP", r.dst(a)+" -j "+p.internal)
 		} else {
-			r.filterSvc(a, 0, filterComment, r.dst(a)+" -j "+filterTarget)
+			r.filterSvc(a, 0, p.filterComment, r.dst(a)+" -j "+p.filterTarget)
 		}
 		// Other ports of the ClusterIP are refused, as kp's nftables
 		// mode does (after the ports' own rules in the same leaf).
 		r.filterSvc(a, 1, r.name+" cluster IP: other ports", "-d "+a.String()+" -j REJECT")
 	}
+}
+
+// externalEntries adds the external IPs', LoadBalancer IPs', NodePort's
+// and health check's rules to the shared dispatch chains.
+func (r *serviceRender) externalEntries(p servicePlan) {
+	sp, out := r.sp, r.out
 	extTarget := extChainName(sp)
-	for _, a := range proxy.FilterAddrs(fam, sp.ExternalIPs) {
-		if sel.Usable {
+	for _, a := range proxy.FilterAddrs(r.fam, sp.ExternalIPs) {
+		if p.sel.Usable {
 			r.nat(a, r.name+" external IP", r.dst(a)+" -j "+extTarget)
 		}
-		if external == "" {
-			out.filterExternal = append(out.filterExternal, r.addrEntry(a, 0, filterComment, r.dst(a)+" -j "+filterTarget))
+		if p.external == "" {
+			out.filterExternal = append(out.filterExternal, r.addrEntry(a, 0, p.filterComment, r.dst(a)+" -j "+p.filterTarget))
 		}
 	}
-	for _, a := range lbIPs {
-		if sel.Usable {
+	for _, a := range p.lbIPs {
+		if p.sel.Usable {
 			target := extTarget
-			if usesFW {
+			if p.usesFW {
 				target = fwChainName(sp)
 			}
 			r.nat(a, r.name+" loadbalancer IP", r.dst(a)+" -j "+target)
 		}
-		if usesFW {
+		if p.usesFW {
 			out.firewall = append(out.firewall, r.addrEntry(a, 0,
 				fmt.Sprintf("%s traffic not accepted by %s", r.name, fwChainName(sp)), r.dst(a)+" -j DROP"))
 		}
-		if external == "" {
-			out.filterExternal = append(out.filterExternal, r.addrEntry(a, 0, filterComment, r.dst(a)+" -j "+filterTarget))
+		if p.external == "" {
+			out.filterExternal = append(out.filterExternal, r.addrEntry(a, 0, p.filterComment, r.dst(a)+" -j "+p.filterTarget))
 		}
 	}
 	if sp.NodePort != 0 {
-		if sel.Usable {
+		if p.sel.Usable {
 			out.natNodePorts = append(out.natNodePorts, r.portEntry(sp.NodePort, r.name,
 				r.match()+fmt.Sprintf(" --dport %d -j %s", sp.NodePort, extTarget)))
 		}
-		if external == "" {
-			out.filterExternal = append(out.filterExternal, r.portEntry(sp.NodePort, filterComment,
-				"-m addrtype --dst-type LOCAL "+r.match()+fmt.Sprintf(" --dport %d -j %s", sp.NodePort, filterTarget)))
+		if p.external == "" {
+			out.filterExternal = append(out.filterExternal, r.portEntry(sp.NodePort, p.filterComment,
+				"-m addrtype --dst-type LOCAL "+r.match()+fmt.Sprintf(" --dport %d -j %s", sp.NodePort, p.filterTarget)))
 		}
 	}
 	if sp.HealthCheckNodePort != 0 {
 		out.healthChecks = append(out.healthChecks, Rule{Comment: r.name + " health check node port",
 			Args: fmt.Sprintf("-m tcp -p tcp --dport %d -j ACCEPT", sp.HealthCheckNodePort), Owner: sp.Name})
 	}
+}
 
-	if clusterChain != "" {
+// ownChains writes the service port's own nat chains the plan calls for:
+// KP-SVC-, KP-SVL-, KP-EXT-, KP-FW-, and one KP-SEP- per endpoint either
+// policy uses.
+func (r *serviceRender) ownChains(p servicePlan, node proxy.Node) {
+	sp := r.sp
+	if p.clusterChain != "" {
 		var first []Rule
 		if !sp.InternalPolicyLocal {
-			first = r.clusterMasquerade(clusterIPs)
+			first = r.clusterMasquerade(p.clusterIPs)
 		}
-		r.policyChain(clusterChain, sel.Cluster, first)
+		r.policyChain(p.clusterChain, p.sel.Cluster, first)
 	}
-	if localChain != "" {
+	if p.localChain != "" {
 		var first []Rule
 		if sp.InternalPolicyLocal {
-			first = r.clusterMasquerade(clusterIPs)
+			first = r.clusterMasquerade(p.clusterIPs)
 		}
-		r.policyChain(localChain, sel.Local, first)
+		r.policyChain(p.localChain, p.sel.Local, first)
 	}
-	if usesExt {
-		r.externalChain(clusterChain, localChain, external)
+	if p.usesExt {
+		r.externalChain(p.clusterChain, p.localChain, p.external)
 	}
-	if usesFW {
-		r.firewallChain(lbIPs, ranges, node)
+	if p.usesFW {
+		r.firewallChain(p.lbIPs, p.ranges, node)
 	}
-	// One KP-SEP chain per endpoint either policy uses.
 	seen := map[string]bool{}
-	for _, e := range append(append([]proxy.Endpoint{}, sel.Cluster...), sel.Local...) {
-		if name := sepChainName(sp, e); !seen[name] && (clusterChain != "" || localChain != "") {
+	for _, e := range append(append([]proxy.Endpoint{}, p.sel.Cluster...), p.sel.Local...) {
+		if name := sepChainName(sp, e); !seen[name] && (p.clusterChain != "" || p.localChain != "") {
 			seen[name] = true
 			r.endpointChain(name, e)
 		}
 	}
-	return out
 }
 
 // match is the protocol match of the service port's rules.

@@ -6,13 +6,11 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// stageMaxChains bounds the chains of one staging restore. iptables-nft
-// 1.8.9 with --noflush costs about lines × named chains / 2 string compares
-// per restore (diff.go, cacheHintLine), and each restore has a fixed cost
-// of its own: measured at 1,000 Services × 10 endpoints (11,000 chains),
-// the children's CPU was 0.82 s in chunks of 256 chains, 0.97 s of 512,
-// 1.5 s of 1,024, 1.8 s of 2,048, 27 s of 8,192 (one restore with the
-// cache hint: 1.1 s and 73 MiB, against 6 MiB for chunks of 512).
+// stageMaxChains bounds the chains of one staging restore: iptables-nft's
+// --noflush cost grows with lines × chains named per restore
+// (restore_input.go, cacheHintLine), and each restore has a fixed cost of
+// its own, so 512 is the measured middle ground (test/bench/NOTES.md,
+// "kp-iptables").
 const stageMaxChains = 512
 
 // staging says whether a full sync of this backend stages the chains the
@@ -33,11 +31,11 @@ func (b *Backend) staging() bool { return b.Flavor() == FlavorNFT && b.stageChai
 // and the next full sync, which reads the kernel again, writes them again
 // in its own restore (or deletes them, if nobody wants them any more).
 //
-// Why: a cold start in one restore made the iptables-nft-restore child
-// hold the whole batch and its cache (663 MiB at 10,000 Services × 10
-// endpoints), and needed the cache hint's read of the whole table; the
-// kernel validates a transaction from the base chains, which staged chains
-// are not reachable from, so staging costs it little.
+// Why: a cold start in one restore makes the iptables-nft-restore child
+// hold the whole batch and its cache, and needs the cache hint's read of
+// the whole table (sizes in test/bench/NOTES.md, "kp-iptables"); the kernel
+// validates a transaction from the base chains, which staged chains are
+// not reachable from, so staging costs it little.
 func (b *Backend) stage(ctx context.Context, r Runner, f proxy.Family, want []*Chain, kernel map[Table]*Dump) (map[chainKey]string, map[Table]int, error) {
 	staged, rules := map[chainKey]string{}, map[Table]int{}
 	exists := map[chainKey]bool{}

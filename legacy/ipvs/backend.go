@@ -45,7 +45,9 @@ type Backend struct {
 	// cleanupChains removes the KP-IPVS- chains (nil: tests with fakes).
 	cleanupChains func(ctx context.Context) error
 
-	books        map[proxy.Family]*book
+	// written is what the last successful sync wrote, per family; nil
+	// after a failure (the next sync is full).
+	written      map[proxy.Family]*written
 	lastFull     time.Time
 	lastSyncFull bool
 	drain        *graceful

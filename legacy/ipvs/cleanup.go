@@ -41,7 +41,7 @@ func (b *Backend) CleanupKeepingActive(ctx context.Context) (int, error) {
 func (b *Backend) cleanup(ctx context.Context, keepActive bool) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.books = nil
+	b.written = nil
 	var errs []error
 	var sets map[string][]string
 	haveIPSet := true

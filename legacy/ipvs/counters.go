@@ -34,12 +34,12 @@ func (b *Backend) EndpointCounters(*proxy.State) (map[proxy.EndpointRef]proxy.En
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.handle == nil || b.books == nil {
+	if b.handle == nil || b.written == nil {
 		return nil, nil
 	}
 	out := map[proxy.EndpointRef]proxy.EndpointCounter{}
-	for _, bk := range b.books {
-		for k, vs := range bk.servers {
+	for _, wr := range b.written {
+		for k, vs := range wr.servers {
 			ds, err := b.handle.GetDestinations(keyService(k))
 			if err != nil {
 				return nil, fmt.Errorf("service port %s: read the real servers of %s: %w", vs.Owner, k, err)

@@ -8,9 +8,11 @@
 // the VIP access filter and the entry points.
 //
 // A sync is render, diff, apply: a State renders into plain values
-// (VirtualServer, set entries, addresses; render.go), those are compared
-// with what the kernel holds, read back through netlink (diff.go), and only
-// the differences are sent (apply.go). A real server that is no longer
-// wanted is drained, not cut: weight 0, deleted once it holds no
-// connection or after a bound (graceful.go).
+// (VirtualServer, set entries, addresses; render.go), recorded per family
+// as what kp wrote (written.go); those are compared with what the kernel
+// holds, read back through netlink, as a list of ops (diffServer, diff.go),
+// and only the differences are sent (apply in diff.go, driven by sync.go,
+// with the ipset restore inputs of sets.go and the chains of rules.go). A
+// real server that is no longer wanted is drained, not cut: weight 0,
+// deleted once it holds no connection or after a bound (graceful.go).
 package ipvs

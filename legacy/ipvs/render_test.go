@@ -170,9 +170,9 @@ func TestUDPRealServersAreDeletedAtOnce(t *testing.T) {
 	}
 }
 
-func TestBookCountsSharedAddressesAndEntries(t *testing.T) {
+func TestWrittenCountsSharedAddressesAndEntries(t *testing.T) {
 	in := renderInput{family: proxy.IPv4, scheduler: "rr", node: proxy.Node{Name: "n1"}}
-	bk := newBook()
+	bk := newWritten()
 	a := &proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	b := &proxy.ServicePort{Name: proxy.ServicePortName{NamespacedName: a.Name.NamespacedName, Port: "b", Protocol: v1.ProtocolTCP},
 		ClusterIPs: addrs("10.96.0.10"), Port: 81, Protocol: v1.ProtocolTCP}
@@ -199,9 +199,9 @@ func TestBookCountsSharedAddressesAndEntries(t *testing.T) {
 }
 
 func TestSetsInputSwapsFullAndEditsPartial(t *testing.T) {
-	bk := newBook()
+	bk := newWritten()
 	bk.entries[setEntry{setClusterIP, "10.96.0.10,tcp:80"}] = 1
-	full := string(fullSetsInput(map[proxy.Family]*book{proxy.IPv4: bk}, []proxy.Family{proxy.IPv4}))
+	full := string(fullSetsInput(map[proxy.Family]*written{proxy.IPv4: bk}, []proxy.Family{proxy.IPv4}))
 	for _, w := range []string{"create KP-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 1048576 -exist",
 		"add KP-TMP-4-0 10.96.0.10,tcp:80 -exist", "swap KP-TMP-4-0 KP-CLUSTER-IP", "destroy KP-TMP-4-0",
 		"create KP-NODE-PORT-TCP bitmap:port range 0-65535 -exist"} {

@@ -1,7 +1,9 @@
 package ipvs
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -104,4 +106,60 @@ func ipPort(a netip.Addr, p v1.Protocol, port int32) string {
 type setEntry struct {
 	Kind  setKind
 	Entry string
+}
+
+// fullSetsInput rewrites every set of the families: each is filled under a
+// temporary name and swapped in, so packets never see it half filled.
+func fullSetsInput(byFamily map[proxy.Family]*written, fams []proxy.Family) []byte {
+	var w strings.Builder
+	for _, f := range fams {
+		byKind := map[setKind][]string{}
+		for e := range byFamily[f].entries {
+			byKind[e.Kind] = append(byKind[e.Kind], e.Entry)
+		}
+		for i, k := range setKinds {
+			name, tmp := setName(f, k), fmt.Sprintf("KP-TMP-%d-%d", f, i)
+			w.WriteString(createLine(f, k, name) + " -exist\n")
+			w.WriteString(createLine(f, k, tmp) + " -exist\n")
+			w.WriteString("flush " + tmp + "\n")
+			entries := byKind[k]
+			slices.Sort(entries)
+			for _, e := range entries {
+				w.WriteString("add " + tmp + " " + e + " -exist\n")
+			}
+			w.WriteString("swap " + tmp + " " + name + "\n")
+			w.WriteString("destroy " + tmp + "\n")
+		}
+	}
+	return []byte(w.String())
+}
+
+// partialSetsInput adds and deletes the entries the changes name.
+func partialSetsInput(changes map[proxy.Family]*change, fams []proxy.Family) []byte {
+	var w strings.Builder
+	for _, f := range fams {
+		c := changes[f]
+		for _, e := range c.delEntries {
+			w.WriteString("del " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
+		}
+		for _, e := range c.addEntries {
+			w.WriteString("add " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
+		}
+	}
+	return []byte(w.String())
+}
+
+// parseIPPort reads a hash:ip,port entry ("10.96.0.10,tcp:80").
+func parseIPPort(e string) (vsKey, bool) {
+	ip, pp, ok := strings.Cut(e, ",")
+	if !ok {
+		return vsKey{}, false
+	}
+	proto, port, ok := strings.Cut(pp, ":")
+	a, err := netip.ParseAddr(ip)
+	n, perr := strconv.ParseUint(port, 10, 16)
+	if !ok || err != nil || perr != nil {
+		return vsKey{}, false
+	}
+	return vsKey{Proto: v1.Protocol(strings.ToUpper(proto)), Addr: a, Port: uint16(n)}, true
 }

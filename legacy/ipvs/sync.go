@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
-	v1 "k8s.io/api/core/v1"
+	"github.com/moby/ipvs"
 
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
@@ -29,16 +28,16 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		return err
 	}
 	dummy := map[netip.Addr]bool{}
-	for _, bk := range b.books {
-		for a := range bk.addrs {
+	for _, wr := range b.written {
+		for a := range wr.addrs {
 			dummy[a] = true
 		}
 	}
 	nodeAddrs := map[proxy.Family][]netip.Addr{}
-	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	full := b.written == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
 	for _, f := range b.families {
 		nodeAddrs[f] = b.nodePortAddrs(f, s.Node, dummy)
-		if bk := b.books[f]; bk != nil && !slices.Equal(bk.nodeAddrs, nodeAddrs[f]) {
+		if wr := b.written[f]; wr != nil && !slices.Equal(wr.nodeAddrs, nodeAddrs[f]) {
 			full = true
 		}
 	}
@@ -50,7 +49,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	}
 	b.lastSyncFull = full
 	if err != nil {
-		b.books = nil
+		b.written = nil
 		return err
 	}
 	if full {
@@ -73,109 +72,153 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 	if err := b.links.Ensure(); err != nil {
 		return err
 	}
-	books := map[proxy.Family]*book{}
-	for _, f := range b.families {
-		bk := newBook()
-		bk.nodeAddrs = nodeAddrs[f]
-		in := b.renderInput(f, s, nodeAddrs[f])
-		for name, sp := range s.Services {
-			bk.set(name, render(in, sp, s.Endpoints[name]), newChange())
-		}
-		books[f] = bk
-	}
-
-	// What the kernel holds: the virtual servers, which of them are kp's
-	// (recorded in the KP-IPVS-SERVERS sets, or on kp-ipvs0's addresses),
-	// and kp-ipvs0's addresses.
-	sets, err := b.ipset.List(ctx)
+	next := b.renderAll(s, nodeAddrs)
+	have, err := b.readKernel(ctx)
 	if err != nil {
 		return err
 	}
-	haveAddrs, err := b.links.Addrs()
-	if err != nil {
-		return err
-	}
-	onDummy := map[netip.Addr]bool{}
-	for _, a := range haveAddrs {
-		onDummy[a] = true
-	}
-	owned := map[vsKey]bool{}
-	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-		for _, e := range sets[setName(f, setServers)] {
-			if k, ok := parseIPPort(e); ok {
-				owned[k] = true
-			}
-		}
-	}
-	kernel, err := b.handle.GetServices()
-	if err != nil {
-		return fmt.Errorf("list IPVS virtual servers: %w", err)
-	}
-
 	// Addresses first: a new Service's packets must reach INPUT.
-	want := map[netip.Addr]bool{}
-	for _, bk := range books {
-		for a := range bk.addrs {
-			want[a] = true
-			if !onDummy[a] {
-				if err := b.links.AddAddr(a); err != nil {
-					return err
-				}
-			}
-		}
+	want, err := b.addAddrs(next, have.onDummy)
+	if err != nil {
+		return err
 	}
-
-	seen := map[vsKey]bool{}
-	for _, ks := range kernel {
-		k, ok := kernelKey(ks)
-		if !ok {
-			continue
-		}
-		seen[k] = true
-		var vs *VirtualServer
-		if bk := books[familyOf(k.Addr)]; bk != nil {
-			vs = bk.servers[k]
-		}
-		if vs == nil && !(owned[k] || onDummy[k.Addr]) {
-			continue // another program's
-		}
-		if vs == nil && b.excluded(k.Addr) {
-			continue
-		}
-		have := &kernelServer{svc: ks}
-		if vs != nil {
-			if have.dests, err = b.handle.GetDestinations(ks); err != nil {
-				return fmt.Errorf("service port %s: read the real servers of %s: %w", vs.Owner, k, err)
-			}
-		}
-		if err := b.applyAll(diffServer(k, vs, have, proxy.ServicePortName{})); err != nil {
-			return err
-		}
+	if err := b.reconcileServers(next, have); err != nil {
+		return err
 	}
-	for _, bk := range books {
-		for _, k := range sortedKeys(bk.servers) {
-			if !seen[k] {
-				if err := b.applyAll(diffServer(k, bk.servers[k], nil, proxy.ServicePortName{})); err != nil {
-					return err
-				}
-			}
-		}
-	}
-
-	if err := b.ipset.Restore(ctx, fullSetsInput(books, b.families)); err != nil {
+	if err := b.ipset.Restore(ctx, fullSetsInput(next, b.families)); err != nil {
 		return err
 	}
 	if err := b.writeRules(ctx, s.ServiceCIDRs); err != nil {
 		return err
 	}
-	for _, a := range haveAddrs {
+	for _, a := range have.addrs {
 		if !want[a] {
 			if err := b.links.DelAddr(a); err != nil {
 				return err
 			}
 		}
 	}
-	b.books = books
+	b.written = next
+	return nil
+}
+
+// renderAll renders every service port of s, per family: what a full sync
+// will have written once it succeeds.
+func (b *Backend) renderAll(s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) map[proxy.Family]*written {
+	next := map[proxy.Family]*written{}
+	for _, f := range b.families {
+		wr := newWritten()
+		wr.nodeAddrs = nodeAddrs[f]
+		in := b.renderInput(f, s, nodeAddrs[f])
+		for name, sp := range s.Services {
+			wr.set(name, render(in, sp, s.Endpoints[name]), newChange())
+		}
+		next[f] = wr
+	}
+	return next
+}
+
+// kernelState is what a full sync reads from the kernel before it changes
+// anything.
+type kernelState struct {
+	// addrs are kp-ipvs0's addresses; onDummy the same, as a set.
+	addrs   []netip.Addr
+	onDummy map[netip.Addr]bool
+	// owned are the virtual servers recorded as kp's in the
+	// KP-IPVS-SERVERS sets.
+	owned map[vsKey]bool
+	// servers are every virtual server of the namespace, kp's or not.
+	servers []*ipvs.Service
+}
+
+// readKernel reads the virtual servers, which of them are kp's (recorded
+// in the KP-IPVS-SERVERS sets, or on kp-ipvs0's addresses), and kp-ipvs0's
+// addresses.
+func (b *Backend) readKernel(ctx context.Context) (*kernelState, error) {
+	sets, err := b.ipset.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := &kernelState{onDummy: map[netip.Addr]bool{}, owned: map[vsKey]bool{}}
+	if have.addrs, err = b.links.Addrs(); err != nil {
+		return nil, err
+	}
+	for _, a := range have.addrs {
+		have.onDummy[a] = true
+	}
+	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+		for _, e := range sets[setName(f, setServers)] {
+			if k, ok := parseIPPort(e); ok {
+				have.owned[k] = true
+			}
+		}
+	}
+	if have.servers, err = b.handle.GetServices(); err != nil {
+		return nil, fmt.Errorf("list IPVS virtual servers: %w", err)
+	}
+	return have, nil
+}
+
+// addAddrs puts on kp-ipvs0 every address next needs that it lacks, and
+// returns the addresses next needs (the others go once the rest is
+// written).
+func (b *Backend) addAddrs(next map[proxy.Family]*written, onDummy map[netip.Addr]bool) (map[netip.Addr]bool, error) {
+	want := map[netip.Addr]bool{}
+	for _, wr := range next {
+		for a := range wr.addrs {
+			want[a] = true
+			if !onDummy[a] {
+				if err := b.links.AddAddr(a); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return want, nil
+}
+
+// reconcileServers makes the kernel's virtual servers match next: each
+// one the kernel holds is updated, or deleted when it is kp's and next
+// lacks it (another program's are left alone, as are kp's in excluded
+// CIDRs); then the ones next adds are created, in key order.
+func (b *Backend) reconcileServers(next map[proxy.Family]*written, have *kernelState) error {
+	seen := map[vsKey]bool{}
+	for _, ks := range have.servers {
+		k, ok := kernelKey(ks)
+		if !ok {
+			continue
+		}
+		seen[k] = true
+		var vs *VirtualServer
+		if wr := next[familyOf(k.Addr)]; wr != nil {
+			vs = wr.servers[k]
+		}
+		if vs == nil && !(have.owned[k] || have.onDummy[k.Addr]) {
+			continue // another program's
+		}
+		if vs == nil && b.excluded(k.Addr) {
+			continue
+		}
+		cur := &kernelServer{svc: ks}
+		if vs != nil {
+			var err error
+			if cur.dests, err = b.handle.GetDestinations(ks); err != nil {
+				return fmt.Errorf("service port %s: read the real servers of %s: %w", vs.Owner, k, err)
+			}
+		}
+		if err := b.applyAll(diffServer(k, vs, cur, proxy.ServicePortName{})); err != nil {
+			return err
+		}
+	}
+	for _, wr := range next {
+		for _, k := range sortedKeys(wr.servers) {
+			if !seen[k] {
+				if err := b.applyAll(diffServer(k, wr.servers[k], nil, proxy.ServicePortName{})); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -183,14 +226,14 @@ func (b *Backend) syncFull(ctx context.Context, s *proxy.State, nodeAddrs map[pr
 func (b *Backend) syncPartial(ctx context.Context, s *proxy.State, nodeAddrs map[proxy.Family][]netip.Addr) error {
 	changes := map[proxy.Family]*change{}
 	for _, f := range b.families {
-		bk := b.books[f]
+		wr := b.written[f]
 		c := newChange()
 		in := b.renderInput(f, s, nodeAddrs[f])
 		for _, name := range sortedNames(s.Changed) {
 			if sp := s.Services[name]; sp != nil {
-				bk.set(name, render(in, sp, s.Endpoints[name]), c)
+				wr.set(name, render(in, sp, s.Endpoints[name]), c)
 			} else {
-				bk.set(name, nil, c)
+				wr.set(name, nil, c)
 			}
 		}
 		c.settle()
@@ -204,9 +247,9 @@ func (b *Backend) syncPartial(ctx context.Context, s *proxy.State, nodeAddrs map
 		}
 	}
 	for _, f := range b.families {
-		c, bk := changes[f], b.books[f]
+		c, wr := changes[f], b.written[f]
 		for _, k := range sortedKeys(c.servers) {
-			vs := bk.servers[k]
+			vs := wr.servers[k]
 			have, err := b.readServer(k, vs != nil)
 			if err != nil {
 				return fmt.Errorf("service port %s: %w", c.serversOwners[k], err)
@@ -296,62 +339,6 @@ func (b *Backend) writeRules(ctx context.Context, serviceCIDRs []netip.Prefix) e
 
 func (b *Backend) excluded(a netip.Addr) bool {
 	return slices.ContainsFunc(b.cfg.IPVS.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
-}
-
-// fullSetsInput rewrites every set of the families: each is filled under a
-// temporary name and swapped in, so packets never see it half filled.
-func fullSetsInput(books map[proxy.Family]*book, fams []proxy.Family) []byte {
-	var w strings.Builder
-	for _, f := range fams {
-		byKind := map[setKind][]string{}
-		for e := range books[f].entries {
-			byKind[e.Kind] = append(byKind[e.Kind], e.Entry)
-		}
-		for i, k := range setKinds {
-			name, tmp := setName(f, k), fmt.Sprintf("KP-TMP-%d-%d", f, i)
-			w.WriteString(createLine(f, k, name) + " -exist\n")
-			w.WriteString(createLine(f, k, tmp) + " -exist\n")
-			w.WriteString("flush " + tmp + "\n")
-			entries := byKind[k]
-			slices.Sort(entries)
-			for _, e := range entries {
-				w.WriteString("add " + tmp + " " + e + " -exist\n")
-			}
-			w.WriteString("swap " + tmp + " " + name + "\n")
-			w.WriteString("destroy " + tmp + "\n")
-		}
-	}
-	return []byte(w.String())
-}
-
-// partialSetsInput adds and deletes the entries the changes name.
-func partialSetsInput(changes map[proxy.Family]*change, fams []proxy.Family) []byte {
-	var w strings.Builder
-	for _, f := range fams {
-		c := changes[f]
-		for _, e := range c.delEntries {
-			w.WriteString("del " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
-		}
-		for _, e := range c.addEntries {
-			w.WriteString("add " + setName(f, e.Kind) + " " + e.Entry + " -exist\n")
-		}
-	}
-	return []byte(w.String())
-}
-
-// parseIPPort reads a hash:ip,port entry ("10.96.0.10,tcp:80").
-func parseIPPort(e string) (vsKey, bool) {
-	ip, pp, ok := strings.Cut(e, ",")
-	if !ok {
-		return vsKey{}, false
-	}
-	proto, port, ok := strings.Cut(pp, ":")
-	a, err := netip.ParseAddr(ip)
-	n, perr := strconv.ParseUint(port, 10, 16)
-	if !ok || err != nil || perr != nil {
-		return vsKey{}, false
-	}
-	return vsKey{Proto: v1.Protocol(strings.ToUpper(proto)), Addr: a, Port: uint16(n)}, true
 }
 
 func familyOf(a netip.Addr) proxy.Family {

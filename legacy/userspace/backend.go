@@ -5,15 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 
@@ -59,17 +55,6 @@ type Backend struct {
 	// last successful sync left them; nil after a failure (the next sync
 	// looks at every service port).
 	last map[proxy.ServicePortName]portState
-}
-
-// portState is what a service port contributes to the redirect rules.
-type portState struct {
-	ports  listenerPorts
-	usable bool
-	// dropInternal: internalTrafficPolicy Local, and no endpoint on this
-	// node: its ClusterIPs' traffic is dropped, as upstream does, not
-	// accepted by the listener and held.
-	dropInternal bool
-	sp           *proxy.ServicePort // its addresses, ports and source ranges
 }
 
 // proxyKey names one listener: a service port's internal or external
@@ -157,210 +142,6 @@ func (b *Backend) Redirector() string {
 		return ""
 	}
 	return b.red.String()
-}
-
-// Sync makes the listeners and the redirect table match s. Every sync is
-// full: listeners are kept by name, their endpoints replaced, and the
-// table rewritten in one transaction per family.
-func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.down {
-		return errors.New("the userspace proxy is shutting down")
-	}
-	if b.red == nil {
-		return errors.New("the userspace proxy was not probed: no redirect method chosen")
-	}
-	if !b.expiring {
-		b.expiring = true
-		go b.expireLoop(ctx)
-	}
-	nodeIPs := slices.Clone(s.Node.IPs)
-	b.nodeIPs.Store(&nodeIPs)
-	ports := map[proxy.ServicePortName]listenerPorts{}
-	usable := map[proxy.ServicePortName]bool{}
-	dropInternal := map[proxy.ServicePortName]bool{}
-	want := map[proxyKey]bool{}
-	keep := map[proxy.EndpointRef]bool{}
-	var errs []error
-	// After a successful sync only s.Changed needs a look (unless the Node
-	// changed: topology and local endpoints); the others keep their
-	// listeners and balancers as they are.
-	incremental := b.last != nil && !s.NodeChanged
-	rulesSame := incremental && !s.ServiceCIDRsChanged
-	// Service ports that keep their listeners are counted first, so a new
-	// one never takes the descriptors of one that works; then new
-	// listeners open in name order, as the budget allows (fdbudget.go).
-	rl := b.noFile()
-	b.setLimits(rl)
-	budget, budgeted := listenerBudget(rl.cur)
-	used := 0
-	var pending, refused []proxy.ServicePortName
-	for name, sp := range s.Services {
-		if sp.Protocol != v1.ProtocolTCP && sp.Protocol != v1.ProtocolUDP {
-			continue // SCTP: not proxied (Go has no SCTP sockets)
-		}
-		for _, e := range s.Endpoints[name] {
-			keep[ref(name, e.AddrPort())] = true
-		}
-		have, _ := b.held(name, sp)
-		used += have
-		if _, changed := s.Changed[name]; incremental && !changed {
-			if ps, ok := b.last[name]; ok {
-				ports[name], usable[name], dropInternal[name] = ps.ports, ps.usable, ps.dropInternal
-				for _, key := range listenerKeys(name, sp) {
-					want[key] = true
-				}
-				continue
-			}
-		}
-		pending = append(pending, name)
-	}
-	slices.SortFunc(pending, compareNames)
-	for _, name := range pending {
-		sp := s.Services[name]
-		_, need := b.held(name, sp)
-		if budgeted && used+need > budget {
-			// Refused: rejected as a service port without endpoints, so
-			// clients fail at once; not in b.last, so retried next sync.
-			refused = append(refused, name)
-			ports[name], usable[name] = listenerPorts{}, false
-			continue
-		}
-		used += need
-		eps := s.Endpoints[name]
-		var lp listenerPorts
-		ok := true
-		for _, key := range listenerKeys(name, sp) {
-			p, err := b.ensure(key, sp.Protocol)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("service port %s: %w", name, err))
-				ok = false
-				break
-			}
-			want[key] = true
-			b.update(p, sp, eps, s.Node, key.external)
-			if key.external {
-				lp.external = p.port()
-			} else {
-				lp.internal = p.port()
-			}
-		}
-		if !ok {
-			continue
-		}
-		ports[name] = lp
-		local := false
-		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-			sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), s.Node)
-			usable[name] = usable[name] || sel.Usable
-			local = local || len(sel.Local) > 0
-		}
-		dropInternal[name] = sp.InternalPolicyLocal && usable[name] && !local
-	}
-	rulesSame = rulesSame && !b.listeningAgain(ports) && !b.rulesChanged(s, ports, usable, dropInternal)
-	if rulesSame && len(b.lastRules) == len(b.red.families()) && b.now().Sub(b.lastWrite) < rewriteInterval {
-		// Nothing to write.
-	} else if err := b.writeRules(ctx, s, ports, usable, dropInternal); err != nil {
-		errs = append(errs, err)
-	}
-	// Listeners of service ports that are gone close after the rules no
-	// longer send traffic to them; their open connections run on.
-	for key, p := range b.proxies {
-		if !want[key] {
-			p.stop()
-			delete(b.proxies, key)
-		}
-	}
-	b.stats.forget(keep)
-	var sockets int
-	for _, p := range b.proxies {
-		sockets += p.sockets()
-	}
-	b.listenerSockets.Store(int64(sockets))
-	if budgeted {
-		b.stats.listenerBudget.Set(float64(budget))
-	}
-	b.reportRefused(refused, rl, budget)
-	// Refused service ports do not fail the sync: the others are
-	// programmed, and a failing sync would keep /healthz and /livez failing
-	// until the kubelet restarts kp (dropping every proxied connection),
-	// for as long as the Services are there. They are reported by the log,
-	// kp_userspace_refused_service_ports and Refused, and retried.
-	if len(errs) > 0 {
-		b.last = nil
-		return errors.Join(errs...)
-	}
-	b.last = make(map[proxy.ServicePortName]portState, len(ports))
-	for name, lp := range ports {
-		if lp == (listenerPorts{}) {
-			continue // refused
-		}
-		b.last[name] = portState{ports: lp, usable: usable[name], dropInternal: dropInternal[name], sp: s.Services[name]}
-	}
-	return nil
-}
-
-// rulesChanged reports whether a changed service port's rules differ from
-// the last sync's. The rules change only with a service port's Service
-// (addresses, ports, source ranges), listener ports or usability, or a
-// service port coming or going: endpoint changes, the most common, leave
-// them.
-func (b *Backend) rulesChanged(s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool) bool {
-	for name := range s.Changed {
-		old, had := b.last[name]
-		lp, has := ports[name]
-		if had != has || old.ports != lp || old.usable != usable[name] || old.dropInternal != dropInternal[name] ||
-			has && !reflect.DeepEqual(old.sp, s.Services[name]) {
-			return true
-		}
-	}
-	return false
-}
-
-// update gives p the endpoints its traffic may use: SelectEndpoints per
-// family, the Local list for traffic under a Local policy.
-func (b *Backend) update(p portProxy, sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.Node, external bool) {
-	local := sp.InternalPolicyLocal
-	if external {
-		local = sp.ExternalPolicyLocal
-	}
-	bal := p.balancers()
-	split := external && local
-	valid := map[netip.AddrPort]bool{}
-	set := func(target *balancer, list []proxy.Endpoint) {
-		aps := make([]netip.AddrPort, 0, len(list))
-		for _, e := range list {
-			aps = append(aps, e.AddrPort())
-			valid[e.AddrPort()] = true
-		}
-		target.update(aps, sp.AffinityTimeout)
-	}
-	for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
-		sel := proxy.SelectEndpoints(sp, proxy.FilterEndpoints(f, eps), node)
-		list := sel.Cluster
-		if local {
-			list = sel.Local
-		}
-		set(bal.of(familyAddr(f)), list)
-		if split {
-			set(bal.clusterOf(familyAddr(f)), sel.Cluster)
-		} else {
-			bal.clusterOf(familyAddr(f)).update(nil, 0)
-		}
-	}
-	bal.split.Store(split)
-	if u, ok := p.(*udpProxy); ok {
-		u.prune(valid)
-	}
-}
-
-// familyAddr is an address of family f (to choose a family's balancer).
-func familyAddr(f proxy.Family) netip.Addr {
-	if f == proxy.IPv6 {
-		return netip.IPv6Unspecified()
-	}
-	return netip.IPv4Unspecified()
 }
 
 // inCluster reports whether a client address is inside the cluster: a
@@ -484,15 +265,3 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
-
-// netOps opens sockets and netlink connections: in the process's network
-// namespace, or (tests) in another.
-type netOps struct {
-	listenTCP func() (*net.TCPListener, error)
-	listenUDP func() ([]*net.UDPConn, error)
-	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
-	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
-	// inNS runs fn in the namespace (iptables binaries run in the calling
-	// thread's).
-	inNS func(fn func() error) error
-}

@@ -18,25 +18,20 @@ import (
 // Services decides how many file descriptors it takes, and RLIMIT_NOFILE
 // bounds it. Without a budget, the listeners of a big cluster take every
 // descriptor and then everything else fails with EMFILE: the redirect
-// writer's netlink socket too, so no Service at all is programmed (measured
-// at 30,000 Services under a hard limit of 20,000: 0 rules after 15
-// minutes), and no connection can be proxied. So the limit is split three
-// ways:
+// writer's netlink socket too, so no Service at all is programmed, and no
+// connection can be proxied (measured: test/bench/NOTES.md, "kp-userspace
+// did not finish at 30,000"). So the limit is split three ways:
 //
 //   - fdReserve, a fixed number, is kp's own whatever the Services: the Go
 //     runtime (epoll, its pipe), stdio, the API client's connections, the
 //     health and metrics servers and their clients, healthCheckNodePort
 //     listeners, netlink sockets (the redirect writer, conntrack cleanup,
-//     kp top's streams), iptables-restore's pipes, /proc reads. Measured:
-//     kp proxy in userspace mode with 5 Services from a folder held 15
-//     descriptors, 5 of them listeners; 256 leaves room for bursts (an API
-//     client's reconnects, scrapes, health probes, a few healthCheckNodePorts).
+//     kp top's streams), iptables-restore's pipes, /proc reads, with room
+//     for bursts (test/bench/NOTES.md has what a small kp holds).
 //   - a quarter of the limit is for proxied connections (2 descriptors a
 //     TCP connection, 1 a UDP session): the listeners may never take it,
 //     so Services over the limit cannot starve the traffic of the ones
-//     programmed. At this machine's hard limit of 20,000 that is 2,500 TCP
-//     connections at once; at the 1,048,576 containerd and systemd units
-//     commonly set, 131,072.
+//     programmed.
 //   - the rest is the listeners' budget (listenerBudget). Service ports past
 //     it are refused (their traffic rejected, as a Service without
 //     endpoints) and retried at every sync.
@@ -116,9 +111,9 @@ func compareNames(a, b proxy.ServicePortName) int {
 
 // listeningAgain reports whether a service port the last sync refused has a
 // listener now: not in s.Changed, it still changes the rules.
-func (b *Backend) listeningAgain(ports map[proxy.ServicePortName]listenerPorts) bool {
+func (b *Backend) listeningAgain(states map[proxy.ServicePortName]portState) bool {
 	for _, name := range b.refused {
-		if _, ok := b.last[name]; !ok && ports[name] != (listenerPorts{}) {
+		if _, ok := b.last[name]; !ok && states[name].ports != (listenerPorts{}) {
 			return true
 		}
 	}

@@ -88,27 +88,28 @@ type Rules struct {
 	Drops     []netip.Prefix
 }
 
-// renderRules returns family f's rules for every service port of s,
-// sorted so that equal States render equal rules. A service port without
-// usable endpoints is rejected; one in dropInternal (internalTrafficPolicy
-// Local, no endpoint on this node) has its ClusterIPs' traffic dropped, as
-// upstream does: a listener would accept the connection and could only
-// hold it.
-func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool, nodePortAddrs []netip.Prefix) Rules {
+// renderRules returns family f's rules for every service port of s that
+// has a state, sorted so that equal States render equal rules. A service
+// port without usable endpoints is rejected; one with dropInternal
+// (internalTrafficPolicy Local, no endpoint on this node) has its
+// ClusterIPs' traffic dropped, as upstream does: a listener would accept
+// the connection and could only hold it.
+func renderRules(f proxy.Family, s *proxy.State, states map[proxy.ServicePortName]portState, nodePortAddrs []netip.Prefix) Rules {
 	var out Rules
 	var vips []Redirect
 	seenVIP := map[netip.Addr]bool{}
 	for name, sp := range s.Services {
-		lp, ok := ports[name]
+		st, ok := states[name]
 		if !ok {
 			continue
 		}
+		lp := st.ports
 		// add adds the rules for traffic to a:port, or to a NodePort on
 		// the local addresses in nodePort (when a is invalid).
 		add := func(a netip.Addr, nodePort netip.Prefix, port int32, to int, ranges []netip.Prefix) {
 			r := Redirect{Comment: name.String(), Addr: a, NodePort: !a.IsValid(), NodePortAddrs: nodePort,
 				Protocol: sp.Protocol, Port: port, ToPort: to}
-			if !usable[name] {
+			if !st.usable {
 				r.Verdict = VerdictReject
 				out.Rejects = append(out.Rejects, r)
 				return
@@ -121,7 +122,7 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 			out.Redirects = append(out.Redirects, r)
 		}
 		for _, a := range proxy.FilterAddrs(f, sp.ClusterIPs) {
-			if dropInternal[name] {
+			if st.dropInternal {
 				out.Redirects = append(out.Redirects, Redirect{Comment: name.String(), Addr: a, Protocol: sp.Protocol,
 					Port: sp.Port, Verdict: VerdictDrop})
 			} else {
@@ -160,13 +161,13 @@ func renderRules(f proxy.Family, s *proxy.State, ports map[proxy.ServicePortName
 // kp last wrote (most syncs change endpoints only, which live in the
 // balancers), and at least every rewriteInterval, which repairs edits made
 // behind kp's back.
-func (b *Backend) writeRules(ctx context.Context, s *proxy.State, ports map[proxy.ServicePortName]listenerPorts, usable, dropInternal map[proxy.ServicePortName]bool) error {
+func (b *Backend) writeRules(ctx context.Context, s *proxy.State, states map[proxy.ServicePortName]portState) error {
 	now := b.now()
 	fams := b.red.families()
 	rules := map[proxy.Family]Rules{}
 	var changed []proxy.Family
 	for _, f := range fams {
-		rules[f] = renderRules(f, s, ports, usable, dropInternal, b.nodePortAddrs(f, s.Node))
+		rules[f] = renderRules(f, s, states, b.nodePortAddrs(f, s.Node))
 		last, ok := b.lastRules[f]
 		if !ok || now.Sub(b.lastWrite) >= rewriteInterval || !reflect.DeepEqual(last, rules[f]) {
 			changed = append(changed, f)

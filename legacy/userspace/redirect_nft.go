@@ -1,10 +1,8 @@
 package userspace
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 
@@ -89,131 +87,175 @@ func nftSets(t *nftables.Table, f proxy.Family) map[string]*nftables.Set {
 	}
 }
 
-// Registers: an address in NFT_REG_1 (its 32-bit parts from NFT_REG32_00),
-// then l4proto and dport in the 32-bit registers after it.
-const (
-	regAddr  = 1
-	reg32_00 = 8
-)
-
-// keyExprs loads "daddr . l4proto . dport" (withAddr) or "l4proto .
-// dport" from register 1 on.
-func keyExprs(f proxy.Family, withAddr bool) []expr.Any {
-	var out []expr.Any
-	proto, port := uint32(1), uint32(reg32_00+1)
-	if withAddr {
-		off, n := uint32(16), uint32(4)
-		if f == proxy.IPv6 {
-			off, n = 24, 16
-		}
-		out = append(out, &expr.Payload{DestRegister: regAddr, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
-		proto = reg32_00 + n/4
-		port = proto + 1
-	}
-	return append(out,
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: proto},
-		&expr.Payload{DestRegister: port, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-}
-
-// elemKey is a set key "addr . proto . port" (addr invalid: "proto .
-// port"), each part padded to a 32-bit register.
-func elemKey(a netip.Addr, p v1.Protocol, port int32) []byte {
-	var k []byte
-	if a.IsValid() {
-		k = append(k, a.AsSlice()...)
-	}
-	k = append(k, protoNumber(p), 0, 0, 0)
-	return append(binary.BigEndian.AppendUint16(k, uint16(port)), 0, 0)
-}
-
 // applyRules replaces family f's table content with rules in one netlink
 // batch: one kernel transaction, so traffic sees the old rules or the new,
-// never a mix or an empty table.
+// never a mix or an empty table. What goes into the sets is planned first,
+// as data (planElements); the batch then declares the table, its chains
+// and sets (flushed), adds the nat rules, the filter rules, and last the
+// sets' elements.
 func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
+	plan := planElements(rules)
+	w, err := declareTable(conn, f)
+	if err != nil {
+		return err
+	}
+	n := w.natRules(rules.Redirects, plan.npRedirect)
+	n += w.filterRules(plan.npReject, rules.Drops)
+	for _, name := range setOrder {
+		for _, es := range elemChunks(plan.elems[name]) {
+			if err := conn.SetAddElements(w.sets[name], es); err != nil {
+				return fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
+			}
+		}
+		n += len(plan.elems[name])
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("write table %s %s (%d rules and elements): %w", familyName(f), TableName, n, err)
+	}
+	return nil
+}
+
+// setOrder is the order the sets are declared and filled in.
+var setOrder = []string{mapRedirects, mapNodePortRedirects, setNoEndpoints, setNodePortNoEndpoints, setClusterIPs}
+
+// ownRule reports whether a redirect is a rule of its own rather than an
+// element of a map: a LoadBalancer IP's drop of sources outside its
+// ranges, or its redirect of the ranges.
+func ownRule(r Redirect) bool { return r.Verdict == VerdictDrop || len(r.SourceRanges) > 0 }
+
+// elementPlan is what one family's sets will hold, and the NodePort
+// address prefixes their lookups are restricted to (invalid: any).
+type elementPlan struct {
+	elems                map[string][]nftables.SetElement
+	seen                 map[string]bool
+	npRedirect, npReject []netip.Prefix
+}
+
+// planElements lists the elements of every set for rules: the redirects
+// that are no rule of their own, and the rejects. Each element is
+// commented with its Service (nft list names it); a key already listed is
+// kept as first listed.
+func planElements(rules Rules) *elementPlan {
+	p := &elementPlan{elems: map[string][]nftables.SetElement{}, seen: map[string]bool{}}
+	for _, r := range rules.Redirects {
+		switch {
+		case ownRule(r):
+		case r.NodePort:
+			p.add(mapNodePortRedirects, elemKey(netip.Addr{}, r.Protocol, r.Port), portBytes(r.ToPort), r.Comment)
+			if !slices.Contains(p.npRedirect, r.NodePortAddrs) {
+				p.npRedirect = append(p.npRedirect, r.NodePortAddrs)
+			}
+		default:
+			p.add(mapRedirects, elemKey(r.Addr, r.Protocol, r.Port), portBytes(r.ToPort), r.Comment)
+		}
+	}
+	for _, r := range rules.Rejects {
+		switch {
+		case r.Protocol == "":
+			p.add(setClusterIPs, r.Addr.AsSlice(), nil, r.Comment)
+		case r.NodePort:
+			p.add(setNodePortNoEndpoints, elemKey(netip.Addr{}, r.Protocol, r.Port), nil, r.Comment)
+			if !slices.Contains(p.npReject, r.NodePortAddrs) {
+				p.npReject = append(p.npReject, r.NodePortAddrs)
+			}
+		default:
+			p.add(setNoEndpoints, elemKey(r.Addr, r.Protocol, r.Port), nil, r.Comment)
+		}
+	}
+	return p
+}
+
+func (p *elementPlan) add(set string, key, val []byte, comment string) {
+	id := set + "/" + string(key)
+	if p.seen[id] {
+		return
+	}
+	p.seen[id] = true
+	p.elems[set] = append(p.elems[set], nftables.SetElement{Key: key, Val: val, Comment: comment})
+}
+
+func portBytes(p int) []byte { return binaryutil.BigEndian.PutUint16(uint16(p)) }
+
+// tableWriter adds one family's table, chains and sets to a netlink batch.
+type tableWriter struct {
+	conn   *nftables.Conn
+	f      proxy.Family
+	t      *nftables.Table
+	chains map[string]*nftables.Chain
+	sets   map[string]*nftables.Set
+}
+
+// declareTable adds the table and its chains and sets to the batch, each
+// flushed.
+func declareTable(conn *nftables.Conn, f proxy.Family) (*tableWriter, error) {
 	t := conn.AddTable(&nftables.Table{Name: TableName, Family: nftFamily(f)})
-	chains := map[string]*nftables.Chain{}
+	w := &tableWriter{conn: conn, f: f, t: t, chains: map[string]*nftables.Chain{}, sets: nftSets(t, f)}
 	for _, cs := range chainSpecs {
 		policy := nftables.ChainPolicyAccept
 		c := conn.AddChain(&nftables.Chain{Name: cs.name, Table: t, Type: cs.typ, Hooknum: cs.hook,
 			Priority: cs.prio, Policy: &policy})
 		conn.FlushChain(c)
-		chains[cs.name] = c
+		w.chains[cs.name] = c
 	}
 	// The sets before the rules that name them (one transaction: the
 	// kernel resolves a rule's set by name as it adds the rule).
-	sets := nftSets(t, f)
-	setNames := []string{mapRedirects, mapNodePortRedirects, setNoEndpoints, setNodePortNoEndpoints, setClusterIPs}
-	for _, name := range setNames {
-		if err := conn.AddSet(sets[name], nil); err != nil {
-			return fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
+	for _, name := range setOrder {
+		if err := conn.AddSet(w.sets[name], nil); err != nil {
+			return nil, fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
 		}
-		conn.FlushSet(sets[name])
+		conn.FlushSet(w.sets[name])
 	}
-	elems := map[string][]nftables.SetElement{}
-	seen := map[string]bool{}
-	// Each element is commented with its Service (nft list names it).
-	elem := func(set string, key []byte, val []byte, comment string) {
-		id := set + "/" + string(key)
-		if seen[id] {
-			return
-		}
-		seen[id] = true
-		elems[set] = append(elems[set], nftables.SetElement{Key: key, Val: val, Comment: comment})
+	return w, nil
+}
+
+var (
+	natChains    = []string{"prerouting", "output"}
+	filterChains = []string{"filter-input", "filter-forward", "filter-output"}
+)
+
+// add appends a rule of exprs, commented, to each named chain.
+func (w *tableWriter) add(chainNames []string, comment string, exprs []expr.Any) {
+	ud := userdata.AppendString(nil, userdata.TypeComment, comment)
+	for _, name := range chainNames {
+		w.conn.AddRule(&nftables.Rule{Table: w.t, Chain: w.chains[name], Exprs: slices.Clone(exprs), UserData: ud})
 	}
-	add := func(chainNames []string, comment string, exprs []expr.Any) {
-		ud := userdata.AppendString(nil, userdata.TypeComment, comment)
-		for _, name := range chainNames {
-			conn.AddRule(&nftables.Rule{Table: t, Chain: chains[name], Exprs: slices.Clone(exprs), UserData: ud})
-		}
-	}
-	nat := []string{"prerouting", "output"}
-	filter := []string{"filter-input", "filter-forward", "filter-output"}
-	port := func(p int) []byte { return binaryutil.BigEndian.PutUint16(uint16(p)) }
-	redir := []expr.Any{&expr.Redir{RegisterProtoMin: 1}}
-	var npRedirect, npReject []netip.Prefix // the NodePort address prefixes (invalid: any)
-	n := 0
-	// Rules of their own first: LoadBalancer IPs with source ranges (the
-	// ranges redirected, the rest dropped), before the map lookup.
-	for _, r := range rules.Redirects {
+}
+
+// natRules adds the nat chains' rules: rules of their own first
+// (LoadBalancer IPs with source ranges: the ranges redirected, the rest
+// dropped), before the map lookups, of the service addresses and then of
+// each NodePort prefix. It returns how many rules of their own it added.
+func (w *tableWriter) natRules(redirects []Redirect, npRedirect []netip.Prefix) int {
+	f, n := w.f, 0
+	for _, r := range redirects {
 		switch {
 		case r.Verdict == VerdictDrop:
-			add(nat, r.Comment, append(matchExprs(f, r, netip.Prefix{}), &expr.Verdict{Kind: expr.VerdictDrop}))
+			w.add(natChains, r.Comment, append(matchExprs(f, r, netip.Prefix{}), &expr.Verdict{Kind: expr.VerdictDrop}))
 			n++
 		case len(r.SourceRanges) > 0:
 			for _, src := range r.SourceRanges {
-				add(nat, r.Comment, append(matchExprs(f, r, src),
-					&expr.Immediate{Register: 1, Data: port(r.ToPort)}, &expr.Redir{RegisterProtoMin: 1}))
+				w.add(natChains, r.Comment, append(matchExprs(f, r, src),
+					&expr.Immediate{Register: 1, Data: portBytes(r.ToPort)}, &expr.Redir{RegisterProtoMin: 1}))
 				n++
 			}
-		case r.NodePort:
-			elem(mapNodePortRedirects, elemKey(netip.Addr{}, r.Protocol, r.Port), port(r.ToPort), r.Comment)
-			if !slices.Contains(npRedirect, r.NodePortAddrs) {
-				npRedirect = append(npRedirect, r.NodePortAddrs)
-			}
-		default:
-			elem(mapRedirects, elemKey(r.Addr, r.Protocol, r.Port), port(r.ToPort), r.Comment)
 		}
 	}
-	add(nat, "service ports", append(append(keyExprs(f, true),
+	redir := []expr.Any{&expr.Redir{RegisterProtoMin: 1}}
+	w.add(natChains, "service ports", append(append(keyExprs(f, true),
 		&expr.Lookup{SourceRegister: 1, SetName: mapRedirects, IsDestRegSet: true, DestRegister: 1}), redir...))
 	for _, p := range npRedirect {
-		add(nat, "NodePorts", append(append(append(nodePortExprs(f, p), keyExprs(f, false)...),
+		w.add(natChains, "NodePorts", append(append(append(nodePortExprs(f, p), keyExprs(f, false)...),
 			&expr.Lookup{SourceRegister: 1, SetName: mapNodePortRedirects, IsDestRegSet: true, DestRegister: 1}), redir...))
 	}
-	for _, r := range rules.Rejects {
-		switch {
-		case r.Protocol == "":
-			elem(setClusterIPs, r.Addr.AsSlice(), nil, r.Comment)
-		case r.NodePort:
-			elem(setNodePortNoEndpoints, elemKey(netip.Addr{}, r.Protocol, r.Port), nil, r.Comment)
-			if !slices.Contains(npReject, r.NodePortAddrs) {
-				npReject = append(npReject, r.NodePortAddrs)
-			}
-		default:
-			elem(setNoEndpoints, elemKey(r.Addr, r.Protocol, r.Port), nil, r.Comment)
-		}
-	}
-	// No endpoints: a TCP reset, else ICMP port unreachable.
+	return n
+}
+
+// filterRules adds the filter chains' rules: the lookups of service ports
+// without endpoints (a TCP reset, else ICMP port unreachable), of the
+// ClusterIPs' other ports, then the drops of unallocated Service
+// addresses. It returns how many drops it added.
+func (w *tableWriter) filterRules(npReject []netip.Prefix, drops []netip.Prefix) int {
+	f, n := w.f, 0
 	for _, tcp := range []bool{true, false} {
 		proto := v1.ProtocolUDP
 		if tcp {
@@ -224,117 +266,21 @@ func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
 		if !tcp {
 			isTCP[1] = &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}
 		}
-		add(filter, "service ports without endpoints", append(append(slices.Clone(isTCP), append(keyExprs(f, true),
+		w.add(filterChains, "service ports without endpoints", append(append(slices.Clone(isTCP), append(keyExprs(f, true),
 			&expr.Lookup{SourceRegister: 1, SetName: setNoEndpoints})...), rejectExpr(f, proto)))
 		for _, p := range npReject {
-			add(filter, "NodePorts without endpoints", append(append(append(slices.Clone(isTCP), nodePortExprs(f, p)...),
+			w.add(filterChains, "NodePorts without endpoints", append(append(append(slices.Clone(isTCP), nodePortExprs(f, p)...),
 				append(keyExprs(f, false), &expr.Lookup{SourceRegister: 1, SetName: setNodePortNoEndpoints})...), rejectExpr(f, proto)))
 		}
 	}
-	add(filter, "ClusterIPs: other ports", append(keyExprs(f, true)[:1:1],
+	w.add(filterChains, "ClusterIPs: other ports", append(keyExprs(f, true)[:1:1],
 		&expr.Lookup{SourceRegister: 1, SetName: setClusterIPs}, rejectExpr(f, "")))
-	for _, p := range rules.Drops {
-		add([]string{"filter-forward", "filter-output"}, "unallocated Service addresses",
+	for _, p := range drops {
+		w.add([]string{"filter-forward", "filter-output"}, "unallocated Service addresses",
 			append(prefixExprs(f, p, false), &expr.Verdict{Kind: expr.VerdictDrop}))
 		n++
 	}
-	for _, name := range setNames {
-		for _, es := range elemChunks(elems[name]) {
-			if err := conn.SetAddElements(sets[name], es); err != nil {
-				return fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
-			}
-		}
-		n += len(elems[name])
-	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("write table %s %s (%d rules and elements): %w", familyName(f), TableName, n, err)
-	}
-	return nil
-}
-
-// nodePortExprs matches a local destination (in p when valid).
-func nodePortExprs(f proxy.Family, p netip.Prefix) []expr.Any {
-	var out []expr.Any
-	if p.IsValid() {
-		out = append(out, prefixExprs(f, p, false)...)
-	}
-	return append(out,
-		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
-}
-
-// orAny is ps, or one invalid prefix (no source match) when ps is empty.
-func orAny(ps []netip.Prefix) []netip.Prefix {
-	if len(ps) == 0 {
-		return []netip.Prefix{{}}
-	}
-	return ps
-}
-
-// matchExprs matches r's destination (and src, when valid).
-func matchExprs(f proxy.Family, r Redirect, src netip.Prefix) []expr.Any {
-	var out []expr.Any
-	if src.IsValid() {
-		out = append(out, prefixExprs(f, src, true)...)
-	}
-	if r.NodePort {
-		if r.NodePortAddrs.IsValid() {
-			out = append(out, prefixExprs(f, r.NodePortAddrs, false)...)
-		}
-		out = append(out,
-			&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
-	} else {
-		out = append(out, prefixExprs(f, netip.PrefixFrom(r.Addr, r.Addr.BitLen()), false)...)
-	}
-	if r.Protocol == "" {
-		return out // every port
-	}
-	port := make([]byte, 2)
-	binary.BigEndian.PutUint16(port, uint16(r.Port))
-	return append(out,
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumber(r.Protocol)}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port})
-}
-
-// prefixExprs matches the source (src) or destination address against p.
-func prefixExprs(f proxy.Family, p netip.Prefix, src bool) []expr.Any {
-	off, n := uint32(16), uint32(4)
-	if f == proxy.IPv6 {
-		off, n = 24, 16
-	}
-	if src {
-		off -= n // saddr precedes daddr in both headers
-	}
-	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}}
-	if p.Bits() < p.Addr().BitLen() {
-		mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
-		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)})
-	}
-	return append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()})
-}
-
-func protoNumber(p v1.Protocol) byte {
-	switch p {
-	case v1.ProtocolUDP:
-		return unix.IPPROTO_UDP
-	case v1.ProtocolSCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return unix.IPPROTO_TCP
-}
-
-// rejectExpr refuses at once: a TCP reset, or ICMP port unreachable.
-func rejectExpr(f proxy.Family, p v1.Protocol) expr.Any {
-	if p == v1.ProtocolTCP {
-		return &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
-	}
-	if f == proxy.IPv6 {
-		return &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 4} // ICMPV6_PORT_UNREACH
-	}
-	return &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3} // ICMP_PORT_UNREACH
+	return n
 }
 
 // deleteTables removes kp's userspace tables, both families; a missing

@@ -26,8 +26,9 @@ func TestRenderRules(t *testing.T) {
 		},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
 	}
-	ports := map[proxy.ServicePortName]listenerPorts{web: {internal: 40001, external: 40002}, dns: {internal: 40003}}
-	usable := map[proxy.ServicePortName]bool{web: true} // dns has no endpoints
+	states := map[proxy.ServicePortName]portState{ // dns has no endpoints
+		web: {ports: listenerPorts{internal: 40001, external: 40002}, usable: true},
+		dns: {ports: listenerPorts{internal: 40003}}}
 	lines := func(rs []Redirect) string {
 		var out []string
 		for _, r := range rs {
@@ -61,7 +62,7 @@ daddr fd00:1::/64 fib daddr type local tcp dport 30080 redirect to :40002 commen
 			"fd00:96::/112"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := renderRules(tc.family, st, ports, usable, nil, tc.nodePortAddrs)
+			got := renderRules(tc.family, st, states, tc.nodePortAddrs)
 			if s := lines(got.Redirects); s != tc.redirects {
 				t.Errorf("redirects:\n%s\nwant\n%s", s, tc.redirects)
 			}
@@ -85,9 +86,9 @@ func TestRenderDropsTheClusterIPOfAnInternalLocalServiceWithoutLocalEndpoints(t 
 		web: {Name: web, Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080, InternalPolicyLocal: true,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}},
 	}}
-	ports := map[proxy.ServicePortName]listenerPorts{web: {internal: 40001, external: 40002}}
-	usable := map[proxy.ServicePortName]bool{web: true}
-	got := renderRules(proxy.IPv4, st, ports, usable, map[proxy.ServicePortName]bool{web: true}, []netip.Prefix{{}})
+	states := map[proxy.ServicePortName]portState{
+		web: {ports: listenerPorts{internal: 40001, external: 40002}, usable: true, dropInternal: true}}
+	got := renderRules(proxy.IPv4, st, states, []netip.Prefix{{}})
 	var lines []string
 	for _, r := range got.Redirects {
 		lines = append(lines, r.String())

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/internal/nlsock"
@@ -61,6 +63,21 @@ func (r nftRedirector) probe(context.Context) error {
 		return fmt.Errorf("the kernel refused an nftables redirect (nf_tables with nat is required): %w", err)
 	}
 	return nil
+}
+
+// applyProbe writes a redirect rule into table t and deletes t in the same
+// transaction, so nothing is left behind whatever the outcome.
+func applyProbe(conn *nftables.Conn, t *nftables.Table) error {
+	c := conn.AddChain(&nftables.Chain{Name: "probe", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
+	conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(1)},
+		&expr.Redir{RegisterProtoMin: 1},
+	}})
+	conn.DelTable(t)
+	return conn.Flush()
 }
 
 func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) error {

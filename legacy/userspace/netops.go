@@ -1,18 +1,28 @@
 package userspace
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
-	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/internal/nsenter"
 )
+
+// netOps opens sockets and netlink connections: in the process's network
+// namespace, or (tests) in another.
+type netOps struct {
+	listenTCP func() (*net.TCPListener, error)
+	listenUDP func() ([]*net.UDPConn, error)
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
+	// inNS runs fn in the namespace (iptables binaries run in the calling
+	// thread's).
+	inNS func(fn func() error) error
+}
 
 // hostOps opens everything in the process's own network namespace.
 func hostOps() netOps {
@@ -83,19 +93,4 @@ func listenUDP() ([]*net.UDPConn, error) {
 		return nil, fmt.Errorf("IPV6_RECVPKTINFO: %w", err)
 	}
 	return []*net.UDPConn{c4, c6}, nil
-}
-
-// applyProbe writes a redirect rule into table t and deletes t in the same
-// transaction, so nothing is left behind whatever the outcome.
-func applyProbe(conn *nftables.Conn, t *nftables.Table) error {
-	c := conn.AddChain(&nftables.Chain{Name: "probe", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
-	conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(1)},
-		&expr.Redir{RegisterProtoMin: 1},
-	}})
-	conn.DelTable(t)
-	return conn.Flush()
 }

@@ -6,11 +6,12 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// book is kp's record of one family: each service port's rendering, and
-// what they add up to (several ports share a ClusterIP, endpoints share
-// loop-back entries), counted so a change knows when the last user of an
-// address or entry left.
-type book struct {
+// written is the IPVS state kp wrote for one family (its own record, not a
+// read of the kernel): each service port's rendering, and what they add up
+// to (several ports share a ClusterIP, endpoints share loop-back entries),
+// counted so a change knows when the last user of an address or entry
+// left.
+type written struct {
 	services map[proxy.ServicePortName]*rendered
 	servers  map[vsKey]*VirtualServer
 	addrs    map[netip.Addr]int
@@ -19,8 +20,8 @@ type book struct {
 	nodeAddrs []netip.Addr
 }
 
-func newBook() *book {
-	return &book{services: map[proxy.ServicePortName]*rendered{}, servers: map[vsKey]*VirtualServer{},
+func newWritten() *written {
+	return &written{services: map[proxy.ServicePortName]*rendered{}, servers: map[vsKey]*VirtualServer{},
 		addrs: map[netip.Addr]int{}, entries: map[setEntry]int{}}
 }
 
@@ -42,12 +43,12 @@ func newChange() *change {
 
 // set replaces name's rendering with r (nil removes it) and records in c
 // what that changed.
-func (bk *book) set(name proxy.ServicePortName, r *rendered, c *change) {
-	old := bk.services[name]
+func (wr *written) set(name proxy.ServicePortName, r *rendered, c *change) {
+	old := wr.services[name]
 	if old != nil {
 		for _, vs := range old.servers {
-			if cur := bk.servers[vs.Key]; cur != nil && cur.Owner == name {
-				delete(bk.servers, vs.Key)
+			if cur := wr.servers[vs.Key]; cur != nil && cur.Owner == name {
+				delete(wr.servers, vs.Key)
 				if _, ok := c.servers[vs.Key]; !ok {
 					c.servers[vs.Key] = nil
 					c.serversOwners[vs.Key] = name
@@ -55,35 +56,35 @@ func (bk *book) set(name proxy.ServicePortName, r *rendered, c *change) {
 			}
 		}
 		for _, a := range old.addrs {
-			if bk.addrs[a]--; bk.addrs[a] <= 0 {
-				delete(bk.addrs, a)
+			if wr.addrs[a]--; wr.addrs[a] <= 0 {
+				delete(wr.addrs, a)
 				c.delAddrs = append(c.delAddrs, a)
 			}
 		}
 		for _, e := range old.entries {
-			if bk.entries[e]--; bk.entries[e] <= 0 {
-				delete(bk.entries, e)
+			if wr.entries[e]--; wr.entries[e] <= 0 {
+				delete(wr.entries, e)
 				c.delEntries = append(c.delEntries, e)
 			}
 		}
 	}
 	if r == nil {
-		delete(bk.services, name)
+		delete(wr.services, name)
 		return
 	}
-	bk.services[name] = r
+	wr.services[name] = r
 	for _, vs := range r.servers {
-		bk.servers[vs.Key] = vs
+		wr.servers[vs.Key] = vs
 		c.servers[vs.Key] = vs
 		c.serversOwners[vs.Key] = name
 	}
 	for _, a := range r.addrs {
-		if bk.addrs[a]++; bk.addrs[a] == 1 {
+		if wr.addrs[a]++; wr.addrs[a] == 1 {
 			c.addAddrs = append(c.addAddrs, a)
 		}
 	}
 	for _, e := range r.entries {
-		if bk.entries[e]++; bk.entries[e] == 1 {
+		if wr.entries[e]++; wr.entries[e] == 1 {
 			c.addEntries = append(c.addEntries, e)
 		}
 	}
