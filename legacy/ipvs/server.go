@@ -56,7 +56,7 @@ func (vs *VirtualServer) service() *ipvs.Service {
 
 // keyService is a moby/ipvs Service naming key (enough to get or delete it).
 func keyService(k vsKey) *ipvs.Service {
-	s := &ipvs.Service{Address: net.IP(k.Addr.AsSlice()), Protocol: protoNumber(k.Proto), Port: k.Port}
+	s := &ipvs.Service{Address: net.IP(k.Addr.AsSlice()), Protocol: uint16(proxy.ProtocolNumber(k.Proto)), Port: k.Port}
 	if k.Addr.Is4() {
 		s.AddressFamily, s.Netmask = syscall.AF_INET, 0xffffffff
 	} else {
@@ -90,7 +90,7 @@ func kernelKey(s *ipvs.Service) (vsKey, bool) {
 		return vsKey{}, false
 	}
 	a, ok := netip.AddrFromSlice(s.Address)
-	p := protoName(s.Protocol)
+	p := protoOf(s.Protocol)
 	if !ok || p == "" {
 		return vsKey{}, false
 	}
@@ -108,26 +108,13 @@ func destAddrPort(d *ipvs.Destination) netip.AddrPort {
 	return netip.AddrPortFrom(a, d.Port)
 }
 
-func protoNumber(p v1.Protocol) uint16 {
-	switch p {
-	case v1.ProtocolUDP:
-		return syscall.IPPROTO_UDP
-	case v1.ProtocolSCTP:
-		return syscall.IPPROTO_SCTP
+// protoOf is the Service protocol of an IPVS virtual server's protocol
+// number ("" for another).
+func protoOf(n uint16) v1.Protocol {
+	if n > 255 {
+		return ""
 	}
-	return syscall.IPPROTO_TCP
-}
-
-func protoName(n uint16) v1.Protocol {
-	switch n {
-	case syscall.IPPROTO_TCP:
-		return v1.ProtocolTCP
-	case syscall.IPPROTO_UDP:
-		return v1.ProtocolUDP
-	case syscall.IPPROTO_SCTP:
-		return v1.ProtocolSCTP
-	}
-	return ""
+	return proxy.ProtocolOf(uint8(n))
 }
 
 // Schedulers are the IPVS schedulers --ipvs-scheduler accepts (upstream's

@@ -49,7 +49,7 @@ func elemKey(a netip.Addr, p v1.Protocol, port int32) []byte {
 	if a.IsValid() {
 		k = append(k, a.AsSlice()...)
 	}
-	k = append(k, protoNumber(p), 0, 0, 0)
+	k = append(k, proxy.ProtocolNumber(p), 0, 0, 0)
 	return append(binary.BigEndian.AppendUint16(k, uint16(port)), 0, 0)
 }
 
@@ -95,7 +95,7 @@ func matchExprs(f proxy.Family, r Redirect, src netip.Prefix) []expr.Any {
 	binary.BigEndian.PutUint16(port, uint16(r.Port))
 	return append(out,
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumber(r.Protocol)}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proxy.ProtocolNumber(r.Protocol)}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port})
 }
@@ -115,16 +115,6 @@ func prefixExprs(f proxy.Family, p netip.Prefix, src bool) []expr.Any {
 		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)})
 	}
 	return append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()})
-}
-
-func protoNumber(p v1.Protocol) byte {
-	switch p {
-	case v1.ProtocolUDP:
-		return unix.IPPROTO_UDP
-	case v1.ProtocolSCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return unix.IPPROTO_TCP
 }
 
 // rejectExpr refuses at once: a TCP reset, or ICMP port unreachable.
