@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/test/logbuf"
 )
 
 // syncBuffer is a log sink safe for the proxy's goroutines.

@@ -14,10 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/source"
 	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/test/netns"
 )
 
