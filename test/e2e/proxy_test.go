@@ -1,11 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -364,55 +364,88 @@ func TestRestartLosesNoConnections(t *testing.T) {
 		skipUnclaimed(t, m, featureRestart)
 		e := newEnvSerial(t, m, 4)
 		pods := e.w.Pods()
-		svc := web(pods[:3]...)
+		backends, client := pods[:3], pods[3]
+		svc := web(backends...)
 		svc.Type = v1.ServiceTypeNodePort
 		svc.Ports[0].NodePort = 30080
 		e.write("web.yaml", svc)
+		// Three endpoints: a connection that lost its NAT and were
+		// balanced afresh would most likely reach another one.
+		for _, p := range backends {
+			streamServer(t, p)
+		}
+		e.write("stream.yaml", Service{Name: "stream", ClusterIPs: []string{"10.96.0.12"},
+			Ports: []Port{{Name: "s", Port: 9000, TargetPort: 9090}}, Endpoints: endpoints(backends...)})
 		e.startKP()
-		client := pods[3]
+		names := e.podNames(backends...)
 		nodePort := hostPort(e.w.NodeIP().String(), 30080)
 		e.answers(client.NS, "tcp", webTCP)
 		e.answers(e.w.Client(), "tcp", nodePort)
 
-		// 200 connections over 10 s, alternating a pod → ClusterIP and the
-		// off-node client → NodePort, while kp restarts in the middle.
-		const n = 200
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var failed []string
-		restarted := make(chan error, 1)
-		tick := time.NewTicker(10 * time.Second / n)
-		defer tick.Stop()
-		for i := 0; i < n; i++ {
-			<-tick.C
-			if i == n/3 {
-				go func() { restarted <- e.kp.Restart() }()
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ns, addr := client.NS, webTCP
-				if i%2 == 1 {
-					ns, addr = e.w.Client(), nodePort
-				}
-				reply, err := e.w.Dial(ns, "tcp", addr, 5*time.Second)
-				name, _ := netns.ParseReply(reply)
-				if err != nil || !contains(e.podNames(pods[:3]...), name) {
-					mu.Lock()
-					failed = append(failed, fmt.Sprintf("#%d %s from %s: %q %v", i, addr, ns, reply, err))
-					mu.Unlock()
-				}
-			}()
+		// Open before the restart and still echoing after it, from the
+		// same endpoint.
+		long := startStream(t, client.NS, streamTCP, slow(3*time.Second))
+		// New connections from a pod to the ClusterIP and from the off-node
+		// client to the NodePort, before, during and after the restart:
+		// each one answered by a backend within netns.SlowConnect, so a
+		// moment without rules (a lost SYN, sent again after 1 s) fails.
+		loop := func(ns, addr string) *netns.Loop {
+			return netns.StartLoop(netns.LoopSpec{
+				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					return netns.DialConn(ctx, ns, network, addr)
+				},
+				Addrs:   []string{addr},
+				Timeout: slow(5 * time.Second),
+				Pause:   50 * time.Millisecond,
+				Check: func(reply string) error {
+					if name, _ := netns.ParseReply(reply); !contains(names, name) {
+						return fmt.Errorf("answered %q, want one of %v", reply, names)
+					}
+					return nil
+				},
+			})
 		}
-		wg.Wait()
-		if err := <-restarted; err != nil {
+		loops := []struct {
+			name string
+			l    *netns.Loop
+		}{
+			{"pod " + client.Name + " to ClusterIP " + webTCP, loop(client.NS, webTCP)},
+			{"the off-node client to NodePort " + nodePort, loop(e.w.Client(), nodePort)},
+		}
+		time.Sleep(3 * time.Second)
+		restart := time.Now()
+		err := e.kp.Restart()
+		e.waitHealthy()
+		restarted := time.Now()
+		t.Logf("kp restarted and healthy in %v", restarted.Sub(restart).Round(time.Millisecond))
+		time.Sleep(3 * time.Second)
+		for _, l := range loops {
+			s := l.l.Stop()
+			during := s.Since(restart)
+			t.Logf("%s: %s; from the restart on: %s", l.name, s, during)
+			if err := s.Err(); err != nil {
+				t.Errorf("%s, across a kp restart: %v", l.name, err)
+			}
+			if n := len(during.Attempts); n < 20 {
+				t.Errorf("%s: only %d new connections from the restart on: the loop did not run", l.name, n)
+			}
+		}
+		from, pongs, longErr := long.stop()
+		after := 0
+		for _, p := range pongs {
+			if p.After(restarted) {
+				after++
+			}
+		}
+		t.Logf("long-lived connection to %s: %d exchanges with %s, %d after the restart", streamTCP, len(pongs), from, after)
+		if longErr != nil {
+			t.Errorf("the long-lived connection to %s (endpoint %s) broke across a kp restart: %v", streamTCP, from, longErr)
+		} else if after < 10 {
+			t.Errorf("the long-lived connection to %s made only %d exchanges after the restart", streamTCP, after)
+		}
+		if err != nil {
 			t.Fatalf("restart kp: %v", err)
 		}
-		slices.Sort(failed)
-		if len(failed) > 0 {
-			t.Errorf("%d of %d connections lost across a kp restart:\n%s", len(failed), n, strings.Join(failed, "\n"))
-		}
-		e.waitHealthy()
 		e.answers(client.NS, "tcp", webTCP)
 	})
 }

@@ -14,19 +14,21 @@ import (
 )
 
 // traffic is what runs through a migration: a loop of new TCP
-// connections to several Services, one long-lived TCP connection that
-// exchanges a line every 50 ms, and a UDP flow (one socket, so one
-// conntrack entry) that asks every 50 ms. Every failure is recorded.
+// connections to several Services (a netns.Loop: one that needed its SYN
+// sent again fails), one long-lived TCP connection that exchanges a line
+// every 50 ms (a stream), and a UDP flow (one socket, so one conntrack
+// entry) that asks every 50 ms. Every failure is recorded.
 type traffic struct {
 	t      *testing.T
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu                          sync.Mutex
-	newConns, udpAsked, pings   int
-	failedConns, failedUDP      []string
-	longLivedErr                error
-	longLivedFrom, longLivedVia string
+	conns *netns.Loop
+	long  *stream
+
+	mu        sync.Mutex
+	udpAsked  int
+	failedUDP []string
 }
 
 // streamServer listens on port 9090 inside pod ns and echoes every line
@@ -54,62 +56,27 @@ func streamServer(t *testing.T, p *netns.Pod) {
 func startTraffic(t *testing.T, ns string, tcpAddrs []string, streamAddr, udpAddr string) *traffic {
 	ctx, cancel := context.WithCancel(context.Background())
 	tr := &traffic{t: t, cancel: cancel}
-	long, err := netns.DialConn(ctx, ns, "tcp", streamAddr)
-	if err != nil {
-		t.Fatalf("long-lived connection to %s: %v", streamAddr, err)
-	}
 	udp, err := netns.DialConn(ctx, ns, "udp", udpAddr)
 	if err != nil {
 		t.Fatalf("UDP flow to %s: %v", udpAddr, err)
 	}
-	// How long an answer may take before it counts as lost: a dropped SYN
-	// is sent again after 1 s, so only a connection the path refuses or
-	// loses for good fails; under the VM's emulation a loaded host stalls
-	// its CPUs for seconds (slow).
+	// How long a UDP answer or a ping on the long-lived connection may
+	// take before it counts as lost: under the VM's emulation a loaded host
+	// stalls its CPUs for seconds (slow).
 	wait := slow(3 * time.Second)
-	tr.wg.Add(3)
-	go func() { // new connections, one every 20 ms
-		defer tr.wg.Done()
-		for i := 0; ctx.Err() == nil; i++ {
-			addr := tcpAddrs[i%len(tcpAddrs)]
-			start := time.Now()
-			_, err := netns.Dial(ns, "tcp", addr, wait)
-			tr.mu.Lock()
-			tr.newConns++
-			if err != nil {
-				tr.failedConns = append(tr.failedConns, fmt.Sprintf("%s %s: %v (after %v)", start.Format("15:04:05.000"), addr, err, time.Since(start).Round(time.Millisecond)))
-			}
-			tr.mu.Unlock()
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
-	go func() { // the long-lived connection
-		defer tr.wg.Done()
-		defer long.Close()
-		r := bufio.NewReader(long)
-		for i := 0; ctx.Err() == nil; i++ {
-			_ = long.SetDeadline(time.Now().Add(wait))
-			if _, err := fmt.Fprintf(long, "ping %d\n", i); err != nil {
-				tr.setLongErr(fmt.Errorf("%s ping %d: %w", time.Now().Format("15:04:05.000"), i, err))
-				return
-			}
-			line, err := r.ReadString('\n')
-			if err != nil {
-				tr.setLongErr(fmt.Errorf("%s pong %d: %w", time.Now().Format("15:04:05.000"), i, err))
-				return
-			}
-			from, _, _ := strings.Cut(line, " ")
-			tr.mu.Lock()
-			tr.pings++
-			if tr.longLivedFrom == "" {
-				tr.longLivedFrom = from
-			} else if from != tr.longLivedFrom {
-				tr.longLivedErr = fmt.Errorf("the connection moved from %s to %s", tr.longLivedFrom, from)
-			}
-			tr.mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
+	tr.long = startStream(t, ns, streamAddr, wait)
+	// New connections, one every 20 ms, each answered within
+	// netns.SlowConnect or counted as failed: the timeout only lets a slow
+	// one be measured.
+	tr.conns = netns.StartLoop(netns.LoopSpec{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netns.DialConn(ctx, ns, network, addr)
+		},
+		Addrs:   tcpAddrs,
+		Timeout: wait,
+		Pause:   20 * time.Millisecond,
+	})
+	tr.wg.Add(1)
 	go func() { // the UDP flow
 		defer tr.wg.Done()
 		defer udp.Close()
@@ -133,31 +100,20 @@ func startTraffic(t *testing.T, ns string, tcpAddrs []string, streamAddr, udpAdd
 	return tr
 }
 
-func (tr *traffic) setLongErr(err error) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	if tr.longLivedErr == nil {
-		tr.longLivedErr = err
-	}
-}
-
 // stop ends the loops and reports every failure as a test error; the long-
 // lived connection must still be open (unless allowLongLivedLoss says why
 // it cannot be).
 func (tr *traffic) stop(allowLongLivedLoss string) {
 	t := tr.t
 	t.Helper()
-	tr.mu.Lock()
-	longErr := tr.longLivedErr
-	tr.mu.Unlock()
 	tr.cancel()
+	conns := tr.conns.Stop()
+	from, pongs, longErr := tr.long.stop()
 	tr.wg.Wait()
-	t.Logf("traffic: %d new connections (%d failed), %d pings on the long-lived connection to %s, %d UDP requests on one flow (%d unanswered)",
-		tr.newConns, len(tr.failedConns), tr.pings, tr.longLivedFrom, tr.udpAsked, len(tr.failedUDP))
-	if len(tr.failedConns) > 0 {
-		// The first failure on the message's first line: a digest of the
-		// output (test/failures.sh) keeps only that.
-		t.Errorf("%d of %d new connections failed, first %s\n%s", len(tr.failedConns), tr.newConns, tr.failedConns[0], strings.Join(tr.failedConns, "\n"))
+	t.Logf("traffic: %s; %d pings on the long-lived connection to %s, %d UDP requests on one flow (%d unanswered)",
+		conns, len(pongs), from, tr.udpAsked, len(tr.failedUDP))
+	if err := conns.Err(); err != nil {
+		t.Error(err)
 	}
 	if len(tr.failedUDP) > 0 {
 		t.Errorf("%d of %d UDP requests on the flow were not answered, first %s\n%s", len(tr.failedUDP), tr.udpAsked, tr.failedUDP[0], strings.Join(tr.failedUDP, "\n"))
@@ -167,7 +123,85 @@ func (tr *traffic) stop(allowLongLivedLoss string) {
 		t.Errorf("the long-lived connection broke: %v", longErr)
 	case longErr != nil:
 		t.Logf("the long-lived connection ended, as expected (%s): %v", allowLongLivedLoss, longErr)
-	case tr.pings < 10:
-		t.Errorf("the long-lived connection carried only %d pings", tr.pings)
+	case len(pongs) < 10:
+		t.Errorf("the long-lived connection carried only %d pings", len(pongs))
 	}
+}
+
+// stream is one long-lived TCP connection to streamServers that exchanges
+// a line every 50 ms and must stay with the endpoint that answered first;
+// its first failure ends it.
+type stream struct {
+	conn   net.Conn
+	done   chan struct{}
+	mu     sync.Mutex
+	from   string      // the endpoint that answered first
+	pongs  []time.Time // when each answer came
+	err    error
+	closed bool
+}
+
+// startStream opens the connection to addr from namespace ns; wait bounds
+// each exchange.
+func startStream(t *testing.T, ns, addr string, wait time.Duration) *stream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	conn, err := netns.DialConn(ctx, ns, "tcp", addr)
+	if err != nil {
+		t.Fatalf("long-lived connection to %s: %v", addr, err)
+	}
+	s := &stream{conn: conn, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		r := bufio.NewReader(conn)
+		for i := 0; ; i++ {
+			_ = conn.SetDeadline(time.Now().Add(wait))
+			if _, err := fmt.Fprintf(conn, "ping %d\n", i); err != nil {
+				s.fail(fmt.Errorf("%s ping %d: %w", time.Now().Format("15:04:05.000"), i, err))
+				return
+			}
+			line, err := r.ReadString('\n')
+			if err != nil {
+				s.fail(fmt.Errorf("%s pong %d: %w", time.Now().Format("15:04:05.000"), i, err))
+				return
+			}
+			from, _, _ := strings.Cut(line, " ")
+			s.mu.Lock()
+			if s.from == "" {
+				s.from = from
+			}
+			moved := from != s.from
+			s.pongs = append(s.pongs, time.Now())
+			s.mu.Unlock()
+			if moved {
+				s.fail(fmt.Errorf("%s pong %d: the connection moved from %s to %s", time.Now().Format("15:04:05.000"), i, s.from, from))
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return s
+}
+
+// fail records the connection's first failure, unless stop closed it.
+func (s *stream) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil && !s.closed {
+		s.err = err
+	}
+}
+
+// stop closes the connection and returns the endpoint that answered, when
+// each answer came and the first failure.
+func (s *stream) stop() (from string, pongs []time.Time, err error) {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.conn.Close()
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.from, s.pongs, s.err
 }

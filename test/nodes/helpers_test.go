@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,15 +61,16 @@ func kpOverlay(t *testing.T, c *cluster.Cluster, imageTag string) string {
 	return dir
 }
 
-// attempt is one new connection of a client loop.
+// attempt is one query of a clientLoop.
 type attempt struct {
 	at    time.Time
-	reply string // the echo server's name, when it answered
+	reply string // the first word of the answer, when there was one
 	err   error
 }
 
-// clientLoop opens new connections to addr, one after the other, from a
-// network namespace, until stopped: what a Service's clients do.
+// clientLoop asks with a query function, one query after the other,
+// until stopped: the DNS test's queries. (New TCP connections go through
+// connLoop, which also bounds each one's latency.)
 type clientLoop struct {
 	stop chan struct{}
 	done chan struct{}
@@ -140,16 +142,12 @@ func since(as []attempt, t time.Time) []attempt {
 	return out
 }
 
-// explained wraps dial: a failed attempt's error carries every node's TCP
-// conntrack entries that are not established or closing, listed at once
-// (they expire long before the test ends), to tell where its SYNs went and
-// which NAT they met.
-func explained(c *cluster.Cluster, dial func() (string, error)) func() (string, error) {
-	return func() (string, error) {
-		reply, err := dial()
-		if err == nil {
-			return reply, nil
-		}
+// onNodes is a connection loop's LoopSpec.Explain: every node's TCP
+// conntrack entries that are not established or closing, listed right
+// after a failed or slow attempt (they expire long before the test ends),
+// to tell where its SYNs went and which NAT they met, and kp's last sync.
+func onNodes(c *cluster.Cluster) func() string {
+	return func() string {
 		var b strings.Builder
 		for _, n := range c.Nodes {
 			// CLOSE is kept: a connection reset by its peer (a RST from an
@@ -162,7 +160,31 @@ func explained(c *cluster.Cluster, dial func() (string, error)) func() (string, 
 			out, _ = n.Exec("sh", "-c", "ip -4 neigh | grep -Ev 'REACHABLE|STALE|PERMANENT|DELAY'")
 			fmt.Fprintf(&b, "\n    %s, neighbours unresolved: %s", n.Name, strings.TrimSpace(out))
 		}
-		return reply, fmt.Errorf("%w%s", err, b.String())
+		return b.String()
+	}
+}
+
+// connLoop starts a netns.Loop of new TCP connections to addr, one every
+// 50 ms, opened by dial (from a pod's or a node's namespace): each must be
+// answered within netns.SlowConnect (a lost SYN, sent again after 1 s,
+// fails it); the 5 s timeout only lets a slow one be measured. explain,
+// when set, is the loop's LoopSpec.Explain.
+func connLoop(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr string, explain func() string) *netns.Loop {
+	return netns.StartLoop(netns.LoopSpec{Dial: dial, Addrs: []string{addr}, Timeout: 5 * time.Second,
+		Pause: 50 * time.Millisecond, Explain: explain})
+}
+
+// fromPodNS and fromNode dial from a pod's network namespace file (see
+// cluster.Node.PodNetns) and from a node's own namespace, for connLoop.
+func fromPodNS(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return cluster.DialConnFrom(ctx, nsPath, network, addr)
+	}
+}
+
+func fromNode(n *cluster.Node) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return netns.DialConn(ctx, n.NS, network, addr)
 	}
 }
 

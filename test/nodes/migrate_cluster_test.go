@@ -102,11 +102,11 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 	}
 	phase("kube-proxy DaemonSet and workload", start)
 
-	fromPod := startLoop(explained(c, func() (string, error) { return cluster.DialFrom(clientNS, "tcp", clusterIP, 5*time.Second) }))
-	fromNode := startLoop(explained(c, func() (string, error) { return n1.Dial("tcp", clusterIP, 5*time.Second) }))
+	fromPod := connLoop(fromPodNS(clientNS), clusterIP, onNodes(c))
+	fromNode1 := connLoop(fromNode(n1), clusterIP, onNodes(c))
 	stream := startLongLived(t, clientNS, streamAddr)
 	defer fromPod.Stop()
-	defer fromNode.Stop()
+	defer fromNode1.Stop()
 	defer stream.Stop()
 
 	// The hand-back to kube-proxy (--from-kube-proxy --rollback) and a
@@ -278,12 +278,11 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 
 	t.Run("no new connection failed and the long-lived connection survived all of it", func(t *testing.T) {
 		time.Sleep(time.Second)
-		for name, l := range map[string]*clientLoop{"pod client on node-2": fromPod, "node-1": fromNode} {
-			as := l.Stop()
-			if f := failures(as); len(f) > 0 {
-				t.Errorf("%s to ClusterIP %s: %d of %d new connections failed:\n%s", name, clusterIP, len(f), len(as), strings.Join(f, "\n"))
-			} else {
-				t.Logf("%s to ClusterIP %s: %d new connections, none failed", name, clusterIP, len(as))
+		for name, l := range map[string]*netns.Loop{"pod client on node-2": fromPod, "node-1": fromNode1} {
+			s := l.Stop()
+			t.Logf("%s to ClusterIP %s: %s", name, clusterIP, s)
+			if err := s.Err(); err != nil {
+				t.Errorf("%s to ClusterIP %s: %v", name, clusterIP, err)
 			}
 		}
 		n, err := stream.Stop()
