@@ -79,11 +79,19 @@ conformance-bins:
 # last thing printed is test/failures.sh's digest of it (the failed tests
 # and their last messages), since a failing end-to-end test's process logs
 # fill the end of the output.
+#
+# go test runs with -json, and test/skips prints what a plain go test would
+# (into TEST_LOG too), keeping every event, passing tests' logs included, in
+# TEST_LOG.json; then its skip ledger: how many tests skipped and why, and
+# under CI (CI set) a failure on any skip test/skips.allow does not name
+# with its reason.
 TEST_LOG ?= /tmp/kp-make-test.log
 test: kube-bins test-images vm-kernel
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root; the end-to-end tests need root and will not run" >&2; fi
-	bash -o pipefail -c '$(GO) test -count=1 -p 2 -parallel 4 -timeout 45m ./... 2>&1 | tee $(TEST_LOG)' || \
-		{ bash test/failures.sh $(TEST_LOG); exit 1; }
+	$(GO) build -o /tmp/kp-test-skips ./test/skips
+	bash -o pipefail -c '$(GO) test -json -count=1 -p 2 -parallel 4 -timeout 45m ./... 2>&1 | /tmp/kp-test-skips -log $(TEST_LOG) -json $(TEST_LOG).json' || \
+		{ /tmp/kp-test-skips -ledger $(TEST_LOG).json -allow test/skips.allow || true; bash test/failures.sh $(TEST_LOG); exit 1; }
+	/tmp/kp-test-skips -ledger $(TEST_LOG).json -allow test/skips.allow
 	$(MAKE) fuzz
 
 # The benchmark of kp against upstream kube-proxy (nftables and iptables

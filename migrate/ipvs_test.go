@@ -28,8 +28,11 @@ func TestKernelRemovesKubeProxysIPVSLeftoversOnly(t *testing.T) {
 		if err != nil {
 			t.Fatalf("in the VM: %v\n%s", err, out)
 		}
-		if !strings.Contains(out, "--- PASS: TestKernelRemovesKubeProxysIPVSLeftoversOnly") {
-			t.Errorf("the VM did not run the test:\n%s", out)
+		for _, e := range vm.CheckRun(out, vm.Claim{Pass: []string{"TestKernelRemovesKubeProxysIPVSLeftoversOnly"}}) {
+			t.Errorf("in the VM: %v", e)
+		}
+		if t.Failed() {
+			t.Logf("the VM's output:\n%s", out)
 		}
 		return
 	}

@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // kp's memory is held against upstream kube-proxy's (a third of its peak
@@ -33,7 +35,7 @@ var unwantedInBinary = []struct {
 func TestBinaryDoesNotLinkCostlyPackages(t *testing.T) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command on PATH:", err)
+		netns.Unavailable(t, "skipped: no go command on PATH: %v", err)
 	}
 	const binary = "github.com/kpproxy/kp/cmd/kp"
 	out, err := exec.Command(gobin, "list", "-deps", binary).Output()

@@ -216,12 +216,10 @@ func merged(t *testing.T, path string, res *Results) *Results {
 func TestBenchSmoke(t *testing.T) {
 	netns.Require(t, "nft", "conntrack", "iptables-save", "iptables-nft-save", "iptables-legacy", "ip6tables-legacy")
 	apiserver.Bin(t, apiserver.KubeProxy)
-	proxies := HostProxies
-	if why := kpLacksIPTablesMode(t); why != "" {
-		t.Logf("kp-iptables left out: kp has no iptables mode yet (%s)", why)
-		proxies = slices.DeleteFunc(slices.Clone(HostProxies), func(p string) bool { return p == KPIPTables })
-	}
-	cfg := config{Ns: []int{1, 100}, Proxies: proxies, Reps: 1, Changes: 3,
+	// Every host proxy, kp-iptables too: kp has its iptables mode
+	// (legacy/iptables), so a kp that refuses its flags fails the smoke
+	// rather than leaving the proxy out.
+	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Reps: 1, Changes: 3,
 		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
 		SyncTimeout: 2 * time.Minute}
 	res := run(t, cfg, nil)

@@ -131,24 +131,6 @@ func kpBin(t *testing.T) string {
 	return bin
 }
 
-// kpLacksIPTablesMode says why kp cannot run kp-iptables's command line
-// ("" when it can): until legacy/iptables is built, kp refuses the mode, or
-// the flag, before it reads any kubeconfig. It asks in a namespace of its
-// own, with a kubeconfig that does not exist, so that a kp that has the
-// mode stops at once without touching any firewall.
-func kpLacksIPTablesMode(t *testing.T) string {
-	t.Helper()
-	ns := netns.NewNamespace(t, "probe")
-	out, _ := netns.Exec(ns, kpBin(t), "proxy", "--proxy-mode", "iptables", "--iptables-backend", "nft",
-		"--kubeconfig", filepath.Join(t.TempDir(), "none"), "--hostname-override", "probe")
-	for _, refusal := range []string{"not implemented", "unknown flag"} {
-		if strings.Contains(out, refusal) {
-			return strings.TrimSpace(tail(out))
-		}
-	}
-	return ""
-}
-
 // halt stops the proxy and leaves what it wrote in the kernel, for the data
 // path measured after every proxy of an N (dataPathRounds); the world's
 // namespaces go, with their rules, when the N's subtest ends.

@@ -149,11 +149,11 @@ spec:
 			t.Errorf("namespace %s survived", ns)
 		}
 	}
-	// Restored, unless another test process runs clusters: then it
-	// restores them when it is done.
-	if after := readSysctls(t); otherProcessSysctls() == nil && !equal(before, after) {
-		t.Errorf("kernel settings not restored: before %v, after %v", before, after)
-	}
+	// Restored: the last cluster's cleanup wrote the machine's values
+	// from this process's record and removed it, whoever else runs
+	// clusters; and the live values are the machine's unless another test
+	// process's kubelets rewrote them since (it restores them when done).
+	checkRestored(t, sysctlsFile(os.Getpid()), before)
 	// Nor anything at the paths the kubelet, the shims and libcni fix.
 	if otherProcessSysctls() == nil {
 		for _, d := range sharedDirs {
@@ -192,4 +192,23 @@ func running(pid int) bool {
 	// "pid (comm) S ...": the state follows the last ')'.
 	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// checkRestored fails t unless the last restore wrote want from the
+// record file and removed it (keyed to the test's own record, so another
+// test process's clusters do not switch the check off), and, when no other
+// test process holds a record, unless the live settings are want.
+func checkRestored(t *testing.T, file string, want map[string]string) {
+	t.Helper()
+	if wrote, ok := restoredFrom(file); !ok {
+		t.Errorf("kernel settings not restored from %s (the last restore was not from it)", file)
+	} else if !equal(wrote, want) {
+		t.Errorf("kernel settings restored from %s: %v, want the machine's %v", file, wrote, want)
+	}
+	if _, err := os.Stat(file); err == nil {
+		t.Errorf("the settings' record %s survived its restore", file)
+	}
+	if after := readSysctls(t); otherProcessSysctls() == nil && !equal(want, after) {
+		t.Errorf("kernel settings not restored: before %v, after %v", want, after)
+	}
 }

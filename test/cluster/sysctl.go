@@ -27,6 +27,35 @@ var saved struct {
 	file   string // the same values on disk, for SweepStale after a crash
 }
 
+// lastRestore is what the last restore wrote and the record it came from
+// (this process's, or a killed run's for SweepStale): the tests check it,
+// keyed to their own record, because the live settings are rewritten by any
+// other test process's kubelets (go test -p runs test/cluster beside
+// test/nodes), which would switch a check of the live values off.
+var lastRestore struct {
+	mu     sync.Mutex
+	values map[string]string
+	file   string
+}
+
+func recordRestore(file string, values map[string]string) {
+	lastRestore.mu.Lock()
+	defer lastRestore.mu.Unlock()
+	lastRestore.values, lastRestore.file = values, file
+}
+
+// restoredFrom returns what the last restore wrote, if it came from file.
+func restoredFrom(file string) (map[string]string, bool) {
+	lastRestore.mu.Lock()
+	defer lastRestore.mu.Unlock()
+	return lastRestore.values, lastRestore.file == file && file != ""
+}
+
+// sysctlsFile is the record of the settings test process pid saved.
+func sysctlsFile(pid int) string {
+	return filepath.Join(stateRoot, fmt.Sprintf("%s%d-sysctls.json", prefix, pid))
+}
+
 func sysctlPath(key string) string {
 	return filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/"))
 }
@@ -52,7 +81,7 @@ func saveSysctls() (restore func() error, err error) {
 			}
 		}
 		b, _ := json.Marshal(values)
-		file := filepath.Join(stateRoot, fmt.Sprintf("%s%d-sysctls.json", prefix, os.Getpid()))
+		file := sysctlsFile(os.Getpid())
 		if err := os.MkdirAll(stateRoot, 0o755); err != nil {
 			return nil, err
 		}
@@ -74,6 +103,7 @@ func saveSysctls() (restore func() error, err error) {
 			}
 			err = writeSysctls(saved.values)
 			if err == nil {
+				recordRestore(saved.file, saved.values)
 				os.Remove(saved.file)
 			}
 			if otherProcessSysctls() == nil {
@@ -129,5 +159,6 @@ func restoreSysctlsFile(file string) error {
 	if err := writeSysctls(values); err != nil {
 		return err
 	}
+	recordRestore(file, values)
 	return os.Remove(file)
 }

@@ -83,7 +83,7 @@ current-context: c
 	// querier runs it (+search, the nameserver of /etc/resolv.conf), over
 	// UDP and TCP, gets CoreDNS's answers.
 	if _, err := os.Stat(filepath.Join(filepath.Dir(Corefile(t)), "glibc-dns-testing.tar")); err != nil {
-		t.Skipf("skipped: no glibc-dns-testing image (run make test-images): %v", err)
+		netns.Unavailable(t, "skipped: no glibc-dns-testing image (run make test-images): %v", err)
 	}
 	root := extract(t, Get(t, GlibcDNSTesting))
 	if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), []byte("nameserver 127.0.0.1\nsearch svc.cluster.local cluster.local\noptions ndots:5\n"), 0o644); err != nil {

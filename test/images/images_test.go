@@ -18,11 +18,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kpproxy/kp/test/netns"
 )
 
 func TestDirsAreTheOnesTheScriptsBuild(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("skipped: the scripts need go on PATH")
+		netns.Unavailable(t, "skipped: the scripts need go on PATH")
 	}
 	repo, err := repoRoot()
 	if err != nil {
@@ -49,7 +51,7 @@ func TestDirsAreTheOnesTheScriptsBuild(t *testing.T) {
 func TestEveryImageLoadsUnderItsRefAndItsProgramsRun(t *testing.T) {
 	imgs := All(t)
 	if os.Getuid() != 0 {
-		t.Skip("skipped: running the images' programs needs chroot, so root")
+		netns.Unavailable(t, "skipped: running the images' programs needs chroot, so root")
 	}
 	// What each image must run, inside its own file system; want is a
 	// string its output must hold.
@@ -116,7 +118,7 @@ func TestEveryImageLoadsUnderItsRefAndItsProgramsRun(t *testing.T) {
 func TestPauseAsPID1ExitsZeroOnSIGTERM(t *testing.T) {
 	bin := Bin(t, "pause")
 	if os.Getuid() != 0 {
-		t.Skip("skipped: a PID namespace needs root")
+		netns.Unavailable(t, "skipped: a PID namespace needs root")
 	}
 	// As a pod's PID 1, as in a sandbox: the kernel delivers PID 1 only
 	// the signals it handles, so a pause that forgot to would never stop.
@@ -147,15 +149,15 @@ func TestPauseAsPID1ExitsZeroOnSIGTERM(t *testing.T) {
 func TestTarballsImportIntoContainerd(t *testing.T) {
 	imgs := All(t)
 	if os.Getuid() != 0 {
-		t.Skip("skipped: containerd needs root")
+		netns.Unavailable(t, "skipped: containerd needs root")
 	}
 	containerd, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Skip("skipped: containerd is not installed (Debian: apt-get install containerd)")
+		netns.Unavailable(t, "skipped: containerd is not installed (Debian: apt-get install containerd)")
 	}
 	ctr, err := exec.LookPath("ctr")
 	if err != nil {
-		t.Skip("skipped: ctr is not installed")
+		netns.Unavailable(t, "skipped: ctr is not installed")
 	}
 	// A private containerd: its own root, state and sockets, no CRI (no
 	// CNI, nothing listening on the network), the opt plugin's directory

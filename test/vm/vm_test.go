@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,10 +22,11 @@ func TestProbe(t *testing.T) {
 	if err != nil {
 		t.Fatalf("probe tests in the VM: %v\n%s", err, out)
 	}
-	for _, want := range []string{"--- PASS: TestKernelIs61", "--- PASS: TestIPVSVirtualServerReadsBack", "--- PASS: TestNetnsTools"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("VM output lacks %q:\n%s", want, out)
-		}
+	for _, e := range CheckRun(out, Claim{Pass: []string{"TestKernelIs61", "TestIPVSVirtualServerReadsBack", "TestNetnsTools"}}) {
+		t.Errorf("in the VM: %v", e)
+	}
+	if t.Failed() {
+		t.Logf("the VM's output:\n%s", out)
 	}
 	t.Logf("whole VM test: %v", time.Since(start).Round(time.Millisecond))
 }
