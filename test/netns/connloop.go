@@ -6,7 +6,10 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // SlowConnect is how long a new connection may take to be answered before
@@ -26,6 +29,14 @@ type Attempt struct {
 	// proxy that accepts the client itself (userspace), the SYN to the
 	// endpoint goes out after the client's handshake.
 	Connect, Answer time.Duration
+	// SYNRetransmits is how many times the client's kernel sent the SYN
+	// again (TCP_INFO's retransmission count read right after the
+	// handshake, when only the SYN can have been sent twice): the lost SYN
+	// itself, whatever the latency, so a loaded machine or the VM's
+	// emulation may slow an attempt without hiding one. Through a proxy
+	// that accepts the client itself (userspace) it stays 0 and only the
+	// latency bound speaks.
+	SYNRetransmits uint32
 	Reply           string // the reply line, "pod-1 10.0.2.2:40312"
 	Err             error  // the attempt's error, or what the loop's Check said of its reply
 	Seen            string // what LoopSpec.Explain saw right after a failed or slow attempt
@@ -47,6 +58,9 @@ func (a Attempt) Failure(bound time.Duration) string {
 	switch {
 	case a.Err != nil:
 		return fmt.Sprintf("%s %s: %v (after %v)%s", at, a.Addr, a.Err, a.Latency().Round(time.Millisecond), a.Seen)
+	case a.SYNRetransmits > 0:
+		return fmt.Sprintf("%s %s: its SYN was sent %d more time(s) (the kernel's count; connected after %v)%s",
+			at, a.Addr, a.SYNRetransmits, a.Connect.Round(time.Millisecond), a.Seen)
 	case a.Latency() > bound:
 		return fmt.Sprintf("%s %s: slow, answered after %v (connected after %v), over %v: a SYN was sent again%s",
 			at, a.Addr, a.Latency().Round(time.Millisecond), a.Connect.Round(time.Millisecond), bound, a.Seen)
@@ -123,6 +137,7 @@ func (l *Loop) attempt(addr string) Attempt {
 	c, err := l.spec.Dial(ctx, "tcp", addr)
 	a.Connect = time.Since(a.At)
 	if err == nil {
+		a.SYNRetransmits = synRetransmits(c)
 		a.Reply, err = Ask(ctx, c)
 		c.Close()
 		if err == nil {
@@ -133,7 +148,7 @@ func (l *Loop) attempt(addr string) Attempt {
 		err = l.spec.Check(a.Reply)
 	}
 	a.Err = err
-	if l.spec.Explain != nil && (err != nil || a.Latency() > l.spec.Slow) {
+	if l.spec.Explain != nil && (err != nil || a.SYNRetransmits > 0 || a.Latency() > l.spec.Slow) {
 		a.Seen = l.spec.Explain()
 	}
 	return a
@@ -224,4 +239,24 @@ func (s Summary) Err() error {
 	}
 	return fmt.Errorf("%d of %d new connections failed (%d slow), first %s\n%s\n%s",
 		len(s.Failures), len(s.Attempts), s.Slow, s.Failures[0], s, strings.Join(s.Failures, "\n"))
+}
+
+// synRetransmits reads the kernel's count of c's retransmitted segments;
+// right after the handshake that is the SYN's. 0 when c is no TCP socket.
+func synRetransmits(c net.Conn) uint32 {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n uint32
+	_ = raw.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			n = info.Total_retrans
+		}
+	})
+	return n
 }
