@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -201,12 +202,22 @@ func (e *env) tally(ns, network, addr string, n int) (answers, failed map[string
 	for i := 0; i < n; i++ {
 		name, err := e.ask(ns, network, addr)
 		if err != nil {
-			failed[err.Error()]++
+			failed[failure(err)]++
 			continue
 		}
 		answers[name]++
 	}
 	return answers, failed
+}
+
+// failure names how a request failed, without the client's port (each
+// request has its own), so that failures of one kind count together.
+func failure(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err.Error()
+	}
+	return err.Error()
 }
 
 // answered makes n requests and counts the answers per pod; any failed
