@@ -3,8 +3,10 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -189,18 +191,76 @@ func (e *env) answers(ns, network, addr string, want ...string) {
 	})
 }
 
-// spread makes n requests and counts answers per pod; errors are counted
-// under "error: …".
-func (e *env) spread(ns, network, addr string, n int) map[string]int {
-	counts := map[string]int{}
+// tally makes n requests from ns to addr and counts the answers per pod,
+// and apart from them the failed requests per error: a failure is never
+// counted as an answer, so no check of the answers (how many pods, which
+// ones) can pass on requests that all failed. Only a test that expects
+// some requests to fail (refused, say) reads failed itself; every other
+// test asks through answered or spread, which treat any failure as one.
+func (e *env) tally(ns, network, addr string, n int) (answers, failed map[string]int) {
+	answers, failed = map[string]int{}, map[string]int{}
 	for i := 0; i < n; i++ {
 		name, err := e.ask(ns, network, addr)
 		if err != nil {
-			name = "error: " + err.Error()
+			failed[failure(err)]++
+			continue
 		}
-		counts[name]++
+		answers[name]++
 	}
-	return counts
+	return answers, failed
+}
+
+// failure names how a request failed, without the client's port (each
+// request has its own), so that failures of one kind count together.
+func failure(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err.Error()
+	}
+	return err.Error()
+}
+
+// answered makes n requests and counts the answers per pod; any failed
+// request is an error that says how many failed and how. It is for a poll
+// (eventually), where a failure may mean "not yet".
+func (e *env) answered(ns, network, addr string, n int) (map[string]int, error) {
+	answers, failed := e.tally(ns, network, addr, n)
+	if len(failed) > 0 {
+		return answers, fmt.Errorf("%s %s from %s: %d of %d requests failed (%s); answers %v",
+			network, addr, ns, n-total(answers), n, strings.Join(counted(failed), ", "), answers)
+	}
+	return answers, nil
+}
+
+// spread makes n requests and counts the answers per pod. Any failed
+// request fails t at once: the counts are only a proof about endpoints
+// when every request was answered.
+func (e *env) spread(t *testing.T, ns, network, addr string, n int) map[string]int {
+	t.Helper()
+	answers, err := e.answered(ns, network, addr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answers
+}
+
+// total sums counts.
+func total(counts map[string]int) int {
+	n := 0
+	for _, k := range counts {
+		n += k
+	}
+	return n
+}
+
+// counted lists counts as "key ×n", sorted, for messages.
+func counted(counts map[string]int) []string {
+	var out []string
+	for k, v := range counts {
+		out = append(out, fmt.Sprintf("%s ×%d", k, v))
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (e *env) podNames(pods ...*netns.Pod) []string {
@@ -263,15 +323,4 @@ func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
-}
-
-// keysWithPrefix lists the count keys starting with prefix, for messages.
-func keysWithPrefix(counts map[string]int, prefix string) []string {
-	var out []string
-	for k, v := range counts {
-		if strings.HasPrefix(k, prefix) {
-			out = append(out, fmt.Sprintf("%s ×%d", k, v))
-		}
-	}
-	return out
 }

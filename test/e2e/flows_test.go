@@ -225,7 +225,7 @@ func TestStatusAPIReportsSyncsEndpointsAndNewConnections(t *testing.T) {
 		e.startKP()
 		e.answers(pods[2].NS, "tcp", webTCP)
 		const n = 20
-		counts := e.spread(pods[2].NS, "tcp", webTCP, n)
+		counts := e.spread(t, pods[2].NS, "tcp", webTCP, n)
 
 		c := e.statusClient()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

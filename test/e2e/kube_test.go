@@ -41,12 +41,13 @@ func TestKubeServicesAndSlicesWrittenThroughClientGoReachTheTraffic(t *testing.T
 	k.apply(web(pods[0], pods[1]))
 	removed := pods[2].Name
 	k.eventually(removed+" no longer chosen", 15*time.Second, func() error {
-		if counts := k.spread(client.NS, "tcp", webTCP, 30); counts[removed] > 0 {
-			return fmt.Errorf("answers %v", counts)
+		counts, err := k.answered(client.NS, "tcp", webTCP, 30)
+		if err == nil && counts[removed] > 0 {
+			err = fmt.Errorf("answers %v", counts)
 		}
-		return nil
+		return err
 	})
-	if counts := k.spread(client.NS, "tcp", webTCP, 100); counts[removed] > 0 || len(counts) != 2 {
+	if counts := k.spread(t, client.NS, "tcp", webTCP, 100); counts[removed] > 0 || len(counts) != 2 {
 		t.Errorf("after removing %s from the slices: %v", removed, counts)
 	}
 	k.eventually("the update's network programming latency observed", 15*time.Second, func() error {
@@ -166,10 +167,11 @@ func TestKubeNodeZoneLabelChangeIsPickedUp(t *testing.T) {
 	k.patchNodeZone("zone-b")
 	k.inZone("zone-b")
 	k.eventually("traffic keeps to zone-b's endpoint", 15*time.Second, func() error {
-		if counts := k.spread(client.NS, "tcp", webTCP, 20); counts[pods[1].Name] != 20 {
-			return fmt.Errorf("answers %v", counts)
+		counts, err := k.answered(client.NS, "tcp", webTCP, 20)
+		if err == nil && counts[pods[1].Name] != 20 {
+			err = fmt.Errorf("answers %v", counts)
 		}
-		return nil
+		return err
 	})
 }
 
@@ -301,10 +303,11 @@ func TestKubeAPIServerOutageDropsNoConnectionAndChangesMadeMeanwhileLandAfter(t 
 		return k.silent(client.NS, "tcp", "10.96.0.71:80")
 	})
 	k.eventually(pods[0].Name+" leaves web", 30*time.Second, func() error {
-		if counts := k.spread(client.NS, "tcp", webTCP, 20); counts[pods[0].Name] > 0 {
-			return fmt.Errorf("answers %v", counts)
+		counts, err := k.answered(client.NS, "tcp", webTCP, 20)
+		if err == nil && counts[pods[0].Name] > 0 {
+			err = fmt.Errorf("answers %v", counts)
 		}
-		return nil
+		return err
 	})
 	close(stop)
 	wg.Wait()

@@ -162,7 +162,10 @@ func (e *env) onlyFrom(ns, addr string, pods ...*netns.Pod) {
 	e.t.Helper()
 	names := e.podNames(pods...)
 	e.eventually(fmt.Sprintf("%s answered only by %v", addr, names), 15*time.Second, func() error {
-		counts := e.spread(ns, "tcp", addr, 20)
+		counts, err := e.answered(ns, "tcp", addr, 20)
+		if err != nil {
+			return err
+		}
 		n := 0
 		for _, name := range names {
 			n += counts[name]

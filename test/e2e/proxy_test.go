@@ -49,7 +49,7 @@ func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
 				// From a pod that is not an endpoint: each request is a new
 				// connection (a new source port), so a new random choice.
 				const n = 300
-				counts := e.spread(outsider.NS, c.network, c.addr, n)
+				counts := e.spread(t, outsider.NS, c.network, c.addr, n)
 				// A fair spread exceeds the p < 0.001 limit once in 1,000
 				// draws, and a run of make test checks about twenty: one
 				// over it is drawn again, and fails only if the second is
@@ -59,7 +59,7 @@ func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
 				limit := chiSquareCritical001[len(names)-1]
 				if x2 := chiSquare(counts, names); x2 > limit {
 					t.Logf("%s spread over %d requests: %v (chi-square %.2f > %.1f): drawn again", c.network, n, counts, x2, limit)
-					counts = e.spread(outsider.NS, c.network, c.addr, n)
+					counts = e.spread(t, outsider.NS, c.network, c.addr, n)
 				}
 				for name, k := range counts {
 					if !contains(names, name) {
@@ -86,7 +86,7 @@ func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
 				{"a pod that is an endpoint (hairpin)", backends[0].NS},
 			} {
 				for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-					counts := e.spread(from.ns, c.network, c.addr, 30)
+					counts := e.spread(t, from.ns, c.network, c.addr, 30)
 					for name, k := range counts {
 						if !contains(names, name) {
 							t.Errorf("%s from %s: %d of 30 answered by %q", c.network, from.what, k, name)
@@ -96,7 +96,7 @@ func TestClusterIPSpreadsEvenlyOverEveryEndpointAndOnlyThem(t *testing.T) {
 			}
 			// A pod reaching itself through the Service needs the hairpin
 			// masquerade; over 60 tries it picks itself with near certainty.
-			counts := e.spread(backends[0].NS, "tcp", webTCP, 60)
+			counts := e.spread(t, backends[0].NS, "tcp", webTCP, 60)
 			if counts[backends[0].Name] == 0 {
 				t.Errorf("pod-0 never reached itself through the Service in 60 tries: %v", counts)
 			}
@@ -120,7 +120,7 @@ func TestNodePortAnswersFromOffNodeClient(t *testing.T) {
 		nodeUDP := hostPort(e.w.NodeIP().String(), 30053)
 		e.answers(e.w.Client(), "tcp", nodeTCP, names...)
 		for _, c := range []struct{ network, addr string }{{"tcp", nodeTCP}, {"udp", nodeUDP}} {
-			counts := e.spread(e.w.Client(), c.network, c.addr, 60)
+			counts := e.spread(t, e.w.Client(), c.network, c.addr, 60)
 			for name, k := range counts {
 				if !contains(names, name) {
 					t.Errorf("NodePort %s %s: %d of 60 answered by %q", c.network, c.addr, k, name)
@@ -192,11 +192,11 @@ func TestRemovedEndpointIsNeverReachedByNewConnections(t *testing.T) {
 		e.startKP()
 		e.answers(client.NS, "tcp", webTCP)
 		e.eventually("all three endpoints answer", 15*time.Second, func() error {
-			counts := e.spread(client.NS, "tcp", webTCP, 30)
-			if len(counts) != 3 {
-				return fmt.Errorf("answers %v", counts)
+			counts, err := e.answered(client.NS, "tcp", webTCP, 30)
+			if err == nil && len(counts) != 3 {
+				err = fmt.Errorf("answers %v", counts)
 			}
-			return nil
+			return err
 		})
 
 		e.write("web.yaml", web(pods[0], pods[1]))
@@ -204,13 +204,14 @@ func TestRemovedEndpointIsNeverReachedByNewConnections(t *testing.T) {
 		// kp needs a moment to sync; from then on the removed endpoint must not
 		// get a single new connection.
 		e.eventually(removed+" no longer chosen", 15*time.Second, func() error {
-			if counts := e.spread(client.NS, "tcp", webTCP, 30); counts[removed] > 0 {
-				return fmt.Errorf("answers %v", counts)
+			counts, err := e.answered(client.NS, "tcp", webTCP, 30)
+			if err == nil && counts[removed] > 0 {
+				err = fmt.Errorf("answers %v", counts)
 			}
-			return nil
+			return err
 		})
 		for _, c := range []struct{ network, addr string }{{"tcp", webTCP}, {"udp", webUDP}} {
-			counts := e.spread(client.NS, c.network, c.addr, 150)
+			counts := e.spread(t, client.NS, c.network, c.addr, 150)
 			if counts[removed] > 0 || counts[pods[0].Name] == 0 || counts[pods[1].Name] == 0 {
 				t.Errorf("%s after removing %s: %v", c.network, removed, counts)
 			}
@@ -268,10 +269,11 @@ func TestEditedManifestTakesEffectWithoutRestart(t *testing.T) {
 	e.write("web.yaml", svc)
 	e.answers(e.w.Client(), "tcp", "10.96.0.10:81", pods[0].Name)
 	e.eventually("only pod-0 behind port 80", 15*time.Second, func() error {
-		if counts := e.spread(e.w.Client(), "tcp", webTCP, 20); counts[pods[0].Name] != 20 {
-			return fmt.Errorf("answers %v", counts)
+		counts, err := e.answered(e.w.Client(), "tcp", webTCP, 20)
+		if err == nil && counts[pods[0].Name] != 20 {
+			err = fmt.Errorf("answers %v", counts)
 		}
-		return nil
+		return err
 	})
 
 	// A new file is picked up too.
@@ -346,7 +348,7 @@ func TestDualStackClusterIPAnswersOverIPv6(t *testing.T) {
 		names := e.podNames(pods[:3]...)
 		for _, c := range []struct{ network, addr string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
 			e.answers(pods[3].NS, c.network, c.addr, names...)
-			counts := e.spread(pods[3].NS, c.network, c.addr, 60)
+			counts := e.spread(t, pods[3].NS, c.network, c.addr, 60)
 			for name, k := range counts {
 				if !contains(names, name) {
 					t.Errorf("%s %s: %d of 60 answered by %q", c.network, c.addr, k, name)

@@ -87,7 +87,7 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 
 	// Real traffic: enough TCP connections that every endpoint gets some,
 	// and UDP clients that stay open while the screens are read.
-	counts := e.spread(e.w.Client(), "tcp", "10.96.0.40:80", 60)
+	counts := e.spread(t, e.w.Client(), "tcp", "10.96.0.40:80", 60)
 	for _, p := range pods {
 		if counts[p.Name] == 0 {
 			t.Fatalf("the test's own traffic missed %s: %v", p.Name, counts)

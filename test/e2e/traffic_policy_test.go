@@ -190,10 +190,11 @@ func TestTopologyHintsKeepTrafficInTheNodesZone(t *testing.T) {
 		svc.Endpoints[1].ZoneHints = nil
 		e.write("web.yaml", svc)
 		e.eventually("incomplete hints: every endpoint", 15*time.Second, func() error {
-			if counts := e.spread(client.NS, "tcp", webTCP, 45); len(counts) != 3 {
-				return fmt.Errorf("answers %v", counts)
+			counts, err := e.answered(client.NS, "tcp", webTCP, 45)
+			if err == nil && len(counts) != 3 {
+				err = fmt.Errorf("answers %v", counts)
 			}
-			return nil
+			return err
 		})
 
 		// trafficDistribution PreferClose with no hints written: kp hints as
@@ -204,10 +205,11 @@ func TestTopologyHintsKeepTrafficInTheNodesZone(t *testing.T) {
 		}
 		e.write("web.yaml", svc)
 		e.eventually("PreferClose keeps to zone-a", 15*time.Second, func() error {
-			if counts := e.spread(client.NS, "tcp", webTCP, 30); len(counts) != 1 || counts[pods[0].Name] != 30 {
-				return fmt.Errorf("answers %v", counts)
+			counts, err := e.answered(client.NS, "tcp", webTCP, 30)
+			if err == nil && counts[pods[0].Name] != 30 {
+				err = fmt.Errorf("answers %v", counts)
 			}
-			return nil
+			return err
 		})
 	})
 }
