@@ -143,6 +143,7 @@ var configFiles = map[string]string{
 	"wrong-kind":                "apiVersion: v1\nkind: ConfigMap\n",
 	"empty":                     "",
 	"wrong-type":                configHeader + "nftables: {masqueradeBit: high}\n",
+	"mark-bit-out-of-range":     configHeader + "iptables: {masqueradeBit: 40}\nmode: iptables\n",
 	"unsupported":               configHeader + "portRange: 30000-32767\nwinkernel: {networkName: l2bridge}\n",
 	"json":                      `{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","mode":"userspace","hostnameOverride":" Node-B "}`,
 }
