@@ -139,13 +139,23 @@ CONFORMANCE_MODES ?=
 conformance: kube-bins
 	KP_CONFORMANCE=1 KP_CONFORMANCE_MODES=$(CONFORMANCE_MODES) $(GO) test -count=1 -timeout 3h -run '^TestConformance$$' -v ./test/conformance/
 
-# The fuzz target follows arbitrary manifest bytes through the decoder, the
-# change tracker and the nftables backend on its fake kernel; `make test`
-# (and so CI) runs it for FUZZTIME. A failing input is saved under
-# nft/testdata/fuzz/ and replayed by every later plain `go test`.
-FUZZTIME ?= 20s
+# The fuzz targets: manifest bytes through the decoder, the change tracker
+# and each backend on its fake kernel (an incremental sync must equal a fresh
+# render of the same State: test/fuzzsync), the --config file, and the status
+# API's requests. `go test -fuzz` takes one target of one package at a time,
+# so each runs for FUZZTIME in turn (7 targets: about a minute in all);
+# `make test` (and so CI) runs them all. A failing input is saved under the
+# package's testdata/fuzz/<FuzzName>/ and replayed by every later plain
+# `go test`, beside the committed seeds (go run ./test/fuzzsync/seedcorpus).
+FUZZTIME ?= 8s
+FUZZ_TARGETS = FuzzManifestToNFT:./nft/ FuzzManifestToIPTables:./legacy/iptables/ FuzzManifestToIPVS:./legacy/ipvs/ \
+	FuzzManifestToUserspace:./legacy/userspace/ FuzzConfigFile:./cmd/kp/options/ \
+	FuzzMigrationRequest:./proxy/server/ FuzzServicesQuery:./proxy/server/
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzManifestToNFT$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 1s -parallel 2 ./nft/
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s -parallel 2 "$${t#*:}"; \
+	done
 
 lint:
 	@files="$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*'))"; \

@@ -2,117 +2,116 @@ package nft
 
 import (
 	"context"
-	"os"
-	"path/filepath"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/source"
+	"github.com/kpproxy/kp/test/fuzzsync"
 )
 
 // FuzzManifestToNFT follows arbitrary manifest bytes the whole way a
-// folder of manifests goes: the strict decoder, the change tracker, a
-// snapshot, the nftables backend on the fake kernel (which rejects what the
-// kernel would: rules into missing chains, duplicate elements, deleting
-// what is not there). Nothing may panic, a decoded object may never make a
-// sync fail, and after objects are removed the incremental result must equal
-// a fresh full render of the same State.
+// folder of manifests goes (fuzzsync.Check) into the nftables backend on
+// the fake kernel, which rejects what the kernel would: rules into missing
+// chains, duplicate elements, deleting what is not there. After every
+// change (objects removed, put back, one Service deleted and re-added) the
+// incrementally synced ruleset must equal a fresh backend's after one sync
+// of the same State. Seeds: the demo's manifests, testdata/manifests and
+// the committed corpus (testdata/fuzz/FuzzManifestToNFT).
 func FuzzManifestToNFT(f *testing.F) {
-	seeds, _ := filepath.Glob("../manifests/demo/*.yaml")
-	more, _ := filepath.Glob("testdata/manifests/*.yaml")
-	for _, p := range append(seeds, more...) {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		// A seed that does not decode would only exercise the decoder.
-		if _, err := source.DecodeManifest(data); err != nil {
-			f.Fatalf("seed %s: %v", p, err)
-		}
-		f.Add(data)
-	}
+	fuzzsync.AddSeeds(f, "../manifests/demo/*.yaml", "testdata/manifests/*.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		objs, err := source.DecodeManifest(data)
-		if err != nil {
-			return // rejected files never reach the tracker
-		}
-		tr := proxy.NewChangeTracker(proxy.ChangeTrackerOptions{NodeName: "node"})
-		for _, o := range objs {
-			deliver(tr, o, false)
-		}
-		fake := NewFake()
-		b := newFakeBackend(t, fake)
-		syncOrFail(t, b, tr.Snapshot(), "first sync")
-
-		// Remove every other object: an incremental sync.
-		for i, o := range objs {
-			if i%2 == 0 {
-				deliver(tr, o, true)
-			}
-		}
-		st := tr.Snapshot()
-		syncOrFail(t, b, st, "incremental sync")
-		fresh := NewFake()
-		syncOrFail(t, newFakeBackend(t, fresh), st, "fresh sync")
-		if got, want := fake.Dump(), fresh.Dump(); got != want {
-			t.Fatalf("incremental ruleset differs from a fresh render of the same State\nincremental:\n%s\nfresh:\n%s", got, want)
-		}
-
-		// Put them back: the first State again.
-		for i, o := range objs {
-			if i%2 == 0 {
-				deliver(tr, o, false)
-			}
-		}
-		syncOrFail(t, b, tr.Snapshot(), "re-adding sync")
+		fuzzsync.Check(t, data, func(t *testing.T) fuzzsync.Renderer {
+			fake := NewFake()
+			return nftRenderer{b: newFakeBackend(t, fake), fake: fake}
+		})
 	})
 }
 
-func syncOrFail(t *testing.T, b *Backend, st *proxy.State, what string) {
-	t.Helper()
-	if err := b.Sync(context.Background(), st); err != nil {
-		t.Fatalf("%s of generation %d: %v", what, st.Generation, err)
+type nftRenderer struct {
+	b    *Backend
+	fake *Fake
+}
+
+func (r nftRenderer) Sync(st *proxy.State) error { return r.b.Sync(context.Background(), st) }
+func (r nftRenderer) Dump() string               { return canonical(r.fake.Dump()) }
+
+// canonical is the fake's dump with the endpoint slots resolved. Slot
+// numbers are history by design (an endpoint keeps its slot while it stays,
+// a leaving one's slot is filled by the block's last: slots.go), so two
+// backends that hold the same rules may number them differently. Each pick
+// rule becomes the set of endpoints it picks among, and the endpoints map
+// is reduced to the elements no pick rule reaches (a stale slot shows
+// there).
+func canonical(dump string) string {
+	var out []string
+	for i, table := range strings.Split(dump, "\ntable ") {
+		if i > 0 {
+			table = "table " + table
+		}
+		out = append(out, canonicalTable(table))
 	}
+	return strings.Join(out, "\n")
 }
 
-// deliver hands one decoded object to the sink as a source would
-// (deleted: as a deletion).
-func deliver(s proxy.Sink, obj runtime.Object, deleted bool) {
-	switch o := obj.(type) {
-	case *v1.Service:
-		if deleted {
-			o = nil
+var (
+	pickMany = regexp.MustCompile(`ct mark set numgen random mod (\d+) offset (\d+)`)
+	pickOne  = regexp.MustCompile(`ct mark set 0x([0-9a-f]{8})`)
+)
+
+func canonicalTable(table string) string {
+	slots := map[uint64]string{}
+	lines := strings.Split(table, "\n")
+	for _, l := range lines {
+		elems, ok := strings.CutPrefix(strings.TrimSpace(l), "set "+mapEndpoints+" { ")
+		if !ok {
+			continue
 		}
-		s.OnService(objNamespace(obj), objName(obj), o)
-	case *discovery.EndpointSlice:
-		if deleted {
-			o = nil
+		for _, e := range strings.Split(strings.TrimSuffix(elems, " }"), ", ") {
+			k, v, ok := strings.Cut(e, " : ")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.ParseUint(strings.TrimPrefix(k, "0x"), 16, 32)
+			slots[n] = v
 		}
-		s.OnEndpointSlice(objNamespace(obj), objName(obj), o)
-	case *v1.Node:
-		if deleted {
-			o = nil
-		}
-		s.OnNode(o)
-	case *networkingv1.ServiceCIDR:
-		if deleted {
-			o = nil
-		}
-		s.OnServiceCIDR(objName(obj), o)
 	}
-}
-
-func objName(obj runtime.Object) string {
-	type named interface{ GetName() string }
-	return obj.(named).GetName()
-}
-
-func objNamespace(obj runtime.Object) string {
-	type namespaced interface{ GetNamespace() string }
-	return obj.(namespaced).GetNamespace()
+	reached := map[uint64]bool{}
+	pick := func(base, n uint64) string {
+		var eps []string
+		for s := base; s < base+n; s++ {
+			eps = append(eps, slots[s])
+			reached[s] = true
+		}
+		slices.Sort(eps)
+		return "ct mark set one of {" + strings.Join(eps, ", ") + "}"
+	}
+	for i, l := range lines {
+		l = pickMany.ReplaceAllStringFunc(l, func(m string) string {
+			sub := pickMany.FindStringSubmatch(m)
+			n, _ := strconv.ParseUint(sub[1], 10, 32)
+			base, _ := strconv.ParseUint(sub[2], 10, 32)
+			return pick(base, n)
+		})
+		lines[i] = pickOne.ReplaceAllStringFunc(l, func(m string) string {
+			base, _ := strconv.ParseUint(pickOne.FindStringSubmatch(m)[1], 16, 32)
+			return pick(base, 1)
+		})
+	}
+	var stale []string
+	for s, v := range slots {
+		if !reached[s] {
+			stale = append(stale, v)
+		}
+	}
+	slices.Sort(stale)
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l), "set "+mapEndpoints+" { ") {
+			lines[i] = fmt.Sprintf("  set %s: %d elements, reached by no pick rule: %v", mapEndpoints, len(slots), stale)
+		}
+	}
+	return strings.Join(lines, "\n")
 }
