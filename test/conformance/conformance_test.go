@@ -109,6 +109,13 @@ func TestConformance(t *testing.T) {
 		}
 	}
 	debugFocus := os.Getenv("KP_CONFORMANCE_FOCUS")
+	commit, err := cleanCommit(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := results.StartAt(commit, len(want) == 0 && debugFocus == ""); err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range modes {
 		if len(want) > 0 && !want[m.name] {
 			continue
@@ -207,7 +214,7 @@ func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, 
 	}
 	proxy := m.proxy
 	if strings.HasPrefix(m.name, "kp-") {
-		proxy = fmt.Sprintf("kp %s: %s", gitDescribe(), m.proxy)
+		proxy = fmt.Sprintf("kp %s: %s", gitDescribe(), m.proxy) // the same commit as the report's: cleanCommit checked
 	}
 	run := Run{
 		Mode:  m.name,
@@ -335,4 +342,26 @@ func gitDescribe() string {
 		return "(unknown commit)"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// cleanCommit is the commit the run measures: the tree must hold no
+// uncommitted change to a tracked file, since the report names one commit
+// and kp's columns run its build.
+func cleanCommit(root string) (string, error) {
+	cmd := exec.Command("git", "status", "--porcelain", "--untracked-files=no")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git status: %w", err)
+	}
+	if len(strings.TrimSpace(string(out))) > 0 {
+		return "", fmt.Errorf("the tree has uncommitted changes; the report names one commit, so make conformance runs from a clean tree:\n%s", out)
+	}
+	cmd = exec.Command("git", "describe", "--always")
+	cmd.Dir = root
+	out, err = cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git describe: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }

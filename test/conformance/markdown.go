@@ -17,7 +17,7 @@ func (r *Results) Markdown() string {
 	p("Written by `make conformance` (test/conformance); do not edit. Each column is one run of upstream's own\n")
 	p("e2e tests (`e2e.test` of Kubernetes, under ginkgo) on a fresh real-node cluster of test/cluster, with one\n")
 	p("node proxy. The tests are those whose name matches\n\n    %s\n\nless the skips listed below. Upstream kube-proxy is the referee: every test that passes with it in a mode\n", r.Focus)
-	p("must pass in kp's column of that mode (`%s` for a mode upstream has no column of). results.json holds the\nsame data.\n\n", Baseline)
+	p("must pass in kp's column of that mode (`%s` for a mode upstream has no column of). results.json holds the\nsame data. Every column ran at kp commit %s, built from a clean tree.\n\n", Baseline, r.Commit)
 
 	p("## Totals\n\n")
 	p("| column | proxy | passed | failed | skipped | tests took | setup took | run |\n|---|---|---:|---:|---:|---:|---:|---|\n")

@@ -60,6 +60,9 @@ type SkipRule struct {
 // Results is results.json: every column's run and every test's result in
 // each.
 type Results struct {
+	// Commit is the one commit of kp every column was measured at (kp's
+	// columns ran its build, upstream's ran on that commit's harness).
+	Commit string `json:"commit,omitempty"`
 	// Focus is the regular expression (ginkgo --focus) choosing the tests.
 	Focus string     `json:"focus"`
 	Skips []SkipRule `json:"skips"`
@@ -320,8 +323,13 @@ func (r *Results) Regressions() map[string][]string {
 	return out
 }
 
-// Write writes results.json and REPORT.md.
+// Write writes results.json and REPORT.md. It refuses a report that does
+// not name its commit, or holds a column of a build with uncommitted
+// changes: a report comes from one run at one commit.
 func (r *Results) Write(jsonPath, mdPath string) error {
+	if err := r.OneCleanCommit(); err != nil {
+		return err
+	}
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -330,4 +338,32 @@ func (r *Results) Write(jsonPath, mdPath string) error {
 		return err
 	}
 	return os.WriteFile(mdPath, []byte(r.Markdown()), 0o644)
+}
+
+// OneCleanCommit checks that the report names its commit and that no
+// column ran a build with uncommitted changes ("-dirty").
+func (r *Results) OneCleanCommit() error {
+	if r.Commit == "" || strings.HasSuffix(r.Commit, "-dirty") {
+		return fmt.Errorf("the report names no clean commit (%q): make conformance runs from a clean tree", r.Commit)
+	}
+	for _, run := range r.Runs {
+		if strings.Contains(run.Proxy, "-dirty") {
+			return fmt.Errorf("column %s ran a build with uncommitted changes (%s): run make conformance again from a clean tree", run.Mode, run.Proxy)
+		}
+	}
+	return nil
+}
+
+// StartAt makes r the report of a run at commit. A run at another commit
+// than r's replaces every column (the earlier ones are dropped); adding or
+// merging some columns into a report of another commit is refused.
+func (r *Results) StartAt(commit string, everyColumn bool) error {
+	if r.Commit == commit {
+		return nil
+	}
+	if !everyColumn {
+		return fmt.Errorf("results.json is of commit %q, this run of %s: run every column (no KP_CONFORMANCE_MODES, no focus merge) for a report of one commit", r.Commit, commit)
+	}
+	r.Commit, r.Runs, r.Tests = commit, nil, nil
+	return nil
 }

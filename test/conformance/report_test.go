@@ -127,3 +127,38 @@ func TestAFailureAKnownLimitExplainsIsListedWithIt(t *testing.T) {
 		}
 	}
 }
+
+// A report comes from one run at one commit: Write refuses a report with a
+// column of a dirty build or without its commit, and a run at another
+// commit may not add some columns to it — it replaces them all.
+func TestReportIsOfOneCleanCommit(t *testing.T) {
+	dir := t.TempDir()
+	write := func(r *Results) error {
+		return r.Write(dir+"/results.json", dir+"/REPORT.md")
+	}
+	clean := &Results{Commit: "abc1234", Runs: []Run{{Mode: "kp-nftables", Proxy: "kp abc1234: mode nftables"}}}
+	if err := write(clean); err != nil {
+		t.Errorf("a clean report: %v", err)
+	}
+	for name, r := range map[string]*Results{
+		"a dirty column": {Commit: "abc1234", Runs: []Run{{Mode: "kp-nftables", Proxy: "kp e5ce5b7-dirty: mode nftables"}}},
+		"no commit":      {Runs: []Run{{Mode: "kp-nftables", Proxy: "kp abc1234: mode nftables"}}},
+		"a dirty commit": {Commit: "abc1234-dirty"},
+	} {
+		if err := write(r); err == nil {
+			t.Errorf("%s: written, want refused", name)
+		}
+	}
+
+	old := &Results{Commit: "abc1234", Runs: []Run{{Mode: "kp-nftables"}}, Tests: []Test{{Name: "t"}}}
+	if err := old.StartAt("def5678", false); err == nil {
+		t.Errorf("some columns of def5678 merged into a report of abc1234")
+	}
+	if err := old.StartAt("def5678", true); err != nil || old.Commit != "def5678" || len(old.Runs)+len(old.Tests) != 0 {
+		t.Errorf("a run of every column at def5678: %v, report %+v: want the earlier columns dropped", err, old)
+	}
+	same := &Results{Commit: "abc1234", Runs: []Run{{Mode: "kp-nftables"}}}
+	if err := same.StartAt("abc1234", false); err != nil || len(same.Runs) != 1 {
+		t.Errorf("a column added at the report's own commit: %v", err)
+	}
+}
