@@ -31,6 +31,8 @@ var vmServiceTests = []string{
 	"TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints",
 	"TestTerminatingEndpointsServeOnlyWhenNoneIsReady",
 	"TestTopologyHintsKeepTrafficInTheNodesZone",
+	"TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode",
+	"TestNamedTargetPortsReachEachPodOnItsOwnNumber",
 	"TestLoadBalancerAndExternalIPsWithSourceRanges",
 	"TestClusterIPRejectsOtherPortsAndUnallocatedServiceAddressesAreDropped",
 	"TestIPv6OnlyServiceAnswersOnItsClusterIPAndNodePort",
