@@ -7,12 +7,15 @@ import (
 	"time"
 
 	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks fills the manifests
 // folder with objects that each have a bad field (the list), next to
-// a good Service. Every bad object is logged with its kind, name and field;
-// the usable parts of the bad objects work; the good Service works.
+// many good Services and one of 5,000 endpoints. Every bad object is logged
+// with its kind, name and field; the usable parts of the bad objects work;
+// a sample of the good Services, the large one among them, answers.
 func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		e := newEnv(t, m, 3)
@@ -47,9 +50,36 @@ func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 		objs = append(objs, dup...)
 		objs = append(objs, dupCopy)
 		e.write("bad.yaml", objs...)
+		// Many good Services beside the bad objects, and one of 5,000
+		// endpoints.
+		const goodServices = 60
+		var good []any
+		for i := 0; i < goodServices; i++ {
+			good = append(good, Service{Name: fmt.Sprintf("good-%d", i), ClusterIPs: []string{fmt.Sprintf("10.96.2.%d", 10+i)},
+				Ports: []Port{http("http")}, Endpoints: podsOn(nodeName, pods...)})
+		}
+		e.write("good.yaml", good...)
+		large := m.claims(featureLargeService)
+		if large {
+			e.write("large.yaml", largeService(t, e, pods[0], 5000)...)
+		} else {
+			t.Logf("%s mode does not claim %s: %s", m.name, featureLargeService, unclaimed[m.name][featureLargeService])
+		}
 		e.startKP()
 
 		e.answers(e.w.Client(), "tcp", webTCP)
+		for _, i := range []int{0, goodServices / 2, goodServices - 1} {
+			e.answers(pods[1].NS, "tcp", fmt.Sprintf("10.96.2.%d:80", 10+i), e.podNames(pods...)...)
+		}
+		// Every request to the large Service answered: whichever of its
+		// 5,000 endpoints it goes to, pod-0 holds the address.
+		if large {
+			e.answers(pods[1].NS, "tcp", largeTCP, pods[0].Name)
+			e.askEvery(t, pods[1].NS, "tcp", largeTCP, 50, pods[0].Name)
+		}
+		if logHas(e.kp.Log(), "object=e2e/large") || logHas(e.kp.Log(), "object=e2e/good-0") {
+			t.Errorf("kp logged a good Service as an error:\n%s", e.kp.Log())
+		}
 		e.answers(e.w.Client(), "tcp", "10.96.0.71:80", pods[0].Name) // bad-ports' good port
 		e.answers(e.w.Client(), "tcp", "10.96.0.72:80", pods[1].Name) // fam's IPv4 endpoint
 		for i := 0; i < 10; i++ {
@@ -104,4 +134,46 @@ func logHas(log string, parts ...string) bool {
 		}
 	}
 	return false
+}
+
+// largeTCP is largeService's ClusterIP and port.
+const largeTCP = "10.96.0.76:80"
+
+// largeService is a Service of n endpoints (TCP 80 → 8080) in EndpointSlices
+// of 1,000, the API's limit per slice, every one of whose addresses pod
+// answers on: the node routes 10.X.64.0/19 to pod, which holds the whole
+// range as local addresses (a local route on its loopback), so its echo
+// server accepts a connection to any of them.
+func largeService(t *testing.T, e *env, pod *netns.Pod, n int) []any {
+	t.Helper()
+	if n > 250*32 {
+		t.Fatalf("largeService: %d endpoints do not fit a /19", n)
+	}
+	prefix := fmt.Sprintf("10.%d.64.0/19", e.w.Index())
+	for _, c := range []struct {
+		ns  string
+		cmd []string
+	}{
+		{pod.NS, []string{"ip", "route", "add", "local", prefix, "dev", "lo"}},
+		{e.w.Node(), []string{"ip", "route", "add", prefix, "via", pod.IP.String()}},
+	} {
+		if out, err := e.w.Exec(c.ns, c.cmd...); err != nil {
+			t.Fatalf("route %s for the large Service: %s: %v\n%s", prefix, strings.Join(c.cmd, " "), err, out)
+		}
+	}
+	var eps []Endpoint
+	for i := 0; i < n; i++ {
+		eps = append(eps, Endpoint{IP: fmt.Sprintf("10.%d.%d.%d", e.w.Index(), 64+i/250, 1+i%250), NodeName: nodeName})
+	}
+	objs := Service{Name: "large", ClusterIPs: []string{"10.96.0.76"},
+		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}, Endpoints: eps}.Objects()
+	whole := objs[1].(*discovery.EndpointSlice)
+	out := objs[:1:1]
+	for k := 0; k*1000 < len(whole.Endpoints); k++ {
+		sl := whole.DeepCopy()
+		sl.Name = fmt.Sprintf("large-ipv4-%d", k)
+		sl.Endpoints = whole.Endpoints[k*1000 : min((k+1)*1000, len(whole.Endpoints))]
+		out = append(out, sl)
+	}
+	return out
 }

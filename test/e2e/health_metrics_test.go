@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,13 +50,23 @@ func TestHealthCheckNodePortReportsLocalEndpoints(t *testing.T) {
 			t.Helper()
 			want := fmt.Sprintf("{\n\t\"service\": {\n\t\t\"namespace\": \"e2e\",\n\t\t\"name\": \"lb\"\n\t},\n"+
 				"\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}", local, healthy)
+			// Upstream's headers (service_health.go): the JSON type, no
+			// sniffing, and the local endpoint count as a load balancer's
+			// weight.
+			wantHeader := map[string]string{"Content-Type": "application/json", "X-Content-Type-Options": "nosniff",
+				"X-Load-Balancing-Endpoint-Weight": strconv.Itoa(local)}
 			e.eventually(what, 15*time.Second, func() error {
-				got, body, err := e.w.HTTPGet(e.w.Client(), url, 2*time.Second)
+				got, header, body, err := httpGetHeader(e.w.Client(), url, 2*time.Second)
 				if err != nil {
 					return err
 				}
 				if got != code || body != want {
 					return fmt.Errorf("GET %s from the client: %d %q, want %d %q", url, got, body, code, want)
+				}
+				for k, v := range wantHeader {
+					if header[k] == nil || len(header[k]) != 1 || header[k][0] != v {
+						return fmt.Errorf("GET %s from the client: header %s: %q, want %q (headers %v)", url, k, header[k], v, header)
+					}
 				}
 				return nil
 			})
@@ -81,6 +95,25 @@ func TestHealthCheckNodePortReportsLocalEndpoints(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// httpGetHeader fetches url from inside namespace ns, as netns.HTTPGet, and
+// returns the response's headers too.
+func httpGetHeader(ns, url string, timeout time.Duration) (int, http.Header, string, error) {
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		Proxy:             nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netns.DialConn(ctx, ns, network, addr)
+		},
+	}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(body), err
 }
 
 func TestMetricsEndpointHasUpstreamMetricsWithSensibleValues(t *testing.T) {

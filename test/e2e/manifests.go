@@ -70,6 +70,7 @@ type Endpoint struct {
 	NodeName    string
 	Zone        string
 	ZoneHints   []string
+	NodeHints   []string // hints.forNodes (PreferSameNode's hints)
 	// Ports overrides the slice port number per Service port name, as named
 	// targetPorts do when pods number their ports differently.
 	Ports map[string]int32
@@ -211,10 +212,13 @@ func (s Service) Objects() []any {
 			z := e.Zone
 			ep.Zone = &z
 		}
-		if len(e.ZoneHints) > 0 {
+		if len(e.ZoneHints)+len(e.NodeHints) > 0 {
 			ep.Hints = &discovery.EndpointHints{}
 			for _, z := range e.ZoneHints {
 				ep.Hints.ForZones = append(ep.Hints.ForZones, discovery.ForZone{Name: z})
+			}
+			for _, n := range e.NodeHints {
+				ep.Hints.ForNodes = append(ep.Hints.ForNodes, discovery.ForNode{Name: n})
 			}
 		}
 		sl.Endpoints = append(sl.Endpoints, ep)

@@ -213,3 +213,87 @@ func TestTopologyHintsKeepTrafficInTheNodesZone(t *testing.T) {
 		})
 	})
 }
+
+// TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode: endpoints
+// hinted forNodes (as the EndpointSlice controller hints them for
+// trafficDistribution PreferSameNode) keep this node's traffic on the
+// endpoint hinted for it; when that endpoint goes away, the rest are hinted
+// for other nodes only, and kp falls back as upstream's CategorizeEndpoints
+// documents: to the zone hints (this node's zone-a), and to every endpoint
+// once no endpoint is hinted for the zone either. The same again with
+// trafficDistribution PreferSameNode and no hints written, which kp hints
+// itself as the controller would (README footnote ¹).
+func TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 4)
+		pods := e.w.Pods()
+		client := pods[3]
+		node := Node(nodeName, []string{e.w.NodeIP().String(), e.w.NodeIP6().String()},
+			[]string{e.w.PodCIDR().String(), e.w.PodCIDR6().String()})
+		node.Labels = map[string]string{v1.LabelTopologyZone: "zone-a"}
+		e.write("node.yaml", node)
+		placed := func(p *netns.Pod, on, zone string, hinted bool) Endpoint {
+			ep := Endpoint{IP: p.IP.String(), NodeName: on, Zone: zone}
+			if hinted {
+				ep.NodeHints, ep.ZoneHints = []string{on}, []string{zone}
+			}
+			return ep
+		}
+		// pod-0 on this node, pod-1 on another node of zone-a, pod-2 on a
+		// node of zone-b.
+		all := func(hinted bool) []Endpoint {
+			return []Endpoint{placed(pods[0], nodeName, "zone-a", hinted), placed(pods[1], otherNode, "zone-a", hinted),
+				placed(pods[2], "node-b", "zone-b", hinted)}
+		}
+		steady := func(what string, want ...string) {
+			t.Helper()
+			// Until the change is in: 20 requests answered by want only,
+			// each of want among them.
+			e.eventually(what, 15*time.Second, func() error {
+				seen := map[string]int{}
+				for i := 0; i < 20; i++ {
+					name, err := e.ask(e.w.Node(), "tcp", webTCP)
+					if err != nil || !contains(want, name) {
+						return fmt.Errorf("answered by %q (%v), want one of %v", name, err, want)
+					}
+					seen[name]++
+				}
+				if len(seen) != len(want) {
+					return fmt.Errorf("answered by %v, want each of %v", seen, want)
+				}
+				return nil
+			})
+			for _, ns := range []string{e.w.Node(), client.NS} {
+				counts := e.askEvery(t, ns, "tcp", webTCP, 40, want...)
+				for _, w := range want {
+					if counts[w] == 0 {
+						t.Errorf("%s: from %s, %s never answered in 40 requests: %v", what, ns, w, counts)
+					}
+				}
+			}
+		}
+
+		svc := web()
+		svc.Endpoints = all(true)
+		e.write("web.yaml", svc)
+		e.startKP()
+		steady("forNodes: only the endpoint hinted for this node", pods[0].Name)
+
+		svc.Endpoints = svc.Endpoints[1:]
+		e.write("web.yaml", svc)
+		steady("forNodes: this node's endpoint gone, zone-a's", pods[1].Name)
+
+		svc.Endpoints = []Endpoint{placed(pods[1], otherNode, "zone-b", true), placed(pods[2], "node-b", "zone-b", true)}
+		e.write("web.yaml", svc)
+		steady("forNodes: nothing hinted for this node or its zone, every endpoint", pods[1].Name, pods[2].Name)
+
+		svc.TrafficDistribution = v1.ServiceTrafficDistributionPreferSameNode
+		svc.Endpoints = all(false)
+		e.write("web.yaml", svc)
+		steady("PreferSameNode: only this node's endpoint", pods[0].Name)
+
+		svc.Endpoints = svc.Endpoints[1:]
+		e.write("web.yaml", svc)
+		steady("PreferSameNode: this node's endpoint gone, zone-a's", pods[1].Name)
+	})
+}

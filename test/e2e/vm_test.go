@@ -30,6 +30,8 @@ var vmServiceTests = []string{
 	"TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints",
 	"TestTerminatingEndpointsServeOnlyWhenNoneIsReady",
 	"TestTopologyHintsKeepTrafficInTheNodesZone",
+	"TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode",
+	"TestNamedTargetPortsReachEachPodOnItsOwnNumber",
 	"TestLoadBalancerAndExternalIPsWithSourceRanges",
 	"TestClusterIPRejectsOtherPortsAndUnallocatedServiceAddressesAreDropped",
 	"TestIPv6OnlyServiceAnswersOnItsClusterIPAndNodePort",
