@@ -37,9 +37,9 @@ type Attempt struct {
 	// that accepts the client itself (userspace) it stays 0 and only the
 	// latency bound speaks.
 	SYNRetransmits uint32
-	Reply           string // the reply line, "pod-1 10.0.2.2:40312"
-	Err             error  // the attempt's error, or what the loop's Check said of its reply
-	Seen            string // what LoopSpec.Explain saw right after a failed or slow attempt
+	Reply          string // the reply line, "pod-1 10.0.2.2:40312"
+	Err            error  // the attempt's error, or what the loop's Check said of its reply
+	Seen           string // what LoopSpec.Explain saw right after a failed or slow attempt
 }
 
 // Latency is how long the attempt waited: until its answer, or until it

@@ -19,7 +19,9 @@ func TestLoopCountsARetransmittedSYNWhateverTheLatencyBound(t *testing.T) {
 	Require(t, "nft")
 	ns := NewNamespace(t, "synloss")
 	Serve(t, ns, "127.0.0.1:9999", func(c net.Conn) { fmt.Fprintf(c, "lo %s\n", c.RemoteAddr()) })
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) { return DialConn(ctx, ns, network, addr) }
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return DialConn(ctx, ns, network, addr)
+	}
 	spec := LoopSpec{Dial: dial, Addrs: []string{"127.0.0.1:9999"}, Timeout: 8 * time.Second, Slow: 5 * time.Second}
 
 	quick := StartLoop(spec)

@@ -38,7 +38,7 @@ func TestClaimCheckNamesEveryTestThatBreaksIt(t *testing.T) {
 		claim: Claim{Pass: []string{"TestKernelIs61", "TestNetnsTools"}, SkipReasons: allowNFT},
 	}, {
 		name:  "a name matched whole",
-		out:   strings.ReplaceAll(done + "PASS\n", "TestKernelIs61", "TestKernelIs61Too"),
+		out:   strings.ReplaceAll(done+"PASS\n", "TestKernelIs61", "TestKernelIs61Too"),
 		claim: Claim{Pass: []string{"TestKernelIs61"}, SkipReasons: allowNFT},
 		want:  []string{"TestKernelIs61 never ran"},
 	}, {
