@@ -10,23 +10,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 func TestJudgeDeletesOnlyStaleUDPAndSCTPEntries(t *testing.T) {
 	cur := testState()
 	// prev had a Service that cur removed, on an address nothing reuses.
 	prev := testState()
-	gone := spn("old", "legacy", "", "UDP")
-	prev.Services[gone] = &proxy.ServicePort{Name: gone, ClusterIPs: addrs("10.96.0.99"), Port: 514, Protocol: "UDP", NodePort: 30514}
-	prev.Endpoints[gone] = []proxy.Endpoint{ep("10.244.5.5:514", true)}
+	gone := statetest.PortName("old", "legacy", "", "UDP")
+	prev.Services[gone] = &proxy.ServicePort{Name: gone, ClusterIPs: proxytest.Addrs("10.96.0.99"), Port: 514, Protocol: "UDP", NodePort: 30514}
+	prev.Endpoints[gone] = []proxy.Endpoint{statetest.Endpoint("10.244.5.5:514")}
 	// and cur scaled a Service down to zero endpoints.
-	empty := spn("games", "empty", "", "UDP")
+	empty := statetest.PortName("games", "empty", "", "UDP")
 	for _, st := range []*proxy.State{prev, cur} {
-		st.Services[empty] = &proxy.ServicePort{Name: empty, ClusterIPs: addrs("10.96.0.40"), Port: 9999, Protocol: "UDP"}
+		st.Services[empty] = &proxy.ServicePort{Name: empty, ClusterIPs: proxytest.Addrs("10.96.0.40"), Port: 9999, Protocol: "UDP"}
 	}
-	prev.Endpoints[empty] = []proxy.Endpoint{ep("10.244.4.4:9999", true)}
+	prev.Endpoints[empty] = []proxy.Endpoint{statetest.Endpoint("10.244.4.4:9999")}
 
-	j := NewJudge(prev, cur, addrs("10.0.2.1"))
+	j := NewJudge(prev, cur, proxytest.Addrs("10.0.2.1"))
 	for _, tt := range []struct {
 		name   string
 		f      Flow
@@ -127,7 +129,7 @@ func (c *fakeConn) Close() error { c.closed = true; return nil }
 func newTestCleaner(conn *fakeConn) *Cleaner {
 	return NewCleaner(CleanerConfig{
 		Dial:       func() (Conn, error) { return conn, nil },
-		LocalAddrs: func() ([]netip.Addr, error) { return addrs("10.0.2.1"), nil },
+		LocalAddrs: func() ([]netip.Addr, error) { return proxytest.Addrs("10.0.2.1"), nil },
 	})
 }
 
@@ -168,7 +170,7 @@ func TestCleanerKeepingRedirectedEntriesDeletesOnlyTheUnNATedOnes(t *testing.T) 
 	}}
 	c := NewCleaner(CleanerConfig{
 		Dial:           func() (Conn, error) { return conn, nil },
-		LocalAddrs:     func() ([]netip.Addr, error) { return addrs("10.0.2.1"), nil },
+		LocalAddrs:     func() ([]netip.Addr, error) { return proxytest.Addrs("10.0.2.1"), nil },
 		KeepRedirected: true,
 	})
 	n, err := c.Clean(context.Background(), nil, testState())
@@ -214,10 +216,10 @@ func TestCleanerDumpsForTCPOnlyWhenATCPAddressIsNew(t *testing.T) {
 		name = n
 	}
 	added, changed, node, endpoints := tcpOnly(), tcpOnly(), tcpOnly(), tcpOnly()
-	added.Services[spn("new", "web", "", "TCP")] = &proxy.ServicePort{Name: spn("new", "web", "", "TCP"), ClusterIPs: addrs("10.96.0.88"), Port: 80, Protocol: "TCP"}
-	added.Changed = map[proxy.ServicePortName]struct{}{spn("new", "web", "", "TCP"): {}}
+	added.Services[statetest.PortName("new", "web", "", "TCP")] = &proxy.ServicePort{Name: statetest.PortName("new", "web", "", "TCP"), ClusterIPs: proxytest.Addrs("10.96.0.88"), Port: 80, Protocol: "TCP"}
+	added.Changed = map[proxy.ServicePortName]struct{}{statetest.PortName("new", "web", "", "TCP"): {}}
 	sp := *changed.Services[name]
-	sp.ExternalIPs = addrs("203.0.113.80")
+	sp.ExternalIPs = proxytest.Addrs("203.0.113.80")
 	changed.Services[name] = &sp
 	changed.Changed = map[proxy.ServicePortName]struct{}{name: {}}
 	node.NodeChanged = true

@@ -5,39 +5,17 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
-func spn(ns, name, port string, proto v1.Protocol) proxy.ServicePortName {
-	return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: proto}
-}
-
-func ep(s string, ready bool) proxy.Endpoint {
-	ap := netip.MustParseAddrPort(s)
-	return proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: ready, Serving: ready}
-}
-
-func terminating(s string) proxy.Endpoint {
-	e := ep(s, false)
-	e.Serving, e.Terminating = true, true
-	return e
-}
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}
-
 var (
-	dnsName  = spn("kube-system", "dns", "dns", v1.ProtocolUDP)
-	dnsTCP   = spn("kube-system", "dns", "dns-tcp", v1.ProtocolTCP)
-	gameName = spn("games", "game", "", v1.ProtocolUDP)
-	sigName  = spn("tel", "sig", "sctp", v1.ProtocolSCTP)
+	dnsName  = statetest.PortName("kube-system", "dns", "dns", v1.ProtocolUDP)
+	dnsTCP   = statetest.PortName("kube-system", "dns", "dns-tcp", v1.ProtocolTCP)
+	gameName = statetest.PortName("games", "game", "", v1.ProtocolUDP)
+	sigName  = statetest.PortName("tel", "sig", "sctp", v1.ProtocolSCTP)
 )
 
 // testState: a UDP DNS Service on a ClusterIP (dual-stack), its TCP twin,
@@ -46,19 +24,19 @@ var (
 func testState() *proxy.State {
 	return &proxy.State{
 		Generation: 7,
-		Node:       proxy.Node{Name: "node", IPs: addrs("192.168.1.10")},
+		Node:       proxy.Node{Name: "node", IPs: proxytest.Addrs("192.168.1.10")},
 		Services: map[proxy.ServicePortName]*proxy.ServicePort{
-			dnsName: {Name: dnsName, ClusterIPs: addrs("10.96.0.10", "fd00:96::10"), Port: 53, Protocol: v1.ProtocolUDP},
-			dnsTCP:  {Name: dnsTCP, ClusterIPs: addrs("10.96.0.10"), Port: 53, Protocol: v1.ProtocolTCP},
-			gameName: {Name: gameName, ClusterIPs: addrs("10.96.0.20"), Port: 7777, Protocol: v1.ProtocolUDP, NodePort: 30777,
-				ExternalIPs: addrs("203.0.113.5"), LoadBalancerIPs: addrs("198.51.100.7")},
-			sigName: {Name: sigName, ClusterIPs: addrs("10.96.0.30"), Port: 3868, Protocol: v1.ProtocolSCTP},
+			dnsName: {Name: dnsName, ClusterIPs: proxytest.Addrs("10.96.0.10", "fd00:96::10"), Port: 53, Protocol: v1.ProtocolUDP},
+			dnsTCP:  {Name: dnsTCP, ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 53, Protocol: v1.ProtocolTCP},
+			gameName: {Name: gameName, ClusterIPs: proxytest.Addrs("10.96.0.20"), Port: 7777, Protocol: v1.ProtocolUDP, NodePort: 30777,
+				ExternalIPs: proxytest.Addrs("203.0.113.5"), LoadBalancerIPs: proxytest.Addrs("198.51.100.7")},
+			sigName: {Name: sigName, ClusterIPs: proxytest.Addrs("10.96.0.30"), Port: 3868, Protocol: v1.ProtocolSCTP},
 		},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{
-			dnsName:  {ep("10.244.1.2:5353", true), ep("10.244.1.3:5353", true), terminating("10.244.1.4:5353"), ep("10.244.1.5:5353", false), ep("[fd00:244::2]:5353", true)},
-			dnsTCP:   {ep("10.244.1.2:5353", true)},
-			gameName: {ep("10.244.2.2:7000", true)},
-			sigName:  {ep("10.244.3.2:3868", true)},
+			dnsName:  {statetest.Endpoint("10.244.1.2:5353"), statetest.Endpoint("10.244.1.3:5353"), statetest.Endpoint("10.244.1.4:5353", statetest.Terminating), statetest.Endpoint("10.244.1.5:5353", statetest.NotReady), statetest.Endpoint("[fd00:244::2]:5353")},
+			dnsTCP:   {statetest.Endpoint("10.244.1.2:5353")},
+			gameName: {statetest.Endpoint("10.244.2.2:7000")},
+			sigName:  {statetest.Endpoint("10.244.3.2:3868")},
 		},
 	}
 }
@@ -75,7 +53,7 @@ func flow(proto uint8, client, dst, replySrc string) Flow {
 }
 
 func TestIndexAttributesFlowsToServicePortAndEndpoint(t *testing.T) {
-	ix := NewIndex(testState(), addrs("10.0.2.1"))
+	ix := NewIndex(testState(), proxytest.Addrs("10.0.2.1"))
 	for _, tt := range []struct {
 		name       string
 		f          Flow

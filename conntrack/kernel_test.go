@@ -15,6 +15,8 @@ import (
 
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -27,8 +29,7 @@ type kernelWorld struct {
 	fd      int
 	backend *nft.Backend
 	name    proxy.ServicePortName
-	sp      *proxy.ServicePort
-	gen     uint64
+	st      *statetest.World
 }
 
 const kernelClusterIP = "10.96.0.53"
@@ -45,28 +46,23 @@ func newKernelWorld(t *testing.T, pods int) *kernelWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := spn("e2e", "dns", "dns", v1.ProtocolUDP)
-	kw := &kernelWorld{w: w, fd: fd, backend: b, name: name, sp: &proxy.ServicePort{
-		Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: addrs(kernelClusterIP), Port: 53, Protocol: v1.ProtocolUDP,
-	}}
-	return kw
+	name := statetest.PortName("e2e", "dns", "dns", v1.ProtocolUDP)
+	st := statetest.New(statetest.Node("node", w.NodeIP().String()), statetest.EndpointsOn("node"))
+	st.Services[name] = &proxy.ServicePort{
+		Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: proxytest.Addrs(kernelClusterIP), Port: 53, Protocol: v1.ProtocolUDP,
+	}
+	return &kernelWorld{w: w, fd: fd, backend: b, name: name, st: st}
 }
 
 // sync programs the Service with pods as its endpoints and returns the State.
 func (k *kernelWorld) sync(t *testing.T, pods ...*netns.Pod) *proxy.State {
 	t.Helper()
-	k.gen++
-	var eps []proxy.Endpoint
+	var eps []string
 	for _, p := range pods {
-		eps = append(eps, proxy.Endpoint{IP: p.IP, Port: int32(k.w.UDPPorts()[0]), Ready: true, Serving: true}.At("node", ""))
+		eps = append(eps, netip.AddrPortFrom(p.IP, uint16(k.w.UDPPorts()[0])).String())
 	}
-	st := &proxy.State{
-		Generation: k.gen,
-		Services:   map[proxy.ServicePortName]*proxy.ServicePort{k.name: k.sp},
-		Endpoints:  map[proxy.ServicePortName][]proxy.Endpoint{k.name: eps},
-		Changed:    map[proxy.ServicePortName]struct{}{k.name: {}},
-		Node:       proxy.Node{Name: "node", IPs: []netip.Addr{k.w.NodeIP()}},
-	}
+	k.st.SetEndpoints(k.name, eps...)
+	st := k.st.Next()
 	if err := k.backend.Sync(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
@@ -258,8 +254,8 @@ func TestKernelTCPAttemptBeforeItsServiceDoesNotBlockItsSourcePort(t *testing.T)
 	k := newKernelWorld(t, 1)
 	pod := k.w.Pods()[0]
 	const clusterIP, port = "10.96.0.80", 80
-	name := spn("e2e", "web", "http", v1.ProtocolTCP)
-	sp := &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: addrs(clusterIP), Port: port, Protocol: v1.ProtocolTCP}
+	name := statetest.PortName("e2e", "web", "http", v1.ProtocolTCP)
+	sp := &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: proxytest.Addrs(clusterIP), Port: port, Protocol: v1.ProtocolTCP}
 	node := proxy.Node{Name: "node", IPs: []netip.Addr{k.w.NodeIP()}}
 	empty := &proxy.State{Generation: 1, Services: map[proxy.ServicePortName]*proxy.ServicePort{},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Node: node}

@@ -9,64 +9,14 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
-// world builds States the way the change tracker does, for backend tests.
-type world struct {
-	gen       uint64
-	services  map[proxy.ServicePortName]*proxy.ServicePort
-	endpoints map[proxy.ServicePortName][]proxy.Endpoint
-	changed   map[proxy.ServicePortName]struct{}
-	node      proxy.Node
-}
-
-func newWorld() *world {
-	return &world{services: map[proxy.ServicePortName]*proxy.ServicePort{}, endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
-		changed: map[proxy.ServicePortName]struct{}{}, node: proxy.Node{Name: "node", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.2")}}}
-}
-
-func spName(ns, name, port string) proxy.ServicePortName {
-	return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: v1.ProtocolTCP}
-}
-
-func (w *world) addService(n proxy.ServicePortName, ip string, port, nodePort int32, eps ...string) {
-	w.services[n] = &proxy.ServicePort{Name: n, Type: v1.ServiceTypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)},
-		Port: port, Protocol: n.Protocol, NodePort: nodePort}
-	w.setEndpoints(n, eps...)
-}
-
-func (w *world) setEndpoints(n proxy.ServicePortName, eps ...string) {
-	var list []proxy.Endpoint
-	for _, e := range eps {
-		ap := netip.MustParseAddrPort(e)
-		list = append(list, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true})
-	}
-	w.endpoints[n] = list
-	w.changed[n] = struct{}{}
-}
-
-func (w *world) remove(n proxy.ServicePortName) {
-	delete(w.services, n)
-	delete(w.endpoints, n)
-	w.changed[n] = struct{}{}
-}
-
-func (w *world) state() *proxy.State {
-	w.gen++
-	s := &proxy.State{Generation: w.gen, Services: map[proxy.ServicePortName]*proxy.ServicePort{},
-		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Changed: w.changed, Node: w.node}
-	for k, v := range w.services {
-		s.Services[k] = v
-	}
-	for k, v := range w.endpoints {
-		s.Endpoints[k] = v
-	}
-	w.changed = map[proxy.ServicePortName]struct{}{}
-	return s
-}
+// newWorld is the nft tests' World: the node "node" at 192.168.0.2,
+// endpoints on no node.
+func newWorld() *statetest.World { return statetest.New(statetest.Node("node", "192.168.0.2")) }
 
 func testConfig() proxy.Config {
 	return proxy.Config{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
@@ -92,9 +42,9 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
-	mustSync(t, b, w.state())
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.Next())
 	dump := fake.Dump()
 	for _, want := range []string{
 		// No chain of the Service's own for its ClusterIP: the map
@@ -125,9 +75,9 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	n := spName("demo", "empty", "")
-	w.addService(n, "10.96.0.11", 80, 30081)
-	mustSync(t, b, w.state())
+	n := statetest.PortName("demo", "empty", "", v1.ProtocolTCP)
+	w.AddService(n, "10.96.0.11", 80, 30081)
+	mustSync(t, b, w.Next())
 	dump := fake.Dump()
 	for _, want := range []string{"10.96.0.11 . tcp . 80 : goto reject-chain", "tcp . 30081 : goto reject-chain"} {
 		if !strings.Contains(dump, want) {
@@ -138,8 +88,8 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 		t.Errorf("service chain written for a service with no endpoints:\n%s", dump)
 	}
 	// First endpoint appears: the reject entry goes, the service entry comes.
-	w.setEndpoints(n, "10.244.1.2:80")
-	mustSync(t, b, w.state())
+	w.SetEndpoints(n, "10.244.1.2:80")
+	mustSync(t, b, w.Next())
 	dump = fake.Dump()
 	if strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto reject-chain") || strings.Contains(dump, "tcp . 30081 : goto reject-chain") ||
 		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : jump pick-svc-demo/empty/tcp/80") {
@@ -152,14 +102,14 @@ func TestPartialSyncWritesOnlyTheChangedService(t *testing.T) {
 	b := newFakeBackend(t, fake)
 	w := newWorld()
 	for i := range 200 {
-		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0,
+		w.AddService(statetest.PortName("ns", fmt.Sprintf("svc%d", i), "p", v1.ProtocolTCP), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0,
 			fmt.Sprintf("10.244.%d.1:80", i%250), fmt.Sprintf("10.244.%d.2:80", i%250))
 	}
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	before := fake.Dump()
 
-	w.setEndpoints(spName("ns", "svc7", "p"), "10.244.7.1:80", "10.244.7.3:80")
-	tx := captureTx(t, b, fake, w.state())
+	w.SetEndpoints(statetest.PortName("ns", "svc7", "p", v1.ProtocolTCP), "10.244.7.1:80", "10.244.7.3:80")
+	tx := captureTx(t, b, fake, w.Next())
 	for _, line := range strings.Split(strings.TrimSpace(tx), "\n") {
 		// svc7's chains, and its endpoints' slot and hairpin elements
 		// (whose slots the fake's dump names below).
@@ -182,7 +132,7 @@ func TestPartialSyncWritesOnlyTheChangedService(t *testing.T) {
 
 	// A sync with nothing changed sends nothing.
 	fake.LastOps = -1
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	if fake.LastOps != -1 {
 		t.Errorf("a sync with no change sent %d operations", fake.LastOps)
 	}
@@ -212,12 +162,12 @@ func TestDeletedServiceLeavesNothingBehind(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	keep, gone := spName("a", "keep", ""), spName("a", "gone", "")
-	w.addService(keep, "10.96.0.1", 80, 30001, "10.244.0.5:80")
-	w.addService(gone, "10.96.0.2", 80, 30002, "10.244.0.6:80", "10.244.0.7:80")
-	mustSync(t, b, w.state())
-	w.remove(gone)
-	mustSync(t, b, w.state())
+	keep, gone := statetest.PortName("a", "keep", "", v1.ProtocolTCP), statetest.PortName("a", "gone", "", v1.ProtocolTCP)
+	w.AddService(keep, "10.96.0.1", 80, 30001, "10.244.0.5:80")
+	w.AddService(gone, "10.96.0.2", 80, 30002, "10.244.0.6:80", "10.244.0.7:80")
+	mustSync(t, b, w.Next())
+	w.Remove(gone)
+	mustSync(t, b, w.Next())
 	dump := fake.Dump()
 	if strings.Contains(dump, "a/gone") || strings.Contains(dump, "10.96.0.2") || strings.Contains(dump, "30002") {
 		t.Errorf("deleted service left objects:\n%s", dump)
@@ -230,17 +180,17 @@ func TestDeletedServiceLeavesNothingBehind(t *testing.T) {
 func TestRestartReconcilesWithoutRemovingLiveObjects(t *testing.T) {
 	fake := NewFake()
 	w := newWorld()
-	web := spName("demo", "web", "")
-	stale := spName("demo", "stale", "")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:80")
-	w.addService(stale, "10.96.0.12", 80, 0, "10.244.1.9:80")
-	mustSync(t, newFakeBackend(t, fake), w.state())
+	web := statetest.PortName("demo", "web", "", v1.ProtocolTCP)
+	stale := statetest.PortName("demo", "stale", "", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:80")
+	w.AddService(stale, "10.96.0.12", 80, 0, "10.244.1.9:80")
+	mustSync(t, newFakeBackend(t, fake), w.Next())
 
 	// A new kp process: it must not delete the table or the live service's
 	// objects, only rewrite them in place and remove what is stale.
-	w.remove(stale)
+	w.Remove(stale)
 	b2 := newFakeBackend(t, fake)
-	tx := captureTx(t, b2, fake, w.state())
+	tx := captureTx(t, b2, fake, w.Next())
 	for _, line := range strings.Split(tx, "\n") {
 		if strings.HasPrefix(line, "delete") && strings.Contains(line, "demo/web") ||
 			strings.HasPrefix(line, "delete table") || strings.HasPrefix(line, "delete element ip kp service-ips { 10.96.0.10") {
@@ -260,17 +210,17 @@ func TestFailedSyncIsFollowedByAFullReconcile(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	a, c := spName("x", "a", ""), spName("x", "c", "")
-	w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80")
-	mustSync(t, b, w.state())
+	a, c := statetest.PortName("x", "a", "", v1.ProtocolTCP), statetest.PortName("x", "c", "", v1.ProtocolTCP)
+	w.AddService(a, "10.96.0.1", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.Next())
 	fake.FailNext = errors.New("injected")
-	w.addService(c, "10.96.0.3", 80, 0, "10.244.0.3:80")
-	if err := b.Sync(context.Background(), w.state()); err == nil {
+	w.AddService(c, "10.96.0.3", 80, 0, "10.244.0.3:80")
+	if err := b.Sync(context.Background(), w.Next()); err == nil {
 		t.Fatal("sync did not report the failure")
 	}
 	// The next State no longer lists c as changed; a full sync must still
 	// program it.
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	if !strings.Contains(fake.Dump(), "svc-x/c/tcp/80") {
 		t.Errorf("service from the failed sync missing:\n%s", fake.Dump())
 	}
@@ -280,8 +230,8 @@ func TestCleanupRemovesBothTables(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	w.addService(spName("x", "a", ""), "10.96.0.1", 80, 0, "10.244.0.1:80")
-	mustSync(t, b, w.state())
+	w.AddService(statetest.PortName("x", "a", "", v1.ProtocolTCP), "10.96.0.1", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.Next())
 	if err := b.Cleanup(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -5,16 +5,18 @@ import (
 	"testing"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 func TestEndpointCountersAreReportedPerServicePortAndEndpoint(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	w.addService(spName("demo", "empty", ""), "10.96.0.11", 80, 0)
-	st := w.state()
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.AddService(statetest.PortName("demo", "empty", "", v1.ProtocolTCP), "10.96.0.11", 80, 0)
+	st := w.Next()
 	mustSync(t, b, st)
 	var _ proxy.CounterReporter = b
 	got, err := b.EndpointCounters(st)

@@ -4,12 +4,15 @@ import (
 	"net/netip"
 	"testing"
 	"unsafe"
+
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // TestKeyTextOfSpellsKeysAsRendered: the elements kp deletes (known by their
 // keys alone) print as the elements it wrote.
 func TestKeyTextOfSpellsKeysAsRendered(t *testing.T) {
-	r := &serviceRender{proto: 6, sp: scaleState(1, 1).Services[spName("ns", "svc0", "p")]}
+	r := &serviceRender{proto: 6, sp: scaleState(1, 1).Services[statetest.PortName("ns", "svc0", "p", v1.ProtocolTCP)]}
 	a4, a6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
 	for _, e := range []struct {
 		set string

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // servedEndpoints is what kp's ip table sends a new connection of chain
@@ -48,7 +50,7 @@ func servedEndpoints(t *testing.T, fake *Fake, chain string) []string {
 // back and failed transactions. The fake refuses to delete an element that
 // is not there and to add one that is, with another value.
 func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
-	a, b, c := spName("ns", "a", ""), spName("ns", "b", ""), spName("ns", "c", "")
+	a, b, c := statetest.PortName("ns", "a", "", v1.ProtocolTCP), statetest.PortName("ns", "b", "", v1.ProtocolTCP), statetest.PortName("ns", "c", "", v1.ProtocolTCP)
 	eps := func(pod string, n int) []string {
 		var out []string
 		for i := range n {
@@ -57,19 +59,19 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 		return out
 	}
 	setup := func(e *stepEnv) {
-		e.w.addService(a, "10.96.0.1", 80, 0, eps("1", 3)...)
-		e.w.addService(b, "10.96.0.2", 80, 0, eps("2", 2)...)
+		e.w.AddService(a, "10.96.0.1", 80, 0, eps("1", 3)...)
+		e.w.AddService(b, "10.96.0.2", 80, 0, eps("2", 2)...)
 	}
 	set := func(n proxy.ServicePortName, list ...string) func(e *stepEnv) {
-		return func(e *stepEnv) { e.w.setEndpoints(n, list...) }
+		return func(e *stepEnv) { e.w.SetEndpoints(n, list...) }
 	}
-	remove := func(n proxy.ServicePortName) func(e *stepEnv) { return func(e *stepEnv) { e.w.remove(n) } }
+	remove := func(n proxy.ServicePortName) func(e *stepEnv) { return func(e *stepEnv) { e.w.Remove(n) } }
 	// tamper deletes a's first slot element, points b's first at another
 	// address and adds an element for a slot nobody has.
 	tamper := func(e *stepEnv) {
 		es := e.fake.Tables["ip"].Elements[mapEndpoints]
 		slots := e.be.slots[familyIPv4].blocks
-		blkA, blkB := slots[pickChainName(serviceChainName(e.w.services[a]))], slots[pickChainName(serviceChainName(e.w.services[b]))]
+		blkA, blkB := slots[pickChainName(serviceChainName(e.w.Services[a]))], slots[pickChainName(serviceChainName(e.w.Services[b]))]
 		delete(es, keyID(slotKey(blkA.base), false))
 		k := keyID(slotKey(blkB.base), false)
 		el := es[k]
@@ -88,21 +90,21 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 			{do: set(a, "10.244.1.1:80", "10.244.1.3:80")},
 			{do: set(a, "10.244.1.1:80", "10.244.1.3:80", "10.244.1.4:80")}}, 1},
 		{"a block outgrown, then given to a new Service", []syncStep{{do: setup}, {do: set(a, eps("1", 9)...)},
-			{do: func(e *stepEnv) { e.w.addService(c, "10.96.0.3", 80, 0, eps("3", 4)...) }}}, 1},
+			{do: func(e *stepEnv) { e.w.AddService(c, "10.96.0.3", 80, 0, eps("3", 4)...) }}}, 1},
 		{"a block outgrown and handed to a new Service in one sync", []syncStep{{do: setup}, {do: func(e *stepEnv) {
-			e.w.setEndpoints(a, eps("1", 9)...)
-			e.w.addService(c, "10.96.0.3", 80, 0, eps("3", 4)...)
+			e.w.SetEndpoints(a, eps("1", 9)...)
+			e.w.AddService(c, "10.96.0.3", 80, 0, eps("3", 4)...)
 		}}, {do: remove(a)}, {do: remove(c)}}, 8},
 		{"a Service goes, another takes its block", []syncStep{{do: setup}, {do: remove(a)},
-			{do: func(e *stepEnv) { e.w.addService(c, "10.96.0.3", 80, 0, eps("3", 2)...) }}}, 1},
+			{do: func(e *stepEnv) { e.w.AddService(c, "10.96.0.3", 80, 0, eps("3", 2)...) }}}, 1},
 		{"a Service changes but not its endpoints", []syncStep{{do: setup},
-			{do: func(e *stepEnv) { e.w.changed[a] = struct{}{} }, quiet: mapEndpoints}}, 1},
+			{do: func(e *stepEnv) { e.w.Changed[a] = struct{}{} }, quiet: mapEndpoints}}, 1},
 		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: setAffinity(a, time.Hour)},
 			{do: setAffinity(a, 0)}}, 1},
 		{"a restart over the table, then changes", []syncStep{{do: setup}, {do: remove(a)},
 			{do: func(e *stepEnv) {
 				e.restart(t) // slots are allocated afresh, in name order
-				e.w.addService(c, "10.96.0.3", 80, 0, eps("3", 2)...)
+				e.w.AddService(c, "10.96.0.3", 80, 0, eps("3", 2)...)
 			}}, {do: set(b, "10.244.2.2:80")}}, 1},
 		{"a resync repairs the map edited behind kp's back", []syncStep{{do: setup}, {do: tamper, tampered: true},
 			{do: func(e *stepEnv) { e.resync() }}, {do: set(a, "10.244.1.2:80")}, {do: remove(b)}}, 1},
@@ -115,12 +117,12 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 			for range tc.runs {
 				runSyncSteps(t, tc.steps, func(t *testing.T, i int, e *stepEnv) {
 					want := 0
-					for n, sp := range e.w.services {
-						if sp.AffinityTimeout > 0 || len(e.w.endpoints[n]) == 0 {
+					for n, sp := range e.w.Services {
+						if sp.AffinityTimeout > 0 || len(e.w.Endpoints[n]) == 0 {
 							continue
 						}
 						var list []string
-						for _, ep := range e.w.endpoints[n] {
+						for _, ep := range e.w.Endpoints[n] {
 							list = append(list, fmt.Sprintf("%s . %d", ep.IP, ep.Port))
 						}
 						slices.Sort(list)

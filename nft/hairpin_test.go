@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // hairpinSet lists the pods in kp's ip hairpin set, checking that each
@@ -29,9 +31,9 @@ func hairpinSet(t *testing.T, fake *Fake) []string {
 
 // podsOf is every IPv4 pod address a world's Services have an endpoint at:
 // what the hairpin set must hold.
-func podsOf(w *world) []string {
+func podsOf(w *statetest.World) []string {
 	var out []string
-	for _, eps := range w.endpoints {
+	for _, eps := range w.Endpoints {
 		for _, e := range eps {
 			if e.IP.Is4() && !slices.Contains(out, e.IP.String()) {
 				out = append(out, e.IP.String())
@@ -51,16 +53,16 @@ func podsOf(w *world) []string {
 // delete an element that is not there), and kp's model of the kernel keeps
 // none of its elements (the counts say what they are).
 func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
-	a, b, c := spName("ns", "a", "http"), spName("ns", "b", ""), spName("ns", "c", "")
-	aAdmin := spName("ns", "a", "admin")
+	a, b, c := statetest.PortName("ns", "a", "http", v1.ProtocolTCP), statetest.PortName("ns", "b", "", v1.ProtocolTCP), statetest.PortName("ns", "c", "", v1.ProtocolTCP)
+	aAdmin := statetest.PortName("ns", "a", "admin", v1.ProtocolTCP)
 	setup := func(e *stepEnv) {
-		e.w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
-		e.w.addService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
+		e.w.AddService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
+		e.w.AddService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
 	}
 	remove := func(names ...proxy.ServicePortName) func(e *stepEnv) {
 		return func(e *stepEnv) {
 			for _, n := range names {
-				e.w.remove(n)
+				e.w.Remove(n)
 			}
 		}
 	}
@@ -80,33 +82,33 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 		{"the other order", []syncStep{{do: setup}, {do: remove(b)}, {do: remove(a)}}},
 		{"both go in one sync", []syncStep{{do: setup}, {do: remove(a, b)}}},
 		{"a pod moves from one Service to another in one sync", []syncStep{{do: setup}, {do: func(e *stepEnv) {
-			e.w.setEndpoints(a, "10.244.0.1:80")
-			e.w.setEndpoints(b, "10.244.0.1:8080", "10.244.0.2:8080", "10.244.0.3:8080")
+			e.w.SetEndpoints(a, "10.244.0.1:80")
+			e.w.SetEndpoints(b, "10.244.0.1:8080", "10.244.0.2:8080", "10.244.0.3:8080")
 		}, quiet: setHairpin}}},
 		{"two new Services bring the same new pod in one sync", []syncStep{{do: setup}, {do: func(e *stepEnv) {
-			e.w.addService(c, "10.96.0.3", 80, 0, "10.244.0.7:80")
-			e.w.addService(aAdmin, "10.96.0.1", 9000, 0, "10.244.0.7:9000", "10.244.0.1:9000")
+			e.w.AddService(c, "10.96.0.3", 80, 0, "10.244.0.7:80")
+			e.w.AddService(aAdmin, "10.96.0.1", 9000, 0, "10.244.0.7:9000", "10.244.0.1:9000")
 		}}, {do: remove(c), quiet: setHairpin}, {do: remove(aAdmin)}}},
 		{"an endpoint changes port, not pod", []syncStep{{do: setup}, {do: func(e *stepEnv) {
-			e.w.setEndpoints(a, "10.244.0.1:81", "10.244.0.2:81")
+			e.w.SetEndpoints(a, "10.244.0.1:81", "10.244.0.2:81")
 		}, quiet: setHairpin}}},
 		{"two ports of a Service share pods, one port goes", []syncStep{{do: func(e *stepEnv) {
-			e.w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
-			e.w.addService(aAdmin, "10.96.0.1", 9000, 0, "10.244.0.1:9000", "10.244.0.2:9000")
+			e.w.AddService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
+			e.w.AddService(aAdmin, "10.96.0.1", 9000, 0, "10.244.0.1:9000", "10.244.0.2:9000")
 		}}, {do: remove(aAdmin), quiet: setHairpin}, {do: remove(a)}}},
 		{"a Local policy's chain repeats the Cluster chain's pods", []syncStep{{do: func(e *stepEnv) {
-			e.w.addService(c, "10.96.0.3", 80, 30003, "10.244.0.1:80", "10.244.0.4:80")
-			sp := *e.w.services[c]
+			e.w.AddService(c, "10.96.0.3", 80, 30003, "10.244.0.1:80", "10.244.0.4:80")
+			sp := *e.w.Services[c]
 			sp.ExternalPolicyLocal = true
-			e.w.services[c] = &sp
-			for i := range e.w.endpoints[c] {
-				e.w.endpoints[c][i] = e.w.endpoints[c][i].At("node", "")
+			e.w.Services[c] = &sp
+			for i := range e.w.Endpoints[c] {
+				e.w.Endpoints[c][i] = e.w.Endpoints[c][i].At("node", "")
 			}
 			setup(e)
 		}}, {do: remove(a)}, {do: remove(c)}, {do: remove(b)}}},
 		{"a Service with session affinity shares a pod", []syncStep{{do: func(e *stepEnv) {
 			setup(e)
-			e.w.addService(c, "10.96.0.3", 80, 0, "10.244.0.3:80", "10.244.0.5:80")
+			e.w.AddService(c, "10.96.0.3", 80, 0, "10.244.0.3:80", "10.244.0.5:80")
 			setAffinity(c, time.Hour)(e)
 		}}, {do: remove(b)}, {do: remove(c)}}},
 		{"a Service takes session affinity and drops it", []syncStep{{do: setup}, {do: setAffinity(b, time.Hour), quiet: setHairpin},
@@ -115,13 +117,13 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 			{do: func(e *stepEnv) { e.restart(t) }, quiet: setHairpin}, {do: remove(a)}, {do: remove(b)}}},
 		{"a restart after a Service went while kp was away", []syncStep{{do: setup}, {do: func(e *stepEnv) {
 			e.restart(t)
-			e.w.remove(b)
+			e.w.Remove(b)
 		}}, {do: remove(a)}}},
 		{"a resync repairs the set edited behind kp's back", []syncStep{{do: setup}, {do: tamper, tampered: true},
 			{do: func(e *stepEnv) { e.resync() }}, {do: remove(a)}, {do: remove(b)}}},
 		{"a failed sync, then the next one reconciles", []syncStep{{do: setup}, {do: remove(a), fails: true}, {do: remove(b)}}},
 		{"a failed sync that added a pod", []syncStep{{do: setup}, {do: func(e *stepEnv) {
-			e.w.addService(c, "10.96.0.3", 80, 0, "10.244.0.6:80", "10.244.0.1:80")
+			e.w.AddService(c, "10.96.0.3", 80, 0, "10.244.0.6:80", "10.244.0.1:80")
 		}, fails: true}, {do: remove(a)}, {do: remove(c)}}},
 		{"the Node changes: a full sync from kp's own bookkeeping", []syncStep{{do: setup}, {nodeChanged: true, quiet: setHairpin},
 			{do: remove(a)}, {do: remove(b)}}},
@@ -143,30 +145,30 @@ func TestHairpinElementFollowsItsPodsServices(t *testing.T) {
 // set as a count per pod (the footprints listing it), and neither element
 // references, owners nor model entries for its elements.
 func TestHairpinSetIsBookedAsACountPerPod(t *testing.T) {
-	a, b := spName("ns", "a", ""), spName("ns", "b", "")
+	a, b := statetest.PortName("ns", "a", "", v1.ProtocolTCP), statetest.PortName("ns", "b", "", v1.ProtocolTCP)
 	for _, tc := range []struct {
 		name   string
-		change func(w *world, s *proxy.State)
+		change func(w *statetest.World, s *proxy.State)
 		want   map[string]int32
 	}{
 		{"after a full sync", nil, map[string]int32{"10.244.0.1": 2, "10.244.0.2": 1, "10.244.0.3": 1}},
-		{"after a partial sync", func(w *world, _ *proxy.State) { w.setEndpoints(a, "10.244.0.1:80", "10.244.0.4:80") },
+		{"after a partial sync", func(w *statetest.World, _ *proxy.State) { w.SetEndpoints(a, "10.244.0.1:80", "10.244.0.4:80") },
 			map[string]int32{"10.244.0.1": 2, "10.244.0.3": 1, "10.244.0.4": 1}},
-		{"after a Service went", func(w *world, _ *proxy.State) { w.remove(b) }, map[string]int32{"10.244.0.1": 1, "10.244.0.2": 1}},
-		{"after a full sync over kp's own bookkeeping", func(_ *world, s *proxy.State) { s.NodeChanged = true },
+		{"after a Service went", func(w *statetest.World, _ *proxy.State) { w.Remove(b) }, map[string]int32{"10.244.0.1": 1, "10.244.0.2": 1}},
+		{"after a full sync over kp's own bookkeeping", func(_ *statetest.World, s *proxy.State) { s.NodeChanged = true },
 			map[string]int32{"10.244.0.1": 2, "10.244.0.2": 1, "10.244.0.3": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			be := newFakeBackend(t, NewFake())
 			w := newWorld()
-			w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
-			w.addService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
-			mustSync(t, be, w.state())
+			w.AddService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
+			w.AddService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
+			mustSync(t, be, w.Next())
 			if tc.change != nil {
-				s := w.state()
+				s := w.Next()
 				tc.change(w, s)
-				if len(w.changed) > 0 {
-					s = w.state()
+				if len(w.Changed) > 0 {
+					s = w.Next()
 				}
 				mustSync(t, be, s)
 			}

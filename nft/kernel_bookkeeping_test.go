@@ -6,6 +6,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 var (
@@ -25,7 +28,7 @@ func TestKernelHairpinSetAndEndpointsMapAcrossRestartsAndResyncs(t *testing.T) {
 	ns, fd, be := kernelBackend(t)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	w := newWorld()
-	a, b, c := spName("ns", "a", ""), spName("ns", "b", ""), spName("ns", "c", "")
+	a, b, c := statetest.PortName("ns", "a", "", v1.ProtocolTCP), statetest.PortName("ns", "b", "", v1.ProtocolTCP), statetest.PortName("ns", "c", "", v1.ProtocolTCP)
 	check := func(step string) {
 		t.Helper()
 		var pods, eps []string
@@ -41,7 +44,7 @@ func TestKernelHairpinSetAndEndpointsMapAcrossRestartsAndResyncs(t *testing.T) {
 		slices.Sort(pods)
 		slices.Sort(eps)
 		var wantEps []string
-		for _, list := range w.endpoints {
+		for _, list := range w.Endpoints {
 			for _, e := range list {
 				wantEps = append(wantEps, fmt.Sprintf("%s:%d", e.IP, e.Port))
 			}
@@ -57,23 +60,23 @@ func TestKernelHairpinSetAndEndpointsMapAcrossRestartsAndResyncs(t *testing.T) {
 	sync := func(step string) {
 		t.Helper()
 		be.now = func() time.Time { return now }
-		if err := be.Sync(t.Context(), w.state()); err != nil {
+		if err := be.Sync(t.Context(), w.Next()); err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
 		check(step)
 	}
-	w.addService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
-	w.addService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
+	w.AddService(a, "10.96.0.1", 80, 0, "10.244.0.1:80", "10.244.0.2:80")
+	w.AddService(b, "10.96.0.2", 80, 0, "10.244.0.1:8080", "10.244.0.3:8080")
 	sync("first sync")
 
 	var err error
 	if be, err = NewInNamespace(testConfig(), nil, fd); err != nil {
 		t.Fatal(err)
 	}
-	w.addService(c, "10.96.0.3", 80, 0, "10.244.0.3:80", "10.244.0.4:80")
+	w.AddService(c, "10.96.0.3", 80, 0, "10.244.0.3:80", "10.244.0.4:80")
 	sync("a restart over the table, with a Service more")
 
-	w.setEndpoints(a, "10.244.0.1:80", "10.244.0.5:80")
+	w.SetEndpoints(a, "10.244.0.1:80", "10.244.0.5:80")
 	sync("an endpoint replaced")
 
 	nftIn(t, ns, "delete", "element", "ip", TableName, setHairpin, "{ 10.244.0.1 . 10.244.0.1 }")
@@ -82,10 +85,10 @@ func TestKernelHairpinSetAndEndpointsMapAcrossRestartsAndResyncs(t *testing.T) {
 	now = now.Add(fullSyncInterval + time.Minute)
 	sync("the periodic resync after edits behind kp's back")
 
-	w.remove(a)
+	w.Remove(a)
 	sync("a Service sharing a pod goes")
-	w.remove(b)
+	w.Remove(b)
 	sync("the other goes")
-	w.remove(c)
+	w.Remove(c)
 	sync("the last goes")
 }

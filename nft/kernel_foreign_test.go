@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/test/netns"
+	v1 "k8s.io/api/core/v1"
 )
 
 // TestKernelForeignFlowWithoutConntrackEntryIsLeftAlone: a TCP connection
@@ -62,8 +64,8 @@ func TestKernelForeignFlowWithoutConntrackEntryIsLeftAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newWorld()
-	w.addService(spName("demo", "web", "http"), "10.96.0.10", 80, 0, "10.244.1.2:8080")
-	mustSync(t, b, w.state())
+	w.AddService(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.96.0.10", 80, 0, "10.244.1.2:8080")
+	mustSync(t, b, w.Next())
 	ping("with kp's table, the connection's first packets since")
 	if out, err := exec.Command("ip", "netns", "exec", ns, "conntrack", "-D", "-p", "tcp", "--orig-dst", "10.96.0.10").CombinedOutput(); err != nil {
 		t.Fatalf("conntrack -D: %v: %s", err, out)

@@ -45,13 +45,13 @@ func TestKernelLongestNamesLoadListAndReload(t *testing.T) {
 		t.Fatalf("the API server accepts this Service; kp converted %d ports: %v", len(sps), err)
 	}
 	w := newWorld()
-	w.node.IPs = append(w.node.IPs, netip.MustParseAddr("fd00::2"))
+	w.Node.IPs = append(w.Node.IPs, netip.MustParseAddr("fd00::2"))
 	for _, sp := range sps {
 		sp.AffinityTimeout = 3 * time.Hour
-		w.services[sp.Name] = sp
-		w.setEndpoints(sp.Name, "255.255.255.254:65535", "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:65535")
+		w.Services[sp.Name] = sp
+		w.SetEndpoints(sp.Name, "255.255.255.254:65535", "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:65535")
 	}
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 
 	listing := nftIn(t, ns, "list", "ruleset")
 	for _, sp := range sps {

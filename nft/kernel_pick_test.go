@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // Kernel tests of the Cluster policy's path without a Service chain: a
@@ -35,11 +37,11 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	acc := loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.96.0.11", "10.244.1.2", "10.244.1.3", "10.244.1.4"},
 		[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080"})
 	w := newWorld()
-	web, sticky := spName("demo", "web", "http"), spName("demo", "sticky", "http")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	w.addService(sticky, "10.96.0.11", 80, 0, "10.244.1.4:8080")
-	w.services[sticky].AffinityTimeout = time.Hour
-	mustSync(t, b, w.state())
+	web, sticky := statetest.PortName("demo", "web", "http", v1.ProtocolTCP), statetest.PortName("demo", "sticky", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.AddService(sticky, "10.96.0.11", 80, 0, "10.244.1.4:8080")
+	w.Services[sticky].AffinityTimeout = time.Hour
+	mustSync(t, b, w.Next())
 
 	chains := nftIn(t, ns, "list", "chains", "ip")
 	if strings.Contains(chains, "chain svc-demo/web/") || !strings.Contains(chains, "chain pick-svc-demo/web/tcp/http") {
@@ -77,8 +79,8 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 		{"10.244.1.2:8080", "10.244.1.3:8080"},
 	} {
 		rec.txs = nil
-		w.setEndpoints(web, eps...)
-		mustSync(t, b, w.state())
+		w.SetEndpoints(web, eps...)
+		mustSync(t, b, w.Next())
 		for _, tx := range rec.txs {
 			for _, o := range tx.ops {
 				switch o.kind {
@@ -115,9 +117,9 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 func TestKernelRestartOverTheServiceChainLayoutReplacesIt(t *testing.T) {
 	ns, fd, b := kernelBackend(t)
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
-	mustSync(t, b, w.state())
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.Next())
 	want := nftIn(t, ns, "list", "ruleset")
 
 	// Back to the earlier layout, by hand.
@@ -150,7 +152,7 @@ delete set ip kp cluster-picked
 	}
 	rec.Conn = restarted.conn
 	restarted.conn = rec
-	mustSync(t, restarted, w.state())
+	mustSync(t, restarted, w.Next())
 	if len(rec.txs) != 1 {
 		t.Errorf("the first sync over the table took %d transactions, want 1", len(rec.txs))
 	}

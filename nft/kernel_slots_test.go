@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // Kernel tests of the endpoint slots: counts from real connections, and
@@ -28,9 +30,9 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 	}
 	loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.244.1.2", "10.244.1.3"}, []string{"10.244.1.2:8080", "10.244.1.3:8080"})
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	st := w.state()
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	st := w.Next()
 	mustSync(t, b, st)
 
 	const conns = 20
@@ -49,8 +51,8 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 
 	// A third endpoint: the choice of slot changes (mod 3), the first
 	// two endpoints' elements do not, and neither do their counts.
-	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
-	st = w.state()
+	w.SetEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st = w.Next()
 	mustSync(t, b, st)
 	after, err := b.EndpointCounters(st)
 	if err != nil {
@@ -70,10 +72,10 @@ func TestKernelEndpointCountersCountRealConnections(t *testing.T) {
 func TestKernelAffinityCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
 	ns, _, b := kernelBackend(t)
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	w.services[web].AffinityTimeout = 3 * time.Hour
-	mustSync(t, b, w.state())
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.Services[web].AffinityTimeout = 3 * time.Hour
+	mustSync(t, b, w.Next())
 	// Seven connections went to 10.244.1.2 (set by hand: the rule is
 	// replaced with one whose counter starts there).
 	chain := "svc-demo/web/tcp/http"
@@ -92,8 +94,8 @@ func TestKernelAffinityCountersSurviveAChangeToOtherEndpoints(t *testing.T) {
 	nftIn(t, ns, append([]string{"replace", "rule", "ip", TableName, chain, "handle", strings.TrimSpace(handle)},
 		strings.Fields(rule)...)...)
 
-	w.setEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
-	st := w.state()
+	w.SetEndpoints(web, "10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080")
+	st := w.Next()
 	mustSync(t, b, st)
 	if !strings.Contains(nftIn(t, ns, "list", "chain", "ip", TableName, chain), "counter packets 7 bytes 700") {
 		t.Fatalf("the chain was not rewritten with the old count:\n%s", nftIn(t, ns, "list", "chain", "ip", TableName, chain))
@@ -131,7 +133,7 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 	rec := &txConn{Conn: b.conn}
 	b.conn = rec
 	w := newWorld()
-	web := spName("demo", "web", "http")
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
 	walks := map[int]int{}
 	eps := func(n, first int) []string {
 		var out []string
@@ -140,13 +142,13 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 		}
 		return out
 	}
-	w.addService(web, "10.96.0.10", 80, 0, eps(1, 0)...)
-	mustSync(t, b, w.state())
+	w.AddService(web, "10.96.0.10", 80, 0, eps(1, 0)...)
+	mustSync(t, b, w.Next())
 	for _, n := range []int{1, 10, 100} {
 		for _, first := range []int{0, 1000} { // the count, then the same count elsewhere
 			rec.txs = nil
-			w.setEndpoints(web, eps(n, first)...)
-			mustSync(t, b, w.state())
+			w.SetEndpoints(web, eps(n, first)...)
+			mustSync(t, b, w.Next())
 			for _, tx := range rec.txs {
 				for _, o := range tx.ops {
 					if o.kind != opAddRule {

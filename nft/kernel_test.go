@@ -17,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 
 	"golang.org/x/sys/unix"
 
@@ -70,14 +71,14 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
-	w.addService(spName("demo", "empty", ""), "10.96.0.11", 53, 0)
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+	w.AddService(statetest.PortName("demo", "empty", "", v1.ProtocolTCP), "10.96.0.11", 53, 0)
 	// This kernel may have no SCTP sockets, but nf_tables matches and
 	// NATs SCTP by number: the rules must load and list.
 	sctp := proxy.ServicePortName{NamespacedName: web.NamespacedName, Port: "sctp", Protocol: v1.ProtocolSCTP}
-	w.addService(sctp, "10.96.0.10", 9000, 30900, "10.244.1.2:9000")
-	st := w.state()
+	w.AddService(sctp, "10.96.0.10", 9000, 30900, "10.244.1.2:9000")
+	st := w.Next()
 	mustSync(t, b, st)
 	// Every endpoint's DNAT rules are read back as its counter.
 	counters, err := b.EndpointCounters(st)
@@ -118,10 +119,10 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 
 	// Partial sync against the real kernel, then a new backend (kp
 	// restarted) reconciling over the existing table.
-	w.setEndpoints(web, "10.244.1.2:8080")
-	mustSync(t, b, w.state())
+	w.SetEndpoints(web, "10.244.1.2:8080")
+	mustSync(t, b, w.Next())
 	b2, _ := NewInNamespace(testConfig(), nil, fd)
-	mustSync(t, b2, w.state())
+	mustSync(t, b2, w.Next())
 	if b2.LastTransactionOps() == 0 {
 		t.Error("restart reconcile sent nothing")
 	}
@@ -137,8 +138,8 @@ func TestKernelCleanupTouchesNothingElse(t *testing.T) {
 	nftIn(t, ns, "add", "chain", "inet", "other", "input", "{ type filter hook input priority 0; }")
 	b, _ := NewInNamespace(testConfig(), nil, fd)
 	w := newWorld()
-	w.addService(spName("a", "b", ""), "10.96.0.1", 80, 0, "10.244.0.1:80")
-	mustSync(t, b, w.state())
+	w.AddService(statetest.PortName("a", "b", "", v1.ProtocolTCP), "10.96.0.1", 80, 0, "10.244.0.1:80")
+	mustSync(t, b, w.Next())
 	if err := b.Cleanup(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -163,14 +164,14 @@ func TestKernelCleanupTouchesNothingElse(t *testing.T) {
 func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 	ns, _, b := kernelBackend(t)
 	w := newWorld()
-	name := spName("demo", "shape", "http")
-	w.addService(spName("demo", "other", ""), "10.96.0.99", 80, 0, "10.244.9.9:80")
-	w.addService(name, "10.96.0.20", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
-	mustSync(t, b, w.state())
+	name := statetest.PortName("demo", "shape", "http", v1.ProtocolTCP)
+	w.AddService(statetest.PortName("demo", "other", "", v1.ProtocolTCP), "10.96.0.99", 80, 0, "10.244.9.9:80")
+	w.AddService(name, "10.96.0.20", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	mustSync(t, b, w.Next())
 
 	local := func(eps ...proxy.Endpoint) []proxy.Endpoint {
 		for i := range eps {
-			eps[i] = eps[i].At(w.node.Name, "")
+			eps[i] = eps[i].At(w.Node.Name, "")
 		}
 		return eps
 	}
@@ -205,14 +206,14 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-demo/shape/tcp/http"}},
 	}
 	for _, st := range steps {
-		sp := *w.services[name]
+		sp := *w.Services[name]
 		st.change(&sp)
-		w.services[name] = &sp
-		w.changed[name] = struct{}{}
+		w.Services[name] = &sp
+		w.Changed[name] = struct{}{}
 		if st.what == "internalTrafficPolicy Local" {
-			w.endpoints[name] = local(w.endpoints[name][0])
+			w.Endpoints[name] = local(w.Endpoints[name][0])
 		}
-		if err := b.Sync(context.Background(), w.state()); err != nil {
+		if err := b.Sync(context.Background(), w.Next()); err != nil {
 			t.Fatalf("%s: %v", st.what, err)
 		}
 		listing := nftIn(t, ns, "list", "ruleset")
@@ -236,8 +237,8 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 			t.Errorf("%s: a local- chain the ClusterIPs do not go to, without session affinity:\n%s", st.what, listing)
 		}
 	}
-	w.remove(name)
-	mustSync(t, b, w.state())
+	w.Remove(name)
+	mustSync(t, b, w.Next())
 	if listing := nftIn(t, ns, "list", "ruleset"); strings.Contains(listing, "demo/shape") || strings.Contains(listing, "10.96.0.20") {
 		t.Errorf("the deleted Service left objects behind:\n%s", listing)
 	}
@@ -257,10 +258,10 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 		for j := range eps {
 			eps[j] = fmt.Sprintf("10.244.%d.%d:8080", i/25, (i%25)*10+j)
 		}
-		w.addService(spName("demo", fmt.Sprintf("svc-%d", i), "http"),
+		w.AddService(statetest.PortName("demo", fmt.Sprintf("svc-%d", i), "http", v1.ProtocolTCP),
 			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
 	}
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	// Per Service: its pick chain and rule, and elements (grouped).
 	if ops := b.LastTransactionOps(); ops < 2*services {
 		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
@@ -292,14 +293,14 @@ func TestKernelSetsDoNotGrowWithServices(t *testing.T) {
 		return len(ss)
 	}
 	w := newWorld()
-	w.addService(spName("ns", "svc0", "p"), "10.96.0.1", 80, 30000, "10.244.0.1:80", "10.244.0.2:80")
-	mustSync(t, b, w.state())
+	w.AddService(statetest.PortName("ns", "svc0", "p", v1.ProtocolTCP), "10.96.0.1", 80, 30000, "10.244.0.1:80", "10.244.0.2:80")
+	mustSync(t, b, w.Next())
 	one := sets()
 	for i := 1; i < 100; i++ {
-		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), fmt.Sprintf("10.96.0.%d", i+1), 80, int32(30000+i),
+		w.AddService(statetest.PortName("ns", fmt.Sprintf("svc%d", i), "p", v1.ProtocolTCP), fmt.Sprintf("10.96.0.%d", i+1), 80, int32(30000+i),
 			fmt.Sprintf("10.244.%d.1:80", i), fmt.Sprintf("10.244.%d.2:80", i), fmt.Sprintf("10.244.%d.3:80", i))
 	}
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	if hundred := sets(); hundred != one {
 		t.Errorf("%d sets in the table with 1 Service, %d with 100: per-service sets make syncs quadratic", one, hundred)
 	}
@@ -353,11 +354,11 @@ func TestKernelRefusedBatchNamesTheOperationAndAppliesNothing(t *testing.T) {
 func TestKernelFullSyncReplacesTheEarlierLayout(t *testing.T) {
 	ns, _, b := kernelBackend(t) // it reads the kernel at its first sync
 	w := newWorld()
-	web := spName("demo", "web", "http")
-	w.addService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
 	// What a fresh kp writes, for comparison.
 	fresh, _, b0 := kernelBackend(t)
-	mustSync(t, b0, w.state())
+	mustSync(t, b0, w.Next())
 	want := nftIn(t, fresh, "list", "ruleset")
 
 	old := t.TempDir() + "/old.nft"
@@ -382,7 +383,7 @@ func TestKernelFullSyncReplacesTheEarlierLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	nftIn(t, ns, "-f", old)
-	mustSync(t, b, w.state())
+	mustSync(t, b, w.Next())
 	// The same objects (a listing's order is the order of creation).
 	if got := nftIn(t, ns, "list", "ruleset"); !slices.Equal(sortedLines(got), sortedLines(want)) {
 		t.Errorf("after the first sync over the earlier layout:\n%s\nwant what a fresh kp writes:\n%s", got, want)
@@ -420,9 +421,9 @@ func requireReloads(t *testing.T, listing string) {
 func TestKernelLoadBalancerWithSeveralSourceRangesLoads(t *testing.T) {
 	_, _, b := kernelBackend(t)
 	w := newWorld()
-	n := spName("e2e", "legacy", "http")
-	w.addService(n, "10.96.0.73", 80, 30080, "10.244.1.2:8080")
-	st := w.state()
+	n := statetest.PortName("e2e", "legacy", "http", v1.ProtocolTCP)
+	w.AddService(n, "10.96.0.73", 80, 30080, "10.244.1.2:8080")
+	st := w.Next()
 	sp := st.Services[n]
 	sp.Type = v1.ServiceTypeLoadBalancer
 	sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("10.96.200.3")}

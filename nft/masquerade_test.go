@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // The Cluster policy's masquerade decision is one static rule in
@@ -52,12 +55,12 @@ func TestClusterMasqueradeDecisionIsOneStaticRule(t *testing.T) {
 				t.Fatal(err)
 			}
 			w := newWorld()
-			web := spName("demo", "web", "http")
-			w.addService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
+			web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+			w.AddService(web, "10.96.0.10", 80, 30080, "10.244.1.2:8080", "10.244.1.3:8080")
 			if c.affinity {
-				w.services[web].AffinityTimeout = time.Hour
+				w.Services[web].AffinityTimeout = time.Hour
 			}
-			mustSync(t, b, w.state())
+			mustSync(t, b, w.Next())
 			dump := strings.ReplaceAll(fake.Dump(), "      ", "")
 			for _, want := range c.want {
 				if !strings.Contains(dump, want) {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // maxObjectName is the kernel's limit on nftables chain, set and object
@@ -140,13 +141,13 @@ func TestServiceOf5000EndpointsRenders(t *testing.T) {
 	fake := NewFake()
 	b := newFakeBackend(t, fake)
 	w := newWorld()
-	web := spName("demo", "big", "http")
+	web := statetest.PortName("demo", "big", "http", v1.ProtocolTCP)
 	var eps []string
 	for i := 0; i < 5000; i++ {
 		eps = append(eps, fmt.Sprintf("10.244.%d.%d:8080", i/250, i%250+1))
 	}
-	w.addService(web, "10.96.0.10", 80, 30080, eps...)
-	mustSync(t, b, w.state())
+	w.AddService(web, "10.96.0.10", 80, 30080, eps...)
+	mustSync(t, b, w.Next())
 	if n := len(fake.Tables["ip"].Elements[mapEndpoints]); n != 5000 {
 		t.Fatalf("%d endpoint slots, want 5000", n)
 	}
@@ -154,8 +155,8 @@ func TestServiceOf5000EndpointsRenders(t *testing.T) {
 		!strings.Contains(rules[0], "numgen random mod 5000 offset 1 ") {
 		t.Errorf("endpoint selection is not over all 5000 endpoints: %q", rules)
 	}
-	w.setEndpoints(web, eps[1:]...)
-	mustSync(t, b, w.state())
+	w.SetEndpoints(web, eps[1:]...)
+	mustSync(t, b, w.Next())
 	if strings.Contains(fake.Dump(), "10.244.0.1 . 8080") {
 		t.Error("the removed endpoint is still there")
 	}

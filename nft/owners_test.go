@@ -1,6 +1,11 @@
 package nft
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
+)
 
 // TestElementOwnersHandTheKeyToTheNextOwnerByName: whatever order owners
 // come and go in, a key belongs to the first of its owners by name, and to
@@ -8,7 +13,7 @@ import "testing"
 func TestElementOwnersHandTheKeyToTheNextOwnerByName(t *testing.T) {
 	r := refTo(setClusterIPs, "k")
 	fp := func(name string) *footprint {
-		return &footprint{name: spName("ns", name, ""), elems: []elemRef{r}}
+		return &footprint{name: statetest.PortName("ns", name, "", v1.ProtocolTCP), elems: []elemRef{r}}
 	}
 	a, b, c := fp("a"), fp("b"), fp("c")
 	for _, tc := range []struct {
@@ -49,9 +54,9 @@ func TestElementOwnersAreExactWhenKeysCollide(t *testing.T) {
 	o := newElementOwners()
 	o.hashOf = func(elemRef) uint64 { return 7 } // every key collides
 	r1, r2, r3 := refTo(setClusterIPs, "k1"), refTo(setHairpin, "k2"), refTo(setClusterIPs, "k3")
-	a := &footprint{name: spName("ns", "a", ""), elems: []elemRef{r2}}
-	b := &footprint{name: spName("ns", "b", ""), elems: []elemRef{r1, r2}}
-	c := &footprint{name: spName("ns", "c", ""), elems: []elemRef{r1}}
+	a := &footprint{name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), elems: []elemRef{r2}}
+	b := &footprint{name: statetest.PortName("ns", "b", "", v1.ProtocolTCP), elems: []elemRef{r1, r2}}
+	c := &footprint{name: statetest.PortName("ns", "c", "", v1.ProtocolTCP), elems: []elemRef{r1}}
 	for _, fp := range []*footprint{c, b, a} {
 		o.add(fp)
 	}

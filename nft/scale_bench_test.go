@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // scaleState is n ClusterIP Services of m endpoints each (up to 100,000s:
@@ -29,9 +31,9 @@ func scaleState(n, m int) *proxy.State {
 		for j := range m {
 			eps = append(eps, addr(10<<24|128<<16+uint32(i*16+j+1))+":8080")
 		}
-		w.addService(spName("ns", fmt.Sprintf("svc%d", i), "p"), addr(10<<24|96<<16+uint32(i+1)), 80, 0, eps...)
+		w.AddService(statetest.PortName("ns", fmt.Sprintf("svc%d", i), "p", v1.ProtocolTCP), addr(10<<24|96<<16+uint32(i+1)), 80, 0, eps...)
 	}
-	return w.state()
+	return w.Next()
 }
 
 // benchServices sizes the full-sync benchmarks: -args -bench.services=10000.
@@ -162,7 +164,7 @@ func benchEndpointChanges(b *testing.B, change func(k int, eps []proxy.Endpoint)
 	if err := be.Sync(b.Context(), s); err != nil {
 		b.Fatal(err)
 	}
-	target := spName("ns", "svc7", "p")
+	target := statetest.PortName("ns", "svc7", "p", v1.ProtocolTCP)
 	eps := s.Endpoints[target]
 	k := 0
 	for b.Loop() {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // syncStep is one step of a bookkeeping test: a change to the world (or
@@ -27,7 +28,7 @@ type syncStep struct {
 
 // stepEnv is what a step acts on.
 type stepEnv struct {
-	w    *world
+	w    *statetest.World
 	fake *Fake
 	be   *Backend
 	now  time.Time
@@ -51,7 +52,7 @@ func runSyncSteps(t *testing.T, steps []syncStep, check func(t *testing.T, step 
 			st.do(e)
 		}
 		e.be.now = func() time.Time { return e.now }
-		s := e.w.state()
+		s := e.w.Next()
 		s.NodeChanged = st.nodeChanged
 		if st.fails {
 			e.fake.FailNext = errors.New("injected")
@@ -74,9 +75,9 @@ func runSyncSteps(t *testing.T, steps []syncStep, check func(t *testing.T, step 
 // timeout (0: none).
 func setAffinity(n proxy.ServicePortName, timeout time.Duration) func(e *stepEnv) {
 	return func(e *stepEnv) {
-		sp := *e.w.services[n]
+		sp := *e.w.Services[n]
 		sp.AffinityTimeout = timeout
-		e.w.services[n] = &sp
-		e.w.changed[n] = struct{}{}
+		e.w.Services[n] = &sp
+		e.w.Changed[n] = struct{}{}
 	}
 }

@@ -88,6 +88,7 @@ func TestCoreReachesNoIOLibrary(t *testing.T) {
 var allowed = map[string][]string{
 	"proxy":            {},
 	"proxy/proxytest":  {},
+	"proxy/statetest":  {"proxy"},
 	"proxy/statusapi":  {"proxy"},
 	"legacy":           {},
 	"proxy/source":     {"proxy"},

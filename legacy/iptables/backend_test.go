@@ -12,61 +12,26 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-func spName(ns, name, port string) proxy.ServicePortName {
-	return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: v1.ProtocolTCP}
+// newWorld is the iptables tests' World: the node "node-1" at
+// 192.168.0.10; an endpoint is on node-1 when its address ends in .1 or .2,
+// else on node-2; a service port with a nodePort is of type NodePort.
+func newWorld() *statetest.World {
+	return statetest.New(statetest.Node("node-1", "192.168.0.10"), statetest.PlaceEndpoints(nodeOf), statetest.NodePortType())
 }
 
-// world builds States for tests.
-type world struct {
-	st *proxy.State
-}
-
-func newWorld() *world {
-	return &world{st: &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{},
-		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Changed: map[proxy.ServicePortName]struct{}{},
-		Node: proxy.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.10")}}}}
-}
-
-// add adds a service port with endpoints "ip:port" (on node-1 when the
-// address ends in .1 or .2, else node-2), all ready.
-func (w *world) add(name proxy.ServicePortName, clusterIP string, port, nodePort int32, eps ...string) *proxy.ServicePort {
-	sp := &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
-		Port: port, Protocol: name.Protocol, NodePort: nodePort}
-	if nodePort != 0 {
-		sp.Type = v1.ServiceTypeNodePort
+// nodeOf is node-1 for an address ending in .1 or .2, else node-2.
+func nodeOf(a netip.Addr) string {
+	if last := a.As4()[3]; last == 1 || last == 2 {
+		return "node-1"
 	}
-	w.st.Services[name] = sp
-	w.setEndpoints(name, eps...)
-	return sp
-}
-
-func (w *world) setEndpoints(name proxy.ServicePortName, eps ...string) {
-	var out []proxy.Endpoint
-	for _, e := range eps {
-		ap := netip.MustParseAddrPort(e)
-		node := "node-2"
-		if last := ap.Addr().As4()[3]; last == 1 || last == 2 {
-			node = "node-1"
-		}
-		out = append(out, proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true}.At(node, ""))
-	}
-	w.st.Endpoints[name] = out
-	w.st.Changed[name] = struct{}{}
-}
-
-// next returns the State and starts a new change set.
-func (w *world) next() *proxy.State {
-	st := *w.st
-	w.st.Changed = map[proxy.ServicePortName]struct{}{}
-	w.st.NodeChanged = false
-	return &st
+	return "node-2"
 }
 
 func testConfig() proxy.Config {
@@ -103,34 +68,32 @@ func mustSync(t *testing.T, b *Backend, st *proxy.State) {
 }
 
 // featureWorld has one service port of each kind the renderer knows.
-func featureWorld() *world {
+func featureWorld() *statetest.World {
 	w := newWorld()
-	w.add(spName("demo", "web", "http"), "10.96.0.10", 80, 30080, "10.244.1.1:8080", "10.244.2.3:8080")
-	w.add(spName("demo", "empty", ""), "10.96.0.11", 53, 0)
-	lb := w.add(spName("demo", "lb", "https"), "10.96.0.12", 443, 30443, "10.244.1.2:8443", "10.244.2.4:8443")
+	w.AddService(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.96.0.10", 80, 30080, "10.244.1.1:8080", "10.244.2.3:8080")
+	w.AddService(statetest.PortName("demo", "empty", "", v1.ProtocolTCP), "10.96.0.11", 53, 0)
+	lb := w.AddService(statetest.PortName("demo", "lb", "https", v1.ProtocolTCP), "10.96.0.12", 443, 30443, "10.244.1.2:8443", "10.244.2.4:8443")
 	lb.Type = v1.ServiceTypeLoadBalancer
 	lb.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7")}
 	lb.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
 	lb.ExternalPolicyLocal = true
 	lb.HealthCheckNodePort = 32000
-	sticky := w.add(spName("demo", "sticky", ""), "10.96.0.13", 8080, 0, "10.244.2.5:80")
+	sticky := w.AddService(statetest.PortName("demo", "sticky", "", v1.ProtocolTCP), "10.96.0.13", 8080, 0, "10.244.2.5:80")
 	sticky.AffinityTimeout = 3 * time.Hour
 	sticky.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.50")}
-	itp := w.add(spName("demo", "itp", ""), "10.96.0.14", 80, 0, "10.244.2.6:80")
+	itp := w.AddService(statetest.PortName("demo", "itp", "", v1.ProtocolTCP), "10.96.0.14", 80, 0, "10.244.2.6:80")
 	itp.InternalPolicyLocal = true
-	udp := spName("kube-system", "dns", "dns")
-	udp.Protocol = v1.ProtocolUDP
-	w.add(udp, "10.96.0.15", 53, 0, "10.244.1.1:53")
-	sctp := spName("demo", "sctp", "")
-	sctp.Protocol = v1.ProtocolSCTP
-	w.add(sctp, "10.96.0.16", 9000, 30900, "10.244.2.7:9000")
-	w.st.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	udp := statetest.PortName("kube-system", "dns", "dns", v1.ProtocolUDP)
+	w.AddService(udp, "10.96.0.15", 53, 0, "10.244.1.1:53")
+	sctp := statetest.PortName("demo", "sctp", "", v1.ProtocolSCTP)
+	w.AddService(sctp, "10.96.0.16", 9000, 30900, "10.244.2.7:9000")
+	w.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
 	return w
 }
 
 func TestFirstSyncWritesEveryFeatureAsGolden(t *testing.T) {
 	b, fk, _ := fakeBackend(t, testConfig())
-	mustSync(t, b, featureWorld().next())
+	mustSync(t, b, featureWorld().Next())
 	if !b.LastSyncFull() {
 		t.Error("the first sync is not full")
 	}
@@ -153,16 +116,16 @@ func TestFirstSyncWritesEveryFeatureAsGolden(t *testing.T) {
 func TestRenderFollowsUpstreamSemantics(t *testing.T) {
 	b, fk, _ := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	in := string(fk.Inputs[0])
-	web := w.st.Services[spName("demo", "web", "http")]
-	lb := w.st.Services[spName("demo", "lb", "https")]
-	sticky := w.st.Services[spName("demo", "sticky", "")]
+	web := w.Services[statetest.PortName("demo", "web", "http", v1.ProtocolTCP)]
+	lb := w.Services[statetest.PortName("demo", "lb", "https", v1.ProtocolTCP)]
+	sticky := w.Services[statetest.PortName("demo", "sticky", "", v1.ProtocolTCP)]
 	for _, c := range []struct{ what, line string }{
 		{"ClusterIP to KP-SVC", `-m comment --comment "demo/web:http cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 -j ` + svcChainName(web)},
 		{"off-cluster ClusterIP traffic masqueraded", `-d 10.96.0.10 --dport 80 ! -s 10.244.0.0/16 -j KP-MARK-MASQ`},
 		{"endpoints picked uniformly", `-m statistic --mode random --probability 0.5000000000 -j KP-SEP-`},
-		{"hairpin", `-A ` + sepChainName(web, w.st.Endpoints[web.Name][0]) + ` -m comment --comment "demo/web:http" -s 10.244.1.1 -j KP-MARK-MASQ`},
+		{"hairpin", `-A ` + sepChainName(web, w.Endpoints[web.Name][0]) + ` -m comment --comment "demo/web:http" -s 10.244.1.1 -j KP-MARK-MASQ`},
 		{"DNAT", `-m tcp -p tcp -j DNAT --to-destination 10.244.1.1:8080`},
 		{"NodePort to KP-EXT", `-m tcp -p tcp --dport 30080 -j ` + extChainName(web)},
 		{"ETP Cluster masquerades", `-A ` + extChainName(web) + ` -m comment --comment "masquerade traffic for demo/web:http external destinations" -j KP-MARK-MASQ`},
@@ -176,8 +139,8 @@ func TestRenderFollowsUpstreamSemantics(t *testing.T) {
 		{"ETP Local: the node too, masqueraded", `-m addrtype --src-type LOCAL -j KP-MARK-MASQ`},
 		{"ETP Local: the rest to local endpoints", `-A ` + extChainName(lb) + ` -m comment --comment "demo/lb:https" -j ` + svlChainName(lb)},
 		{"health check node port accepted", `--dport 32000 -j ACCEPT`},
-		{"affinity checked", `-m recent --name ` + sepChainName(sticky, w.st.Endpoints[sticky.Name][0]) + ` --rcheck --seconds 10800 --reap`},
-		{"affinity set", `-m recent --name ` + sepChainName(sticky, w.st.Endpoints[sticky.Name][0]) + ` --set -m tcp -p tcp -j DNAT`},
+		{"affinity checked", `-m recent --name ` + sepChainName(sticky, w.Endpoints[sticky.Name][0]) + ` --rcheck --seconds 10800 --reap`},
+		{"affinity set", `-m recent --name ` + sepChainName(sticky, w.Endpoints[sticky.Name][0]) + ` --set -m tcp -p tcp -j DNAT`},
 		{"external IP", `"demo/sticky external IP" -m tcp -p tcp -d 198.51.100.50 --dport 8080 -j KP-EXT-`},
 		{"ITP Local without local endpoints dropped", `"demo/itp has no local endpoints" -m tcp -p tcp -d 10.96.0.14 --dport 80 -j DROP`},
 		{"UDP", `-m udp -p udp -d 10.96.0.15 --dport 53`},
@@ -201,15 +164,15 @@ func TestRenderFollowsUpstreamSemantics(t *testing.T) {
 func TestPartialSyncWritesOnlyTheChangedServicesChains(t *testing.T) {
 	b, fk, c := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
-	web := spName("demo", "web", "http")
-	w.setEndpoints(web, "10.244.1.1:8080", "10.244.2.9:8080")
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.SetEndpoints(web, "10.244.1.1:8080", "10.244.2.9:8080")
+	mustSync(t, b, w.Next())
 	if b.LastSyncFull() {
 		t.Error("a sync after a successful one was full")
 	}
 	in := string(fk.Inputs[1])
-	sp := w.st.Services[web]
+	sp := w.Services[web]
 	for _, want := range []string{":" + svcChainName(sp) + " ", "-X " + sepChainName(sp, proxy.Endpoint{IP: netip.MustParseAddr("10.244.2.3"), Port: 8080}),
 		"--to-destination 10.244.2.9:8080"} {
 		if !strings.Contains(in, want) {
@@ -222,12 +185,12 @@ func TestPartialSyncWritesOnlyTheChangedServicesChains(t *testing.T) {
 		}
 	}
 	// Nothing changed: nothing sent.
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if len(fk.Inputs) != 2 {
 		t.Errorf("a sync with no change sent input:\n%s", fk.Inputs[len(fk.Inputs)-1])
 	}
 	// The Node changed: full.
-	st := w.next()
+	st := w.Next()
 	st.NodeChanged = true
 	mustSync(t, b, st)
 	if !b.LastSyncFull() {
@@ -235,7 +198,7 @@ func TestPartialSyncWritesOnlyTheChangedServicesChains(t *testing.T) {
 	}
 	// An hour later: full, without duplicating the jumps.
 	c.t = c.t.Add(61 * time.Minute)
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if !b.LastSyncFull() {
 		t.Error("no full sync after an hour")
 	}
@@ -251,16 +214,16 @@ func TestRemovedServiceAndStaleChainsAreDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := featureWorld()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if fk.Tables[TableNAT].has("KP-SVC-OLDOLDOLDOLDOLD") {
 		t.Error("the full sync left a stale KP- chain")
 	}
-	web := spName("demo", "web", "http")
-	sp := w.st.Services[web]
-	delete(w.st.Services, web)
-	delete(w.st.Endpoints, web)
-	w.st.Changed[web] = struct{}{}
-	mustSync(t, b, w.next())
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	sp := w.Services[web]
+	delete(w.Services, web)
+	delete(w.Endpoints, web)
+	w.Changed[web] = struct{}{}
+	mustSync(t, b, w.Next())
 	for _, name := range []string{svcChainName(sp), extChainName(sp)} {
 		if fk.Tables[TableNAT].has(name) {
 			t.Errorf("%s is left after its service was deleted", name)
@@ -274,12 +237,12 @@ func TestRemovedServiceAndStaleChainsAreDeleted(t *testing.T) {
 func TestRefusedBatchNamesTheServiceAndForcesAFullSync(t *testing.T) {
 	b, fk, _ := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	before := fk.Dump(TableNAT)
-	sticky := spName("demo", "sticky", "")
-	w.setEndpoints(sticky, "10.244.2.66:80")
+	sticky := statetest.PortName("demo", "sticky", "", v1.ProtocolTCP)
+	w.SetEndpoints(sticky, "10.244.2.66:80")
 	fk.Refuse = "10.244.2.66"
-	err := b.Sync(context.Background(), w.next())
+	err := b.Sync(context.Background(), w.Next())
 	if err == nil || !strings.Contains(err.Error(), "demo/sticky") {
 		t.Fatalf("error %v does not name demo/sticky", err)
 	}
@@ -290,7 +253,7 @@ func TestRefusedBatchNamesTheServiceAndForcesAFullSync(t *testing.T) {
 		t.Errorf("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total = %v, want 1", n)
 	}
 	fk.Refuse = ""
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if !b.LastSyncFull() {
 		t.Error("the sync after a failure was not full")
 	}
@@ -302,12 +265,12 @@ func TestRefusedBatchNamesTheServiceAndForcesAFullSync(t *testing.T) {
 func TestEndpointCountersReadTheDNATRules(t *testing.T) {
 	b, fk, _ := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
-	web := w.st.Services[spName("demo", "web", "http")]
-	ep := w.st.Endpoints[web.Name][0]
+	mustSync(t, b, w.Next())
+	web := w.Services[statetest.PortName("demo", "web", "http", v1.ProtocolTCP)]
+	ep := w.Endpoints[web.Name][0]
 	nat := fk.Tables[TableNAT]
 	nat.Counters = map[string][]SavedRule{sepChainName(web, ep): {{Packets: 100}, {Packets: 3, Bytes: 180}}}
-	got, err := b.EndpointCounters(w.st)
+	got, err := b.EndpointCounters(&w.State)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,15 +283,15 @@ func TestEndpointCountersReadTheDNATRules(t *testing.T) {
 func TestEndpointCounterReadsAreSharedForASecond(t *testing.T) {
 	b, fk, clk := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
-	web := w.st.Services[spName("demo", "web", "http")]
-	ep := w.st.Endpoints[web.Name][0]
+	mustSync(t, b, w.Next())
+	web := w.Services[statetest.PortName("demo", "web", "http", v1.ProtocolTCP)]
+	ep := w.Endpoints[web.Name][0]
 	ref := proxy.EndpointRef{ServicePort: web.Name, Endpoint: ep.AddrPort()}
 	nat := fk.Tables[TableNAT]
 	count := func(packets uint64) uint64 {
 		t.Helper()
 		nat.Counters = map[string][]SavedRule{sepChainName(web, ep): {{Packets: 0}, {Packets: packets}}}
-		got, err := b.EndpointCounters(w.st)
+		got, err := b.EndpointCounters(&w.State)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -371,7 +334,7 @@ func TestNodePortAddressesFollowTheConfig(t *testing.T) {
 			b.localAddrs = func() ([]netip.Addr, error) {
 				return []netip.Addr{netip.MustParseAddr("192.168.0.10"), netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("127.0.0.1")}, nil
 			}
-			mustSync(t, b, featureWorld().next())
+			mustSync(t, b, featureWorld().Next())
 			in := string(fk.Inputs[0])
 			for _, w := range c.want {
 				if !strings.Contains(in, w) {
@@ -396,10 +359,10 @@ func TestDualStackRendersEachFamilyFromTheSameState(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newWorld()
-	sp := w.add(spName("demo", "dual", ""), "10.96.0.20", 80, 30020, "10.244.1.1:80")
+	sp := w.AddService(statetest.PortName("demo", "dual", "", v1.ProtocolTCP), "10.96.0.20", 80, 30020, "10.244.1.1:80")
 	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::20"))
-	w.st.Endpoints[sp.Name] = append(w.st.Endpoints[sp.Name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true}.At("node-1", ""))
-	mustSync(t, b, w.next())
+	w.Endpoints[sp.Name] = append(w.Endpoints[sp.Name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true}.At("node-1", ""))
+	mustSync(t, b, w.Next())
 	in4, in6 := string(v4.Inputs[0]), string(v6.Inputs[0])
 	if !strings.Contains(in4, "-d 10.96.0.20") || strings.Contains(in4, "fd00") {
 		t.Errorf("IPv4 input:\n%s", in4)
@@ -412,9 +375,9 @@ func TestDualStackRendersEachFamilyFromTheSameState(t *testing.T) {
 
 func ExampleBackend_render() {
 	w := newWorld()
-	w.add(spName("demo", "web", ""), "10.96.0.10", 80, 0, "10.244.1.1:8080")
+	w.AddService(statetest.PortName("demo", "web", "", v1.ProtocolTCP), "10.96.0.10", 80, 0, "10.244.1.1:8080")
 	b, _ := New(testConfig(), nil)
-	r := b.render(proxy.IPv4, w.st.Services[spName("demo", "web", "")], w.st.Endpoints[spName("demo", "web", "")], w.st.Node)
+	r := b.render(proxy.IPv4, w.Services[statetest.PortName("demo", "web", "", v1.ProtocolTCP)], w.Endpoints[statetest.PortName("demo", "web", "", v1.ProtocolTCP)], w.Node)
 	for _, c := range r.chains {
 		for _, rl := range c.Rules {
 			fmt.Println(rl.line(c.Name))

@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // lineIndex is the 0-based index of the first line of in that starts with
@@ -25,7 +27,7 @@ func lineIndex(in, prefix string) int {
 func TestBigIptablesNftInputsCarryTheCacheHintAfterTheBuiltinJumps(t *testing.T) {
 	b, fk, _ := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	in := string(fk.Inputs[0])
 	for _, table := range []string{"*nat", "*filter"} {
 		block := in[strings.Index(in, table):]
@@ -44,8 +46,8 @@ func TestBigIptablesNftInputsCarryTheCacheHintAfterTheBuiltinJumps(t *testing.T)
 
 	// A partial sync of one service port writes a few chains: no hint,
 	// whose whole-table read would cost more than it saves.
-	w.setEndpoints(spName("demo", "web", "http"), "10.244.1.1:8080")
-	mustSync(t, b, w.next())
+	w.SetEndpoints(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.244.1.1:8080")
+	mustSync(t, b, w.Next())
 	if in := string(fk.Inputs[1]); lineIndex(in, cacheHintLine) >= 0 {
 		t.Errorf("a partial sync of one service port has the hint:\n%s", in)
 	}
@@ -56,13 +58,13 @@ func TestPartialSyncsOfManyChainsCarryTheCacheHint(t *testing.T) {
 	w := newWorld()
 	n := cacheHintMinChains / 2
 	for i := range n {
-		w.add(spName("bulk", fmt.Sprintf("svc-%d", i), ""), fmt.Sprintf("10.96.%d.%d", i>>8, i&255), 80, 0, "10.244.2.3:80", "10.244.2.4:80")
+		w.AddService(statetest.PortName("bulk", fmt.Sprintf("svc-%d", i), "", v1.ProtocolTCP), fmt.Sprintf("10.96.%d.%d", i>>8, i&255), 80, 0, "10.244.2.3:80", "10.244.2.4:80")
 	}
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	for i := range n {
-		w.setEndpoints(spName("bulk", fmt.Sprintf("svc-%d", i), ""), "10.244.2.3:80", "10.244.2.5:80")
+		w.SetEndpoints(statetest.PortName("bulk", fmt.Sprintf("svc-%d", i), "", v1.ProtocolTCP), "10.244.2.3:80", "10.244.2.5:80")
 	}
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if b.LastSyncFull() || lineIndex(string(fk.Inputs[1]), cacheHintLine) < 0 {
 		t.Errorf("a partial sync rewriting %d service ports (full: %v) has no cache hint", n, b.LastSyncFull())
 	}
@@ -74,7 +76,7 @@ func TestIptablesLegacyInputsHaveNoCacheHint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustSync(t, b, featureWorld().next())
+	mustSync(t, b, featureWorld().Next())
 	if lineIndex(string(fk.Inputs[0]), cacheHintLine) >= 0 {
 		t.Errorf("an iptables-legacy input has the cache hint:\n%s", fk.Inputs[0])
 	}
@@ -90,7 +92,7 @@ func testHintDropped(t *testing.T, crash bool) {
 	b, fk, _ := fakeBackend(t, testConfig())
 	fk.RefuseCacheHint, fk.CrashOnCacheHint = !crash, crash
 	w := featureWorld()
-	if err := b.Sync(context.Background(), w.next()); err != nil {
+	if err := b.Sync(context.Background(), w.Next()); err != nil {
 		t.Fatalf("sync with an iptables that refuses -S: %v", err)
 	}
 	if !strings.Contains(fk.Dump(TableNAT), "demo/web") {
@@ -102,7 +104,7 @@ func testHintDropped(t *testing.T, crash bool) {
 	}
 	// Later full syncs do not try again.
 	b.books = nil
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	if lineIndex(string(fk.Inputs[len(fk.Inputs)-1]), cacheHintLine) >= 0 {
 		t.Error("a full sync after the refusal tried the hint again")
 	}
@@ -111,7 +113,7 @@ func testHintDropped(t *testing.T, crash bool) {
 func TestKeptChainsHoldNoRulesBetweenSyncsAndTheRuleCountStays(t *testing.T) {
 	b, _, _ := fakeBackend(t, testConfig())
 	w := featureWorld()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	natRules := func() float64 {
 		return testutil.ToFloat64(b.metrics.rulesTotal.WithLabelValues("IPv4", string(TableNAT)))
 	}
@@ -124,15 +126,15 @@ func TestKeptChainsHoldNoRulesBetweenSyncsAndTheRuleCountStays(t *testing.T) {
 		}
 	}
 	// One endpoint replaced: same number of rules.
-	w.setEndpoints(spName("demo", "web", "http"), "10.244.1.1:8080", "10.244.2.9:8080")
-	mustSync(t, b, w.next())
+	w.SetEndpoints(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.244.1.1:8080", "10.244.2.9:8080")
+	mustSync(t, b, w.Next())
 	if got := natRules(); got != before || before == 0 {
 		t.Errorf("nat rules %v after a partial sync, %v before", got, before)
 	}
 }
 
 func TestEveryLineOfAnInputKnowsItsOwner(t *testing.T) {
-	a, b := spName("demo", "a", ""), spName("demo", "b", "")
+	a, b := statetest.PortName("demo", "a", "", v1.ProtocolTCP), statetest.PortName("demo", "b", "", v1.ProtocolTCP)
 	none := proxy.ServicePortName{}
 	in := &input{}
 	for _, l := range []struct {

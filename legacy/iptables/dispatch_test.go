@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // packet is a new connection's first packet, for walking kp's chains.
@@ -105,17 +106,17 @@ func TestDispatchWalkAt10000Services(t *testing.T) {
 		// A pseudo-random, collision-free spread over 10.96.0.0/16.
 		v := uint32(i)*40503%65536 + 1
 		ip := netip.AddrFrom4([4]byte{10, 96, byte(v >> 8), byte(v)})
-		name := spName("ns", fmt.Sprintf("svc-%d", i), "")
+		name := statetest.PortName("ns", fmt.Sprintf("svc-%d", i), "", v1.ProtocolTCP)
 		np := int32(20000 + i)
 		if i%2 == 1 {
 			name.Protocol = v1.ProtocolUDP
 			np = int32(20000 + i - 1)
 		}
-		w.add(name, ip.String(), 80, np, "10.244.1.1:80")
+		w.AddService(name, ip.String(), 80, np, "10.244.1.1:80")
 		ips = append(ips, ip)
 		nodePorts[name] = np
 	}
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	chains := map[string][]string{} // the nat table's
 	table := ""
 	for _, line := range strings.Split(string(fk.Inputs[0]), "\n") {
@@ -128,7 +129,7 @@ func TestDispatchWalkAt10000Services(t *testing.T) {
 		}
 	}
 	worst, worstNP, total := 0, 0, 0
-	for name, sp := range w.st.Services {
+	for name, sp := range w.Services {
 		proto := strings.ToLower(string(sp.Protocol))
 		steps, got := walk(chains, chainServices, packet{sp.ClusterIPs[0], proto, 80})
 		if got != svcChainName(sp) {
@@ -150,18 +151,18 @@ func TestDispatchWalkAt10000Services(t *testing.T) {
 
 	// A partial sync that changes one service rewrites a handful of
 	// chains, not the tries.
-	one := spName("ns", "svc-4242", "")
-	w.setEndpoints(one, "10.244.1.2:80")
+	one := statetest.PortName("ns", "svc-4242", "", v1.ProtocolTCP)
+	w.SetEndpoints(one, "10.244.1.2:80")
 	start := time.Now()
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	t.Logf("a partial sync at %d service ports: %v to render, diff and apply to the fake (the fake's copy of the table: %v)",
 		n, time.Since(start), fk.lastRestore)
 	if got := strings.Count(string(fk.Inputs[1]), "\n:"); got > 8 {
 		t.Errorf("a one-endpoint change declared %d chains:\n%s", got, fk.Inputs[1])
 	}
 	// Adding a service touches only its path.
-	w.add(spName("ns", "new", ""), "10.96.250.250", 80, 0, "10.244.1.1:80")
-	mustSync(t, b, w.next())
+	w.AddService(statetest.PortName("ns", "new", "", v1.ProtocolTCP), "10.96.250.250", 80, 0, "10.244.1.1:80")
+	mustSync(t, b, w.Next())
 	if got := strings.Count(string(fk.Inputs[2]), "\n:"); got > 16 {
 		t.Errorf("adding one service declared %d chains:\n%s", got, fk.Inputs[2])
 	}

@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // kernelBackend is a Backend of flavor fl (IPv4 and IPv6) for namespace
@@ -42,21 +43,20 @@ func (r *recorder) Restore(ctx context.Context, data []byte) error {
 
 // kernelWorld: a ClusterIP + NodePort + LoadBalancer service with source
 // ranges, dual-stack, and a second plain ClusterIP service.
-func kernelWorld() *world {
+func kernelWorld() *statetest.World {
 	w := newWorld()
-	web := w.add(spName("demo", "web", "http"), "10.96.0.10", 80, 30080, "10.244.1.1:8080", "10.244.2.3:8080")
+	web := w.AddService(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.96.0.10", 80, 30080, "10.244.1.1:8080", "10.244.2.3:8080")
 	web.Type = v1.ServiceTypeLoadBalancer
 	web.ClusterIPs = append(web.ClusterIPs, netip.MustParseAddr("fd00:96::10"))
 	web.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("2001:db8::7")}
 	web.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")}
 	web.AffinityTimeout = time.Hour
-	w.st.Endpoints[web.Name] = append(w.st.Endpoints[web.Name],
+	w.Endpoints[web.Name] = append(w.Endpoints[web.Name],
 		proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 8080, Ready: true}.At("node-1", ""))
-	w.add(spName("demo", "db", ""), "10.96.0.11", 5432, 0, "10.244.2.4:5432")
-	udp := spName("demo", "dns", "")
-	udp.Protocol = v1.ProtocolUDP
-	w.add(udp, "10.96.0.12", 53, 0)
-	w.st.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
+	w.AddService(statetest.PortName("demo", "db", "", v1.ProtocolTCP), "10.96.0.11", 5432, 0, "10.244.2.4:5432")
+	udp := statetest.PortName("demo", "dns", "", v1.ProtocolUDP)
+	w.AddService(udp, "10.96.0.12", 53, 0)
+	w.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	return w
 }
 
@@ -74,8 +74,8 @@ func TestKernelSyncLoadsThenSendsOnlyTheChange(t *testing.T) {
 			v4 := &recorder{Runner: NewRunner(fl, proxy.IPv4)}
 			b := kernelBackend(t, fl, c, WithRunners(v4, NewRunner(fl, proxy.IPv6)))
 			w := kernelWorld()
-			syncIn(t, ns, b, w.next())
-			web := w.st.Services[spName("demo", "web", "http")]
+			syncIn(t, ns, b, w.Next())
+			web := w.Services[statetest.PortName("demo", "web", "http", v1.ProtocolTCP)]
 			for _, ff := range []flavorFamily{{fl, proxy.IPv4}, {fl, proxy.IPv6}} {
 				nat := saveIn(t, ns, ff, TableNAT)
 				for _, want := range []string{":KP-SERVICES", svcChainName(web), fwChainName(web), "--to-destination", "-j KP-SERVICES"} {
@@ -92,15 +92,15 @@ func TestKernelSyncLoadsThenSendsOnlyTheChange(t *testing.T) {
 			var counters map[proxy.EndpointRef]proxy.EndpointCounter
 			inNS(t, ns, func() error {
 				var err error
-				counters, err = b.EndpointCounters(w.st)
+				counters, err = b.EndpointCounters(&w.State)
 				return err
 			})
 			if _, ok := counters[proxy.EndpointRef{ServicePort: web.Name, Endpoint: netip.MustParseAddrPort("[fd00:10:244::1]:8080")}]; !ok || len(counters) != 4 {
 				t.Errorf("counters of every endpoint, both families: %v", counters)
 			}
 
-			w.setEndpoints(web.Name, "10.244.1.1:8080", "10.244.2.9:8080")
-			syncIn(t, ns, b, w.next())
+			w.SetEndpoints(web.Name, "10.244.1.1:8080", "10.244.2.9:8080")
+			syncIn(t, ns, b, w.Next())
 			if b.LastSyncFull() {
 				t.Error("the second sync was full")
 			}
@@ -122,10 +122,10 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 			c := newClock()
 			b := kernelBackend(t, fl, c)
 			w := kernelWorld()
-			syncIn(t, ns, b, w.next())
+			syncIn(t, ns, b, w.Next())
 			ff := flavorFamily{fl, proxy.IPv4}
 			good := saveIn(t, ns, ff, TableNAT)
-			web := w.st.Services[spName("demo", "web", "http")]
+			web := w.Services[statetest.PortName("demo", "web", "http", v1.ProtocolTCP)]
 			// An operator flushes web's chain, deletes the jump from
 			// PREROUTING, adds a chain of kp's that it never wrote and
 			// duplicates the jump from OUTPUT twice.
@@ -134,7 +134,7 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 				"-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\n"+
 				"-I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\nCOMMIT\n")
 			c.t = c.t.Add(2 * time.Hour)
-			syncIn(t, ns, b, w.next())
+			syncIn(t, ns, b, w.Next())
 			if !b.LastSyncFull() {
 				t.Fatal("no full sync after the hour")
 			}
@@ -144,7 +144,7 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 			// kp restarting on the node: a new backend's first sync
 			// leaves the same tables, jumps not duplicated.
 			b2 := kernelBackend(t, fl, c)
-			syncIn(t, ns, b2, w.next())
+			syncIn(t, ns, b2, w.Next())
 			if got := saveIn(t, ns, ff, TableNAT); normalise(got) != normalise(good) {
 				t.Errorf("a restart changed the table:\n%s\nwant:\n%s", got, good)
 			}
@@ -157,17 +157,17 @@ func TestKernelRefusedBatchChangesNothingAndNamesTheService(t *testing.T) {
 		t.Run(string(fl), func(t *testing.T) {
 			ns := testNamespace(t)
 			c := newClock()
-			db := spName("demo", "db", "")
+			db := statetest.PortName("demo", "db", "", v1.ProtocolTCP)
 			b := kernelBackend(t, fl, c, WithInjectedRule(db, "-m statistic --mode random --probability 7 -j RETURN"))
 			w := kernelWorld()
-			delete(w.st.Services, db)
-			delete(w.st.Endpoints, db)
-			syncIn(t, ns, b, w.next())
+			delete(w.Services, db)
+			delete(w.Endpoints, db)
+			syncIn(t, ns, b, w.Next())
 			ff := flavorFamily{fl, proxy.IPv4}
 			before := saveIn(t, ns, ff, TableNAT) + saveIn(t, ns, ff, TableFilter)
-			w.add(db, "10.96.0.11", 5432, 0, "10.244.2.4:5432")
+			w.AddService(db, "10.96.0.11", 5432, 0, "10.244.2.4:5432")
 			var err error
-			inNS(t, ns, func() error { err = b.Sync(context.Background(), w.next()); return nil })
+			inNS(t, ns, func() error { err = b.Sync(context.Background(), w.Next()); return nil })
 			if err == nil || !strings.Contains(err.Error(), "demo/db") {
 				t.Fatalf("error %v does not name demo/db", err)
 			}
@@ -204,15 +204,15 @@ func TestKernelLoadsTheDispatchTriesInBothFamilies(t *testing.T) {
 			b := kernelBackend(t, fl, c)
 			w := newWorld()
 			for i := 0; i < 300; i++ {
-				name := spName("ns", "svc-"+strconv.Itoa(i), "")
-				sp := w.add(name, netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String(), 80, int32(30000+i))
+				name := statetest.PortName("ns", "svc-"+strconv.Itoa(i), "", v1.ProtocolTCP)
+				sp := w.AddService(name, netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String(), 80, int32(30000+i))
 				sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::"+strconv.FormatInt(int64(i), 16)))
 				if i%3 > 0 {
-					w.setEndpoints(name, "10.244.1.1:80")
-					w.st.Endpoints[name] = append(w.st.Endpoints[name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true})
+					w.SetEndpoints(name, "10.244.1.1:80")
+					w.Endpoints[name] = append(w.Endpoints[name], proxy.Endpoint{IP: netip.MustParseAddr("fd00:10:244::1"), Port: 80, Ready: true})
 				}
 			}
-			syncIn(t, ns, b, w.next())
+			syncIn(t, ns, b, w.Next())
 			for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 				ff := flavorFamily{fl, f}
 				nat, filter := saveIn(t, ns, ff, TableNAT), saveIn(t, ns, ff, TableFilter)
@@ -241,8 +241,8 @@ func TestKernelStagedColdStartLoadsWhatOneRestoreLoads(t *testing.T) {
 	b := kernelBackend(t, FlavorNFT, c, WithRunners(v4, NewRunner(FlavorNFT, proxy.IPv6)), WithStaging(2))
 	ref := kernelBackend(t, FlavorNFT, c, WithStaging(0))
 	w := kernelWorld()
-	syncIn(t, staged, b, w.next())
-	syncIn(t, whole, ref, w.next())
+	syncIn(t, staged, b, w.Next())
+	syncIn(t, whole, ref, w.Next())
 	if len(v4.inputs) < 3 {
 		t.Errorf("IPv4 cold start in %d restores; want staging restores of 2 chains, then the sync's own", len(v4.inputs))
 	}

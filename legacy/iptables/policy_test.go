@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // The endpoints each policy chain holds are the core's SelectEndpoints':
 // these cases check the renderer follows them and upstream's fallbacks.
 func TestPolicyChainsFollowTheCoresSelection(t *testing.T) {
-	name := spName("demo", "web", "")
+	name := statetest.PortName("demo", "web", "", v1.ProtocolTCP)
 	ep := func(s string, ready, serving, terminating bool, node string) proxy.Endpoint {
 		ap := netip.MustParseAddrPort(s)
 		return proxy.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: ready, Serving: serving, Terminating: terminating}.At(node, "")
@@ -55,11 +57,11 @@ func TestPolicyChainsFollowTheCoresSelection(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			b, fk, _ := fakeBackend(t, testConfig())
 			w := newWorld()
-			w.st.Node.Labels = map[string]string{"topology.kubernetes.io/zone": "a"}
-			sp := w.add(name, "10.96.0.10", 80, 0)
+			w.Node.Labels = map[string]string{"topology.kubernetes.io/zone": "a"}
+			sp := w.AddService(name, "10.96.0.10", 80, 0)
 			c.sp(sp)
-			w.st.Endpoints[name] = c.eps
-			mustSync(t, b, w.next())
+			w.Endpoints[name] = c.eps
+			mustSync(t, b, w.Next())
 			in := string(fk.Inputs[0])
 			for _, s := range c.want {
 				if !strings.Contains(in, s) {

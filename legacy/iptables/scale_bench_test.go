@@ -6,8 +6,10 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // benchServices sizes the cold-start benchmark: -args -bench.services=10000.
@@ -25,9 +27,9 @@ func BenchmarkColdStartKernel(b *testing.B) {
 		for j := range 10 {
 			eps = append(eps, fmt.Sprintf("10.%d.%d.%d:8080", 100+i/250, i%250, j+1))
 		}
-		w.add(spName("ns", fmt.Sprintf("svc%d", i), "p"), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
+		w.AddService(statetest.PortName("ns", fmt.Sprintf("svc%d", i), "p", v1.ProtocolTCP), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
 	}
-	st := w.next()
+	st := w.Next()
 	for _, staging := range []int{stageMaxChains, 0} {
 		b.Run(fmt.Sprintf("staging=%d", staging), func(b *testing.B) {
 			for b.Loop() {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
+	v1 "k8s.io/api/core/v1"
 )
 
 // stagedBackend is fakeBackend with staging restores of at most chains
@@ -24,10 +26,10 @@ func stagedBackend(t *testing.T, fl Flavor, chains int) (*Backend, *Fake) {
 
 // bulkWorld is featureWorld and n more ClusterIP service ports of two
 // endpoints each.
-func bulkWorld(n int) *world {
+func bulkWorld(n int) *statetest.World {
 	w := featureWorld()
 	for i := range n {
-		w.add(spName("bulk", fmt.Sprintf("svc-%d", i), ""), fmt.Sprintf("10.96.%d.%d", 10+i>>8, i&255), 80, 0,
+		w.AddService(statetest.PortName("bulk", fmt.Sprintf("svc-%d", i), "", v1.ProtocolTCP), fmt.Sprintf("10.96.%d.%d", 10+i>>8, i&255), 80, 0,
 			"10.244.2.3:80", "10.244.2.4:80")
 	}
 	return w
@@ -38,7 +40,7 @@ func TestColdStartOnIptablesNftStagesEveryChainInSmallRestoresThenLinksThem(t *t
 	b, fk := stagedBackend(t, FlavorNFT, chunk)
 	ref, refFake := stagedBackend(t, FlavorNFT, 0)
 	w := bulkWorld(40)
-	st := w.next()
+	st := w.Next()
 	mustSync(t, b, st)
 	mustSync(t, ref, st)
 
@@ -91,8 +93,8 @@ func TestColdStartOnIptablesNftStagesEveryChainInSmallRestoresThenLinksThem(t *t
 
 	// Then syncs are as before: a partial sync stages nothing.
 	n := len(fk.Inputs)
-	w.setEndpoints(spName("demo", "web", "http"), "10.244.1.9:8080")
-	mustSync(t, b, w.next())
+	w.SetEndpoints(statetest.PortName("demo", "web", "http", v1.ProtocolTCP), "10.244.1.9:8080")
+	mustSync(t, b, w.Next())
 	if len(fk.Inputs) != n+1 {
 		t.Errorf("a partial sync made %d restores, want 1", len(fk.Inputs)-n)
 	}
@@ -101,12 +103,12 @@ func TestColdStartOnIptablesNftStagesEveryChainInSmallRestoresThenLinksThem(t *t
 func TestFullSyncOfChainsTheKernelHoldsStagesNothing(t *testing.T) {
 	b, fk := stagedBackend(t, FlavorNFT, 16)
 	w := bulkWorld(40)
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	// kp restarts: a new backend on the same kernel.
 	again, _ := stagedBackend(t, FlavorNFT, 16)
 	WithRunners(fk)(again)
 	n := len(fk.Inputs)
-	mustSync(t, again, w.next())
+	mustSync(t, again, w.Next())
 	if got := len(fk.Inputs) - n; got != 1 {
 		t.Errorf("a full sync over kp's own chains made %d restores; want 1 (every chain rewritten atomically)", got)
 	}
@@ -117,7 +119,7 @@ func TestFullSyncOfChainsTheKernelHoldsStagesNothing(t *testing.T) {
 
 func TestIptablesLegacyNeverStages(t *testing.T) {
 	b, fk := stagedBackend(t, FlavorLegacy, 16)
-	mustSync(t, b, bulkWorld(40).next())
+	mustSync(t, b, bulkWorld(40).Next())
 	if len(fk.Inputs) != 1 {
 		t.Errorf("iptables-legacy cold start made %d restores; want 1 (each replaces the whole table)", len(fk.Inputs))
 	}
@@ -127,7 +129,7 @@ func TestRefusedStagingRestoreLeavesNothingReachableAndNamesTheService(t *testin
 	b, fk := stagedBackend(t, FlavorNFT, 16)
 	fk.Refuse = "10.96.10.30" // bulk/svc-30, in a later chunk
 	w := bulkWorld(40)
-	err := b.Sync(context.Background(), w.next())
+	err := b.Sync(context.Background(), w.Next())
 	if err == nil || !strings.Contains(err.Error(), "bulk/svc-30") {
 		t.Fatalf("error %v does not name bulk/svc-30", err)
 	}
@@ -145,9 +147,9 @@ func TestRefusedStagingRestoreLeavesNothingReachableAndNamesTheService(t *testin
 	}
 	// The next sync is full and completes.
 	fk.Refuse = ""
-	mustSync(t, b, w.next())
+	mustSync(t, b, w.Next())
 	ref, refFake := stagedBackend(t, FlavorNFT, 0)
-	mustSync(t, ref, w.next())
+	mustSync(t, ref, w.Next())
 	if got, want := sortedDump(fk, TableNAT), sortedDump(refFake, TableNAT); got != want {
 		t.Errorf("nat after the retry differs from a clean cold start:\n%s\nwant:\n%s", got, want)
 	}

@@ -100,7 +100,7 @@ func TestKernelRoundRobinSpreadsExactlyEvenlyAndSyncsOnlyTheChange(t *testing.T)
 	web := k.add("web", "10.96.0.10", 80, 30080, w.podIPs...)
 	k.add("db", "10.96.0.11", 5432, 0, w.podIPs[0])
 	w.in(func() error { return b.Probe(context.Background()) })
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 
 	for _, addr := range []string{"10.96.0.10:80", "10.1.0.1:30080"} {
 		counts := map[string]int{}
@@ -119,7 +119,7 @@ func TestKernelRoundRobinSpreadsExactlyEvenlyAndSyncsOnlyTheChange(t *testing.T)
 	// An endpoint change touches web's servers only.
 	rec.take()
 	k.setEndpoints(web, w.podIPs[:2]...)
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 	if b.LastSyncFull() {
 		t.Error("the endpoint change was a full sync")
 	}
@@ -139,7 +139,7 @@ func TestKernelRoundRobinSpreadsExactlyEvenlyAndSyncsOnlyTheChange(t *testing.T)
 	var c proxy.EndpointCounter
 	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(500 * time.Millisecond) {
 		var counters map[proxy.EndpointRef]proxy.EndpointCounter
-		w.in(func() (err error) { counters, err = b.EndpointCounters(k.st); return err })
+		w.in(func() (err error) { counters, err = b.EndpointCounters(&k.State); return err })
 		c = counters[proxy.EndpointRef{ServicePort: web, Endpoint: netip.AddrPortFrom(w.podIPs[0], 8080)}]
 		if c.Packets >= 20 && c.Active != nil || time.Now().After(deadline) {
 			break
@@ -156,7 +156,7 @@ func TestKernelSourceHashingKeepsAClientOnOneEndpoint(t *testing.T) {
 	b := newKernelBackend(t, kernelConfig("sh"), &recording{})
 	k := newKState()
 	k.add("web", "10.96.0.10", 80, 0, w.podIPs...)
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 	first := ""
 	for i := 0; i < 20; i++ {
 		name, err := w.askOnce("10.96.0.10:80")
@@ -179,7 +179,7 @@ func TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses(t *test
 	b := newKernelBackend(t, kernelConfig("rr"), rec, WithDrain(2*time.Second, 100*time.Millisecond))
 	k := newKState()
 	web := k.add("web", "10.96.0.10", 80, 0, w.podIPs...)
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 
 	c, err := w.dial("10.96.0.10:80")
 	if err != nil {
@@ -193,7 +193,7 @@ func TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses(t *test
 	idx := map[string]int{"pod-0": 0, "pod-1": 1}[pod]
 	other := w.podIPs[1-idx]
 	k.setEndpoints(web, other)
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 
 	// Its own IPVS socket: the backend's drain loop uses the backend's,
 	// and a netlink socket read by two goroutines mixes their answers.
@@ -245,15 +245,15 @@ func TestKernelNetlinkErrorNamesTheServiceAndTheNextSyncReconciles(t *testing.T)
 	b := newKernelBackend(t, kernelConfig("rr"), rec)
 	k := newKState()
 	web := k.add("web", "10.96.0.10", 80, 0, w.podIPs[0])
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 	rec.failDst = w.podIPs[1].String()
 	k.setEndpoints(web, w.podIPs...)
 	var err error
-	_ = netns.InNamespace(w.node, func() error { err = b.Sync(context.Background(), k.next()); return nil })
+	_ = netns.InNamespace(w.node, func() error { err = b.Sync(context.Background(), k.Next()); return nil })
 	if err == nil || !strings.Contains(err.Error(), "service port ns/web") || !errors.Is(err, syscall.ENOMEM) {
 		t.Fatalf("sync error = %v, want one naming service port ns/web", err)
 	}
-	w.sync(b, k.next()) // nothing changed: a full sync, from the kernel
+	w.sync(b, k.Next()) // nothing changed: a full sync, from the kernel
 	if !b.LastSyncFull() {
 		t.Error("the sync after a failure was not full")
 	}
@@ -276,7 +276,7 @@ func TestKernelCleanupLeavesForeignIPVSIPSetsAndChains(t *testing.T) {
 	b := newKernelBackend(t, kernelConfig("rr"), &recording{})
 	k := newKState()
 	k.add("web", "10.96.0.10", 80, 30080, w.podIPs...)
-	w.sync(b, k.next())
+	w.sync(b, k.Next())
 	foreign := &ipvs.Service{Address: net.ParseIP("10.200.0.1"), Protocol: syscall.IPPROTO_TCP, Port: 80,
 		AddressFamily: syscall.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
 	for _, cmd := range [][]string{

@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -133,42 +134,29 @@ func (w *kworld) in(fn func() error) {
 	}
 }
 
-// kstate is a State with one ClusterIP Service per call to add.
-type kstate struct {
-	gen uint64
-	st  *proxy.State
-}
+// kstate is a World on node-1 (10.1.0.1), with one ClusterIP Service per
+// call to add, its endpoints on node-1.
+type kstate struct{ *statetest.World }
 
 func newKState() *kstate {
-	return &kstate{st: &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{},
-		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{}, Changed: map[proxy.ServicePortName]struct{}{},
-		Node: proxy.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}}}
+	return &kstate{statetest.New(statetest.Node("node-1", "10.1.0.1"), statetest.EndpointsOn("node-1"))}
 }
 
+// add adds the service port ns/name (TCP) with endpoints eps, port 8080.
 func (k *kstate) add(name, clusterIP string, port, nodePort int32, eps ...netip.Addr) proxy.ServicePortName {
-	n := spn(name)
-	k.st.Services[n] = &proxy.ServicePort{Name: n, Type: v1.ServiceTypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
-		Port: port, Protocol: v1.ProtocolTCP, NodePort: nodePort}
+	n := statetest.PortName("ns", name, "", v1.ProtocolTCP)
+	k.AddService(n, clusterIP, port, nodePort)
 	k.setEndpoints(n, eps...)
 	return n
 }
 
+// setEndpoints sets n's endpoints to eps, port 8080.
 func (k *kstate) setEndpoints(n proxy.ServicePortName, eps ...netip.Addr) {
-	var out []proxy.Endpoint
+	var out []string
 	for _, a := range eps {
-		out = append(out, proxy.Endpoint{IP: a, Port: 8080, Ready: true, Serving: true}.At("node-1", ""))
+		out = append(out, netip.AddrPortFrom(a, 8080).String())
 	}
-	k.st.Endpoints[n] = out
-	k.st.Changed[n] = struct{}{}
-}
-
-// next returns the State to sync and starts a new change set.
-func (k *kstate) next() *proxy.State {
-	k.gen++
-	st := *k.st
-	st.Generation = k.gen
-	k.st.Changed = map[proxy.ServicePortName]struct{}{}
-	return &st
+	k.SetEndpoints(n, out...)
 }
 
 func kernelConfig(sched string) proxy.Config {

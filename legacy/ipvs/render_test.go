@@ -10,26 +10,11 @@ import (
 
 	"github.com/moby/ipvs"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
-
-func spn(name string) proxy.ServicePortName {
-	return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}, Protocol: v1.ProtocolTCP}
-}
-
-func ep(ip string, port int32, node string) proxy.Endpoint {
-	return proxy.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true}.At(node, "")
-}
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}
 
 // summary prints servers and entries in a stable, readable form.
 func summary(r *rendered) string {
@@ -51,9 +36,9 @@ func summary(r *rendered) string {
 }
 
 func TestRenderFollowsUpstreamsLayout(t *testing.T) {
-	node := proxy.Node{Name: "n1", IPs: addrs("192.168.0.2")}
-	in := renderInput{family: proxy.IPv4, scheduler: "rr", node: node, nodeAddrs: addrs("192.168.0.2")}
-	eps := []proxy.Endpoint{ep("10.244.0.2", 8080, "n1"), ep("10.244.1.2", 8080, "n2")}
+	node := proxy.Node{Name: "n1", IPs: proxytest.Addrs("192.168.0.2")}
+	in := renderInput{family: proxy.IPv4, scheduler: "rr", node: node, nodeAddrs: proxytest.Addrs("192.168.0.2")}
+	eps := []proxy.Endpoint{statetest.Endpoint("10.244.0.2:8080", statetest.On("n1", "")), statetest.Endpoint("10.244.1.2:8080", statetest.On("n2", ""))}
 	for _, tc := range []struct {
 		name string
 		sp   proxy.ServicePort
@@ -61,7 +46,7 @@ func TestRenderFollowsUpstreamsLayout(t *testing.T) {
 		not  []string // lines it must not hold
 	}{{
 		name: "ClusterIP: a server per ClusterIP, bound to kp-ipvs0, in KP-CLUSTER-IP",
-		sp:   proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10", "fd00::10"), Port: 80, Protocol: v1.ProtocolTCP},
+		sp:   proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10", "fd00::10"), Port: 80, Protocol: v1.ProtocolTCP},
 		want: []string{"tcp/10.96.0.10:80 rr t=0 [10.244.0.2:8080 10.244.1.2:8080]", "addr 10.96.0.10",
 			"set CLUSTER-IP 10.96.0.10,tcp:80", "set IPVS-IPS 10.96.0.10", "set IPVS-SERVERS 10.96.0.10,tcp:80",
 			"set LOOP-BACK 10.244.0.2,tcp:8080,10.244.0.2"},
@@ -69,23 +54,23 @@ func TestRenderFollowsUpstreamsLayout(t *testing.T) {
 		not: []string{"fd00::10", "set LOOP-BACK 10.244.1.2"},
 	}, {
 		name: "ClientIP affinity is IPVS persistence with the Service's timeout",
-		sp:   proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP, AffinityTimeout: 3 * time.Hour},
+		sp:   proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP, AffinityTimeout: 3 * time.Hour},
 		want: []string{"tcp/10.96.0.10:80 rr t=10800 [10.244.0.2:8080 10.244.1.2:8080]"},
 	}, {
 		name: "NodePort with Local policy: node addresses get local endpoints, the ClusterIP all",
-		sp: proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP,
+		sp: proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP,
 			NodePort: 30080, ExternalPolicyLocal: true, HealthCheckNodePort: 31000},
 		want: []string{"tcp/10.96.0.10:80 rr t=0 [10.244.0.2:8080 10.244.1.2:8080]", "tcp/192.168.0.2:30080 rr t=0 [10.244.0.2:8080]",
 			"set NODE-PORT-TCP 30080", "set NODE-PORT-LOCAL-TCP 30080", "set HEALTH-CHECK-NODE-PORT 31000", "set IPVS-SERVERS 192.168.0.2,tcp:30080"},
 		not: []string{"addr 192.168.0.2"},
 	}, {
 		name: "internalTrafficPolicy Local narrows the ClusterIP server",
-		sp:   proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP, InternalPolicyLocal: true},
+		sp:   proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP, InternalPolicyLocal: true},
 		want: []string{"tcp/10.96.0.10:80 rr t=0 [10.244.0.2:8080]"},
 	}, {
 		name: "LoadBalancer with source ranges and externalIPs",
-		sp: proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 443, Protocol: v1.ProtocolUDP,
-			ExternalIPs: addrs("203.0.113.5"), LoadBalancerIPs: addrs("198.51.100.7"),
+		sp: proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 443, Protocol: v1.ProtocolUDP,
+			ExternalIPs: proxytest.Addrs("203.0.113.5"), LoadBalancerIPs: proxytest.Addrs("198.51.100.7"),
 			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}},
 		want: []string{"udp/198.51.100.7:443 rr t=0 [10.244.0.2:8080 10.244.1.2:8080]", "addr 203.0.113.5", "addr 198.51.100.7",
 			"set EXTERNAL-IP 203.0.113.5,udp:443", "set LOAD-BALANCER 198.51.100.7,udp:443", "set LOAD-BALANCER-FW 198.51.100.7,udp:443",
@@ -110,7 +95,7 @@ func TestRenderFollowsUpstreamsLayout(t *testing.T) {
 
 func TestRenderWithoutUsableEndpointsLeavesAServerWithNoRealServer(t *testing.T) {
 	in := renderInput{family: proxy.IPv4, scheduler: "sh"}
-	sp := proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	sp := proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	r := render(in, &sp, nil)
 	if len(r.servers) != 1 || len(r.servers[0].Dests) != 0 || r.servers[0].Scheduler != "sh" {
 		t.Fatalf("servers = %s", summary(r))
@@ -125,7 +110,7 @@ func kdest(ap string, weight, active, inactive int) *ipvs.Destination {
 
 func TestDiffServerTouchesOnlyWhatChanged(t *testing.T) {
 	key := vsKey{Proto: v1.ProtocolTCP, Addr: netip.MustParseAddr("10.96.0.10"), Port: 80}
-	want := &VirtualServer{Key: key, Scheduler: "rr", Owner: spn("a"),
+	want := &VirtualServer{Key: key, Scheduler: "rr", Owner: statetest.PortName("ns", "a", "", v1.ProtocolTCP),
 		Dests: []netip.AddrPort{netip.MustParseAddrPort("10.244.0.2:8080"), netip.MustParseAddrPort("10.244.0.3:8080")}}
 	svc := want.service()
 	for _, tc := range []struct {
@@ -151,7 +136,7 @@ func TestDiffServerTouchesOnlyWhatChanged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, o := range diffServer(key, tc.want, tc.have, spn("a")) {
+			for _, o := range diffServer(key, tc.want, tc.have, statetest.PortName("ns", "a", "", v1.ProtocolTCP)) {
 				got = append(got, o.String())
 			}
 			if !slices.Equal(got, tc.ops) {
@@ -164,7 +149,7 @@ func TestDiffServerTouchesOnlyWhatChanged(t *testing.T) {
 func TestUDPRealServersAreDeletedAtOnce(t *testing.T) {
 	key := vsKey{Proto: v1.ProtocolUDP, Addr: netip.MustParseAddr("10.96.0.10"), Port: 53}
 	want := &VirtualServer{Key: key, Scheduler: "rr"}
-	ops := diffServer(key, want, &kernelServer{want.service(), []*ipvs.Destination{kdest("10.244.0.2:53", 1, 1, 1)}}, spn("a"))
+	ops := diffServer(key, want, &kernelServer{want.service(), []*ipvs.Destination{kdest("10.244.0.2:53", 1, 1, 1)}}, statetest.PortName("ns", "a", "", v1.ProtocolTCP))
 	if len(ops) != 1 || ops[0].kind != opDelDest {
 		t.Errorf("ops = %v, want one delete", ops)
 	}
@@ -173,10 +158,10 @@ func TestUDPRealServersAreDeletedAtOnce(t *testing.T) {
 func TestWrittenCountsSharedAddressesAndEntries(t *testing.T) {
 	in := renderInput{family: proxy.IPv4, scheduler: "rr", node: proxy.Node{Name: "n1"}}
 	bk := newWritten()
-	a := &proxy.ServicePort{Name: spn("a"), ClusterIPs: addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	a := &proxy.ServicePort{Name: statetest.PortName("ns", "a", "", v1.ProtocolTCP), ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	b := &proxy.ServicePort{Name: proxy.ServicePortName{NamespacedName: a.Name.NamespacedName, Port: "b", Protocol: v1.ProtocolTCP},
-		ClusterIPs: addrs("10.96.0.10"), Port: 81, Protocol: v1.ProtocolTCP}
-	eps := []proxy.Endpoint{ep("10.244.0.2", 8080, "n1")}
+		ClusterIPs: proxytest.Addrs("10.96.0.10"), Port: 81, Protocol: v1.ProtocolTCP}
+	eps := []proxy.Endpoint{statetest.Endpoint("10.244.0.2:8080", statetest.On("n1", ""))}
 	bk.set(a.Name, render(in, a, eps), newChange())
 	bk.set(b.Name, render(in, b, eps), newChange())
 
@@ -191,7 +176,7 @@ func TestWrittenCountsSharedAddressesAndEntries(t *testing.T) {
 	}
 
 	c = newChange()
-	bk.set(b.Name, render(in, b, append(eps, ep("10.244.0.3", 8080, "n1"))), c)
+	bk.set(b.Name, render(in, b, append(eps, statetest.Endpoint("10.244.0.3:8080", statetest.On("n1", "")))), c)
 	c.settle()
 	if len(c.delEntries) != 0 || len(c.addEntries) != 1 || c.addEntries[0].Kind != setLoopBack {
 		t.Errorf("an endpoint added: entries +%v -%v, want one loop-back entry added", c.addEntries, c.delEntries)

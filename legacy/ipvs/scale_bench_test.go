@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -68,7 +69,7 @@ func BenchmarkKernelPartialSync(b *testing.B) {
 		b.Fatal(err)
 	}
 	t = benchTimers{h: timedHandle{Handle: t.h.Handle}, l: timedLinks{Links: t.l.Links}, s: timedIPSet{IPSet: t.s.IPSet}}
-	name := spn("svc-0")
+	name := statetest.PortName("ns", "svc-0", "", v1.ProtocolTCP)
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		eps := slices.Clone(st.Endpoints[name])
@@ -137,9 +138,9 @@ func (t *benchTimers) report(b *testing.B) {
 func benchState(n int) *proxy.State {
 	k := newKState()
 	for i := range n {
-		name := spn(fmt.Sprintf("svc-%d", i))
+		name := statetest.PortName("ns", fmt.Sprintf("svc-%d", i), "", v1.ProtocolTCP)
 		ip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-		k.st.Services[name] = &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP,
+		k.Services[name] = &proxy.ServicePort{Name: name, Type: v1.ServiceTypeClusterIP,
 			ClusterIPs: []netip.Addr{ip}, Port: 80, Protocol: v1.ProtocolTCP}
 		var eps []proxy.Endpoint
 		for j := range 10 {
@@ -147,10 +148,10 @@ func benchState(n int) *proxy.State {
 			ip := netip.AddrFrom4([4]byte{10, 2 + byte(e>>16), byte(e >> 8), byte(e)})
 			eps = append(eps, proxy.Endpoint{IP: ip, Port: 8080, Ready: true, Serving: true}.At("", ""))
 		}
-		k.st.Endpoints[name] = eps
-		k.st.Changed[name] = struct{}{}
+		k.Endpoints[name] = eps
+		k.Changed[name] = struct{}{}
 	}
-	return k.next()
+	return k.Next()
 }
 
 // stopwatch sums the wall time of the calls that add to it:

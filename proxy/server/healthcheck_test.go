@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -24,7 +25,7 @@ func hcState(port int32, eps ...proxy.Endpoint) *proxy.State {
 	st := &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{}, Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{},
 		Node: proxy.Node{Name: "node-a", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}}
 	for _, p := range []string{"http", "https"} {
-		name := spName("ns", "lb", p, "TCP")
+		name := statetest.PortName("ns", "lb", p, "TCP")
 		st.Services[name] = &proxy.ServicePort{Name: name, Type: v1.ServiceTypeLoadBalancer, ExternalPolicyLocal: true,
 			HealthCheckNodePort: port,
 			ClusterIPs:          []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")}}
@@ -181,7 +182,7 @@ func TestServiceHealthPortInUseIsLoggedAndSkipped(t *testing.T) {
 		cp := *sp
 		cp.Name = name
 		st.Services[name] = &cp
-		st.Endpoints[name] = other.Endpoints[spName("ns", "lb", name.Port, "TCP")]
+		st.Endpoints[name] = other.Endpoints[statetest.PortName("ns", "lb", name.Port, "TCP")]
 	}
 	s.Sync(st)
 	s.Sync(st) // retried, not logged again

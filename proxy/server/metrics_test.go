@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 func TestMetricsHandler(t *testing.T) {
@@ -18,8 +19,8 @@ func TestMetricsHandler(t *testing.T) {
 	m.SyncSucceeded(5*time.Millisecond, false, now)
 	m.SyncFailed()
 	m.Programmed(map[proxy.ServicePortName]time.Time{
-		spName("ns", "web", "http", "TCP"): now.Add(-1500 * time.Millisecond),
-		spName("ns", "api", "http", "TCP"): now.Add(time.Second), // clock skew: not observed
+		statetest.PortName("ns", "web", "http", "TCP"): now.Add(-1500 * time.Millisecond),
+		statetest.PortName("ns", "api", "http", "TCP"): now.Add(time.Second), // clock skew: not observed
 	}, now)
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -159,7 +160,7 @@ func testConfig() proxy.Config {
 }
 
 func TestRunSyncsOnlyAfterEverySourceSyncedThenFollowsChanges(t *testing.T) {
-	web := spName("ns", "web", "http", "TCP")
+	web := statetest.PortName("ns", "web", "http", "TCP")
 	kube := &fakeSource{
 		initial: func(s proxy.Sink) { proxytest.AddService(s, proxytest.Service("ns", "web")) },
 		updates: make(chan func(proxy.Sink)),

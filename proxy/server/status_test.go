@@ -17,6 +17,7 @@ import (
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -70,8 +71,8 @@ func (c *countingBackend) EndpointCounters(*proxy.State) (map[proxy.EndpointRef]
 }
 
 func statusTestState() *proxy.State {
-	web := spName("ns", "web", "dns", v1.ProtocolUDP)
-	other := spName("other", "api", "", v1.ProtocolTCP)
+	web := statetest.PortName("ns", "web", "dns", v1.ProtocolUDP)
+	other := statetest.PortName("other", "api", "", v1.ProtocolTCP)
 	return &proxy.State{
 		Generation: 4,
 		Node:       proxy.Node{Name: "node-a", IPs: proxytest.Addrs("192.168.1.10"), Labels: map[string]string{v1.LabelTopologyZone: "z1"}},
@@ -81,7 +82,7 @@ func statusTestState() *proxy.State {
 			other: {Name: other, Type: v1.ServiceTypeClusterIP, ClusterIPs: proxytest.Addrs("10.96.0.20"), Port: 80, Protocol: v1.ProtocolTCP},
 		},
 		Endpoints: map[proxy.ServicePortName][]proxy.Endpoint{
-			web: {ep("10.244.1.2:5353"), ep("10.244.1.3:5353", func(e *proxy.Endpoint) { e.Ready, e.Terminating = false, true })},
+			web: {statetest.Endpoint("10.244.1.2:5353"), statetest.Endpoint("10.244.1.3:5353", statetest.Terminating)},
 		},
 	}
 }
@@ -89,7 +90,7 @@ func statusTestState() *proxy.State {
 func TestStatusAPIReportsSyncsServicesAndCounters(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	st := statusTestState()
-	web := spName("ns", "web", "dns", v1.ProtocolUDP)
+	web := statetest.PortName("ns", "web", "dns", v1.ProtocolUDP)
 	backend := &countingBackend{counters: map[proxy.EndpointRef]proxy.EndpointCounter{
 		{ServicePort: web, Endpoint: netip.MustParseAddrPort("10.244.1.2:5353")}: {Packets: 7, Bytes: 420},
 	}}
@@ -206,7 +207,7 @@ func TestStatusUsableFollowsTheRulesSelection(t *testing.T) {
 	ep := func(ip, zone string) proxy.Endpoint {
 		return proxy.Endpoint{IP: netip.MustParseAddr(ip), Port: 80, Ready: true, Serving: true, Hints: &proxy.EndpointHints{ForZones: []string{zone}}}.At("node-b", zone)
 	}
-	sp := &proxy.ServicePort{Name: spName("ns", "web", "http", "TCP"), Type: v1.ServiceTypeClusterIP,
+	sp := &proxy.ServicePort{Name: statetest.PortName("ns", "web", "http", "TCP"), Type: v1.ServiceTypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 80, Protocol: v1.ProtocolTCP}
 	r := servicePortReport(sp, []proxy.Endpoint{ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")}, node, nil, false)
 	got := map[string]bool{}
