@@ -2,10 +2,14 @@ package cluster
 
 import (
 	"errors"
+	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/kpproxy/kp/test/netns"
 )
@@ -131,10 +135,42 @@ var sharedDirs = []string{
 }
 
 // removeSharedDirs removes the sharedDirs: folders only when empty, so
-// one still in use (a system containerd's) stays.
+// one still in use (a system containerd's) stays. The shims' socket folder
+// loses its dead sockets first: a killed run's shims are found through
+// their node's namespace, and another test process may have swept that
+// namespace before this sweep came.
 func removeSharedDirs() {
+	removeDeadSockets(shimSocketDir)
 	for _, d := range sharedDirs {
 		_ = os.Remove(d)
+	}
+}
+
+// shimSocketDir is where containerd's shims put their sockets, whatever
+// containerd's configuration.
+const shimSocketDir = "/run/containerd/s"
+
+// removeDeadSockets removes the Unix sockets in dir that nothing listens
+// on any more (a connection is refused); a live one, a system
+// containerd's shims' say, stays.
+func removeDeadSockets(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.Type()&fs.ModeSocket == 0 {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		c, err := net.DialTimeout("unix", p, time.Second)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			_ = os.Remove(p)
+		}
 	}
 }
 
