@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/test/fuzzsync"
+	v1 "k8s.io/api/core/v1"
 )
 
 // FuzzManifestToUserspace follows arbitrary manifest bytes through the
@@ -57,15 +58,20 @@ func (r userspaceRenderer) Sync(st *proxy.State) error { return r.b.Sync(r.ctx, 
 
 // Dump lists the listeners (by service port and side) with their
 // balancers' endpoints, then each family's rules with the listener port
-// replaced by the listener it belongs to.
+// replaced by the listener it belongs to. A listener is found by protocol
+// and port: the kernel may give a TCP and a UDP listener the same number.
 func (r userspaceRenderer) Dump() string {
 	r.b.mu.Lock()
 	defer r.b.mu.Unlock()
-	byPort := map[int]string{}
+	type listenerKey struct {
+		proto v1.Protocol
+		port  int
+	}
+	byPort := map[listenerKey]string{}
 	var lines []string
 	for key, p := range r.b.proxies {
 		name := fmt.Sprintf("%s external=%v", key.name, key.external)
-		byPort[p.port()] = name
+		byPort[listenerKey{p.protocol(), p.port()}] = name
 		bal := p.balancers()
 		lines = append(lines, fmt.Sprintf("listener %s %s v4=%v v6=%v cluster-v4=%v cluster-v6=%v split=%v", name, p.protocol(),
 			endpointsOf(bal.v4), endpointsOf(bal.v6), endpointsOf(bal.clusterV4), endpointsOf(bal.clusterV6), bal.split.Load()))
@@ -76,7 +82,7 @@ func (r userspaceRenderer) Dump() string {
 		lines = append(lines, f.String()+" rules:")
 		for _, part := range [][]Redirect{rules.Redirects, rules.Rejects} {
 			for _, rd := range part {
-				to := byPort[rd.ToPort]
+				to := byPort[listenerKey{rd.Protocol, rd.ToPort}]
 				if to == "" && rd.ToPort != 0 {
 					to = fmt.Sprintf("port %d, no listener", rd.ToPort)
 				}
