@@ -169,10 +169,7 @@ func TestTopologyHintsKeepTrafficInTheNodesZone(t *testing.T) {
 		e := newEnv(t, m, 4)
 		pods := e.w.Pods()
 		client := pods[3]
-		node := Node(nodeName, []string{e.w.NodeIP().String(), e.w.NodeIP6().String()},
-			[]string{e.w.PodCIDR().String(), e.w.PodCIDR6().String()})
-		node.Labels = map[string]string{v1.LabelTopologyZone: "zone-a"}
-		e.write("node.yaml", node)
+		e.writeNodeInZone("zone-a")
 		zoned := func(p *netns.Pod, zone string, hints ...string) Endpoint {
 			return Endpoint{IP: p.IP.String(), NodeName: otherNode, Zone: zone, ZoneHints: hints}
 		}
@@ -228,10 +225,7 @@ func TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode(t *testing.T) {
 		e := newEnv(t, m, 4)
 		pods := e.w.Pods()
 		client := pods[3]
-		node := Node(nodeName, []string{e.w.NodeIP().String(), e.w.NodeIP6().String()},
-			[]string{e.w.PodCIDR().String(), e.w.PodCIDR6().String()})
-		node.Labels = map[string]string{v1.LabelTopologyZone: "zone-a"}
-		e.write("node.yaml", node)
+		e.writeNodeInZone("zone-a")
 		placed := func(p *netns.Pod, on, zone string, hinted bool) Endpoint {
 			ep := Endpoint{IP: p.IP.String(), NodeName: on, Zone: zone}
 			if hinted {
@@ -296,4 +290,13 @@ func TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode(t *testing.T) {
 		e.write("web.yaml", svc)
 		steady("PreferSameNode: this node's endpoint gone, zone-a's", pods[1].Name)
 	})
+}
+
+// writeNodeInZone rewrites the node's own Node object with the topology zone label.
+func (e *env) writeNodeInZone(zone string) {
+	e.t.Helper()
+	node := Node(nodeName, []string{e.w.NodeIP().String(), e.w.NodeIP6().String()},
+		[]string{e.w.PodCIDR().String(), e.w.PodCIDR6().String()})
+	node.Labels = map[string]string{v1.LabelTopologyZone: zone}
+	e.write("node.yaml", node)
 }
