@@ -264,7 +264,7 @@ func TestKpOnRealNodes(t *testing.T) {
 	})
 
 	t.Run("a pod deleted mid-traffic costs no new connection once its endpoint is gone", func(t *testing.T) {
-		pods := webPods(t, c)
+		pods := spreadWeb(t, c)
 		var victim v1.Pod
 		for _, p := range pods {
 			if p.Spec.NodeName == n1.Name {

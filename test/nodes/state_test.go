@@ -232,3 +232,29 @@ func dumpKP(t *testing.T, c *cluster.Cluster) {
 		t.Logf("--- kp pod %s on %s ---\n%s\n--- logs ---\n%s", p.Name, p.Spec.NodeName, desc, logs)
 	}
 }
+
+// spreadWeb returns the 2 web pods one per node. Scaling down keeps the
+// pods the ReplicaSet ranks last, which may be both on one node (a CI run
+// kept both on node-2); the spread constraint only acts when scheduling, so
+// deleting one of the pair puts its replacement on the empty node.
+func spreadWeb(t *testing.T, c *cluster.Cluster) []v1.Pod {
+	t.Helper()
+	pods := webPods(t, c)
+	if len(pods) == 2 && pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Logf("web pods both on %s after scaling down; deleting %s so its replacement lands on the other node", pods[0].Spec.NodeName, pods[0].Name)
+		if err := c.Client().CoreV1().Pods("default").Delete(ctx(t), pods[0].Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "web pods to be one per node", 2*time.Minute, func() string {
+			if s := webReady(t, c, 2); s != "" {
+				return s
+			}
+			pods = webPods(t, c)
+			if len(pods) != 2 || pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+				return fmt.Sprint(podsOnNodes(pods))
+			}
+			return ""
+		})
+	}
+	return pods
+}
