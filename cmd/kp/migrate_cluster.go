@@ -20,6 +20,8 @@ type migrateClusterOptions struct {
 	namespace, kpDS, kubeProxyDS string
 	healthzPort                  string
 	dryRun                       bool
+	// keepKubeProxy is the old --keep-kube-proxy: now the default.
+	keepKubeProxy bool
 }
 
 func newMigrateClusterCommand(a *app) *cobra.Command {
@@ -46,22 +48,26 @@ not ` + cluster.ProxyKubeProxy + ` (manifests/daemonset.yaml has it); kp's Daemo
 exist (the command says when to apply it). Per node: label ` + cluster.ProxyKP + ` → kube-proxy's
 pod leaves (its rules stay in the kernel and keep serving), kp's pod starts, syncs,
 and removes kube-proxy's rules → gate on kp ready and synced and no kube-proxy rule
-left in the kernel → next node. At the end kube-proxy's DaemonSet is deleted, unless
---keep-kube-proxy. With --to, kp starts in MODE on each node.
+left in the kernel → next node. kube-proxy's DaemonSet is kept (running on no node):
+it is the way back, --rollback needs it. --delete-kube-proxy deletes it once every
+node runs kp (also on a later run, when all are done). With --to, kp starts in MODE
+on each node.
 
 On a failed node the rollout pauses (--pause, the default): nodes not started yet
 stay untouched, the failure (step, error) is recorded on the Node (annotation
 ` + cluster.AnnotationMigration + `), and re-running the same command resumes there.
 --rollback reverses the nodes the rollout reached, last first: for --to, each goes
-back to the mode it ran before; for --from-kube-proxy (needs --keep-kube-proxy's
-DaemonSet), each goes back to kube-proxy without a gap: kube-proxy starts next to kp
+back to the mode it ran before; for --from-kube-proxy (needs kube-proxy's DaemonSet,
+kept unless --delete-kube-proxy), each goes back to kube-proxy without a gap: kube-proxy starts next to kp
 (label ` + cluster.ProxyHandback + `) and is gated on its rules being in the kernel, then kp
 switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
-		Example: `  # From kube-proxy to kp, one node at a time, keeping kube-proxy's DaemonSet
-  kp migrate cluster --from-kube-proxy --keep-kube-proxy
+		Example: `  # From kube-proxy to kp, one node at a time (kube-proxy's DaemonSet is kept)
+  kp migrate cluster --from-kube-proxy
   # (the first run labels the nodes and asks for kp's DaemonSet if it is missing:)
   kubectl apply -k manifests/
-  kp migrate cluster --from-kube-proxy --keep-kube-proxy
+  kp migrate cluster --from-kube-proxy
+  # Once sure there is no way back to take: delete kube-proxy's DaemonSet
+  kp migrate cluster --from-kube-proxy --delete-kube-proxy
 
   # Every node's kp to the iptables mode, two nodes at a time
   kp migrate cluster --to iptables --max-unavailable 2 --kubeconfig ~/.kube/config
@@ -84,7 +90,10 @@ switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
 	fs.IntVar(&o.req.MaxUnavailable, "max-unavailable", 1, "nodes in flight at once")
 	fs.BoolVar(&o.req.Pause, "pause", true, "stop at the first failed node (re-run to resume); --pause=false goes on with the others")
 	fs.BoolVar(&o.req.Rollback, "rollback", false, "reverse the nodes this rollout reached, last first")
-	fs.BoolVar(&o.req.KeepKubeProxy, "keep-kube-proxy", false, "with --from-kube-proxy: keep kube-proxy's DaemonSet at the end, for --rollback")
+	fs.BoolVar(&o.req.DeleteKubeProxy, "delete-kube-proxy", false,
+		"with --from-kube-proxy: delete kube-proxy's DaemonSet once every node runs kp (without it the DaemonSet is kept, on no node, for --rollback)")
+	fs.BoolVar(&o.keepKubeProxy, "keep-kube-proxy", false, "keep kube-proxy's DaemonSet (the default now)")
+	_ = fs.MarkDeprecated("keep-kube-proxy", "kube-proxy's DaemonSet is kept by default; --delete-kube-proxy deletes it")
 	fs.DurationVar(&o.req.NodeTimeout, "node-timeout", 5*time.Minute, "give up a node's step after this long")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "the kubeconfig file (default: KUBECONFIG, then ~/.kube/config)")
@@ -101,6 +110,9 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 		if _, err := proxy.ParseTarget(o.req.To); err != nil {
 			return fmt.Errorf("--to: %w", err)
 		}
+	}
+	if o.keepKubeProxy && o.req.DeleteKubeProxy {
+		return errors.New("--keep-kube-proxy and --delete-kube-proxy: choose one (keeping is the default)")
 	}
 	if err := o.req.Validate(); err != nil {
 		return err

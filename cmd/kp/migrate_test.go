@@ -43,6 +43,7 @@ func TestMigrateClusterRefusesBadRequestsBeforeCallingTheAPI(t *testing.T) {
 		{[]string{"migrate", "cluster", "--to", "none"}, "kp: --to none: the none mode is the rollback's"},
 		{[]string{"migrate", "cluster", "--to", "iptables", "--max-unavailable", "0"}, "kp: --max-unavailable 0: at least 1"},
 		{[]string{"migrate", "cluster", "--to", "iptables", "--kubeconfig", "/nonexistent"}, "kp: API client (--kubeconfig, KUBECONFIG or ~/.kube/config)"},
+		{[]string{"migrate", "cluster", "--from-kube-proxy", "--keep-kube-proxy", "--delete-kube-proxy"}, "kp: --keep-kube-proxy and --delete-kube-proxy: choose one"},
 	} {
 		h := newHarness(t)
 		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
@@ -54,8 +55,19 @@ func TestMigrateClusterRefusesBadRequestsBeforeCallingTheAPI(t *testing.T) {
 func TestMigrateClusterHelpShowsExamples(t *testing.T) {
 	h := newHarness(t)
 	if code := h.run("migrate", "cluster", "--help"); code != 0 ||
-		!strings.Contains(h.stdout.String(), "kp migrate cluster --from-kube-proxy --keep-kube-proxy") ||
+		!strings.Contains(h.stdout.String(), "kp migrate cluster --from-kube-proxy --delete-kube-proxy") ||
 		!strings.Contains(h.stdout.String(), "--rollback") {
 		t.Errorf("exit %d, output:\n%s", code, h.stdout.String())
+	}
+}
+
+// --keep-kube-proxy, what old scripts pass to keep kube-proxy's DaemonSet,
+// still parses (deprecated: keeping is now the default).
+func TestMigrateClusterAcceptsTheDeprecatedKeepKubeProxy(t *testing.T) {
+	h := newHarness(t)
+	code := h.run("migrate", "cluster", "--from-kube-proxy", "--keep-kube-proxy", "--kubeconfig", "/nonexistent")
+	all := h.stdout.String() + h.stderr.String()
+	if code != 1 || !strings.Contains(all, "--keep-kube-proxy has been deprecated") || !strings.Contains(all, "kp: API client") {
+		t.Errorf("exit %d, output:\n%s", code, all)
 	}
 }

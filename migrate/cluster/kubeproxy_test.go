@@ -70,8 +70,8 @@ func TestFromKubeProxyMovesANodeOnlyOnceThePreviousIsTakenOver(t *testing.T) {
 			t.Errorf("%s: record %v", n, r)
 		}
 	}
-	if _, err := w.client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err == nil {
-		t.Error("kube-proxy's DaemonSet still exists at the end (no --keep-kube-proxy)")
+	if _, err := w.client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err != nil {
+		t.Errorf("kube-proxy's DaemonSet after a migration without --delete-kube-proxy: %v; want it kept for a rollback", err)
 	}
 	if !strings.Contains(w.out.String(), "take-over") {
 		t.Errorf("progress names no take-over step:\n%s", w.out.String())
@@ -82,8 +82,7 @@ func TestFromKubeProxyRollbackHandsBackWithKubeProxyServingBeforeKPsRulesGo(t *t
 	w := kubeProxyCluster(t, "node-a", "node-b")
 	_ = w.controller().Run(context.Background(), fromKubeProxy())
 	w.daemonSet("kp")
-	req := fromKubeProxy()
-	req.KeepKubeProxy = true
+	req := fromKubeProxy() // keeps kube-proxy's DaemonSet: the default
 	if err := w.controller().Run(context.Background(), req); err != nil {
 		t.Fatalf("%v\n%s", err, w.out.String())
 	}
@@ -113,17 +112,45 @@ func TestFromKubeProxyRollbackHandsBackWithKubeProxyServingBeforeKPsRulesGo(t *t
 	}
 }
 
+// The way back: kube-proxy's DaemonSet is kept unless the migration is
+// told to delete it, and a later run with --delete-kube-proxy deletes it
+// once every node runs kp.
+func TestFromKubeProxyKeepsKubeProxysDaemonSetUnlessToldToDeleteIt(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a", "node-b")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	dss := w.client.AppsV1().DaemonSets("kube-system")
+	if _, err := dss.Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err != nil {
+		t.Fatalf("kube-proxy's DaemonSet after a migration without --delete-kube-proxy: %v; want it kept", err)
+	}
+	if !strings.Contains(w.out.String(), "is kept and runs nowhere") {
+		t.Errorf("the end of the rollout does not say kube-proxy's DaemonSet is kept:\n%s", w.out.String())
+	}
+	req := fromKubeProxy()
+	req.DeleteKubeProxy = true
+	if err := w.controller().Run(context.Background(), req); err != nil {
+		t.Fatalf("--delete-kube-proxy once every node runs kp: %v\n%s", err, w.out.String())
+	}
+	if _, err := dss.Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err == nil {
+		t.Error("kube-proxy's DaemonSet still there after --delete-kube-proxy")
+	}
+}
+
 func TestFromKubeProxyRollbackNeedsKubeProxysDaemonSet(t *testing.T) {
 	w := kubeProxyCluster(t, "node-a")
 	_ = w.controller().Run(context.Background(), fromKubeProxy())
 	w.daemonSet("kp")
-	if err := w.controller().Run(context.Background(), fromKubeProxy()); err != nil {
+	req := fromKubeProxy()
+	req.DeleteKubeProxy = true
+	if err := w.controller().Run(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
-	req := fromKubeProxy()
 	req.Rollback = true
 	err := w.controller().Run(context.Background(), req)
-	if err == nil || !strings.Contains(err.Error(), "--keep-kube-proxy") {
+	if err == nil || !strings.Contains(err.Error(), "--delete-kube-proxy deletes it") {
 		t.Fatalf("want an error saying kube-proxy's DaemonSet is gone, got %v", err)
 	}
 }

@@ -25,9 +25,10 @@ type Request struct {
 	Pause bool
 	// Rollback reverses the nodes this rollout reached, last first.
 	Rollback bool
-	// KeepKubeProxy keeps kube-proxy's DaemonSet at the end (FromKubeProxy),
-	// for a later rollback.
-	KeepKubeProxy bool
+	// DeleteKubeProxy deletes kube-proxy's DaemonSet once every node runs
+	// kp (FromKubeProxy). By default it is kept, running on no node: the
+	// way back (Rollback) needs it.
+	DeleteKubeProxy bool
 	// NodeTimeout bounds each gate of a node's step.
 	NodeTimeout time.Duration
 }

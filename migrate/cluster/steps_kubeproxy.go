@@ -25,7 +25,7 @@ func (c *Controller) prepareFromKubeProxy(ctx context.Context, req Request, plan
 	if req.Rollback {
 		_, _, err := c.ensureAffinity(ctx, c.cfg.KubeProxyDaemonSet, kubeProxyAffinity)
 		if notFound(err) {
-			return fmt.Errorf("kube-proxy's DaemonSet %s/%s is gone (deleted at the end of the migration: --keep-kube-proxy keeps it); "+
+			return fmt.Errorf("kube-proxy's DaemonSet %s/%s is gone (a migration with --delete-kube-proxy deletes it at the end); "+
 				"re-create it, then re-run --rollback", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
 		}
 		return err
@@ -154,8 +154,9 @@ func (c *Controller) takeOver(ctx context.Context, req Request, node string) err
 	})
 }
 
-// finishFromKubeProxy deletes kube-proxy's DaemonSet once every node runs
-// kp, unless KeepKubeProxy.
+// finishFromKubeProxy checks every node runs kp, and then deletes
+// kube-proxy's DaemonSet only when asked (DeleteKubeProxy): kept, it runs
+// on no node and is what a rollback gives the nodes back to.
 func (c *Controller) finishFromKubeProxy(ctx context.Context, req Request) error {
 	nodes, err := c.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -167,9 +168,10 @@ func (c *Controller) finishFromKubeProxy(ctx context.Context, req Request) error
 		}
 	}
 	dss := c.cfg.Client.AppsV1().DaemonSets(c.cfg.Namespace)
-	if req.KeepKubeProxy {
-		fmt.Fprintf(c.cfg.Out, "Every node runs kp. DaemonSet %s/%s is kept (--keep-kube-proxy) and runs nowhere; "+
-			"kp migrate cluster --from-kube-proxy --rollback gives the nodes back to it.\n", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
+	if !req.DeleteKubeProxy {
+		fmt.Fprintf(c.cfg.Out, "Every node runs kp. DaemonSet %s/%s is kept and runs nowhere: "+
+			"kp migrate cluster --from-kube-proxy --rollback gives the nodes back to it; "+
+			"once you are sure, --from-kube-proxy --delete-kube-proxy (or kubectl delete) removes it.\n", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
 		return nil
 	}
 	err = dss.Delete(ctx, c.cfg.KubeProxyDaemonSet, metav1.DeleteOptions{})

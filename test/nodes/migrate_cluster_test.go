@@ -111,14 +111,15 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 
 	// The hand-back to kube-proxy (--from-kube-proxy --rollback) and a
 	// second migration from it: the first migration then keeps kube-proxy's
-	// DaemonSet, the second deletes it. KP_MIGRATE_QUICK=1 leaves them out
-	// (37 s) for a quicker local run.
+	// DaemonSet (the default), the second deletes it (--delete-kube-proxy).
+	// KP_MIGRATE_QUICK=1 leaves them out (37 s) for a quicker local run, and
+	// deletes the DaemonSet in the first.
 	handback := os.Getenv("KP_MIGRATE_QUICK") == ""
 	fromKubeProxy := []string{"--from-kube-proxy", "--node-timeout", "3m"}
-	if handback {
-		fromKubeProxy = append(fromKubeProxy, "--keep-kube-proxy")
+	if !handback {
+		fromKubeProxy = append(fromKubeProxy, "--delete-kube-proxy")
 	}
-	t.Run("from kube-proxy: node by node, kube-proxy's rules serve until kp has synced, none left, its DaemonSet deleted", func(t *testing.T) {
+	t.Run("from kube-proxy: node by node, kube-proxy's rules serve until kp has synced, none left, its DaemonSet kept", func(t *testing.T) {
 		start := time.Now()
 		out, err := kpMigrate(t, c, kpBin, fromKubeProxy...)
 		if err == nil || !strings.Contains(out, "apply kp's manifests now") {
@@ -267,7 +268,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 
 			start = time.Now()
 			w = watchNodes(t, c)
-			if _, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--node-timeout", "3m"); err != nil {
+			if _, err := kpMigrate(t, c, kpBin, "--from-kube-proxy", "--delete-kube-proxy", "--node-timeout", "3m"); err != nil {
 				t.Fatal(err)
 			}
 			checkTakeOverOrder(t, w.Stop(), n1.Name, n2.Name)
@@ -312,7 +313,7 @@ func checkTakenOver(t *testing.T, c *cluster.Cluster, deleted bool) {
 	case deleted && !apierrors.IsNotFound(err):
 		t.Errorf("kube-proxy's DaemonSet after the migration: %v, want it deleted", err)
 	case !deleted && (err != nil || ds.Status.DesiredNumberScheduled != 0):
-		t.Errorf("kube-proxy's DaemonSet after the migration with --keep-kube-proxy: %v, want it kept, on no node", err)
+		t.Errorf("kube-proxy's DaemonSet after the migration without --delete-kube-proxy: %v, want it kept, on no node", err)
 	}
 }
 
