@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
@@ -64,20 +63,9 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 	})
 }
 
-// settingsFor is s for target t: the mode's own section of the config file
-// and defaults when the mode was auto, else s with the mode (and iptables
-// flavor) replaced.
+// settingsFor is s for target t (options.Settings.ForTarget: the one
+// resolution of a target's settings, which kp migrate cluster's preflight
+// reads too).
 func (a *app) settingsFor(s options.Settings, t proxy.Target) (options.Settings, error) {
-	out := s
-	if s.ForMode != nil {
-		var err error
-		if out, err = s.ForMode(t.Mode); err != nil {
-			return s, fmt.Errorf("settings for %s mode: %w", t.Mode, err)
-		}
-	}
-	out.Config.Mode, out.ModeFrom = t.Mode, "kp migrate --to "+t.String()
-	if t.IPTablesBackend != "" {
-		out.Config.IPTablesBackend = t.IPTablesBackend
-	}
-	return out, nil
+	return s.ForTarget(t)
 }

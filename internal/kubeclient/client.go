@@ -1,12 +1,12 @@
 // Package kubeclient is kp's Kubernetes API client: typed clients for the
 // few resources kp reads and writes (Services, EndpointSlices, Nodes,
-// ServiceCIDRs, Events, Pods, DaemonSets), over client-go's REST client,
+// ServiceCIDRs, Events, Pods, DaemonSets, ConfigMaps), over client-go's REST client,
 // with a scheme of only their API groups.
 //
 // client-go's generated clientset would do, but linking it registers every
 // API group of Kubernetes at start (its scheme, every typed client, every
 // apply configuration): 8 MiB of resident memory in every kp process,
-// measured (test/bench/NOTES.md, "Memory"), for the seven kinds kp uses.
+// measured (test/bench/NOTES.md, "Memory"), for the eight kinds kp uses.
 // The interfaces here have client-go's typed-client method sets, so a
 // client-go clientset (a fake, in unit tests) fits them through
 // kubeclient/fromclientset.
@@ -47,6 +47,7 @@ type CoreV1Interface interface {
 	Nodes() NodeInterface
 	Events(namespace string) EventInterface
 	Pods(namespace string) PodInterface
+	ConfigMaps(namespace string) ConfigMapInterface
 }
 
 type DiscoveryV1Interface interface {
@@ -94,6 +95,12 @@ type PodInterface interface {
 	List(ctx context.Context, opts metav1.ListOptions) (*v1.PodList, error)
 	// ProxyGet GETs path from the pod's port through the API server.
 	ProxyGet(scheme, name, port, path string, params map[string]string) rest.ResponseWrapper
+}
+
+// ConfigMapInterface reads ConfigMaps: kube-proxy's configuration, for kp
+// migrate cluster --from-kube-proxy.
+type ConfigMapInterface interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.ConfigMap, error)
 }
 
 type DaemonSetInterface interface {
@@ -201,6 +208,10 @@ func (g coreV1) Events(namespace string) EventInterface {
 
 func (g coreV1) Pods(namespace string) PodInterface {
 	return pods{resource[*v1.Pod, *v1.PodList]{g.rc, "pods", namespace}}
+}
+
+func (g coreV1) ConfigMaps(namespace string) ConfigMapInterface {
+	return resource[*v1.ConfigMap, *v1.ConfigMapList]{g.rc, "configmaps", namespace}
 }
 
 type discoveryV1 struct{ rc rest.Interface }

@@ -27,16 +27,29 @@ type fileConfig struct {
 	kc   KubeProxyConfiguration
 }
 
-// loadConfigFile reads a KubeProxyConfiguration strictly, as upstream does:
-// an unknown or duplicated field is an error naming the field, so a typo is
-// never silently ignored.
+// loadConfigFile reads a KubeProxyConfiguration file strictly
+// (DecodeKubeProxyConfiguration).
 func loadConfigFile(path string) (*fileConfig, error) {
-	fail := func(format string, args ...any) error {
-		return fmt.Errorf("--config %s: %s", path, fmt.Sprintf(format, args...))
-	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
+	}
+	kc, err := DecodeKubeProxyConfiguration(data, "--config "+path)
+	if err != nil {
+		return nil, err
+	}
+	return &fileConfig{path: path, kc: *kc}, nil
+}
+
+// DecodeKubeProxyConfiguration decodes a KubeProxyConfiguration (YAML or
+// JSON) strictly: an unknown or duplicated field is an error naming the
+// field, so a typo is never silently ignored. Errors start with source
+// ("--config /etc/kp.yaml", or the ConfigMap a file came from). It is the
+// one decoder of the file: kp proxy --config, and kp migrate cluster
+// reading kube-proxy's ConfigMap.
+func DecodeKubeProxyConfiguration(data []byte, source string) (*KubeProxyConfiguration, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%s: %s", source, fmt.Sprintf(format, args...))
 	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
@@ -56,8 +69,8 @@ func loadConfigFile(path string) (*fileConfig, error) {
 		return nil, fail("apiVersion is %q; kp reads %s", tm.APIVersion, configAPIVersion)
 	}
 
-	f := &fileConfig{path: path}
-	strictErrs, err := kjson.UnmarshalStrict(js, &f.kc)
+	var kc KubeProxyConfiguration
+	strictErrs, err := kjson.UnmarshalStrict(js, &kc)
 	if err != nil {
 		return nil, fail("%v", err)
 	}
@@ -68,7 +81,7 @@ func loadConfigFile(path string) (*fileConfig, error) {
 		}
 		return nil, errors.Join(errs...)
 	}
-	return f, nil
+	return &kc, nil
 }
 
 // apply merges the file into s (which holds defaults and the resolved mode).

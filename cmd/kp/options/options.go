@@ -31,7 +31,10 @@ const (
 // Resolve turns them, with the --config file, into Settings.
 type Options struct {
 	configFile string
-	Cleanup    bool // --cleanup: cmd/kp cleans up instead of proxying
+	// loaded is a configuration already decoded, in place of configFile's
+	// (SettingsFromConfig).
+	loaded  *fileConfig
+	Cleanup bool // --cleanup: cmd/kp cleans up instead of proxying
 
 	mode              string
 	forcedMode        proxy.Mode // set by Settings.ForMode, beats the flag and the file

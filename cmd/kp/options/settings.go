@@ -76,8 +76,8 @@ func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func(
 
 	// The mode decides which section of the file applies (nftables.*,
 	// iptables.*), so it is resolved first; the flag beats the file.
-	var file *fileConfig
-	if o.configFile != "" {
+	file := o.loaded
+	if file == nil && o.configFile != "" {
 		f, err := loadConfigFile(o.configFile)
 		if err != nil {
 			return s, err

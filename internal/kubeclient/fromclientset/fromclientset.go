@@ -45,6 +45,9 @@ func (g coreV1) Services(ns string) kubeclient.ServiceInterface { return g.c.Ser
 func (g coreV1) Nodes() kubeclient.NodeInterface                { return g.c.Nodes() }
 func (g coreV1) Events(ns string) kubeclient.EventInterface     { return g.c.Events(ns) }
 func (g coreV1) Pods(ns string) kubeclient.PodInterface         { return g.c.Pods(ns) }
+func (g coreV1) ConfigMaps(ns string) kubeclient.ConfigMapInterface {
+	return g.c.ConfigMaps(ns)
+}
 
 type discoveryV1 struct {
 	c discoveryv1client.DiscoveryV1Interface
