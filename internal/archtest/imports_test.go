@@ -102,7 +102,10 @@ var allowed = map[string][]string{
 	"migrate":          {"proxy", "proxy/statusapi", "nft", "legacy/"},
 	"migrate/cluster":  {"proxy", "proxy/statusapi"},
 	"cmd/kp/options":   {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
-	"cmd/kp":           {""}, // the wiring: everything
+	// kp migrate cluster --from-kube-proxy's preflight and --print-config:
+	// kube-proxy's configuration through options' decoder and merge.
+	"cmd/kp/fromkubeproxy": {"proxy", "cmd/kp/options", "conntrack"},
+	"cmd/kp":               {""}, // the wiring: everything
 }
 
 // No package imports against the data flow; every product package is in

@@ -1,0 +1,148 @@
+package fromkubeproxy
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kpproxy/kp/cmd/kp/options"
+	"github.com/kpproxy/kp/conntrack"
+	"github.com/kpproxy/kp/proxy"
+)
+
+// printConfig writes kp's ConfigMap for target and reads it back as kp
+// would: the ConfigMap strictly, its config.conf through kp's decoder and
+// merge, its kubeconfig's server.
+func printConfig(t *testing.T, c *testCluster, to string) (options.Settings, *v1.ConfigMap, string) {
+	t.Helper()
+	cl := c.read()
+	target, err := proxy.ParseTarget(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Generate(cl, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := g.ConfigMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm v1.ConfigMap
+	if err := yaml.UnmarshalStrict([]byte(text), &cm); err != nil {
+		t.Fatalf("the ConfigMap does not decode: %v\n%s", err, text)
+	}
+	kc, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "config.conf")
+	if err != nil {
+		t.Fatalf("kp's decoder refuses config.conf: %v\n%s", err, text)
+	}
+	s, err := options.SettingsFromConfig(kc, "config.conf", target)
+	if err != nil {
+		t.Fatalf("kp refuses config.conf: %v\n%s", err, text)
+	}
+	if kc.ClientConnection.Kubeconfig != "/var/lib/kp/kubeconfig.conf" {
+		t.Errorf("clientConnection.kubeconfig %q, want manifests' /var/lib/kp/kubeconfig.conf", kc.ClientConnection.Kubeconfig)
+	}
+	kcfg, err := clientcmd.Load([]byte(cm.Data["kubeconfig.conf"]))
+	if err != nil {
+		t.Fatalf("kubeconfig.conf: %v\n%s", err, text)
+	}
+	server := kcfg.Clusters[kcfg.Contexts[kcfg.CurrentContext].Cluster].Server
+	t.Logf("%s", text)
+	return s, &cm, server
+}
+
+const everything = `mode: ipvs
+clusterCIDR: 10.244.0.0/16,fd00:244::/56
+nodePortAddresses: [10.0.0.0/8]
+iptables: {masqueradeAll: true, masqueradeBit: 15, localhostNodePorts: false}
+ipvs: {scheduler: lc, strictARP: true, syncPeriod: 20s, minSyncPeriod: 2s, tcpTimeout: 10m, excludeCIDRs: [192.168.0.0/16]}
+conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 30m, udpTimeout: 45s, tcpBeLiberal: true}
+metricsBindAddress: 0.0.0.0:10249
+oomScoreAdj: -999
+featureGates: {SomeGate: true}
+`
+
+// Every value kp acts on comes through, in the target mode's reading too:
+// kp reads the section of the mode it runs.
+func TestPrintConfigCarriesKubeProxysValuesThroughKPsOwnDecoder(t *testing.T) {
+	for _, to := range []string{"ipvs", "nftables", "iptables"} {
+		t.Run(to, func(t *testing.T) {
+			c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24")).kubeadm(everything)
+			s, cm, server := printConfig(t, c, to)
+			cfg := s.Config
+			want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}
+			if cm.Name != "kp" || cm.Namespace != "kube-system" || server != kubeProxyServer {
+				t.Errorf("ConfigMap %s/%s, server %q", cm.Namespace, cm.Name, server)
+			}
+			if string(cfg.Mode) != to || !slices.Equal(cfg.ClusterCIDRs, want) || !slices.Equal(cfg.NodePortAddresses, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}) {
+				t.Errorf("mode %s, clusterCIDRs %v, nodePortAddresses %v", cfg.Mode, cfg.ClusterCIDRs, cfg.NodePortAddresses)
+			}
+			if !cfg.MasqueradeAll || cfg.MasqueradeBit != 15 || cfg.LocalhostNodePorts || cfg.SyncPeriod != 20*time.Second || cfg.MinSyncPeriod != 2*time.Second {
+				t.Errorf("masqueradeAll %v bit %d localhost %v sync %v/%v", cfg.MasqueradeAll, cfg.MasqueradeBit, cfg.LocalhostNodePorts, cfg.SyncPeriod, cfg.MinSyncPeriod)
+			}
+			if v := cfg.IPVS; v.Scheduler != "lc" || !v.StrictARP || v.TCPTimeout != 10*time.Minute || len(v.ExcludeCIDRs) != 1 {
+				t.Errorf("ipvs %+v", v)
+			}
+			wantCT := conntrack.Tuning{MaxPerCore: 0, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: 30 * time.Minute,
+				TCPBeLiberal: true, UDPTimeout: 45 * time.Second}
+			if s.Conntrack != wantCT {
+				t.Errorf("conntrack %+v, want %+v", s.Conntrack, wantCT)
+			}
+			if cfg.MetricsBindAddress != "0.0.0.0:10249" || cfg.HealthzBindAddress != "0.0.0.0:10256" {
+				t.Errorf("metrics %q healthz %q", cfg.MetricsBindAddress, cfg.HealthzBindAddress)
+			}
+			for _, note := range []string{"# featureGates SomeGate=true left out", "# oomScoreAdj left out"} {
+				if !strings.Contains(cm.Data["config.conf"], note) {
+					t.Errorf("config.conf does not note %q", note)
+				}
+			}
+		})
+	}
+}
+
+// Without a clusterCIDR in kube-proxy's configuration, kubeadm's pod subnet
+// fills it in, and says so.
+func TestPrintConfigTakesClusterCIDRFromKubeadm(t *testing.T) {
+	c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24")).kubeadm("mode: iptables\n")
+	cm := configMap("kubeadm-config", map[string]string{"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\nnetworking:\n  podSubnet: 10.32.0.0/12\n"})
+	c.create(cm)
+	s, out, _ := printConfig(t, c, "nftables")
+	if !slices.Equal(s.Config.ClusterCIDRs, []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}) ||
+		!strings.Contains(out.Data["config.conf"], "# clusterCIDR from kubeadm-config's networking.podSubnet.") {
+		t.Errorf("clusterCIDRs %v\n%s", s.Config.ClusterCIDRs, out.Data["config.conf"])
+	}
+}
+
+// A kube-proxy run by flags alone: they carry over the same way.
+func TestPrintConfigFromAFlagsOnlyKubeProxy(t *testing.T) {
+	c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24"))
+	c.create(configMap("kube-proxy", map[string]string{"kubeconfig.conf": kubeconfigFor(kubeProxyServer)}))
+	c.create(daemonSet("kube-proxy", []string{"/usr/local/bin/kube-proxy", "--proxy-mode=iptables", "--kubeconfig=/var/lib/kube-proxy/kubeconfig.conf",
+		"--cluster-cidr=10.244.0.0/16", "--conntrack-max-per-core=0", "--masquerade-all"},
+		v1.VolumeMount{Name: "kube-proxy", MountPath: "/var/lib/kube-proxy"}, configMapVolume("kube-proxy", "kube-proxy")))
+	s, _, server := printConfig(t, c, "nftables")
+	if !slices.Equal(s.Config.ClusterCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}) || s.Conntrack.MaxPerCore != 0 ||
+		!s.Config.MasqueradeAll || server != kubeProxyServer {
+		t.Errorf("clusterCIDRs %v maxPerCore %d masqueradeAll %v server %q", s.Config.ClusterCIDRs, s.Conntrack.MaxPerCore, s.Config.MasqueradeAll, server)
+	}
+}
+
+// kube-proxy in-cluster (no kubeconfig): the API server's address is the
+// one the command reached it at, and the file says so.
+func TestPrintConfigFallsBackToTheCommandsAPIServer(t *testing.T) {
+	c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24"))
+	c.create(configMap("kube-proxy", map[string]string{"config.conf": header + "mode: iptables\n"}))
+	c.create(daemonSet("kube-proxy", []string{"kube-proxy", "--config=/var/lib/kube-proxy/config.conf"},
+		v1.VolumeMount{Name: "kube-proxy", MountPath: "/var/lib/kube-proxy"}, configMapVolume("kube-proxy", "kube-proxy")))
+	_, cm, server := printConfig(t, c, "nftables")
+	if server != "https://api.example:6443" || !strings.Contains(cm.Data["kubeconfig.conf"], "the address this command reached the API server at") {
+		t.Errorf("server %q\n%s", server, cm.Data["kubeconfig.conf"])
+	}
+}
