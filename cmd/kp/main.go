@@ -56,6 +56,9 @@ type app struct {
 	// is "not implemented yet".
 	backends      map[proxy.Mode]backendFactory
 	newKubeClient func(kubeconfig, master string) (kubeclient.Interface, error)
+	// clusterClient is kp migrate cluster's API client, and the API
+	// server's address it reaches.
+	clusterClient func(kubeconfig, context string) (kubeclient.Interface, string, error)
 	runProxy      func(ctx context.Context, cfg proxy.Config, opts server.RunOptions) error
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner
@@ -88,6 +91,7 @@ func newApp(stdout, stderr io.Writer) *app {
 			proxy.ModeNone: func(proxy.Config, *slog.Logger) (proxy.Backend, error) { return proxy.NoneBackend{}, nil },
 		},
 		newKubeClient: source.NewKubeClient,
+		clusterClient: clusterClient,
 		runProxy:      server.Run,
 		logOpts:       options.DefaultLogOptions(),
 	}

@@ -22,14 +22,11 @@ type migrateClusterOptions struct {
 	dryRun                       bool
 	// keepKubeProxy is the old --keep-kube-proxy: now the default.
 	keepKubeProxy bool
+	output        string
+	printConfig   bool
 }
 
-func newMigrateClusterCommand(a *app) *cobra.Command {
-	o := &migrateClusterOptions{}
-	cmd := &cobra.Command{
-		Use:   "cluster (--to MODE | --from-kube-proxy [--to MODE])",
-		Short: "Move every node, one at a time, from kube-proxy to kp or between kp modes, through the API server",
-		Long: `Move the cluster's nodes one by one (--max-unavailable at a time), through the API
+const migrateClusterLong = `Move the cluster's nodes one by one (--max-unavailable at a time), through the API
 server (--kubeconfig, or KUBECONFIG, or ~/.kube/config, as kubectl), each node's step
 gated on that node's kp being Ready, healthy and synced in the new mode: kp's own
 status and inventory, read through the API server's pod proxy on kp's healthz port
@@ -58,9 +55,37 @@ stay untouched, the failure (step, error) is recorded on the Node (annotation
 ` + cluster.AnnotationMigration + `), and re-running the same command resumes there.
 --rollback reverses the nodes the rollout reached, last first: for --to, each goes
 back to the mode it ran before; for --from-kube-proxy (needs kube-proxy's DaemonSet,
-kept unless --delete-kube-proxy), each goes back to kube-proxy without a gap: kube-proxy starts next to kp
-(label ` + cluster.ProxyHandback + `) and is gated on its rules being in the kernel, then kp
-switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
+kept unless --delete-kube-proxy), each goes back to kube-proxy without a gap:
+kube-proxy starts next to kp (label ` + cluster.ProxyHandback + `) and is gated on its rules being
+in the kernel, then kp switches to mode none (removes its rules, leaves
+kube-proxy's), then leaves.
+
+--from-kube-proxy --dry-run prints the plan, then the preflight: what will
+behave differently once kp serves, read from kube-proxy's configuration (its
+DaemonSet's --config ConfigMap, kubeadm's kube-system/kube-proxy config.conf, or
+its flags) and the Nodes (addresses, podCIDRs, CPUs): per item what kube-proxy
+does, what kp in the target mode will do (with kp's ConfigMap when it exists,
+else the one --print-config writes), a severity (ok, info, warning, error) and
+what to do. Items on every node: mode, config, api-server, masquerade-all,
+ipvs-scheduler, strict-arp, detect-local-mode; per node: localhost-nodeports,
+nodeport-addresses, cluster-cidr, conntrack. -o json writes the preflight alone
+as JSON: {"kubeProxy": {"mode", "config"}, "kp": {"mode", "modeFrom", "config", "generated"},
+"cluster": [ITEM], "nodes": [{"node", "addresses", "podCIDRs", "cpus", "items":
+[ITEM]}], "summary": {"ok", "info", "warning", "error"}}, ITEM being {"id",
+"severity", "kubeProxy", "kp", "action"}. An error item makes the dry run fail.
+The target mode is --to, else the mode of kp's ConfigMap, else nftables.
+
+--from-kube-proxy --print-config prints kp's ConfigMap written from
+kube-proxy's configuration (clusterCIDR, the API server's address, NodePort
+addresses, masquerading, sync periods, ipvs settings, conntrack), for kubectl
+apply before kp's DaemonSet.`
+
+func newMigrateClusterCommand(a *app) *cobra.Command {
+	o := &migrateClusterOptions{}
+	cmd := &cobra.Command{
+		Use:   "cluster (--to MODE | --from-kube-proxy [--to MODE])",
+		Short: "Move every node, one at a time, from kube-proxy to kp or between kp modes, through the API server",
+		Long:  migrateClusterLong,
 		Example: `  # From kube-proxy to kp, one node at a time (kube-proxy's DaemonSet is kept)
   kp migrate cluster --from-kube-proxy
   # (the first run labels the nodes and asks for kp's DaemonSet if it is missing:)
@@ -74,6 +99,11 @@ switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
 
   # The plan only
   kp migrate cluster --to iptables --dry-run
+
+  # Before leaving kube-proxy: what changes, per node; kp's ConfigMap from kube-proxy's
+  kp migrate cluster --from-kube-proxy --dry-run
+  kp migrate cluster --from-kube-proxy --dry-run -o json
+  kp migrate cluster --from-kube-proxy --print-config | kubectl apply -f -
 
   # After a pause: fix the node, then the same command resumes; or undo
   kp migrate cluster --to iptables
@@ -95,7 +125,9 @@ switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
 	fs.BoolVar(&o.keepKubeProxy, "keep-kube-proxy", false, "keep kube-proxy's DaemonSet (the default now)")
 	_ = fs.MarkDeprecated("keep-kube-proxy", "kube-proxy's DaemonSet is kept by default; --delete-kube-proxy deletes it")
 	fs.DurationVar(&o.req.NodeTimeout, "node-timeout", 5*time.Minute, "give up a node's step after this long")
-	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop; with --from-kube-proxy, also the preflight (what changes once kp serves)")
+	fs.StringVarP(&o.output, "output", "o", "text", "the dry run's output: text, or json (the preflight alone, as JSON)")
+	fs.BoolVar(&o.printConfig, "print-config", false, "with --from-kube-proxy: print kp's ConfigMap written from kube-proxy's configuration, and stop")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "the kubeconfig file (default: KUBECONFIG, then ~/.kube/config)")
 	fs.StringVar(&o.context, "context", "", "the kubeconfig context to use")
 	fs.StringVar(&o.namespace, "namespace", "kube-system", "the namespace of both DaemonSets")
@@ -117,14 +149,20 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 	if err := o.req.Validate(); err != nil {
 		return err
 	}
-	client, err := clusterClient(o.kubeconfig, o.context)
+	if err := o.checkPreflightFlags(); err != nil {
+		return err
+	}
+	client, server, err := a.clusterClient(o.kubeconfig, o.context)
 	if err != nil {
 		return err
+	}
+	if o.printConfig {
+		return a.printKPConfig(ctx, o, client, server)
 	}
 	c := cluster.New(cluster.Config{Client: client, KP: cluster.PodProxy{Client: client, Port: o.healthzPort},
 		Namespace: o.namespace, KPDaemonSet: o.kpDS, KubeProxyDaemonSet: o.kubeProxyDS, Out: a.stdout, Log: a.log})
 	if o.dryRun {
-		return c.PrintPlan(ctx, o.req)
+		return a.dryRun(ctx, o, c, client, server)
 	}
 	err = c.Run(ctx, o.req)
 	var se *cluster.StepError
@@ -135,15 +173,17 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 }
 
 // clusterClient builds an API client as kubectl does: --kubeconfig, else
-// KUBECONFIG, else ~/.kube/config (or the in-cluster configuration).
-func clusterClient(kubeconfig, context string) (kubeclient.Interface, error) {
+// KUBECONFIG, else ~/.kube/config (or the in-cluster configuration); it
+// returns the API server's address too.
+func clusterClient(kubeconfig, context string) (kubeclient.Interface, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
 		&clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("API client (--kubeconfig, KUBECONFIG or ~/.kube/config): %w", err)
+		return nil, "", fmt.Errorf("API client (--kubeconfig, KUBECONFIG or ~/.kube/config): %w", err)
 	}
 	cfg.UserAgent = "kp-migrate-cluster"
-	return kubeclient.New(cfg)
+	c, err := kubeclient.New(cfg)
+	return c, cfg.Host, err
 }
