@@ -59,7 +59,7 @@ func (c *Cluster) KPOverlay(imageTag string, opts ...KPOption) (string, error) {
 	config = strings.Replace(config, `clusterCIDR: ""`, fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
 	// A test node is a network namespace, where the kernel lets only the
 	// initial namespace set nf_conntrack_max: leave the table's size, as
-	// the upstream kube-proxy of these tests does (--conntrack-max-per-core=0).
+	// the upstream kube-proxy of these tests does (conntrack.maxPerCore: 0).
 	if !strings.Contains(config, "maxPerCore: 32768") {
 		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no conntrack maxPerCore: 32768 to set to 0")
 	}

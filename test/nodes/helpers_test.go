@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -38,11 +37,21 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() strin
 	}
 }
 
-// apply writes manifest to a file and kubectl applies it.
+// apply writes manifest to a file and kubectl applies it. The file is
+// not in t.TempDir(): a subtest's name may hold a comma, and kubectl -f
+// takes a comma as a list of paths.
 func apply(t *testing.T, c *cluster.Cluster, manifest string) {
 	t.Helper()
-	f := filepath.Join(t.TempDir(), "manifest.yaml")
-	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+	tmp, err := os.CreateTemp("", "kp-test-manifest-*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := tmp.Name()
+	t.Cleanup(func() { os.Remove(f) })
+	if _, err := tmp.WriteString(manifest); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.Kubectl("apply", "-f", f); err != nil {

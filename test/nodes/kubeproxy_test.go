@@ -25,9 +25,10 @@ func kubeProxyImage(t *testing.T) image.Image {
 }
 
 // kubeProxyManifest is upstream kube-proxy as a DaemonSet, as kubeadm
-// deploys it (hostNetwork, privileged, the system:node-proxier role), in
-// iptables mode, reaching the API server at its real address with its
-// service account's token.
+// deploys it (hostNetwork, privileged, the system:node-proxier role, its
+// configuration in ConfigMap kube-proxy's config.conf, read with --config),
+// in iptables mode, reaching the API server at its real address
+// (kubeconfig.conf) with its service account's token.
 func kubeProxyManifest(c *cluster.Cluster) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
@@ -54,6 +55,15 @@ metadata:
   name: kube-proxy
   namespace: kube-system
 data:
+  config.conf: |
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    kind: KubeProxyConfiguration
+    mode: iptables
+    clusterCIDR: %s
+    clientConnection:
+      kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+    conntrack:
+      maxPerCore: 0
   kubeconfig.conf: |
     apiVersion: v1
     kind: Config
@@ -98,11 +108,8 @@ spec:
           imagePullPolicy: Never
           command:
             - /usr/local/bin/kube-proxy
-            - --proxy-mode=iptables
-            - --kubeconfig=/var/lib/kube-proxy/kubeconfig.conf
+            - --config=/var/lib/kube-proxy/config.conf
             - --hostname-override=$(NODE_NAME)
-            - --cluster-cidr=%s
-            - --conntrack-max-per-core=0
           env:
             - name: NODE_NAME
               valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
@@ -115,7 +122,7 @@ spec:
           configMap: {name: kube-proxy}
         - name: xtables-lock
           hostPath: {path: /run/xtables.lock, type: FileOrCreate}
-`, c.API.Instance(0).Addr, kubeProxyRef, c.ClusterCIDR)
+`, c.ClusterCIDR, c.API.Instance(0).Addr, kubeProxyRef)
 }
 
 // kubeletChains are the KUBE- chains kubelet makes: not kube-proxy's.

@@ -119,6 +119,16 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 	if !handback {
 		fromKubeProxy = append(fromKubeProxy, "--delete-kube-proxy")
 	}
+	var kpConfigMap string
+	t.Run("the preflight reads kube-proxy's ConfigMap and both nodes; --print-config writes kp's from it", func(t *testing.T) {
+		start := time.Now()
+		kpConfigMap = checkPreflight(t, c, kpBin)
+		phase("preflight and --print-config", start)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	t.Run("from kube-proxy: node by node, kube-proxy's rules serve until kp has synced, none left, its DaemonSet kept", func(t *testing.T) {
 		start := time.Now()
 		out, err := kpMigrate(t, c, kpBin, fromKubeProxy...)
@@ -133,6 +143,10 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e")); err != nil {
 			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
 		}
+		// kp serves with the ConfigMap --print-config wrote from
+		// kube-proxy's, in place of the overlay's.
+		apply(t, c, kpConfigMap)
+		checkPreflightWithKPsConfigMap(t, c, kpBin)
 		// From here: the first run rolled kube-proxy's pods over (their
 		// new affinity), which is no node's turn.
 		w := watchNodes(t, c)

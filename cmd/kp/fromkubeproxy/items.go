@@ -22,7 +22,7 @@ func Target(to string, c *Cluster) (proxy.Target, string, error) {
 		t, err := proxy.ParseTarget(string(c.KP.KC.Mode))
 		return t, "the mode of " + c.KP.Source, err
 	}
-	return proxy.Target{Mode: proxy.ModeNFTables}, "kp's default (manifests/configmap.yaml; auto's first choice)", nil
+	return proxy.Target{Mode: proxy.ModeNFTables}, "kp's default: manifests/configmap.yaml's mode, and auto's first choice", nil
 }
 
 // preflight is one run: both sides and the cluster.
