@@ -226,7 +226,7 @@ func (r *serviceRender) filterSvc(a netip.Addr, order int, comment, args string)
 // --masquerade-all, else what is not local traffic (so the replies come
 // back through this node), as upstream.
 func (r *serviceRender) clusterMasquerade(clusterIPs []netip.Addr) []Rule {
-	notLocal, ok := localMatch(r.b.cfg, r.fam, true)
+	notLocal, ok := LocalMatch(r.b.cfg, r.fam, true)
 	var rules []Rule
 	for _, a := range clusterIPs {
 		switch {
@@ -239,12 +239,13 @@ func (r *serviceRender) clusterMasquerade(clusterIPs []netip.Addr) []Rule {
 	return rules
 }
 
-// localMatch is the match of local traffic (from this node's pods, as
+// LocalMatch is the match of local traffic (from this node's pods, as
 // upstream's detect-local modes tell it; with neg, of the rest): "-s CIDR"
 // with the mode's CIDR of the family (ClusterCIDR, NodeCIDR), "-i X" or
 // "-i X+" (BridgeInterface, InterfaceNamePrefix). ok is false when local
-// traffic cannot be told: no CIDR of the family.
-func localMatch(cfg proxy.Config, fam proxy.Family, neg bool) (match string, ok bool) {
+// traffic cannot be told: no CIDR of the family. The ipvs mode's chains
+// use it too.
+func LocalMatch(cfg proxy.Config, fam proxy.Family, neg bool) (match string, ok bool) {
 	not := ""
 	if neg {
 		not = "! "
@@ -312,7 +313,7 @@ func (r *serviceRender) externalChain(clusterChain, localChain, external string)
 	if !r.sp.ExternalPolicyLocal {
 		c.Rules = append(c.Rules, r.rule("masquerade traffic for "+r.name+" external destinations", "-j "+chainMarkMasq))
 	} else if clusterChain != "" {
-		if local, ok := localMatch(r.b.cfg, r.fam, false); ok {
+		if local, ok := LocalMatch(r.b.cfg, r.fam, false); ok {
 			c.Rules = append(c.Rules, r.rule("pod traffic for "+r.name+" external destinations", local+" -j "+clusterChain))
 		}
 		c.Rules = append(c.Rules,
