@@ -28,11 +28,14 @@ keep this node's kernel forwarding state in step with them.
 The Services come from the Kubernetes API (--kubeconfig, --master, or the in-cluster
 configuration when kp runs in a pod), or from a folder of YAML/JSON manifests
 (--manifests). Flags have kube-proxy's names and meanings; a KubeProxyConfiguration
-file (--config) is read as kube-proxy reads it, and flags set on the command line
-override it. kube-proxy settings kp does not implement are reported as errors;
-settings that only tune the process (OOM score, API client rates) are accepted
-and logged as ignored. The --conntrack-* settings are applied at start, as
-upstream applies them (kp sysctl applies them alone).
+file (--config) is read as kube-proxy reads it (strictly, else leniently with a
+warning), and as with kube-proxy, beside it only --hostname-override, --master,
+the logging flags and kp's own flags apply: the others are logged as ignored. kp
+exits when the file changes, so its pod restarts with it. kube-proxy settings kp
+does not implement are reported as errors; settings that only tune the process
+(OOM score, API client rates) are accepted and logged as ignored. The
+--conntrack-* settings are applied at start, as upstream applies them (kp sysctl,
+or --init-only, applies them alone). Logs are klog's text, as kube-proxy's.
 
 ` + wrap(options.IgnoredFlagsHelp(), 84),
 		Example: `  # In a kube-proxy DaemonSet: same arguments
@@ -48,7 +51,10 @@ upstream applies them (kp sysctl applies them alone).
   kp proxy --proxy-mode iptables --iptables-backend legacy --manifests ./manifests/demo --hostname-override node-1
 
   # Remove everything kp wrote, as kube-proxy --cleanup does
-  kp proxy --cleanup`,
+  kp proxy --cleanup
+
+  # The effective configuration of a DaemonSet's arguments, as a file
+  kp proxy --proxy-mode iptables --cluster-cidr 10.244.0.0/16 --write-config-to /tmp/kube-proxy.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// As upstream: --version before anything else, then the
