@@ -71,7 +71,7 @@ or --init-only, applies them alone). Logs are klog's text, as kube-proxy's.
 			case o.Cleanup:
 				return a.cleanup(cmd.Context(), s.Config)
 			case o.InitOnly:
-				a.tuneConntrack(s)
+				a.initNode(s)
 				a.log.Info("initialization done (--init-only); exiting")
 				return nil
 			}
