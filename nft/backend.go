@@ -180,7 +180,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			b.tables[f] = book
 			full = true
 		}
-		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.ClusterCIDRs),
+		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.LocalCIDRs()),
 			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
 		b.slotsMu.Lock()
 		if full {

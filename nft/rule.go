@@ -264,6 +264,25 @@ func (b *ruleBuilder) updateSet(src bool, set string) *ruleBuilder {
 		b.loadAddr(src, 1), &expr.Dynset{SrcRegKey: 1, SetName: set, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)})
 }
 
+// iifname matches the packet's input interface: "iifname "cbr0"" (the name,
+// zero-padded to IFNAMSIZ as nft compares it), or with prefix "iifname
+// "veth*"" (the name's first bytes only); != with neg.
+func (b *ruleBuilder) iifname(name string, prefix, neg bool) *ruleBuilder {
+	op, sym := expr.CmpOpEq, ""
+	if neg {
+		op, sym = expr.CmpOpNeq, "!= "
+	}
+	data, text := []byte(name), name
+	if prefix {
+		text += "*"
+	} else {
+		data = make([]byte, unix.IFNAMSIZ)
+		copy(data, name)
+	}
+	return b.add(fmt.Sprintf("iifname %s%q", sym, text),
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: data})
+}
+
 // fibSaddrLocal matches "fib saddr type local": the packet was sent by this
 // node itself (any of its addresses).
 func (b *ruleBuilder) fibSaddrLocal() *ruleBuilder {

@@ -205,28 +205,9 @@ func (r *serviceRender) route(e Element, chain string, noEndpoint Element, servi
 func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
 	var rules []Rule
 	for _, a := range only {
-		rules = append(rules, r.b.clusterMasquerade(r.f, proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs), a, r.comment)...)
+		rules = append(rules, r.b.clusterMasquerade(r.f, a, r.comment)...)
 	}
 	return rules
-}
-
-// clusterMasquerade is the masquerade decision for traffic to a ClusterIP
-// (to dst only, when valid): all of it with --masquerade-all, else what
-// comes from outside the cluster CIDRs (so replies come back through this
-// node); none without cluster CIDRs.
-func (b *Backend) clusterMasquerade(f family, clusterCIDRs []netip.Prefix, dst netip.Addr, comment string) []Rule {
-	rb := newRule(f)
-	if dst.IsValid() {
-		rb.addrIs(false, false, dst)
-	}
-	switch {
-	case b.cfg.MasqueradeAll:
-	case len(clusterCIDRs) > 0:
-		rb.addrInSet(true, true, setClusterCIDRs)
-	default:
-		return nil
-	}
-	return []Rule{rb.verdict(expr.VerdictJump, chainMarkMasq).build(comment)}
 }
 
 // policyChain writes what one traffic policy over eps needs and returns
@@ -250,7 +231,7 @@ func (b *Backend) clusterMasquerade(f family, clusterCIDRs []netip.Prefix, dst n
 func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []Rule, dnat string, own bool) policyPath {
 	if r.sp.AffinityTimeout > 0 {
 		if dnat == chainClusterDNAT {
-			first = r.b.clusterMasquerade(r.f, proxy.FilterPrefixes(r.f.pf, r.b.cfg.ClusterCIDRs), netip.Addr{}, r.comment)
+			first = r.b.clusterMasquerade(r.f, netip.Addr{}, r.comment)
 		}
 		return policyPath{chain: r.affinityChain(name, eps, first)}
 	}
@@ -367,8 +348,12 @@ func (r *serviceRender) external(cluster, local policyPath, noEndpoint Element) 
 			// As upstream: pods, and the node itself, reach every
 			// endpoint through the external addresses too; only
 			// traffic from outside keeps to this node's endpoints.
-			if len(proxy.FilterPrefixes(f.pf, r.b.cfg.ClusterCIDRs)) > 0 {
-				fromPods := func() *ruleBuilder { return newRule(f).addrInSet(true, false, setClusterCIDRs) }
+			if r.b.matchLocal(newRule(f), f, false) {
+				fromPods := func() *ruleBuilder {
+					rb := newRule(f)
+					r.b.matchLocal(rb, f, false)
+					return rb
+				}
 				rules = append(rules, r.rules(cluster, fromPods, "")...)
 			}
 			rules = append(rules, fromNode().verdict(expr.VerdictJump, chainMarkMasq).build(r.comment))

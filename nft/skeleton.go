@@ -57,6 +57,8 @@ func staticSets(f family) []*Set {
 		{Name: setServiceCIDRs, KeyType: f.addrType(), Interval: true,
 			Comment: "service CIDRs: unallocated addresses are dropped"},
 		{Name: setNodePortIPs, KeyType: f.addrType(), Comment: "node addresses NodePorts answer on"},
+		// Named for the default mode; with --detect-local-mode NodeCIDR
+		// it holds the node's pod CIDRs, in the interface modes nothing.
 		{Name: setClusterCIDRs, KeyType: f.addrType(), Interval: true, Comment: "--cluster-cidr"},
 		{Name: mapEndpoints, KeyType: nftables.TypeMark,
 			DataType: nftables.MustConcatSetType(f.addrType(), nftables.TypeInetService), Counter: true, KeyHostOrder: true,
@@ -83,7 +85,7 @@ func baseChain(name string, t nftables.ChainType, hook *nftables.ChainHook, hook
 // elements: what every sync desires whatever the Services.
 func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, serviceCIDRs []netip.Prefix) *objects {
 	v := newObjects()
-	for _, c := range slices.Concat(hookedChains(f), b.staticChains(f, clusterCIDRs)) {
+	for _, c := range slices.Concat(hookedChains(f), b.staticChains(f)) {
 		v.chains[c.Name] = c
 	}
 	for _, s := range staticSets(f) {
@@ -143,7 +145,7 @@ func hookedChains(f family) []*Chain {
 
 // staticChains are the chains the base chains lead to, the same whatever
 // the Services: they look packets up in the static maps and sets.
-func (b *Backend) staticChains(f family, clusterCIDRs []netip.Prefix) []*Chain {
+func (b *Backend) staticChains(f family) []*Chain {
 	// A TCP packet that starts a conntrack entry without opening a
 	// connection, addressed to this node, belongs to a flow someone else
 	// serves without conntrack: upstream's ipvs mode, whose connections
@@ -190,7 +192,7 @@ func (b *Backend) staticChains(f family, clusterCIDRs []netip.Prefix) []*Chain {
 		// Service, then the DNAT: one static chain rather than a rule in
 		// each Service's chain (a rule per Service less in a full sync's
 		// batch; test/bench/NOTES.md).
-		{Name: chainClusterDNAT, Rules: append(b.clusterMasquerade(f, clusterCIDRs, netip.Addr{}, ""),
+		{Name: chainClusterDNAT, Rules: append(b.clusterMasquerade(f, netip.Addr{}, ""),
 			newRule(f).verdict(expr.VerdictGoto, chainEndpointDNAT).build(""))},
 		{Name: chainEndpointDNAT, Rules: []Rule{
 			newRule(f).dnatSlotMap(6, mapEndpoints).build(""),

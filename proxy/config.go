@@ -17,8 +17,17 @@ type Config struct {
 	Master       string
 	ManifestsDir string
 
-	// ClusterCIDRs: traffic to a ClusterIP from outside these is masqueraded.
+	// ClusterCIDRs: traffic to a ClusterIP from outside these is masqueraded
+	// (when DetectLocal's mode is ClusterCIDR, the default).
 	ClusterCIDRs []netip.Prefix
+	// DetectLocal says which traffic comes from this node's pods ("local"):
+	// traffic to a ClusterIP from elsewhere is masqueraded, and with
+	// externalTrafficPolicy Local, local traffic to an external address
+	// may go to any endpoint. Backends ask LocalCIDRs and LocalInterface.
+	DetectLocal DetectLocal
+	// IgnoreExternalIPs leaves Services' externalIPs unproxied (upstream's
+	// feature gate AllowServiceExternalIPs=false).
+	IgnoreExternalIPs bool
 	// NodePortAddresses are CIDRs restricting where NodePorts answer; the
 	// special value "primary" is kept in NodePortPrimary.
 	NodePortAddresses []netip.Prefix
@@ -64,6 +73,71 @@ type Config struct {
 	// Profiling serves Go's profiles at /debug/pprof/ on the metrics
 	// server (upstream --profiling).
 	Profiling bool
+}
+
+// LocalMode is upstream's detectLocalMode: how local traffic is told apart.
+type LocalMode string
+
+// Upstream's detect-local modes; "" is ClusterCIDR.
+const (
+	LocalModeClusterCIDR         LocalMode = "ClusterCIDR"
+	LocalModeNodeCIDR            LocalMode = "NodeCIDR"
+	LocalModeBridgeInterface     LocalMode = "BridgeInterface"
+	LocalModeInterfaceNamePrefix LocalMode = "InterfaceNamePrefix"
+)
+
+// DetectLocal is upstream's detectLocalMode with what each mode reads.
+type DetectLocal struct {
+	Mode LocalMode
+	// PodCIDRs are the Node's spec.podCIDRs, for NodeCIDR (cmd/kp reads
+	// them before the backend starts, as upstream does).
+	PodCIDRs []netip.Prefix
+	// BridgeInterface (BridgeInterface) and InterfaceNamePrefix
+	// (InterfaceNamePrefix) are the interfaces local traffic arrives on.
+	BridgeInterface     string
+	InterfaceNamePrefix string
+}
+
+// LocalCIDRs are the source ranges of local traffic: the cluster CIDRs
+// (ClusterCIDR) or the node's pod CIDRs (NodeCIDR), at most one per family
+// as upstream takes them; none in the interface modes.
+func (c Config) LocalCIDRs() []netip.Prefix {
+	var cidrs []netip.Prefix
+	switch c.DetectLocal.Mode {
+	case "", LocalModeClusterCIDR:
+		cidrs = c.ClusterCIDRs
+	case LocalModeNodeCIDR:
+		cidrs = c.DetectLocal.PodCIDRs
+	default:
+		return nil
+	}
+	var out []netip.Prefix
+	seen4, seen6 := false, false
+	for _, p := range cidrs {
+		seen := &seen4
+		if !p.Addr().Is4() {
+			seen = &seen6
+		}
+		if !*seen {
+			*seen = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// LocalInterface is the interface local traffic arrives on, in the
+// interface modes: a name (BridgeInterface), or a prefix every such
+// interface's name starts with (InterfaceNamePrefix, prefix true). ok is
+// false in the CIDR modes.
+func (c Config) LocalInterface() (name string, prefix, ok bool) {
+	switch c.DetectLocal.Mode {
+	case LocalModeBridgeInterface:
+		return c.DetectLocal.BridgeInterface, false, true
+	case LocalModeInterfaceNamePrefix:
+		return c.DetectLocal.InterfaceNamePrefix, true, true
+	}
+	return "", false, false
 }
 
 // MasqueradeMark is the packet mark bit of MasqueradeBit, which flags a

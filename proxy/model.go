@@ -154,6 +154,10 @@ type Node struct {
 	// none. It is not a Service input: a change to it alone is no
 	// NodeChanged.
 	ProxyMode string
+	// PodCIDRs are the node's spec.podCIDRs (detectLocalMode NodeCIDR
+	// reads them at start; kp proxy exits when they change, as upstream).
+	// Not a Service input either.
+	PodCIDRs []netip.Prefix
 }
 
 // Zone is the node's topology.kubernetes.io/zone label.

@@ -34,6 +34,9 @@ type ChangeTrackerOptions struct {
 	// (kp's --service-cidrs); State.ServiceCIDRs is their union with the
 	// objects'.
 	ServiceCIDRs []netip.Prefix
+	// IgnoreExternalIPs drops every Service's externalIPs (upstream's
+	// feature gate AllowServiceExternalIPs=false).
+	IgnoreExternalIPs bool
 }
 
 // ChangeTracker is the Sink every source feeds. It converts and validates
@@ -65,6 +68,8 @@ type ChangeTracker struct {
 	triggerTimes map[types.NamespacedName]time.Time
 	node         Node
 	nodeLogKey   string
+
+	ignoreExternalIPs bool
 
 	syncedCount int
 	synced      chan struct{} // closed once every source has synced
@@ -125,6 +130,7 @@ func NewChangeTracker(opts ChangeTrackerOptions) *ChangeTracker {
 		published:    make(map[types.NamespacedName][]ServicePortName),
 	}
 	t.serviceCIDRs.static = slices.Clone(opts.ServiceCIDRs)
+	t.ignoreExternalIPs = opts.IgnoreExternalIPs
 	clk := opts.Clock
 	if clk == nil {
 		clk = clock.RealClock{}
@@ -173,6 +179,11 @@ func (t *ChangeTracker) updateService(key types.NamespacedName, svc *v1.Service)
 		return false
 	}
 	ports, err := ServicePortsFromService(svc)
+	if t.ignoreExternalIPs {
+		for _, sp := range ports {
+			sp.ExternalIPs = nil
+		}
+	}
 	entry := &serviceEntry{resourceVersion: svc.ResourceVersion, ports: ports}
 	entry.logKey = t.logOnce(old.lastLogKey(), svc.ResourceVersion, unjoin(err))
 	t.services[key] = entry

@@ -20,6 +20,7 @@ func NodeFrom(name string, node *v1.Node) (Node, []error) {
 	}
 	n := Node{Name: node.Name, Labels: maps.Clone(node.Labels), ProxyMode: node.Annotations[AnnotationProxyMode]}
 	var errs []error
+	n.PodCIDRs, errs = podCIDRs(node)
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for i, addr := range node.Status.Addresses {
 			if addr.Type != typ {
@@ -39,9 +40,31 @@ func NodeFrom(name string, node *v1.Node) (Node, []error) {
 	return n, errs
 }
 
-// Equal reports whether two Nodes carry the same name, addresses, labels
-// and requested proxy mode.
-func (n Node) Equal(o Node) bool { return n.sameForServices(o) && n.ProxyMode == o.ProxyMode }
+// podCIDRs reads spec.podCIDRs, or the older spec.podCIDR alone.
+func podCIDRs(node *v1.Node) ([]netip.Prefix, []error) {
+	field, cidrs := "spec.podCIDRs", node.Spec.PodCIDRs
+	if len(cidrs) == 0 && node.Spec.PodCIDR != "" {
+		field, cidrs = "spec.podCIDR", []string{node.Spec.PodCIDR}
+	}
+	var out []netip.Prefix
+	var errs []error
+	for i, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			errs = append(errs, &FieldError{Kind: "Node", Object: types.NamespacedName{Name: node.Name},
+				Field: fmt.Sprintf("%s[%d]", field, i), Err: err})
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out, errs
+}
+
+// Equal reports whether two Nodes carry the same name, addresses, labels,
+// requested proxy mode and pod CIDRs.
+func (n Node) Equal(o Node) bool {
+	return n.sameForServices(o) && n.ProxyMode == o.ProxyMode && slices.Equal(n.PodCIDRs, o.PodCIDRs)
+}
 
 // sameForServices reports whether two Nodes program Services the same:
 // name, addresses and labels.

@@ -460,3 +460,26 @@ func TestNodeAddressErrorNamesTheNode(t *testing.T) {
 		t.Errorf("errors = %v", errs)
 	}
 }
+
+// Upstream's feature gate AllowServiceExternalIPs=false: no externalIPs are
+// proxied, and the Node's pod CIDRs are part of the Node kp sees.
+func TestTrackerIgnoresExternalIPsWhenAsked(t *testing.T) {
+	for _, ignore := range []bool{false, true} {
+		tr := NewChangeTracker(ChangeTrackerOptions{NodeName: "node-a", Log: slog.New(slog.DiscardHandler), Sources: 1,
+			IgnoreExternalIPs: ignore})
+		proxytest.AddService(tr, proxytest.Service("ns", "web", func(s *v1.Service) {
+			s.Spec.ExternalIPs = []string{"192.0.2.10"}
+		}))
+		tr.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: v1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}})
+		tr.OnSynced()
+		s := tr.Snapshot()
+		for name, sp := range s.Services {
+			if got := len(sp.ExternalIPs); (got == 0) != ignore {
+				t.Errorf("IgnoreExternalIPs %t: %s has external IPs %v", ignore, name, sp.ExternalIPs)
+			}
+		}
+		if len(s.Services) == 0 || fmt.Sprint(s.Node.PodCIDRs) != "[10.244.1.0/24]" {
+			t.Errorf("services %v, node %+v", s.Services, s.Node)
+		}
+	}
+}

@@ -21,6 +21,12 @@ func (a *app) tuneConntrack(s options.Settings) []statusapi.Sysctl {
 	return out
 }
 
+// initNode does what needs a privileged process before kp proxy runs: kp
+// sysctl's work, and kp proxy --init-only's (upstream's --init-only).
+func (a *app) initNode(s options.Settings) {
+	a.tuneConntrack(s)
+}
+
 func newSysctlCommand(a *app) *cobra.Command {
 	o := &options.Options{}
 	cmd := &cobra.Command{
@@ -42,7 +48,7 @@ written is reported as a warning; the command fails only on invalid flags or con
 			if err != nil {
 				return err
 			}
-			a.tuneConntrack(s)
+			a.initNode(s)
 			return nil
 		},
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -55,10 +56,10 @@ func TestConntrackSysctlsFollowUpstreamsFlagsAndConfig(t *testing.T) {
 			file: "conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpBeLiberal: true, udpTimeout: 10s}\n",
 			want: map[string]string{"nf_conntrack_tcp_timeout_established": "86400", "nf_conntrack_tcp_timeout_close_wait": "7200",
 				"nf_conntrack_tcp_be_liberal": "1", "nf_conntrack_udp_timeout": "10"}},
-		{name: "a flag beats the file",
+		{name: "beside the file, a flag is ignored, as upstream ignores it",
 			file: "conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 2h}\n",
 			args: []string{"--conntrack-tcp-timeout-close-wait=10m"},
-			want: map[string]string{"nf_conntrack_tcp_timeout_established": "86400", "nf_conntrack_tcp_timeout_close_wait": "600"}},
+			want: map[string]string{"nf_conntrack_tcp_timeout_established": "86400", "nf_conntrack_tcp_timeout_close_wait": "7200"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,7 +80,7 @@ func TestConntrackSysctlsFollowUpstreamsFlagsAndConfig(t *testing.T) {
 			}
 			// Each change is logged old → new, and the status API gets
 			// every setting made.
-			if n := strings.Count(h.stderr.String(), `msg="set conntrack sysctl"`); n != len(tt.want) {
+			if n := strings.Count(h.stderr.String(), `] "set conntrack sysctl"`); n != len(tt.want) {
 				t.Errorf("%d changes logged, want %d:\n%s", n, len(tt.want), h.stderr.String())
 			}
 			for _, s := range h.opts.Sysctls {
@@ -106,7 +107,7 @@ func TestConntrackSysctlThatCannotBeWrittenIsAWarningNotAnExit(t *testing.T) {
 		t.Fatalf("exit %d, ran %v:\n%s", code, h.ran, h.stderr.String())
 	}
 	log := h.stderr.String()
-	if !strings.Contains(log, `level=WARN msg="cannot set a conntrack sysctl; kp goes on with the kernel's value" sysctl=net.netfilter.nf_conntrack_tcp_timeout_close_wait`) ||
+	if !regexp.MustCompile(`(?m)^W\d{4} .*\] "cannot set a conntrack sysctl; kp goes on with the kernel's value" sysctl="net.netfilter.nf_conntrack_tcp_timeout_close_wait"`).MatchString(log) ||
 		!strings.Contains(log, "writable /proc/sys") {
 		t.Errorf("no warning naming the sysctl and the fix:\n%s", log)
 	}
@@ -123,8 +124,8 @@ func TestConntrackSysctlThatCannotBeWrittenIsAWarningNotAnExit(t *testing.T) {
 
 func TestSysctlCommandSetsWhatProxyWouldAndExits(t *testing.T) {
 	h := newHarness(t)
-	path := writeFile(t, "kube-proxy.yaml", header+"conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 1h}\n")
-	if code := h.run("sysctl", "--config", path, "--conntrack-udp-timeout=1m"); code != 0 || h.ran {
+	path := writeFile(t, "kube-proxy.yaml", header+"conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 1h, udpTimeout: 1m}\n")
+	if code := h.run("sysctl", "--config", path); code != 0 || h.ran {
 		t.Fatalf("exit %d, proxy ran %v:\n%s", code, h.ran, h.stderr.String())
 	}
 	got := sysctlValues(t, h.procSys)

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -62,6 +63,9 @@ type app struct {
 	runProxy      func(ctx context.Context, cfg proxy.Config, opts server.RunOptions) error
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner
+	// podCIDRTimeout bounds the wait for the Node's pod CIDRs
+	// (detectLocalMode NodeCIDR).
+	podCIDRTimeout time.Duration
 
 	logOpts options.LogOptions // bound to the root's persistent flags
 	log     *slog.Logger
@@ -90,10 +94,11 @@ func newApp(stdout, stderr io.Writer) *app {
 			},
 			proxy.ModeNone: func(proxy.Config, *slog.Logger) (proxy.Backend, error) { return proxy.NoneBackend{}, nil },
 		},
-		newKubeClient: source.NewKubeClient,
-		clusterClient: clusterClient,
-		runProxy:      server.Run,
-		logOpts:       options.DefaultLogOptions(),
+		newKubeClient:  source.NewKubeClient,
+		clusterClient:  clusterClient,
+		runProxy:       server.Run,
+		podCIDRTimeout: podCIDRTimeout,
+		logOpts:        options.DefaultLogOptions(),
 	}
 }
 
@@ -149,7 +154,7 @@ DaemonSet can run kp with its arguments unchanged.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := options.NewLogger(a.stderr, a.logOpts)
+			log, err := options.NewLogger(a.stdout, a.stderr, a.logOpts)
 			if err != nil {
 				return err
 			}

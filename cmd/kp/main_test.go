@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
 	"github.com/kpproxy/kp/migrate"
@@ -113,14 +115,39 @@ func TestHelpOfEveryCommandShowsAnExample(t *testing.T) {
 	}
 }
 
-func TestProxyHelpListsUpstreamFlags(t *testing.T) {
+// TestProxyHelpListsEveryUpstreamFlag holds kp proxy --help to upstream
+// kube-proxy's: every flag upstream's --help lists (options.UpstreamFlags,
+// generated from the pinned k8s.io/kubernetes module and checked against it
+// by TestUpstreamFactsAreThePinnedModules) is listed, and every flag
+// upstream accepts, the hidden deprecated ones too, parses.
+func TestProxyHelpListsEveryUpstreamFlag(t *testing.T) {
 	h := newHarness(t)
-	h.run("proxy", "--help")
-	for _, flag := range []string{"--proxy-mode", "--kubeconfig", "--master", "--hostname-override", "--cluster-cidr",
-		"--nodeport-addresses", "--masquerade-all", "--iptables-masquerade-bit", "--sync-period", "--min-sync-period",
-		"--config-sync-period", "--metrics-bind-address", "--healthz-bind-address", "--config", "--cleanup",
-		"--manifests", "--log-format", "-v, --v"} {
-		if !strings.Contains(h.stdout.String(), flag) {
+	if code := h.run("proxy", "--help"); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr.String())
+	}
+	help := h.stdout.String()
+	listed := options.UpstreamFlags(true)
+	if len(listed) < 50 {
+		t.Fatalf("only %d upstream flags listed: %v", len(listed), listed)
+	}
+	for _, name := range listed {
+		if !regexp.MustCompile(`(?m)^\s+(-\w, )?--` + regexp.QuoteMeta(name) + `[ =\[]`).MatchString(help) {
+			t.Errorf("kp proxy --help does not list upstream's --%s", name)
+		}
+	}
+	cmd := newRootCommand(newApp(io.Discard, io.Discard))
+	proxyCmd, _, err := cmd.Find([]string{"proxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range options.UpstreamFlags(false) {
+		if proxyCmd.Flags().Lookup(name) == nil && proxyCmd.InheritedFlags().Lookup(name) == nil && name != "help" {
+			t.Errorf("kp proxy has no flag --%s", name)
+		}
+	}
+	// kp's own, still there.
+	for _, flag := range []string{"--manifests", "--log-format", "--sync-period", "--service-cidrs"} {
+		if !strings.Contains(help, flag) {
 			t.Errorf("proxy --help does not mention %s", flag)
 		}
 	}
@@ -231,7 +258,7 @@ func TestAutoModeFallsBackToTheFirstModeWhoseProbePasses(t *testing.T) {
 				!strings.Contains(c.Refused[0].Reason, "the kernel has no nf_tables") {
 				t.Errorf("mode choice %+v, want auto with nftables refused for its reason", c)
 			}
-			for _, want := range []string{`msg="proxy mode refused" mode=nftables`, "the kernel has no nf_tables", `msg="proxy mode chosen" mode=iptables`} {
+			for _, want := range []string{`"proxy mode refused" mode="nftables"`, "the kernel has no nf_tables", `"proxy mode chosen" mode="iptables"`} {
 				if !strings.Contains(h.stderr.String(), want) {
 					t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
 				}

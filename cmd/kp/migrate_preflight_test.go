@@ -117,7 +117,10 @@ func TestMigrateClusterPrintConfigWritesKPsConfigMapFromKubeProxys(t *testing.T)
 	if err := yaml.UnmarshalStrict(h.stdout.Bytes(), &cm); err != nil {
 		t.Fatalf("%v\n%s", err, h.stdout.String())
 	}
-	kc, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "printed")
+	kc, lenient, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "printed")
+	if len(lenient) > 0 {
+		t.Errorf("the printed configuration decodes only leniently: %v", lenient)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

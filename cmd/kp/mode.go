@@ -73,3 +73,28 @@ func (a *app) buildMode(s options.Settings) (proxy.Backend, error) {
 	}
 	return backend, nil
 }
+
+// warnDefaultMode warns, once at start, when no mode was set and kp runs
+// another mode than kube-proxy would: upstream's empty mode is iptables,
+// kp's is the first mode this node runs (nftables first). It names what an
+// operator of a kube-proxy cluster would notice.
+func (a *app) warnDefaultMode(s options.Settings) {
+	cfg := s.Config
+	if !s.ModeUnset || cfg.Mode == proxy.ModeIPTables {
+		return
+	}
+	nodePorts := "answers NodePorts on every local IP (and 127.0.0.1, localhostNodePorts)"
+	ours := "answers NodePorts on the addresses nodePortAddresses lists, as kube-proxy would"
+	switch {
+	case len(cfg.NodePortAddresses) > 0:
+		nodePorts = ours
+	case cfg.NodePortPrimary:
+		ours = "answers NodePorts on the node's primary IPs only (nodePortAddresses unset: nftables mode's default)"
+	default:
+		ours = "answers NodePorts on every local IP, but not on 127.0.0.1"
+	}
+	a.log.Warn("no proxy mode set (mode: \"\" in the config file, no --proxy-mode): kube-proxy runs iptables mode then, kp runs the first mode this node supports",
+		"mode", cfg.Mode, "kube-proxy", "iptables mode: KUBE-* iptables chains; "+nodePorts,
+		"kp", string(cfg.Mode)+" mode: "+ours,
+		"fix", "set mode (or --proxy-mode) to the mode you want: iptables keeps kube-proxy's behaviour")
+}

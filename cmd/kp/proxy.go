@@ -28,11 +28,14 @@ keep this node's kernel forwarding state in step with them.
 The Services come from the Kubernetes API (--kubeconfig, --master, or the in-cluster
 configuration when kp runs in a pod), or from a folder of YAML/JSON manifests
 (--manifests). Flags have kube-proxy's names and meanings; a KubeProxyConfiguration
-file (--config) is read as kube-proxy reads it, and flags set on the command line
-override it. kube-proxy settings kp does not implement are reported as errors;
-settings that only tune the process (OOM score, API client rates) are accepted
-and logged as ignored. The --conntrack-* settings are applied at start, as
-upstream applies them (kp sysctl applies them alone).
+file (--config) is read as kube-proxy reads it (strictly, else leniently with a
+warning), and as with kube-proxy, beside it only --hostname-override, --master,
+the logging flags and kp's own flags apply: the others are logged as ignored. kp
+exits when the file changes, so its pod restarts with it. kube-proxy settings kp
+does not implement are reported as errors; settings that only tune the process
+(OOM score, API client rates) are accepted and logged as ignored. The
+--conntrack-* settings are applied at start, as upstream applies them (kp sysctl,
+or --init-only, applies them alone). Logs are klog's text, as kube-proxy's.
 
 ` + wrap(options.IgnoredFlagsHelp(), 84),
 		Example: `  # In a kube-proxy DaemonSet: same arguments
@@ -48,15 +51,29 @@ upstream applies them (kp sysctl applies them alone).
   kp proxy --proxy-mode iptables --iptables-backend legacy --manifests ./manifests/demo --hostname-override node-1
 
   # Remove everything kp wrote, as kube-proxy --cleanup does
-  kp proxy --cleanup`,
+  kp proxy --cleanup
+
+  # The effective configuration of a DaemonSet's arguments, as a file
+  kp proxy --proxy-mode iptables --cluster-cidr 10.244.0.0/16 --write-config-to /tmp/kube-proxy.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.settings(cmd, o)
-			if err != nil {
-				return err
+			// As upstream: --version before anything else, then the
+			// settings, then what the flags ask instead of proxying.
+			if print, raw := o.Version.Requested(); print {
+				return a.printVersion(raw)
 			}
-			if o.Cleanup {
+			s, err := a.settings(cmd, o)
+			switch {
+			case err != nil:
+				return err
+			case o.WriteConfigTo != "":
+				return a.writeConfig(o.WriteConfigTo, s)
+			case o.Cleanup:
 				return a.cleanup(cmd.Context(), s.Config)
+			case o.InitOnly:
+				a.initNode(s)
+				a.log.Info("initialization done (--init-only); exiting")
+				return nil
 			}
 			return a.proxy(cmd.Context(), s)
 		},
@@ -79,19 +96,41 @@ func (a *app) settings(cmd *cobra.Command, o *options.Options) (options.Settings
 // logs what kp accepted but ignores.
 func (a *app) useSettings(s options.Settings) error {
 	if s.Log != a.logOpts {
-		log, err := options.NewLogger(a.stderr, s.Log)
+		log, err := options.NewLogger(a.stdout, a.stderr, s.Log)
 		if err != nil {
 			return err
 		}
 		a.log = log
 	}
 	for _, ig := range s.Ignored {
-		a.log.Info("ignoring kube-proxy setting", "setting", ig.Name, "reason", ig.Reason)
+		if ig.Warn {
+			a.log.Warn("ignoring kube-proxy setting", "setting", ig.Name, "reason", ig.Reason)
+		} else {
+			a.log.Info("ignoring kube-proxy setting", "setting", ig.Name, "reason", ig.Reason)
+		}
 	}
 	return nil
 }
 
-// proxy runs the proxy until ctx ends.
+// writeConfig is --write-config-to: the effective configuration written as
+// a KubeProxyConfiguration, then exit, as upstream.
+func (a *app) writeConfig(path string, s options.Settings) error {
+	notWritten, err := options.WriteConfig(path, s)
+	if err != nil {
+		return err
+	}
+	if len(notWritten) > 0 {
+		a.log.Warn("the configuration file has no field for these kp settings; pass them as flags",
+			"settings", strings.Join(notWritten, ","))
+	}
+	a.log.Info("Wrote configuration", "file", path)
+	return nil
+}
+
+// proxy runs the proxy until ctx ends, or until what it started with
+// changes (the --config file, the Node's pod CIDRs with NodeCIDR): then it
+// returns that as an error, so kp exits 1 and its pod restarts, as
+// upstream's does.
 func (a *app) proxy(ctx context.Context, s options.Settings) error {
 	// The source first: it does not depend on the mode, and a missing one
 	// is the first thing to fix.
@@ -99,7 +138,19 @@ func (a *app) proxy(ctx context.Context, s options.Settings) error {
 	if err != nil {
 		return err
 	}
-	s, backend, choice, err := a.startBackend(ctx, s)
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if s.ConfigFile != "" {
+		if err := watchConfigFile(runCtx, s.ConfigFile, s.ConfigFileData, a.log, stop); err != nil {
+			return err
+		}
+	}
+	if s.Config.DetectLocal.Mode == proxy.LocalModeNodeCIDR {
+		if s, err = a.withPodCIDRs(runCtx, s, client); err != nil {
+			return err
+		}
+	}
+	s, backend, choice, err := a.startBackend(runCtx, s)
 	if err != nil {
 		return err
 	}
@@ -107,7 +158,11 @@ func (a *app) proxy(ctx context.Context, s options.Settings) error {
 
 	a.log.Info("starting kp proxy", "version", a.version, "mode", cfg.Mode, "node", cfg.HostnameOverride,
 		"source", sourceName(cfg), "healthz", cfg.HealthzBindAddress, "metrics", cfg.MetricsBindAddress)
+	a.warnDefaultMode(s)
 	opts := a.runOptions(cfg, backend, sources)
+	if cfg.DetectLocal.Mode == proxy.LocalModeNodeCIDR {
+		opts.Observers = append(opts.Observers, &podCIDRWatch{want: cfg.DetectLocal.PodCIDRs, log: a.log, cancel: stop})
+	}
 	// The Switcher takes the node over after the first sync and switches
 	// modes when asked (kp migrate node).
 	sw := a.switcher(s, backend, opts.Observers)
@@ -118,7 +173,11 @@ func (a *app) proxy(ctx context.Context, s options.Settings) error {
 	opts.Sysctls = a.tuneConntrack(s)
 	opts.ModeChoice = choice
 	opts.Inventory = migrate.InventoryPrograms
-	err = a.runProxy(ctx, cfg, opts)
+	err = a.runProxy(runCtx, cfg, opts)
+	var restart errRestart
+	if errors.As(context.Cause(runCtx), &restart) {
+		return restart
+	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil
 	}
@@ -127,6 +186,26 @@ func (a *app) proxy(ctx context.Context, s options.Settings) error {
 	}
 	a.log.Info("kp proxy stopped")
 	return nil
+}
+
+// withPodCIDRs reads the Node's pod CIDRs into s (and into the settings of
+// every other mode auto or a switch may build), for detectLocalMode
+// NodeCIDR.
+func (a *app) withPodCIDRs(ctx context.Context, s options.Settings, client kubeclient.Interface) (options.Settings, error) {
+	cidrs, err := a.nodePodCIDRs(ctx, s.Config, client)
+	if err != nil {
+		return s, err
+	}
+	a.log.Info("detecting local traffic by the node's pod CIDRs", "podCIDRs", prefixList(cidrs))
+	s.Config.DetectLocal.PodCIDRs = cidrs
+	if forMode := s.ForMode; forMode != nil {
+		s.ForMode = func(m proxy.Mode) (options.Settings, error) {
+			sm, err := forMode(m)
+			sm.Config.DetectLocal.PodCIDRs = cidrs
+			return sm, err
+		}
+	}
+	return s, nil
 }
 
 // runOptions adds to the backend what follows its syncs: the cleaner of

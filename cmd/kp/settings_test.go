@@ -33,8 +33,8 @@ func runProxyWith(t *testing.T, dir string, extraModes []proxy.Mode, args ...str
 func TestIgnoredFlagsAreLogged(t *testing.T) {
 	_, h := runProxyWith(t, t.TempDir(), nil, "--kube-api-qps=20", "--oom-score-adj=-999")
 	for _, want := range []string{
-		`msg="ignoring kube-proxy setting" setting=--kube-api-qps reason="kp sets its own API client rate limits"`,
-		`setting=--oom-score-adj`,
+		`] "ignoring kube-proxy setting" setting="--kube-api-qps" reason="kp sets its own API client rate limits"`,
+		`setting="--oom-score-adj"`,
 	} {
 		if !strings.Contains(h.stderr.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, h.stderr.String())
@@ -55,7 +55,7 @@ func TestProxyFlagErrors(t *testing.T) {
 		{"userspace not built yet", []string{"--proxy-mode", "userspace"},
 			`kp: --proxy-mode=userspace is not implemented yet; use nftables`},
 		{"malformed feature gates", []string{"--feature-gates", "NFTablesProxyMode"},
-			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: "NFTablesProxyMode": want Name=true|false (see 'kp proxy --help')`},
+			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: malformed pair, expect string=bool (see 'kp proxy --help')`},
 		{"positional arguments", []string{"extra"},
 			`kp: unknown command "extra" for "kp proxy"`},
 	}
@@ -76,7 +76,7 @@ func TestProxyFlagErrors(t *testing.T) {
 func TestConfigFileLoggingAppliesUnlessFlagsSetIt(t *testing.T) {
 	path := writeFile(t, "kube-proxy.yaml", header+"logging: {format: json, verbosity: 4}\n")
 	_, h := runProxyWith(t, t.TempDir(), nil, "--config", path)
-	if !strings.Contains(h.stderr.String(), `{"time":`) || !strings.Contains(h.stderr.String(), `"level":"INFO","msg":"starting kp proxy"`) {
+	if !strings.Contains(h.stderr.String(), `{"ts":`) || !strings.Contains(h.stderr.String(), `"msg":"starting kp proxy"`) {
 		t.Errorf("file's logging.format json not used:\n%s", h.stderr.String())
 	}
 	if h.a.log == nil || !h.a.log.Enabled(t.Context(), -4) {
@@ -84,7 +84,7 @@ func TestConfigFileLoggingAppliesUnlessFlagsSetIt(t *testing.T) {
 	}
 
 	_, h = runProxyWith(t, t.TempDir(), nil, "--config", path, "--log-format", "text", "--v", "0")
-	if strings.Contains(h.stderr.String(), `{"time":`) || h.a.log.Enabled(t.Context(), -1) {
+	if strings.Contains(h.stderr.String(), `{"ts":`) || h.a.log.Enabled(t.Context(), -1) {
 		t.Errorf("flags did not override the file's logging:\n%s", h.stderr.String())
 	}
 }
@@ -122,7 +122,7 @@ func TestJSONLogFormat(t *testing.T) {
 
 func TestUpstreamLoggingFormatFlag(t *testing.T) {
 	_, h := runProxyWith(t, t.TempDir(), nil, "--logging-format=json")
-	if !strings.HasPrefix(h.stderr.String(), `{"time":`) {
+	if !strings.HasPrefix(h.stderr.String(), `{"ts":`) {
 		t.Errorf("--logging-format=json not honoured:\n%s", h.stderr.String())
 	}
 }

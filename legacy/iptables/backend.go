@@ -241,7 +241,7 @@ func (b *Backend) Probe(ctx context.Context) error {
 }
 
 func (b *Backend) needsIPv6() bool {
-	for _, ps := range [][]netip.Prefix{b.cfg.ClusterCIDRs, b.cfg.NodePortAddresses, b.cfg.ServiceCIDRs} {
+	for _, ps := range [][]netip.Prefix{b.cfg.ClusterCIDRs, b.cfg.DetectLocal.PodCIDRs, b.cfg.NodePortAddresses, b.cfg.ServiceCIDRs} {
 		if len(proxy.FilterPrefixes(proxy.IPv6, ps)) > 0 {
 			return true
 		}

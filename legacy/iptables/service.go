@@ -223,20 +223,44 @@ func (r *serviceRender) filterSvc(a netip.Addr, order int, comment, args string)
 }
 
 // clusterMasquerade marks ClusterIP traffic for masquerade: all of it with
-// --masquerade-all, else what comes from outside --cluster-cidr (so the
-// replies come back through this node), as upstream.
+// --masquerade-all, else what is not local traffic (so the replies come
+// back through this node), as upstream.
 func (r *serviceRender) clusterMasquerade(clusterIPs []netip.Addr) []Rule {
-	cidrs := proxy.FilterPrefixes(r.fam, r.b.cfg.ClusterCIDRs)
+	notLocal, ok := LocalMatch(r.b.cfg, r.fam, true)
 	var rules []Rule
 	for _, a := range clusterIPs {
 		switch {
 		case r.b.cfg.MasqueradeAll:
 			rules = append(rules, r.rule(r.name+" cluster IP", r.dst(a)+" -j "+chainMarkMasq))
-		case len(cidrs) > 0:
-			rules = append(rules, r.rule(r.name+" cluster IP", fmt.Sprintf("%s ! -s %s -j %s", r.dst(a), cidrs[0], chainMarkMasq)))
+		case ok:
+			rules = append(rules, r.rule(r.name+" cluster IP", fmt.Sprintf("%s %s -j %s", r.dst(a), notLocal, chainMarkMasq)))
 		}
 	}
 	return rules
+}
+
+// LocalMatch is the match of local traffic (from this node's pods, as
+// upstream's detect-local modes tell it; with neg, of the rest): "-s CIDR"
+// with the mode's CIDR of the family (ClusterCIDR, NodeCIDR), "-i X" or
+// "-i X+" (BridgeInterface, InterfaceNamePrefix). ok is false when local
+// traffic cannot be told: no CIDR of the family. The ipvs mode's chains
+// use it too.
+func LocalMatch(cfg proxy.Config, fam proxy.Family, neg bool) (match string, ok bool) {
+	not := ""
+	if neg {
+		not = "! "
+	}
+	if name, prefix, isIface := cfg.LocalInterface(); isIface {
+		if prefix {
+			name += "+"
+		}
+		return not + "-i " + name, true
+	}
+	cidrs := proxy.FilterPrefixes(fam, cfg.LocalCIDRs())
+	if len(cidrs) == 0 {
+		return "", false
+	}
+	return not + "-s " + cidrs[0].String(), true
 }
 
 // policyChain writes a KP-SVC- or KP-SVL- chain over eps: with ClientIP
@@ -289,8 +313,8 @@ func (r *serviceRender) externalChain(clusterChain, localChain, external string)
 	if !r.sp.ExternalPolicyLocal {
 		c.Rules = append(c.Rules, r.rule("masquerade traffic for "+r.name+" external destinations", "-j "+chainMarkMasq))
 	} else if clusterChain != "" {
-		if cidrs := proxy.FilterPrefixes(r.fam, r.b.cfg.ClusterCIDRs); len(cidrs) > 0 {
-			c.Rules = append(c.Rules, r.rule("pod traffic for "+r.name+" external destinations", "-s "+cidrs[0].String()+" -j "+clusterChain))
+		if local, ok := LocalMatch(r.b.cfg, r.fam, false); ok {
+			c.Rules = append(c.Rules, r.rule("pod traffic for "+r.name+" external destinations", local+" -j "+clusterChain))
 		}
 		c.Rules = append(c.Rules,
 			r.rule("masquerade LOCAL traffic for "+r.name+" external destinations", "-m addrtype --src-type LOCAL -j "+chainMarkMasq),

@@ -11,6 +11,7 @@ import (
 	"github.com/moby/ipvs"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/proxytest"
 	"github.com/kpproxy/kp/proxy/statetest"
@@ -207,7 +208,8 @@ func TestSetsInputSwapsFullAndEditsPartial(t *testing.T) {
 }
 
 func TestChainsUseKPIPVSNamesAndTheMarkBit(t *testing.T) {
-	chains := renderChains(rulesInput{family: proxy.IPv4, masqMark: 0x4000, clusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	notLocal, _ := iptables.LocalMatch(proxy.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}, proxy.IPv4, true)
+	chains := renderChains(rulesInput{family: proxy.IPv4, masqMark: 0x4000, notLocal: notLocal})
 	in := string(restoreInput(chains, nil))
 	for _, w := range []string{
 		"-A KP-IPVS-SERVICES -m comment --comment \"ClusterIPs from outside the cluster\" ! -s 10.244.0.0/16 -m set --match-set KP-CLUSTER-IP dst,dst -j KP-IPVS-MARK-MASQ",
@@ -223,6 +225,36 @@ func TestChainsUseKPIPVSNamesAndTheMarkBit(t *testing.T) {
 	for _, c := range chains {
 		if !strings.HasPrefix(c.Name, "KP-IPVS-") || len(c.Name) > 28 {
 			t.Errorf("chain %s: want KP-IPVS- and at most 28 characters", c.Name)
+		}
+	}
+}
+
+// The ClusterIPs' masquerade decision follows --detect-local-mode, as
+// upstream's ipvs mode writes it (its local detector's IfNotLocal).
+func TestClusterIPMasqueradeFollowsTheDetectLocalMode(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		cfg    proxy.Config
+		family proxy.Family
+		match  string
+	}{
+		{"ClusterCIDR", proxy.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}, proxy.IPv4,
+			"! -s 10.244.0.0/16 -m set --match-set KP-CLUSTER-IP dst,dst -j KP-IPVS-MARK-MASQ"},
+		{"NodeCIDR", proxy.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+			DetectLocal: proxy.DetectLocal{Mode: proxy.LocalModeNodeCIDR, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:10:244:7::/64")}}},
+			proxy.IPv6, "! -s fd00:10:244:7::/64 -m set --match-set KP-6-CLUSTER-IP dst,dst -j KP-IPVS-MARK-MASQ"},
+		{"BridgeInterface", proxy.Config{DetectLocal: proxy.DetectLocal{Mode: proxy.LocalModeBridgeInterface, BridgeInterface: "cbr0"}},
+			proxy.IPv4, "! -i cbr0 -m set --match-set KP-CLUSTER-IP dst,dst -j KP-IPVS-MARK-MASQ"},
+		{"InterfaceNamePrefix", proxy.Config{DetectLocal: proxy.DetectLocal{Mode: proxy.LocalModeInterfaceNamePrefix, InterfaceNamePrefix: "veth"}},
+			proxy.IPv4, "! -i veth+ -m set --match-set KP-CLUSTER-IP dst,dst -j KP-IPVS-MARK-MASQ"},
+		{"NodeCIDR without a pod CIDR of the family: the node's own connections", proxy.Config{
+			DetectLocal: proxy.DetectLocal{Mode: proxy.LocalModeNodeCIDR, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:10:244:7::/64")}}},
+			proxy.IPv4, "-m set --match-set KP-CLUSTER-IP src,dst -j KP-IPVS-MARK-MASQ"},
+	} {
+		notLocal, _ := iptables.LocalMatch(c.cfg, c.family, true)
+		in := string(restoreInput(renderChains(rulesInput{family: c.family, masqMark: 0x4000, notLocal: notLocal}), nil))
+		if !strings.Contains(in, c.match+"\n") {
+			t.Errorf("%s: restore input lacks %q:\n%s", c.name, c.match, in)
 		}
 	}
 }

@@ -53,7 +53,9 @@ type rulesInput struct {
 	family        proxy.Family
 	masqMark      uint32
 	masqueradeAll bool
-	clusterCIDRs  []netip.Prefix
+	// notLocal matches what is not local traffic (iptables.LocalMatch),
+	// empty when local traffic cannot be told.
+	notLocal string
 	// serviceCIDRs: traffic to an address of them that no Service holds
 	// is dropped (kp's other modes do so; upstream's ipvs mode does not).
 	serviceCIDRs []netip.Prefix
@@ -84,12 +86,10 @@ func renderChains(in rulesInput) []*iptables.Chain {
 	switch {
 	case in.masqueradeAll:
 		svc = append(svc, r("ClusterIPs, masquerade all", "-m set --match-set %s dst,dst -j %s", set(setClusterIP), chainMarkMasq))
-	case len(proxy.FilterPrefixes(f, in.clusterCIDRs)) > 0:
-		for _, c := range proxy.FilterPrefixes(f, in.clusterCIDRs) {
-			svc = append(svc, r("ClusterIPs from outside the cluster", "! -s %s -m set --match-set %s dst,dst -j %s", c, set(setClusterIP), chainMarkMasq))
-		}
+	case in.notLocal != "":
+		svc = append(svc, r("ClusterIPs from outside the cluster", "%s -m set --match-set %s dst,dst -j %s", in.notLocal, set(setClusterIP), chainMarkMasq))
 	default:
-		// Without a cluster CIDR, masquerade the node's own connections,
+		// Without a cluster CIDR (or pod CIDR), masquerade the node's own connections,
 		// whose source is the ClusterIP (kp-ipvs0 holds it), as upstream.
 		svc = append(svc, r("ClusterIPs from the node", "-m set --match-set %s src,dst -j %s", set(setClusterIP), chainMarkMasq))
 	}

@@ -328,8 +328,9 @@ func (b *Backend) writeRules(ctx context.Context, serviceCIDRs []netip.Prefix) e
 			}
 			saved[t] = dumps[t]
 		}
+		notLocal, _ := iptables.LocalMatch(b.cfg, f, true)
 		chains := renderChains(rulesInput{family: f, masqMark: b.masqMark, masqueradeAll: b.cfg.MasqueradeAll,
-			clusterCIDRs: b.cfg.ClusterCIDRs, serviceCIDRs: serviceCIDRs})
+			notLocal: notLocal, serviceCIDRs: serviceCIDRs})
 		if err := r.Restore(ctx, restoreInput(chains, saved)); err != nil {
 			return fmt.Errorf("%s: write the ipvs mode's iptables chains: %w", f, err)
 		}

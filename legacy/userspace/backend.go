@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,14 +145,26 @@ func (b *Backend) Redirector() string {
 	return b.red.String()
 }
 
-// inCluster reports whether a client address is inside the cluster: a
-// pod (--cluster-cidr) or the node itself.
+// inCluster reports whether a client address is local traffic (upstream's
+// detect-local modes: a pod of the cluster CIDR, or with NodeCIDR of this
+// node's pod CIDR) or the node itself. A proxied connection does not say
+// which interface it came in on, so the interface modes go by the route
+// back to the client: a pod behind the bridge, or behind an interface of
+// the prefix, is reached through it.
 func (b *Backend) inCluster(a netip.Addr) bool {
 	a = a.Unmap()
 	if a.IsLoopback() {
 		return true
 	}
-	for _, p := range b.cfg.ClusterCIDRs {
+	if name, prefix, ok := b.cfg.LocalInterface(); ok {
+		dev, err := b.ops.routeDev(a)
+		if err != nil {
+			b.log.Debug("no route to a client: taken as outside the cluster", "client", a, "error", err.Error())
+		} else if dev == name || prefix && strings.HasPrefix(dev, name) {
+			return true
+		}
+	}
+	for _, p := range b.cfg.LocalCIDRs() {
 		if p.Contains(a) {
 			return true
 		}

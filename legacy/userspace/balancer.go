@@ -125,10 +125,10 @@ func (f *familyBalancers) of(a netip.Addr) *balancer {
 }
 
 // forClient is the balancer for a client that reached local address a:
-// the cluster balancers for a client inside the cluster, when there are
-// some.
-func (f *familyBalancers) forClient(a netip.Addr, inCluster bool) *balancer {
-	if inCluster && f.split.Load() {
+// the cluster balancers for a client inside the cluster (asked only then),
+// when there are some.
+func (f *familyBalancers) forClient(a netip.Addr, inCluster func() bool) *balancer {
+	if f.split.Load() && inCluster() {
 		return f.clusterOf(a)
 	}
 	return f.of(a)

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/kpproxy/kp/internal/nsenter"
@@ -22,6 +24,8 @@ type netOps struct {
 	// inNS runs fn in the namespace (iptables binaries run in the calling
 	// thread's).
 	inNS func(fn func() error) error
+	// routeDev names the interface the namespace routes a to.
+	routeDev func(a netip.Addr) (string, error)
 }
 
 // hostOps opens everything in the process's own network namespace.
@@ -32,7 +36,24 @@ func hostOps() netOps {
 		dial:      (&net.Dialer{}).DialContext,
 		nft:       func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
 		inNS:      func(fn func() error) error { return fn() },
+		routeDev:  routeDev,
 	}
+}
+
+// routeDev names the interface the calling thread's namespace routes a to.
+func routeDev(a netip.Addr) (string, error) {
+	routes, err := netlink.RouteGet(a.AsSlice())
+	if err != nil {
+		return "", err
+	}
+	if len(routes) == 0 {
+		return "", fmt.Errorf("no route to %s", a)
+	}
+	link, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return "", err
+	}
+	return link.Attrs().Name, nil
 }
 
 // NamespaceOps opens everything inside the network namespace ns (tests
@@ -52,6 +73,10 @@ func NamespaceOps(ns netns.NsHandle) Option {
 			return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(int(ns))}, opts...)...)
 		},
 		inNS: func(fn func() error) error { return nsenter.Run(ns, fn) },
+		routeDev: func(a netip.Addr) (dev string, err error) {
+			err = nsenter.Run(ns, func() error { dev, err = routeDev(a); return err })
+			return dev, err
+		},
 	})
 }
 

@@ -275,7 +275,7 @@ func (r *iptRedirector) write(ctx context.Context, f proxy.Family, rules Rules) 
 
 // needsIPv6 reports whether the configuration names an IPv6 range.
 func needsIPv6(cfg proxy.Config) bool {
-	for _, ps := range [][]netip.Prefix{cfg.ClusterCIDRs, cfg.NodePortAddresses, cfg.ServiceCIDRs} {
+	for _, ps := range [][]netip.Prefix{cfg.ClusterCIDRs, cfg.DetectLocal.PodCIDRs, cfg.NodePortAddresses, cfg.ServiceCIDRs} {
 		if len(proxy.FilterPrefixes(proxy.IPv6, ps)) > 0 {
 			return true
 		}

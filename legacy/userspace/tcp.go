@@ -91,7 +91,7 @@ func (p *tcpProxy) handle(client *net.TCPConn) {
 	defer p.b.conns.done(client)
 	local := client.LocalAddr().(*net.TCPAddr).AddrPort()
 	remote := client.RemoteAddr().(*net.TCPAddr).AddrPort()
-	bal := p.bal.forClient(local.Addr(), p.b.inCluster(remote.Addr()))
+	bal := p.bal.forClient(local.Addr(), func() bool { return p.b.inCluster(remote.Addr()) })
 	if bal.size() == 0 {
 		// The Service has endpoints, but none for this traffic (a Local
 		// policy without local endpoints): upstream drops it, so the

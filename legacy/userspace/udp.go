@@ -101,7 +101,7 @@ func (p *udpProxy) session(sock *net.UDPConn, client netip.AddrPort, local netip
 	if p.closed {
 		return nil
 	}
-	bal := p.bal.forClient(local, p.b.inCluster(client.Addr()))
+	bal := p.bal.forClient(local, func() bool { return p.b.inCluster(client.Addr()) })
 	ep, ok := bal.pick(client.Addr(), nil)
 	if !ok {
 		return nil

@@ -108,11 +108,12 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
 	}
 	s.tracker = proxy.NewChangeTracker(proxy.ChangeTrackerOptions{
-		NodeName:     nodeName,
-		Log:          log,
-		Sources:      len(sources),
-		Clock:        clk,
-		ServiceCIDRs: cfg.ServiceCIDRs,
+		NodeName:          nodeName,
+		Log:               log,
+		Sources:           len(sources),
+		Clock:             clk,
+		ServiceCIDRs:      cfg.ServiceCIDRs,
+		IgnoreExternalIPs: cfg.IgnoreExternalIPs, // upstream's AllowServiceExternalIPs=false
 		OnChange: func() {
 			metrics.Queued(clk.Now())
 			health.QueuedUpdate(clk.Now())

@@ -108,13 +108,14 @@ var (
 	nodeAnnotations = []string{proxy.AnnotationProxyMode}
 )
 
-// compactNode keeps the Node's addresses, and what /healthz's node
+// compactNode keeps the Node's addresses and pod CIDRs, and what /healthz's node
 // eligibility reads (Health.SyncNode: the deletion timestamp, the cluster
 // autoscaler's deletion taint); not its images, conditions, capacity or
 // system information, which kubelets keep updating.
 func compactNode(n *v1.Node) *v1.Node {
 	c := &v1.Node{
 		ObjectMeta: compactMeta(&n.ObjectMeta, nodeLabels, nodeAnnotations),
+		Spec:       v1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status:     v1.NodeStatus{Addresses: n.Status.Addresses},
 	}
 	c.DeletionTimestamp = n.DeletionTimestamp

@@ -77,7 +77,7 @@ func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 			e.answers(pods[1].NS, "tcp", largeTCP, pods[0].Name)
 			e.askEvery(t, pods[1].NS, "tcp", largeTCP, 50, pods[0].Name)
 		}
-		if logHas(e.kp.Log(), "object=e2e/large") || logHas(e.kp.Log(), "object=e2e/good-0") {
+		if logHas(e.kp.Log(), `object="e2e/large"`) || logHas(e.kp.Log(), `object="e2e/good-0"`) {
 			t.Errorf("kp logged a good Service as an error:\n%s", e.kp.Log())
 		}
 		e.answers(e.w.Client(), "tcp", "10.96.0.71:80", pods[0].Name) // bad-ports' good port
@@ -100,7 +100,7 @@ func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 		e.eventually("every bad object logged with kind, object and field", 10*time.Second, func() error {
 			var missing []string
 			for _, w := range wantLogged {
-				if !logHas(e.kp.Log(), "kind="+w[0], "object="+w[1], "field="+w[2]) {
+				if !logHas(e.kp.Log(), `kind="`+w[0]+`"`, `object="`+w[1]+`"`, `field="`+w[2]+`"`) {
 					missing = append(missing, strings.Join(w[:], " "))
 				}
 			}
@@ -110,7 +110,7 @@ func TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks(t *testing.T) {
 			return nil
 		})
 		// The same endpoint twice is not an error.
-		if logHas(e.kp.Log(), "object=e2e/dup") {
+		if logHas(e.kp.Log(), `object="e2e/dup"`) {
 			t.Errorf("kp logged the duplicate endpoint as an error:\n%s", e.kp.Log())
 		}
 		if !e.kp.Running() {
@@ -124,7 +124,7 @@ func logHas(log string, parts ...string) bool {
 	for _, line := range strings.Split(log, "\n") {
 		all := true
 		for _, p := range parts {
-			if !strings.Contains(line, p+" ") {
+			if !strings.Contains(line+" ", p+" ") {
 				all = false
 				break
 			}

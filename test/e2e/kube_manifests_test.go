@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kpproxy/kp/test/apiserver"
 	"github.com/kpproxy/kp/test/netns"
@@ -69,8 +70,10 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 	// kp as the DaemonSet runs it: the ConfigMap's files, the service
 	// account's token and CA where the kubelet mounts them. The test moves
 	// those paths into a folder of its own and points the kubeconfig at
-	// the test's API server; flags only move kp into the test's world
-	// (node name, addresses), as flags override the file.
+	// the test's API server. What moves kp into the test's world
+	// (addresses, the sync period) goes into the file: beside --config, kp
+	// ignores the flags that have a field in it, as kube-proxy does (the
+	// node name, a flag, still applies).
 	cm, err := k.api.CoreV1().ConfigMaps("kube-system").Get(k.ctx(), "kp", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("ConfigMap kube-system/kp: %v", err)
@@ -88,6 +91,12 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 		}
 		files[name] = moved.Replace(cm.Data[name])
 	}
+	files["config.conf"] = withSettings(t, files["config.conf"], map[string]any{
+		"clusterCIDR": k.w.ClusterCIDR(), "healthzBindAddress": healthzAddr, "metricsBindAddress": metricsAddr,
+		"nftables":  map[string]any{"minSyncPeriod": "100ms"},
+		"conntrack": map[string]any{"maxPerCore": 0},
+		"logging":   map[string]any{"verbosity": 2},
+	})
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
@@ -231,5 +240,32 @@ func TestDaemonSetRunsTheBinaryTheDockerfileInstalls(t *testing.T) {
 	caps := c.SecurityContext.Capabilities
 	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 1 || caps.Add[0] != "NET_ADMIN" {
 		t.Errorf("capabilities %+v; kp needs NET_ADMIN and nothing else", caps)
+	}
+}
+
+// withSettings returns the KubeProxyConfiguration config with settings
+// merged in (a map merges into the section of the same name).
+func withSettings(t *testing.T, config string, settings map[string]any) string {
+	t.Helper()
+	var m map[string]any
+	if err := yaml.Unmarshal([]byte(config), &m); err != nil {
+		t.Fatalf("the ConfigMap's config.conf: %v", err)
+	}
+	merge(m, settings)
+	out, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func merge(dst, src map[string]any) {
+	for k, v := range src {
+		sub, isMap := v.(map[string]any)
+		if have, ok := dst[k].(map[string]any); ok && isMap {
+			merge(have, sub)
+			continue
+		}
+		dst[k] = v
 	}
 }

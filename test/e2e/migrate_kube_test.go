@@ -158,7 +158,7 @@ func TestNodeAnnotationSwitchesModeAndPersistsAcrossRestart(t *testing.T) {
 		}
 	}
 	annotate("iptables-nft")
-	e.logShows("the switch", 30*time.Second, "migration finished", "to=iptables-nft")
+	e.logShows("the switch", 30*time.Second, "migration finished", `to="iptables-nft"`)
 	e.expectOnly("iptables-nft")
 	e.eventually("the Event on the Node", 10*time.Second, func() error {
 		evs, err := k.api.CoreV1().Events("default").List(k.ctx(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeName})
@@ -178,7 +178,7 @@ func TestNodeAnnotationSwitchesModeAndPersistsAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitHealthy()
-	e.logShows("the start in the annotated mode", 30*time.Second, "starting in the requested mode", "mode=iptables-nft", "configured=nftables")
+	e.logShows("the start in the annotated mode", 30*time.Second, "starting in the requested mode", `mode="iptables-nft"`, `configured="nftables"`)
 	e.expectOnly("iptables-nft")
 	if out := e.migrate("--to", "iptables-nft"); !strings.Contains(out, "Nothing to do") {
 		t.Errorf("after the restart kp migrate node sees work left:\n%s", out)

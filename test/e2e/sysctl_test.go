@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestConntrackFlagsSetTheNodeNamespacesSysctlsAndZeroLeavesThem(t *testing.T
 				if got := e.sysctl(client, f.sysctl); got != before[f.sysctl] {
 					t.Errorf("%s = %s in a pod's namespace, want %s: kp wrote outside its namespace", f.sysctl, got, before[f.sysctl])
 				}
-				line := `msg="set conntrack sysctl" sysctl=net.netfilter.` + f.sysctl + ` old=` + before[f.sysctl] + ` new=` + f.want
+				line := `] "set conntrack sysctl" sysctl="net.netfilter.` + f.sysctl + `" old="` + before[f.sysctl] + `" new="` + f.want + `"`
 				if strings.Contains(log, line) != set {
 					t.Errorf("kp's log has %q: %v, want %v:\n%s", line, !set, set, log)
 				}
@@ -116,7 +117,7 @@ func TestConntrackSysctlsOnAReadOnlyProcSysAreWarningsAndKpRuns(t *testing.T) {
 	e.answers(e.w.Pods()[1].NS, "tcp", webTCP)
 
 	log := e.kp.Log()
-	if !strings.Contains(log, `level=WARN msg="cannot set a conntrack sysctl; kp goes on with the kernel's value" sysctl=net.netfilter.nf_conntrack_tcp_timeout_close_wait want=7200`) ||
+	if !regexp.MustCompile(`(?m)^W\d{4} .*\] "cannot set a conntrack sysctl; kp goes on with the kernel's value" sysctl="net.netfilter.nf_conntrack_tcp_timeout_close_wait" want="7200"`).MatchString(log) ||
 		!strings.Contains(log, "read-only file system") {
 		t.Errorf("no warning naming the sysctl and the read-only file system:\n%s", log)
 	}

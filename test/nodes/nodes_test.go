@@ -3,6 +3,7 @@ package nodes
 import (
 	"net/netip"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -178,12 +179,13 @@ func TestKpOnRealNodes(t *testing.T) {
 			if err != nil {
 				t.Errorf("kubectl logs %s: %v\n%s", p.Name, err, logs)
 			}
-			// The check below means something only if kp logs levels.
-			if !strings.Contains(logs, "level=INFO") && !strings.Contains(logs, `"level":"INFO"`) {
+			// The check below means something only if kp logs levels:
+			// klog's text, an I, W or E before the date.
+			if !klogLine("I").MatchString(logs) {
 				t.Errorf("kp pod %s logged no INFO line; its logs:\n%s", p.Name, logs)
 			}
 			for _, l := range strings.Split(logs, "\n") {
-				if strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) {
+				if klogLine("E").MatchString(l) {
 					t.Errorf("kp pod %s on %s logged an error: %s", p.Name, p.Spec.NodeName, l)
 				}
 				// The init container set the sysctls; kp, without a
@@ -395,4 +397,9 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// klogLine matches a klog text line of a severity (I, W, E).
+func klogLine(severity string) *regexp.Regexp {
+	return regexp.MustCompile(`(?m)^` + severity + `\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [^ ]+:\d+\] "`)
 }

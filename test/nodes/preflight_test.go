@@ -108,7 +108,10 @@ func checkPreflight(t *testing.T, c *cluster.Cluster, kpBin string) string {
 	if err := yaml.UnmarshalStrict([]byte(printed), &cm); err != nil {
 		t.Fatalf("--print-config's ConfigMap: %v\n%s", err, printed)
 	}
-	kc, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "--print-config's config.conf")
+	kc, lenient, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "--print-config's config.conf")
+	if len(lenient) > 0 {
+		t.Errorf("the printed configuration decodes only leniently: %v", lenient)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

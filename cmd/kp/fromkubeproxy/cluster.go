@@ -37,6 +37,9 @@ type Cluster struct {
 type Config struct {
 	KC     *options.KubeProxyConfiguration
 	Source string
+	// Lenient is the warning when the file decoded only leniently (as
+	// kube-proxy and kp proxy accept it, with that warning).
+	Lenient []options.IgnoredSetting
 	// Err is set when kp's ConfigMap exists and its file does not decode.
 	Err error
 	// Server is the API server its kubeconfig (or --master) names, ""
@@ -119,7 +122,7 @@ func (r Reader) kubeProxy(ctx context.Context, ds *appsv1.DaemonSet) (*Config, e
 		if err != nil {
 			return nil, fmt.Errorf("kube-proxy's --config %s: %w", a.ConfigFile, err)
 		}
-		if cfg.KC, err = options.DecodeKubeProxyConfiguration(data, src); err != nil {
+		if cfg.KC, cfg.Lenient, err = options.DecodeKubeProxyConfiguration(data, src); err != nil {
 			return nil, err
 		}
 		cfg.Source = src
@@ -165,7 +168,7 @@ func (r Reader) kp(ctx context.Context, l Layout) (*Config, error) {
 		return &Config{Source: fmt.Sprintf("ConfigMap %s/%s", r.Namespace, l.ConfigMap), Err: err}, nil
 	}
 	cfg := &Config{Source: src}
-	if cfg.KC, cfg.Err = options.DecodeKubeProxyConfiguration(data, src); cfg.Err != nil {
+	if cfg.KC, cfg.Lenient, cfg.Err = options.DecodeKubeProxyConfiguration(data, src); cfg.Err != nil {
 		return cfg, nil
 	}
 	cfg.Server, cfg.ServerFrom = "", "kp's configuration names no kubeconfig (in-cluster: the kubernetes Service)"

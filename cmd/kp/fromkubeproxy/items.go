@@ -68,7 +68,7 @@ func (p *preflight) kpSettings() error {
 			k.err = cfg.Err
 			return nil
 		}
-		k.s, k.err = options.SettingsFromConfig(cfg.KC, cfg.Source, k.target)
+		k.s, k.err = options.SettingsFromConfig(cfg.KC, cfg.Lenient, cfg.Source, k.target)
 		return nil
 	}
 	g, err := Generate(p.c, k.target)
@@ -77,7 +77,7 @@ func (p *preflight) kpSettings() error {
 	}
 	k.generated, k.server, k.serverFrom = true, g.Server, g.ServerFrom
 	k.source = fmt.Sprintf("the configuration --print-config writes (ConfigMap %s/%s does not exist yet)", p.c.Namespace, p.c.KPLayout.ConfigMap)
-	k.s, k.err = options.SettingsFromConfig(g.KC, "the generated configuration", k.target)
+	k.s, k.err = options.SettingsFromConfig(g.KC, nil, "the generated configuration", k.target)
 	if k.err != nil {
 		return fmt.Errorf("kp refuses the configuration written from kube-proxy's (a bug in --print-config): %w", k.err)
 	}

@@ -38,11 +38,14 @@ func printConfig(t *testing.T, c *testCluster, to string) (options.Settings, *v1
 	if err := yaml.UnmarshalStrict([]byte(text), &cm); err != nil {
 		t.Fatalf("the ConfigMap does not decode: %v\n%s", err, text)
 	}
-	kc, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "config.conf")
+	kc, lenient, err := options.DecodeKubeProxyConfiguration([]byte(cm.Data["config.conf"]), "config.conf")
+	if len(lenient) > 0 {
+		t.Errorf("the printed configuration decodes only leniently: %v", lenient)
+	}
 	if err != nil {
 		t.Fatalf("kp's decoder refuses config.conf: %v\n%s", err, text)
 	}
-	s, err := options.SettingsFromConfig(kc, "config.conf", target)
+	s, err := options.SettingsFromConfig(kc, nil, "config.conf", target)
 	if err != nil {
 		t.Fatalf("kp refuses config.conf: %v\n%s", err, text)
 	}

@@ -6,10 +6,11 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kpproxy/kp/proxy"
 )
 
 // kube-proxy settings kp accepts so a DaemonSet's arguments work unchanged.
@@ -18,45 +19,58 @@ import (
 // implement, is an error, because silently proxying differently is worse than
 // refusing to start.
 
-// ignoredFlags are upstream flags kp accepts and does not act on.
+// ignoredFlags are upstream flags kp accepts and does not act on, with
+// upstream's defaults.
 var ignoredFlags = []struct {
-	name, kind, reason string
+	name, kind, def, reason string
 }{
-	{"oom-score-adj", "int32", "kp does not change its own OOM score; set it through the pod"},
-	{"kube-api-qps", "float32", "kp sets its own API client rate limits"},
-	{"kube-api-burst", "int32", "kp sets its own API client rate limits"},
-	{"kube-api-content-type", "string", "kp chooses the API content type itself"},
-	{"show-hidden-metrics-for-version", "string", "kp has no hidden metrics"},
-	{"log-flush-frequency", "duration", "kp does not buffer its logs"},
-	{"bind-address-hard-fail", "bool", "kp always fails when it cannot bind its servers"},
+	{"oom-score-adj", "int32", "-999", "kp does not change its own OOM score; set it through the pod"},
+	{"kube-api-qps", "float32", "5", "kp sets its own API client rate limits"},
+	{"kube-api-burst", "int32", "10", "kp sets its own API client rate limits"},
+	{"kube-api-content-type", "string", "application/vnd.kubernetes.protobuf", "kp chooses the API content type itself"},
+	{"show-hidden-metrics-for-version", "string", "", "kp has no hidden metrics"},
+	{"bind-address-hard-fail", "bool", "false", "kp always fails when it cannot bind its servers"},
+	// cadvisor's, which upstream's binary links and kube-proxy never reads.
+	{"boot-id-file", "string", "/proc/sys/kernel/random/boot_id", "kube-proxy does not read it either"},
+	{"machine-id-file", "string", "/etc/machine-id,/var/lib/dbus/machine-id", "kube-proxy does not read it either"},
 }
 
-// supportedFeatureGates are the upstream feature gates kp accepts, each with
-// the only value kp honours. A gate outside this list is an error: kp cannot
-// tell what turning it on or off would have meant.
-var supportedFeatureGates = map[string]bool{
-	"AllAlpha":          false,
-	"AllBeta":           false,
-	"NFTablesProxyMode": true,
+// ignoredLogFlags are the logging flags kp checks (LogOptions) and does not
+// act on.
+var ignoredLogFlags = []struct{ name, reason string }{
+	{"vmodule", "kp's logs have one verbosity"},
+	{"log-flush-frequency", "kp writes each log line at once"},
+	{"log-text-info-buffer-size", "kp does not buffer its logs"},
+	{"log-json-info-buffer-size", "kp does not buffer its logs"},
 }
 
 // compatOptions holds the upstream flags that kp checks rather than uses.
 type compatOptions struct {
-	bindAddress     string
-	detectLocalMode string
-	featureGates    featureGates
+	bindAddress       string
+	detectLocalMode   string
+	bridgeInterface   string
+	interfaceNameFrom string
+	featureGates      featureGates
 }
 
 func (c *compatOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.bindAddress, "bind-address", "",
 		"Accepted for kube-proxy compatibility: only 0.0.0.0 or :: (kp takes the node's IPs from its Node object).")
 	fs.StringVar(&c.detectLocalMode, "detect-local-mode", "",
-		"Accepted for kube-proxy compatibility: only ClusterCIDR (local traffic is traffic from --cluster-cidr).")
+		"Mode to use to detect local traffic (from this node's pods): ClusterCIDR (the default: from --cluster-cidr), "+
+			"NodeCIDR (from the Node's spec.podCIDRs), BridgeInterface (arriving on --pod-bridge-interface) or "+
+			"InterfaceNamePrefix (arriving on an interface named --pod-interface-name-prefix*).")
+	fs.StringVar(&c.bridgeInterface, "pod-bridge-interface", "",
+		"A bridge interface name. When --detect-local-mode is set to BridgeInterface, kp will consider traffic "+
+			"to be local if it originates from this bridge.")
+	fs.StringVar(&c.interfaceNameFrom, "pod-interface-name-prefix", "",
+		"An interface name prefix. When --detect-local-mode is set to InterfaceNamePrefix, kp will consider traffic "+
+			"to be local if it originates from any interface whose name begins with this prefix.")
 	c.featureGates = featureGates{}
 	fs.Var(&c.featureGates, "feature-gates",
-		"Accepted for kube-proxy compatibility: Name=true|false pairs; kp accepts only "+supportedGatesList()+".")
-	// Hidden from --help to keep it about what kp does; the command's long
-	// help lists them (ignoredFlagsHelp).
+		"A set of key=value pairs that describe feature gates for alpha/experimental features: every gate upstream "+
+			"kube-proxy knows is accepted; those that change a proxy are honoured, the others logged as ignored. "+
+			"Options are:\n"+gatesHelp())
 	for _, f := range ignoredFlags {
 		usage := "Ignored by kp: " + f.reason + "."
 		switch f.kind {
@@ -66,38 +80,49 @@ func (c *compatOptions) addFlags(fs *pflag.FlagSet) {
 			fs.Float32(f.name, 0, usage)
 		case "bool":
 			fs.Bool(f.name, false, usage)
-		case "duration":
-			fs.Duration(f.name, 0, usage)
 		default:
 			fs.String(f.name, "", usage)
 		}
-		_ = fs.MarkHidden(f.name)
+		fs.Lookup(f.name).DefValue = f.def
 	}
 }
 
-// apply checks the compatibility flags set on the command line and records
-// the ignored ones in s.
-func (c *compatOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
+// apply checks the compatibility flags in force and records the ignored
+// ones in s.
+func (c *compatOptions) apply(changed func(string) bool, s *Settings) []error {
 	var errs []error
-	if fs.Changed("bind-address") {
+	if changed("bind-address") {
 		v6, err := checkBindAddressIP(c.bindAddress)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--bind-address %q: %w", c.bindAddress, err))
 		}
 		s.bindAddressV6 = v6
 	}
-	if fs.Changed("detect-local-mode") {
-		if err := checkDetectLocalMode(c.detectLocalMode); err != nil {
+	d := &s.Config.DetectLocal
+	if changed("detect-local-mode") {
+		m, err := parseLocalMode(c.detectLocalMode)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("--detect-local-mode %q: %w", c.detectLocalMode, err))
 		}
+		d.Mode = m
 	}
-	for _, name := range slices.Sorted(maps.Keys(c.featureGates)) {
-		if err := checkFeatureGate(name, c.featureGates[name]); err != nil {
-			errs = append(errs, fmt.Errorf("--feature-gates %s=%t: %w", name, c.featureGates[name], err))
-		}
+	if changed("pod-bridge-interface") {
+		d.BridgeInterface = c.bridgeInterface
+	}
+	if changed("pod-interface-name-prefix") {
+		d.InterfaceNamePrefix = c.interfaceNameFrom
+	}
+	if changed("feature-gates") {
+		s.featureGates = maps.Clone(c.featureGates)
+		s.featureGatesFrom = "--feature-gates"
 	}
 	for _, f := range ignoredFlags {
-		if fs.Changed(f.name) {
+		if changed(f.name) {
+			s.Ignored = append(s.Ignored, IgnoredSetting{Name: "--" + f.name, Reason: f.reason})
+		}
+	}
+	for _, f := range ignoredLogFlags {
+		if changed(f.name) {
 			s.Ignored = append(s.Ignored, IgnoredSetting{Name: "--" + f.name, Reason: f.reason})
 		}
 	}
@@ -120,74 +145,46 @@ func checkBindAddressIP(s string) (v6 bool, err error) {
 	return ip.Is6(), nil
 }
 
-func checkDetectLocalMode(s string) error {
-	if s == "" || s == "ClusterCIDR" {
-		return nil
+// localModes are upstream's detect-local modes, in its order ("" is
+// ClusterCIDR).
+var localModes = []proxy.LocalMode{proxy.LocalModeClusterCIDR, proxy.LocalModeNodeCIDR,
+	proxy.LocalModeBridgeInterface, proxy.LocalModeInterfaceNamePrefix, ""}
+
+// parseLocalMode checks a detect-local mode as upstream's validation does.
+func parseLocalMode(s string) (proxy.LocalMode, error) {
+	m := proxy.LocalMode(s)
+	if slices.Contains(localModes, m) {
+		return m, nil
 	}
-	switch s {
-	case "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
-		return errors.New("not supported by kp; only ClusterCIDR (with --cluster-cidr) is")
+	quoted := make([]string, len(localModes))
+	for i, m := range localModes {
+		quoted[i] = fmt.Sprintf("%q", m)
 	}
-	return errors.New("unknown mode; kp supports ClusterCIDR")
+	return "", fmt.Errorf("Unsupported value: %q: supported values: %s", s, strings.Join(quoted, ", "))
 }
 
-func checkFeatureGate(name string, value bool) error {
-	want, ok := supportedFeatureGates[name]
-	if !ok {
-		return errors.New("not supported by kp")
-	}
-	if value != want {
-		return fmt.Errorf("not supported by kp, which always behaves as %s=%t", name, want)
+// checkDetectLocal checks that the mode has what it reads (upstream's
+// validateDetectLocalConfiguration).
+func checkDetectLocal(d proxy.DetectLocal) *settingProblem {
+	switch {
+	case d.Mode == proxy.LocalModeBridgeInterface && d.BridgeInterface == "":
+		return &settingProblem{"detectLocal.bridgeInterface", "pod-bridge-interface",
+			`Invalid value: "": must not be empty with detectLocalMode BridgeInterface`}
+	case d.Mode == proxy.LocalModeInterfaceNamePrefix && d.InterfaceNamePrefix == "":
+		return &settingProblem{"detectLocal.interfaceNamePrefix", "pod-interface-name-prefix",
+			`Invalid value: "": must not be empty with detectLocalMode InterfaceNamePrefix`}
 	}
 	return nil
 }
 
 // IgnoredFlagsHelp is the paragraph of kp proxy's help naming the ignored flags.
 func IgnoredFlagsHelp() string {
-	names := make([]string, len(ignoredFlags))
-	for i, f := range ignoredFlags {
-		names[i] = "--" + f.name
+	var names []string
+	for _, f := range ignoredFlags {
+		names = append(names, "--"+f.name)
+	}
+	for _, f := range ignoredLogFlags {
+		names = append(names, "--"+f.name)
 	}
 	return "Accepted for kube-proxy compatibility and ignored (logged at start): " + strings.Join(names, ", ") + "."
 }
-
-func supportedGatesList() string {
-	var out []string
-	for _, name := range slices.Sorted(maps.Keys(supportedFeatureGates)) {
-		out = append(out, fmt.Sprintf("%s=%t", name, supportedFeatureGates[name]))
-	}
-	return strings.Join(out, ", ")
-}
-
-// featureGates is upstream's --feature-gates value: comma-separated
-// Name=true|false pairs, the flag repeatable.
-type featureGates map[string]bool
-
-func (f featureGates) String() string {
-	var out []string
-	for _, name := range slices.Sorted(maps.Keys(f)) {
-		out = append(out, fmt.Sprintf("%s=%t", name, f[name]))
-	}
-	return strings.Join(out, ",")
-}
-
-func (f featureGates) Set(s string) error {
-	for item := range strings.SplitSeq(s, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		name, val, ok := strings.Cut(item, "=")
-		if !ok {
-			return fmt.Errorf("%q: want Name=true|false", item)
-		}
-		b, err := strconv.ParseBool(strings.TrimSpace(val))
-		if err != nil {
-			return fmt.Errorf("%q: want Name=true|false", item)
-		}
-		f[strings.TrimSpace(name)] = b
-	}
-	return nil
-}
-
-func (f featureGates) Type() string { return "mapStringBool" }

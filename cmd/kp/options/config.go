@@ -1,11 +1,11 @@
 package options
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -24,36 +24,58 @@ const (
 // fileConfig is a decoded --config file.
 type fileConfig struct {
 	path string
+	data []byte // as read
 	kc   KubeProxyConfiguration
+	// lenient is the warning when the file decoded only leniently.
+	lenient []IgnoredSetting
 }
 
-// loadConfigFile reads a KubeProxyConfiguration file strictly
-// (DecodeKubeProxyConfiguration).
+// loadConfigFile reads a --config file (decodeConfig).
 func loadConfigFile(path string) (*fileConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	kc, err := DecodeKubeProxyConfiguration(data, "--config "+path)
+	f, err := decodeConfig(data, "--config "+path)
 	if err != nil {
 		return nil, err
 	}
-	return &fileConfig{path: path, kc: *kc}, nil
+	f.path = path
+	return f, nil
 }
 
 // DecodeKubeProxyConfiguration decodes a KubeProxyConfiguration (YAML or
-// JSON) strictly: an unknown or duplicated field is an error naming the
-// field, so a typo is never silently ignored. Errors start with source
+// JSON) as kube-proxy does (decodeConfig); errors start with source
 // ("--config /etc/kp.yaml", or the ConfigMap a file came from). It is the
 // one decoder of the file: kp proxy --config, and kp migrate cluster
-// reading kube-proxy's ConfigMap.
-func DecodeKubeProxyConfiguration(data []byte, source string) (*KubeProxyConfiguration, error) {
+// reading kube-proxy's ConfigMap and kp's. What decoded only leniently is
+// returned as a warning, as kp proxy logs it.
+func DecodeKubeProxyConfiguration(data []byte, source string) (*KubeProxyConfiguration, []IgnoredSetting, error) {
+	f, err := decodeConfig(data, source)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &f.kc, f.lenient, nil
+}
+
+// decodeConfig reads a KubeProxyConfiguration as upstream does: strictly
+// first; when only strictness fails (an unknown field, a field twice),
+// leniently (unknown fields dropped, the last of a duplicate kept) with a
+// warning naming every such field. What fails leniently too (YAML syntax, a
+// value of the wrong type, the wrong kind or apiVersion) is an error.
+func decodeConfig(data []byte, source string) (*fileConfig, error) {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("%s: %s", source, fmt.Sprintf(format, args...))
 	}
-	js, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return nil, fail("%v", err)
+	// JSON is read as JSON (a duplicated key is then the JSON decoder's to
+	// find), anything else as YAML, as upstream's decoder tells them apart.
+	isJSON := bytes.HasPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte("{"))
+	js := data
+	if !isJSON {
+		var err error
+		if js, err = yaml.YAMLToJSON(data); err != nil {
+			return nil, fail("%v", err)
+		}
 	}
 	if strings.TrimSpace(string(js)) == "null" {
 		return nil, fail("the file is empty; want a %s", configKind)
@@ -69,19 +91,31 @@ func DecodeKubeProxyConfiguration(data []byte, source string) (*KubeProxyConfigu
 		return nil, fail("apiVersion is %q; kp reads %s", tm.APIVersion, configAPIVersion)
 	}
 
-	var kc KubeProxyConfiguration
-	strictErrs, err := kjson.UnmarshalStrict(js, &kc)
+	f := &fileConfig{path: source, data: data}
+	var strictErrs []error
+	if _, err := yaml.YAMLToJSONStrict(data); err != nil && !isJSON {
+		strictErrs = append(strictErrs, err)
+	}
+	jsonErrs, err := kjson.UnmarshalStrict(js, &f.kc)
 	if err != nil {
 		return nil, fail("%v", err)
 	}
-	if len(strictErrs) > 0 {
-		errs := make([]error, len(strictErrs))
-		for i, e := range strictErrs {
-			errs[i] = fail("%v", e)
-		}
-		return nil, errors.Join(errs...)
+	strictErrs = append(strictErrs, jsonErrs...)
+	if len(strictErrs) == 0 {
+		return f, nil
 	}
-	return &kc, nil
+	f.kc = KubeProxyConfiguration{}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(js, &f.kc); err != nil {
+		return nil, fail("%v", err)
+	}
+	msgs := make([]string, len(strictErrs))
+	for i, e := range strictErrs {
+		msgs[i] = e.Error()
+	}
+	f.lenient = []IgnoredSetting{{Name: source, Warn: true,
+		Reason: "strict decoding error: " + strings.Join(msgs, ", ") + "; decoded leniently, as kube-proxy does " +
+			"(unknown fields dropped, the last of a duplicated field kept)"}}
+	return f, nil
 }
 
 // apply merges the file into s (which holds defaults and the resolved mode).
@@ -136,12 +170,11 @@ func (m *fileMerge) sectionErrors(errs []error) {
 	}
 }
 
+// featureGates takes the file's gates (upstream ignores --feature-gates
+// beside --config); Settings.finish checks them.
 func (m *fileMerge) featureGates(kc *KubeProxyConfiguration) {
-	for _, name := range slices.Sorted(maps.Keys(kc.FeatureGates)) {
-		if err := checkFeatureGate(name, kc.FeatureGates[name]); err != nil {
-			m.unsupported("featureGates."+name, fmt.Sprintf(" (%s=%t); kp accepts %s", name, kc.FeatureGates[name], supportedGatesList()))
-		}
-	}
+	m.s.featureGates = maps.Clone(kc.FeatureGates)
+	m.s.featureGatesFrom = "--config " + m.path + ": featureGates"
 }
 
 func (m *fileMerge) clientConnection(kc *KubeProxyConfiguration) {
@@ -155,16 +188,31 @@ func (m *fileMerge) clientConnection(kc *KubeProxyConfiguration) {
 }
 
 func (m *fileMerge) logging(kc *KubeProxyConfiguration) {
-	switch kc.Logging.Format {
+	l, log := kc.Logging, &m.s.Log
+	switch l.Format {
 	case "":
 	case "text", "json":
-		m.s.Log.format = kc.Logging.Format
+		log.format = l.Format
 	default:
-		m.invalid("logging.format", kc.Logging.Format, errors.New("kp logs as text or json"))
+		m.invalid("logging.format", l.Format, errors.New("kp logs as text or json"))
 	}
-	m.s.Log.verbosity = int(kc.Logging.Verbosity)
-	if len(kc.Logging.VModule) > 0 {
+	log.verbosity = int(l.Verbosity)
+	var vmodule []string
+	for _, v := range l.VModule {
+		vmodule = append(vmodule, fmt.Sprintf("%s=%d", v.FilePattern, v.Verbosity))
+	}
+	log.vmodule = strings.Join(vmodule, ",")
+	if d := l.FlushFrequency.Duration.Duration; d != 0 {
+		log.flushFrequency = d
+	}
+	log.textSplit, log.jsonSplit = l.Options.Text.SplitStream, l.Options.JSON.SplitStream
+	log.textBuffer = quantity(l.Options.Text.InfoBufferSize.String())
+	log.jsonBuffer = quantity(l.Options.JSON.InfoBufferSize.String())
+	if len(l.VModule) > 0 {
 		m.ignore("logging.vmodule", "kp's logs have one verbosity")
+	}
+	if !log.textBuffer.zero() || !log.jsonBuffer.zero() {
+		m.ignore("logging.options.*.infoBufferSize", "kp does not buffer its logs")
 	}
 }
 
@@ -229,8 +277,8 @@ func (m *fileMerge) modeSections(kc *KubeProxyConfiguration) {
 	m.sectionErrors(applyIPVSSection(kc.IPVS, s))
 }
 
-// unsupportedFields refuses the Windows and local-traffic settings kp does not
-// implement.
+// unsupportedFields refuses the Windows settings kp does not implement, and
+// reads how local traffic is detected.
 func (m *fileMerge) unsupportedFields(kc *KubeProxyConfiguration) {
 	for _, u := range []struct {
 		field string
@@ -239,16 +287,18 @@ func (m *fileMerge) unsupportedFields(kc *KubeProxyConfiguration) {
 		{"winkernel", kc.Winkernel != KubeProxyWinkernelConfiguration{}},
 		{"windowsRunAsService", kc.WindowsRunAsService},
 		{"portRange", kc.PortRange != ""},
-		{"detectLocal.bridgeInterface", kc.DetectLocal.BridgeInterface != ""},
-		{"detectLocal.interfaceNamePrefix", kc.DetectLocal.InterfaceNamePrefix != ""},
 	} {
 		if u.set {
 			m.unsupported(u.field, "; remove it or leave it empty")
 		}
 	}
-	if err := checkDetectLocalMode(string(kc.DetectLocalMode)); err != nil {
-		m.unsupported("detectLocalMode", fmt.Sprintf(" with value %s; use ClusterCIDR (or leave it empty) with clusterCIDR", kc.DetectLocalMode))
+	mode, err := parseLocalMode(string(kc.DetectLocalMode))
+	if err != nil {
+		m.invalid("detectLocalMode", kc.DetectLocalMode, err)
 	}
+	m.s.Config.DetectLocal.Mode = mode
+	m.s.Config.DetectLocal.BridgeInterface = kc.DetectLocal.BridgeInterface
+	m.s.Config.DetectLocal.InterfaceNamePrefix = kc.DetectLocal.InterfaceNamePrefix
 }
 
 // networks reads the pods' CIDRs and the addresses NodePorts answer on.

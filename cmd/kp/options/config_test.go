@@ -107,7 +107,7 @@ configSyncPeriod: 1h
 metricsBindAddress: 0.0.0.0:9100
 healthzBindAddress: 127.0.0.1:9101
 clientConnection: {kubeconfig: /etc/kp.kubeconfig}
-featureGates: {NFTablesProxyMode: true}
+featureGates: {APIResponseCompression: true}
 `, want: func(c *proxy.Config) {
 			c.HostnameOverride = "worker-3"
 			c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
@@ -117,15 +117,25 @@ featureGates: {NFTablesProxyMode: true}
 			c.MetricsBindAddress, c.HealthzBindAddress = "0.0.0.0:9100", "127.0.0.1:9101"
 			c.Kubeconfig = "/etc/kp.kubeconfig"
 		}},
-		{name: "flags set on the command line override the file, unset flags do not", file: header + `
+		{name: "beside the file, flags with a field in it are ignored, as upstream ignores them", file: header + `
 clusterCIDR: 10.244.0.0/16
 hostnameOverride: from-file
 nftables: {syncPeriod: 10s, masqueradeBit: 3}
-`, args: []string{"--cluster-cidr", "10.100.0.0/16", "--iptables-masquerade-bit", "7"},
+`, args: []string{"--cluster-cidr", "10.100.0.0/16", "--iptables-masquerade-bit", "7", "--kubeconfig", "/flag.kubeconfig",
+			"--feature-gates", "AllowServiceExternalIPs=false", "--healthz-port", "0"},
 			want: func(c *proxy.Config) {
-				c.ClusterCIDRs = prefixes("10.100.0.0/16")
+				c.ClusterCIDRs = prefixes("10.244.0.0/16")
 				c.HostnameOverride = "from-file"
-				c.SyncPeriod, c.MasqueradeBit = 10*time.Second, 7
+				c.SyncPeriod, c.MasqueradeBit = 10*time.Second, 3
+			}},
+		{name: "beside the file, --hostname-override, --master and kp's own flags apply", file: header + `
+hostnameOverride: from-file
+clientConnection: {kubeconfig: /file.kubeconfig}
+`, args: []string{"--hostname-override", "From-Flag", "--master", "https://10.0.0.1:6443", "--service-cidrs", "10.96.0.0/12",
+			"--iptables-backend", "legacy", "--sync-period", "1m"},
+			want: func(c *proxy.Config) {
+				c.HostnameOverride, c.Master, c.Kubeconfig = "from-flag", "https://10.0.0.1:6443", "/file.kubeconfig"
+				c.ServiceCIDRs, c.IPTablesBackend, c.SyncPeriod = prefixes("10.96.0.0/12"), "legacy", time.Minute
 			}},
 		{name: "the nftables section applies in nftables mode, not the iptables one", file: header + `
 iptables: {masqueradeAll: true, masqueradeBit: 1, syncPeriod: 2m}
@@ -138,11 +148,25 @@ nftables: {masqueradeBit: 2}
 			c.Mode, c.LocalhostNodePorts, c.NodePortPrimary = proxy.ModeIPTables, false, false
 			c.MasqueradeAll, c.MasqueradeBit, c.SyncPeriod = true, 1, 2*time.Minute
 		}},
-		{name: "the mode flag picks the section", file: header + `
+		{name: "beside the file, the mode flag is ignored: the file's mode picks the section", file: header + `
 mode: ipvs
 iptables: {masqueradeBit: 1}
 nftables: {masqueradeBit: 2}
-`, args: []string{"--proxy-mode", "nftables"}, want: func(c *proxy.Config) { c.MasqueradeBit = 2 }},
+`, args: []string{"--proxy-mode", "nftables"}, want: func(c *proxy.Config) {
+			c.Mode, c.MasqueradeBit, c.NodePortPrimary = proxy.ModeIPVS, 1, false
+		}},
+		{name: "local traffic by the node's pod CIDRs", file: header + "detectLocalMode: NodeCIDR\n",
+			want: func(c *proxy.Config) { c.DetectLocal.Mode = proxy.LocalModeNodeCIDR }},
+		{name: "local traffic by bridge", file: header + "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			want: func(c *proxy.Config) {
+				c.DetectLocal.Mode, c.DetectLocal.BridgeInterface = proxy.LocalModeBridgeInterface, "cbr0"
+			}},
+		{name: "local traffic by interface name prefix", file: header + "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}\n",
+			want: func(c *proxy.Config) {
+				c.DetectLocal.Mode, c.DetectLocal.InterfaceNamePrefix = proxy.LocalModeInterfaceNamePrefix, "veth"
+			}},
+		{name: "AllowServiceExternalIPs=false is honoured", file: header + "featureGates: {AllowServiceExternalIPs: false}\n",
+			want: func(c *proxy.Config) { c.IgnoreExternalIPs = true }},
 		{name: "settings that only tune the node are accepted", file: header + `
 conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}
 oomScoreAdj: -999
@@ -150,7 +174,7 @@ clientConnection: {qps: 5, burst: 10, contentType: application/vnd.kubernetes.pr
 detectLocalMode: ClusterCIDR
 iptables: {localhostNodePorts: true}
 ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}
-`, want: func(*proxy.Config) {}},
+`, want: func(c *proxy.Config) { c.DetectLocal.Mode = proxy.LocalModeClusterCIDR }},
 		{name: "profiling", file: header + "enableProfiling: true\n", want: func(c *proxy.Config) { c.Profiling = true }},
 		{name: "the ipvs section in ipvs mode", file: header + `
 mode: ipvs
@@ -190,17 +214,20 @@ func TestConfigFileErrors(t *testing.T) {
 		{"every unsupported field at once", header + "portRange: 30000-32767\nwinkernel: {networkName: l2bridge}\n",
 			nil, "field winkernel is not supported by kp; remove it or leave it empty\n" +
 				"--config PATH: field portRange is not supported by kp; remove it or leave it empty"},
-		{"other local traffic detection", header + "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
-			nil, "field detectLocal.bridgeInterface is not supported by kp; remove it or leave it empty\n" +
-				"--config PATH: field detectLocalMode is not supported by kp with value BridgeInterface; use ClusterCIDR (or leave it empty) with clusterCIDR"},
-		{"unknown feature gate", header + "featureGates: {SomeAlphaThing: true}\n",
-			nil, "field featureGates.SomeAlphaThing is not supported by kp (SomeAlphaThing=true); kp accepts AllAlpha=false, AllBeta=false, NFTablesProxyMode=true"},
-		{"a misspelt field is unknown", header + "ipvs: {schedular: rr}\n",
-			nil, `unknown field "ipvs.schedular"`},
-		{"field names are case-sensitive", header + "clusterCidr: 10.0.0.0/8\n",
-			nil, `unknown field "clusterCidr"`},
-		{"a duplicated field", header + "mode: nftables\nmode: iptables\n",
-			nil, `yaml: unmarshal errors:` + "\n" + `  line 4: key "mode" already set in map`},
+		{"bridge detection without a bridge", header + "detectLocalMode: BridgeInterface\n",
+			nil, `detectLocal.bridgeInterface: Invalid value: "": must not be empty with detectLocalMode BridgeInterface`},
+		{"an unknown local traffic detection", header + "detectLocalMode: PodLabel\n",
+			nil, `detectLocalMode "PodLabel": Unsupported value: "PodLabel": supported values: "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""`},
+		{"unknown feature gate, as upstream words it", header + "featureGates: {SomeAlphaThing: true, APIResponseCompression: true}\n",
+			nil, "featureGates: unrecognized feature gate: SomeAlphaThing"},
+		{"a locked feature gate set against its default", header + "featureGates: {PreferSameTrafficDistribution: false}\n",
+			nil, "featureGates: cannot set feature gate PreferSameTrafficDistribution to false, feature is locked to true"},
+		{"json logs with LoggingBetaOptions off", header + "featureGates: {LoggingBetaOptions: false}\nlogging: {format: json}\n",
+			nil, "logging.format: Forbidden: Log format json is disabled, see LoggingBetaOptions feature"},
+		{"split streams without LoggingAlphaOptions", header + "logging: {options: {text: {splitStream: true}}}\n",
+			nil, "logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled"},
+		{"a syntax error fails leniently too", header + "mode: [ipvs\n",
+			nil, "yaml: line 3: did not find expected ',' or ']'"},
 		{"another API version", "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
 			nil, `apiVersion is "kubeproxy.config.k8s.io/v1alpha2"; kp reads kubeproxy.config.k8s.io/v1alpha1`},
 		{"another kind", "apiVersion: v1\nkind: ConfigMap\n",

@@ -40,7 +40,7 @@ func (c *conntrackOptions) addFlags(fs *pflag.FlagSet) {
 }
 
 // apply overrides s.Conntrack with every --conntrack-* flag set.
-func (c *conntrackOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
+func (c *conntrackOptions) apply(changed func(string) bool, s *Settings) []error {
 	var errs []error
 	ints := []struct {
 		flag string
@@ -51,7 +51,7 @@ func (c *conntrackOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 		{"conntrack-min", c.min, &s.Conntrack.Min},
 	}
 	for _, f := range ints {
-		if !fs.Changed(f.flag) {
+		if !changed(f.flag) {
 			continue
 		}
 		if f.val < 0 {
@@ -70,7 +70,7 @@ func (c *conntrackOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 		{"conntrack-udp-timeout-stream", c.udpStreamTimeout, &s.Conntrack.UDPStreamTimeout},
 	}
 	for _, f := range durations {
-		if !fs.Changed(f.flag) {
+		if !changed(f.flag) {
 			continue
 		}
 		if err := checkConntrackTimeout(f.val); err != nil {
@@ -78,7 +78,7 @@ func (c *conntrackOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 		}
 		*f.dst = f.val
 	}
-	if fs.Changed("conntrack-tcp-be-liberal") {
+	if changed("conntrack-tcp-be-liberal") {
 		s.Conntrack.TCPBeLiberal = c.beLiberal
 	}
 	return errs

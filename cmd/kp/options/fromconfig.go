@@ -13,8 +13,10 @@ import (
 // target's settings as a switch to it builds them (ForTarget). It is how
 // kp migrate cluster's preflight knows what kp will do, through the same
 // merge as kp proxy. source names kc in errors (a ConfigMap and its key).
-func SettingsFromConfig(kc *KubeProxyConfiguration, source string, target proxy.Target) (Settings, error) {
-	o := &Options{loaded: &fileConfig{path: source, kc: *kc}}
+// lenient is what DecodeKubeProxyConfiguration warned of, kept among the
+// settings' Ignored as kp proxy logs it.
+func SettingsFromConfig(kc *KubeProxyConfiguration, lenient []IgnoredSetting, source string, target proxy.Target) (Settings, error) {
+	o := &Options{loaded: &fileConfig{path: source, kc: *kc, lenient: lenient}}
 	fs := pflag.NewFlagSet("kp proxy", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	s, err := o.Resolve(fs, DefaultLogOptions(), func() (string, error) { return "preflight", nil })

@@ -12,7 +12,7 @@ import (
 
 func decode(t *testing.T, yaml string) *KubeProxyConfiguration {
 	t.Helper()
-	kc, err := DecodeKubeProxyConfiguration([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+yaml), "test")
+	kc, _, err := DecodeKubeProxyConfiguration([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+yaml), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,9 +20,16 @@ func decode(t *testing.T, yaml string) *KubeProxyConfiguration {
 }
 
 func TestDecodeKubeProxyConfigurationNamesItsSourceAndTheField(t *testing.T) {
-	_, err := DecodeKubeProxyConfiguration([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIRD: 10.0.0.0/8\n"),
-		"ConfigMap kube-system/kube-proxy, key config.conf")
-	if err == nil || !strings.HasPrefix(err.Error(), "ConfigMap kube-system/kube-proxy, key config.conf: ") || !strings.Contains(err.Error(), "clusterCIRD") {
+	const source = "ConfigMap kube-system/kube-proxy, key config.conf"
+	// An unknown field decodes leniently, as kube-proxy decodes it, with a
+	// warning naming the source and the field.
+	_, lenient, err := DecodeKubeProxyConfiguration([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIRD: 10.0.0.0/8\n"), source)
+	if err != nil || len(lenient) != 1 || lenient[0].Name != source || !strings.Contains(lenient[0].Reason, "clusterCIRD") {
+		t.Fatalf("got %v, %+v", err, lenient)
+	}
+	// A value of the wrong type fails leniently too.
+	_, _, err = DecodeKubeProxyConfiguration([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: [1]\n"), source)
+	if err == nil || !strings.HasPrefix(err.Error(), source+": ") || !strings.Contains(err.Error(), "clusterCIDR") {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -47,7 +54,7 @@ func TestSettingsFromConfigResolvesTheTargetAsASwitchDoes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := SettingsFromConfig(decode(t, tc.yaml), "test", target)
+			s, err := SettingsFromConfig(decode(t, tc.yaml), nil, "test", target)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,7 +70,7 @@ func TestSettingsFromConfigResolvesTheTargetAsASwitchDoes(t *testing.T) {
 }
 
 func TestSettingsFromConfigReportsWhatKPRefuses(t *testing.T) {
-	_, err := SettingsFromConfig(decode(t, "detectLocalMode: NodeCIDR\n"), "ConfigMap kube-system/kp", proxy.Target{Mode: proxy.ModeNFTables})
+	_, err := SettingsFromConfig(decode(t, "detectLocalMode: Bogus\n"), nil, "ConfigMap kube-system/kp", proxy.Target{Mode: proxy.ModeNFTables})
 	if err == nil || !strings.Contains(err.Error(), "detectLocalMode") || !strings.Contains(err.Error(), "ConfigMap kube-system/kp") {
 		t.Fatalf("got %v", err)
 	}
@@ -109,7 +116,7 @@ func TestParseKubeProxyArgsBindsFlagsAsUpstream(t *testing.T) {
 		t.Errorf("master %q", a.Master)
 	}
 	// The flags' configuration resolves through kp's own merge.
-	s, err := SettingsFromConfig(&KubeProxyConfiguration{ClusterCIDR: kc.ClusterCIDR, NodePortAddresses: kc.NodePortAddresses}, "flags", proxy.Target{Mode: proxy.ModeIPTables})
+	s, err := SettingsFromConfig(&KubeProxyConfiguration{ClusterCIDR: kc.ClusterCIDR, NodePortAddresses: kc.NodePortAddresses}, nil, "flags", proxy.Target{Mode: proxy.ModeIPTables})
 	if err != nil {
 		t.Fatal(err)
 	}

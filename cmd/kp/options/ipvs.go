@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kpproxy/kp/legacy/ipvs"
+	"github.com/kpproxy/kp/proxy"
 )
 
 // ipvsOptions are upstream's --ipvs-* flags.
@@ -29,29 +30,29 @@ func (o *ipvsOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.tcpTimeout, "ipvs-tcp-timeout", 0, "IPVS's timeout of idle established TCP connections (0 keeps the kernel's).")
 	fs.DurationVar(&o.tcpFinTimeout, "ipvs-tcpfin-timeout", 0, "IPVS's timeout of TCP connections after a FIN (0 keeps the kernel's).")
 	fs.DurationVar(&o.udpTimeout, "ipvs-udp-timeout", 0, "IPVS's timeout of UDP flows (0 keeps the kernel's).")
-	fs.DurationVar(&o.syncPeriod, "ipvs-sync-period", defaultSyncPeriod, "Old name of --sync-period (ipvs mode).")
-	fs.DurationVar(&o.minSyncPeriod, "ipvs-min-sync-period", defaultMinSyncPeriod, "Old name of --min-sync-period (ipvs mode).")
-	_ = fs.MarkHidden("ipvs-sync-period")
-	_ = fs.MarkHidden("ipvs-min-sync-period")
+	fs.DurationVar(&o.syncPeriod, "ipvs-sync-period", defaultSyncPeriod,
+		"Upstream's --sync-period in ipvs mode (--sync-period, kp's name, wins). Must be greater than 0.")
+	fs.DurationVar(&o.minSyncPeriod, "ipvs-min-sync-period", defaultMinSyncPeriod,
+		"Upstream's --min-sync-period in ipvs mode (--min-sync-period, kp's name, wins).")
 }
 
 // apply sets the ipvs flags given on the command line.
-func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
+func (o *ipvsOptions) apply(changed func(string) bool, s *Settings) []error {
 	var errs []error
 	fail := func(flag, value string, err error) {
 		errs = append(errs, fmt.Errorf("--%s %q: %w", flag, value, err))
 	}
 	c := &s.Config.IPVS
-	if fs.Changed("ipvs-scheduler") {
+	if changed("ipvs-scheduler") {
 		if err := ipvs.CheckScheduler(o.scheduler); err != nil {
 			fail("ipvs-scheduler", o.scheduler, err)
 		}
 		c.Scheduler = o.scheduler
 	}
-	if fs.Changed("ipvs-strict-arp") {
+	if changed("ipvs-strict-arp") {
 		c.StrictARP = o.strictARP
 	}
-	if fs.Changed("ipvs-exclude-cidrs") {
+	if changed("ipvs-exclude-cidrs") {
 		cidrs, err := parseCIDRs(o.excludeCIDRs)
 		if err != nil {
 			fail("ipvs-exclude-cidrs", strings.Join(o.excludeCIDRs, ","), err)
@@ -67,22 +68,23 @@ func (o *ipvsOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
 		{"ipvs-tcpfin-timeout", o.tcpFinTimeout, &c.TCPFinTimeout},
 		{"ipvs-udp-timeout", o.udpTimeout, &c.UDPTimeout},
 	} {
-		if fs.Changed(d.flag) {
+		if changed(d.flag) {
 			if err := checkDuration(d.v, true); err != nil {
 				fail(d.flag, d.v.String(), err)
 			}
 			*d.dst = d.v
 		}
 	}
-	// The older names apply only where --sync-period and --min-sync-period
-	// were not given.
-	if fs.Changed("ipvs-sync-period") && !fs.Changed("sync-period") && !fs.Changed("iptables-sync-period") {
+	// Upstream's names apply in ipvs mode only, and only where kp's
+	// --sync-period and --min-sync-period were not given.
+	ipvsMode := s.Config.Mode == proxy.ModeIPVS
+	if ipvsMode && changed("ipvs-sync-period") && !changed("sync-period") {
 		if err := checkDuration(o.syncPeriod, false); err != nil {
 			fail("ipvs-sync-period", o.syncPeriod.String(), err)
 		}
 		s.Config.SyncPeriod = o.syncPeriod
 	}
-	if fs.Changed("ipvs-min-sync-period") && !fs.Changed("min-sync-period") && !fs.Changed("iptables-min-sync-period") {
+	if ipvsMode && changed("ipvs-min-sync-period") && !changed("min-sync-period") {
 		if err := checkDuration(o.minSyncPeriod, true); err != nil {
 			fail("ipvs-min-sync-period", o.minSyncPeriod.String(), err)
 		}

@@ -15,12 +15,13 @@ import (
 // "auto", leaves the mode auto: resolved as the first candidate, with
 // s.ForMode to resolve the others. The mode decides which section of the
 // file applies, so it is resolved before anything else.
-func (o *Options) resolveMode(fs *pflag.FlagSet, file *fileConfig, s *Settings, logFlags LogOptions, hostname func() (string, error)) error {
+func (o *Options) resolveMode(fs *pflag.FlagSet, changed func(string) bool, file *fileConfig, s *Settings, logFlags LogOptions, hostname func() (string, error)) error {
 	auto := true
+	s.ModeUnset = (!changed("proxy-mode") || o.mode == "") && (file == nil || file.kc.Mode == "")
 	switch {
 	case o.forcedMode != "":
 		s.Config.Mode, s.ModeFrom, auto = o.forcedMode, "auto", false
-	case fs.Changed("proxy-mode"):
+	case changed("proxy-mode"):
 		m, err := parseMode(o.mode)
 		if err != nil {
 			return fmt.Errorf("--proxy-mode %q: %w", o.mode, err)

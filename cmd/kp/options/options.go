@@ -3,6 +3,8 @@ package options
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +37,14 @@ type Options struct {
 	// (SettingsFromConfig).
 	loaded  *fileConfig
 	Cleanup bool // --cleanup: cmd/kp cleans up instead of proxying
+	// InitOnly (--init-only): cmd/kp does what needs full privileges (the
+	// node's sysctls, as kp sysctl) and exits, as upstream.
+	InitOnly bool
+	// WriteConfigTo (--write-config-to): cmd/kp writes the effective
+	// configuration there (Settings.WriteConfig) and exits, as upstream.
+	WriteConfigTo string
+	// Version (--version): cmd/kp prints its version and exits.
+	Version versionFlag
 
 	mode              string
 	forcedMode        proxy.Mode // set by Settings.ForMode, beats the flag and the file
@@ -62,6 +72,9 @@ type Options struct {
 	metricsBindAddress string
 	profiling          bool
 	healthzBindAddress string
+	// Upstream's deprecated --healthz-port and --metrics-port: 0 disables
+	// the server, another port completes a bind address given without one.
+	healthzPort, metricsPort int32
 
 	ipvs ipvsOptions
 
@@ -72,9 +85,17 @@ type Options struct {
 // AddFlags binds kp proxy's flags (those of kp sysctl too) to o.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", "",
-		"Path to a KubeProxyConfiguration file (apiVersion kubeproxy.config.k8s.io/v1alpha1). "+
-			"Fields kp does not support are reported as errors; flags set on the command line override the file.")
+		"Path to a KubeProxyConfiguration file (apiVersion kubeproxy.config.k8s.io/v1alpha1). As upstream: with it, "+
+			"the flags that have a field in the file are ignored (logged at start), and kp exits when the file changes. "+
+			"Fields kp does not support are reported as errors.")
+	fs.StringVar(&o.WriteConfigTo, "write-config-to", "",
+		"If set, write the effective configuration (defaults, then --config or the flags) to this file as a "+
+			"KubeProxyConfiguration and exit.")
 	fs.BoolVar(&o.Cleanup, "cleanup", false, "Remove everything kp wrote to the kernel, then exit (same as 'kp cleanup').")
+	fs.BoolVar(&o.InitOnly, "init-only", false,
+		"If true, perform the initialization steps that need full root privileges (the node's sysctls, as 'kp sysctl'), "+
+			"and then exit. After doing this, kp can run again with only the CAP_NET_ADMIN capability.")
+	o.Version.addFlag(fs)
 
 	fs.StringVar(&o.mode, "proxy-mode", "auto",
 		"Which proxy mode to use: nftables, iptables, ipvs or userspace, or auto "+
@@ -109,10 +130,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How often the kernel state is fully reconciled even when nothing changed. Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", defaultMinSyncPeriod,
 		"The minimum time between syncs; changes arriving faster are batched. 0 syncs every change at once.")
-	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", defaultSyncPeriod, "Old name of --sync-period.")
-	fs.DurationVar(&o.iptablesMinSyncPeriod, "iptables-min-sync-period", defaultMinSyncPeriod, "Old name of --min-sync-period.")
-	_ = fs.MarkHidden("iptables-sync-period")
-	_ = fs.MarkHidden("iptables-min-sync-period")
+	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", defaultSyncPeriod,
+		"Upstream's --sync-period for every mode but ipvs (--sync-period, kp's name, wins). Must be greater than 0.")
+	fs.DurationVar(&o.iptablesMinSyncPeriod, "iptables-min-sync-period", defaultMinSyncPeriod,
+		"Upstream's --min-sync-period for every mode but ipvs (--min-sync-period, kp's name, wins).")
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", defaultConfigSyncPeriod,
 		"Upstream's informer resync period; accepted and without effect in kp, which keeps no informer cache "+
 			"(a resync re-delivers unchanged objects). Must be greater than 0.")
@@ -123,6 +144,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Serve Go's profiles at /debug/pprof/ on the metrics server, as upstream does.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
+	fs.Int32Var(&o.healthzPort, "healthz-port", 10256, "The port to bind the health check server. Use 0 to disable.")
+	_ = fs.MarkDeprecated("healthz-port", "This flag is deprecated and will be removed in a future release. Please use --healthz-bind-address instead.")
+	fs.Int32Var(&o.metricsPort, "metrics-port", 10249, "The port to bind the metrics server. Use 0 to disable.")
+	_ = fs.MarkDeprecated("metrics-port", "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.")
 
 	o.ipvs.addFlags(fs)
 	o.conntrack.addFlags(fs)
@@ -130,26 +155,22 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.compat.addFlags(fs)
 }
 
-// apply overrides s with every flag set on the command line. Every problem
-// is reported, in the order of the sections below.
-func (o *Options) apply(fs *pflag.FlagSet, logFlags LogOptions, s *Settings) []error {
-	m := &flagMerge{changed: fs.Changed, s: s}
+// apply overrides s with every flag that changed reports set and in force
+// (see flagsInForce). Every problem is reported, in the order of the
+// sections below.
+func (o *Options) apply(changed func(string) bool, logFlags LogOptions, s *Settings) []error {
+	m := &flagMerge{changed: changed, s: s}
 	o.applySource(m)
 	o.applyNetworks(m)
 	o.applyDurations(m)
 	o.applyServers(m)
-	if m.changed("log-format") || m.changed("logging-format") {
-		s.Log.format = logFlags.format
-	}
-	if m.changed("v") {
-		s.Log.verbosity = logFlags.verbosity
-	}
+	s.Log.applyFlags(changed, logFlags)
 
 	errs := m.errs
-	errs = append(errs, o.ipvs.apply(fs, s)...)
-	errs = append(errs, o.conntrack.apply(fs, s)...)
-	errs = append(errs, o.userspace.apply(fs, s)...)
-	errs = append(errs, o.compat.apply(fs, s)...)
+	errs = append(errs, o.ipvs.apply(changed, s)...)
+	errs = append(errs, o.conntrack.apply(changed, s)...)
+	errs = append(errs, o.userspace.apply(changed, s)...)
+	errs = append(errs, o.compat.apply(changed, s)...)
 	return errs
 }
 
@@ -227,10 +248,12 @@ func (o *Options) applyNetworks(m *flagMerge) {
 	}
 }
 
-// applyDurations sets the sync periods, from their current names or, when
-// those are not set, upstream's older ones.
+// applyDurations sets the sync periods, from kp's names or, when those are
+// not set, upstream's (--iptables-*, which upstream reads in every mode but
+// ipvs; ipvsOptions reads --ipvs-* in ipvs mode).
 func (o *Options) applyDurations(m *flagMerge) {
 	c := &m.s.Config
+	notIPVS := c.Mode != proxy.ModeIPVS
 	durations := []struct {
 		flags []string // the current name first, then upstream's older one
 		vals  []time.Duration
@@ -243,7 +266,7 @@ func (o *Options) applyDurations(m *flagMerge) {
 	}
 	for _, d := range durations {
 		for i, name := range d.flags {
-			if !m.changed(name) {
+			if !m.changed(name) || (i > 0 && !notIPVS) {
 				continue
 			}
 			if err := checkDuration(d.vals[i], d.zero); err != nil {
@@ -255,22 +278,36 @@ func (o *Options) applyDurations(m *flagMerge) {
 	}
 }
 
-// applyServers sets the metrics and health check servers.
+// applyServers sets the metrics and health check servers. As upstream, a
+// bind address given without a port takes --healthz-port's or
+// --metrics-port's (by default the usual one), and a port flag set to 0
+// disables its server.
 func (o *Options) applyServers(m *flagMerge) {
 	c := &m.s.Config
-	if m.changed("metrics-bind-address") {
-		if err := checkBindAddress(o.metricsBindAddress); err != nil {
-			m.fail("metrics-bind-address", o.metricsBindAddress, err)
+	for _, srv := range []struct {
+		flag, portFlag string
+		addr           string
+		port           int32
+		dst            *string
+	}{
+		{"metrics-bind-address", "metrics-port", o.metricsBindAddress, o.metricsPort, &c.MetricsBindAddress},
+		{"healthz-bind-address", "healthz-port", o.healthzBindAddress, o.healthzPort, &c.HealthzBindAddress},
+	} {
+		if m.changed(srv.flag) {
+			addr := srv.addr
+			if ip, err := netip.ParseAddr(strings.Trim(addr, "[]")); err == nil {
+				addr = net.JoinHostPort(ip.String(), strconv.Itoa(int(srv.port)))
+			}
+			if err := checkBindAddress(addr); err != nil {
+				m.fail(srv.flag, srv.addr, err)
+			}
+			*srv.dst = addr
 		}
-		c.MetricsBindAddress = o.metricsBindAddress
+		if m.changed(srv.portFlag) && srv.port == 0 {
+			*srv.dst = ""
+		}
 	}
 	if m.changed("profiling") {
 		c.Profiling = o.profiling
-	}
-	if m.changed("healthz-bind-address") {
-		if err := checkBindAddress(o.healthzBindAddress); err != nil {
-			m.fail("healthz-bind-address", o.healthzBindAddress, err)
-		}
-		c.HealthzBindAddress = o.healthzBindAddress
 	}
 }

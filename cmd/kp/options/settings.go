@@ -27,19 +27,41 @@ type Settings struct {
 	// file and has its own defaults), for choosing the mode and for
 	// switching to another (cmd/kp's startBackend and settingsFor).
 	ForMode func(m proxy.Mode) (Settings, error)
+	// nameGiven: the node's name came from --hostname-override or the
+	// file, not the host.
+	nameGiven bool
 	// bindAddressV6 is an IPv6 unspecified --bind-address, which moves the
 	// default server addresses to IPv6 as upstream does.
 	bindAddressV6 bool
 	// Ignored lists settings kp accepts for compatibility but does not act on;
 	// they are logged once the logger is final.
 	Ignored []IgnoredSetting
+	// ConfigFile is --config's path, ConfigFileData the content read: kp
+	// exits when it changes, as upstream.
+	ConfigFile     string
+	ConfigFileData []byte
+	// ModeUnset is true when neither --proxy-mode nor the file's mode named
+	// a mode: upstream then runs iptables, kp the first mode that runs
+	// (cmd/kp warns when that differs).
+	ModeUnset bool
+	// featureGates are the gates set (by the file with --config, else by
+	// --feature-gates), gates their checked state.
+	featureGates     map[string]bool
+	featureGatesFrom string
+	gates            featureGateSet
 }
 
 // IgnoredSetting is a setting kp accepts and does not act on.
 type IgnoredSetting struct {
 	Name   string // "--conntrack-max-per-core" or "conntrack.maxPerCore in kube-proxy.yaml"
 	Reason string
+	// Warn: logged as a warning, since upstream would not have ignored it
+	// silently either or it was likely meant to act (a flag beside --config).
+	Warn bool
 }
+
+// GateEnabled reports whether an upstream feature gate is on.
+func (s Settings) GateEnabled(name string) bool { return s.gates.enabled(name) }
 
 // DefaultSettings are upstream kube-proxy's defaults, with nftables as the
 // mode.
@@ -65,17 +87,17 @@ func DefaultSettings() Settings {
 	}
 }
 
-// Resolve merges defaults, then the --config file, then every flag set on
-// the command line. (Upstream lets only --hostname-override and the logging
-// flags beat its file and silently drops the rest; kp lets every explicit
-// flag win, so no argument in a DaemonSet is ignored without a word.) fs is
-// the parsed command's flag set, including the root's logging flags, whose
-// values are logFlags.
+// Resolve merges defaults, then either the --config file or the flags, as
+// upstream does: with --config, only the flags without a field in the file
+// (and --hostname-override and the logging flags, which beat it) are in
+// force; the others set on the command line are ignored, each logged as a
+// warning (see flagsInForce). fs is the parsed command's flag set,
+// including the root's logging flags, whose values are logFlags.
 func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func() (string, error)) (Settings, error) {
 	s := DefaultSettings()
 
 	// The mode decides which section of the file applies (nftables.*,
-	// iptables.*), so it is resolved first; the flag beats the file.
+	// iptables.*), so it is resolved first.
 	file := o.loaded
 	if file == nil && o.configFile != "" {
 		f, err := loadConfigFile(o.configFile)
@@ -83,8 +105,13 @@ func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func(
 			return s, err
 		}
 		file = f
+		s.ConfigFile, s.ConfigFileData = f.path, f.data
 	}
-	if err := o.resolveMode(fs, file, &s, logFlags, hostname); err != nil {
+	if file != nil {
+		s.Ignored = append(s.Ignored, file.lenient...)
+	}
+	changed := o.flagsInForce(fs, file != nil, &s)
+	if err := o.resolveMode(fs, changed, file, &s, logFlags, hostname); err != nil {
 		return s, err
 	}
 
@@ -92,7 +119,7 @@ func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func(
 	if file != nil {
 		errs = append(errs, file.apply(&s)...)
 	}
-	errs = append(errs, o.apply(fs, logFlags, &s)...)
+	errs = append(errs, o.apply(changed, logFlags, &s)...)
 	if len(errs) == 0 {
 		errs = append(errs, s.finish(hostname)...)
 	}
@@ -107,7 +134,8 @@ func (s *Settings) finish(hostname func() (string, error)) []error {
 	// Upstream lower-cases and trims the node name whether it came from the
 	// host or from --hostname-override, so Node names match.
 	name := s.Config.HostnameOverride
-	if strings.TrimSpace(name) == "" {
+	s.nameGiven = strings.TrimSpace(name) != ""
+	if !s.nameGiven {
 		h, err := hostname()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cannot tell this node's name (%w); set --hostname-override", err))
@@ -140,8 +168,15 @@ func (s *Settings) finish(hostname func() (string, error)) []error {
 	if s.Config.MinSyncPeriod > s.Config.SyncPeriod {
 		errs = append(errs, fmt.Errorf("--min-sync-period %s is longer than --sync-period %s", s.Config.MinSyncPeriod, s.Config.SyncPeriod))
 	}
+	errs = append(errs, s.finishGates()...)
 	if err := s.Log.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	for _, e := range s.Log.validateGated(s.gates.enabled) {
+		errs = append(errs, s.settingError(e))
+	}
+	if e := checkDetectLocal(s.Config.DetectLocal); e != nil {
+		errs = append(errs, s.settingError(*e))
 	}
 	if dir := s.Config.ManifestsDir; dir != "" {
 		if fi, err := os.Stat(dir); err != nil {
@@ -152,3 +187,29 @@ func (s *Settings) finish(hostname func() (string, error)) []error {
 	}
 	return errs
 }
+
+// finishGates checks the feature gates set, as upstream's SetFromMap does,
+// acts on the ones kp honours and lists the rest as ignored.
+func (s *Settings) finishGates() []error {
+	gates, err := resolveFeatureGates(s.featureGates)
+	if err != nil {
+		return []error{fmt.Errorf("%s: %w", s.featureGatesFrom, err)}
+	}
+	s.gates = gates
+	s.Config.IgnoreExternalIPs = !gates.enabled("AllowServiceExternalIPs")
+	s.Ignored = append(s.Ignored, ignoredGates(s.featureGates)...)
+	return nil
+}
+
+// settingError names a problem found on the merged settings by where they
+// came from: the file's field when there is a file, else the flag.
+func (s *Settings) settingError(e settingProblem) error {
+	if s.ConfigFile != "" {
+		return fmt.Errorf("--config %s: %s: %s", s.ConfigFile, e.field, e.msg)
+	}
+	return fmt.Errorf("--%s: %s", e.flag, e.msg)
+}
+
+// settingProblem is a problem of one setting: its field in the file, its
+// flag, and upstream's message.
+type settingProblem struct{ field, flag, msg string }

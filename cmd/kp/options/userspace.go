@@ -49,31 +49,31 @@ func (u *userspaceOptions) addFlags(fs *pflag.FlagSet) {
 			"for this long. Must be greater than 0.")
 }
 
-func (u *userspaceOptions) apply(fs *pflag.FlagSet, s *Settings) []error {
+func (u *userspaceOptions) apply(changed func(string) bool, s *Settings) []error {
 	var errs []error
 	fail := func(flag, value string, err error) {
 		errs = append(errs, fmt.Errorf("--%s %q: %w", flag, value, err))
 	}
-	if fs.Changed("userspace-redirect") {
+	if changed("userspace-redirect") {
 		r, err := userspace.ParseRedirect(u.redirect)
 		if err != nil {
 			fail("userspace-redirect", u.redirect, errors.New("want auto, nftables or iptables"))
 		}
 		s.Config.UserspaceRedirect = r
 	}
-	if fs.Changed("userspace-max-connections") {
+	if changed("userspace-max-connections") {
 		if u.maxConnections < 0 {
 			fail("userspace-max-connections", strconv.Itoa(u.maxConnections), errors.New("must not be negative"))
 		}
 		s.Config.UserspaceMaxConnections = u.maxConnections
 	}
-	if fs.Changed("userspace-tcp-idle-timeout") {
+	if changed("userspace-tcp-idle-timeout") {
 		if err := checkDuration(u.tcpIdleTimeout, true); err != nil {
 			fail("userspace-tcp-idle-timeout", u.tcpIdleTimeout.String(), err)
 		}
 		s.Config.UserspaceTCPIdleTimeout = u.tcpIdleTimeout
 	}
-	if fs.Changed("userspace-udp-idle-timeout") {
+	if changed("userspace-udp-idle-timeout") {
 		if err := checkDuration(u.udpIdleTimeout, false); err != nil {
 			fail("userspace-udp-idle-timeout", u.udpIdleTimeout.String(), err)
 		}
