@@ -64,9 +64,11 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 	})
 }
 
-// settingsFor is s for target t: the mode's own section of the config file
-// and defaults when the mode was auto, else s with the mode (and iptables
-// flavor) replaced.
+// settingsFor is s for target t: the settings a kp started in t's mode
+// with the same flags and config file has (the mode's own section of the
+// file and its own defaults, such as where NodePorts answer), with t's
+// iptables flavor. Settings not resolved from flags (tests) only have
+// the mode and flavor replaced.
 func (a *app) settingsFor(s options.Settings, t proxy.Target) (options.Settings, error) {
 	out := s
 	if s.ForMode != nil {
