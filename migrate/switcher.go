@@ -376,8 +376,8 @@ func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequ
 		s.finish(p, fmt.Errorf("verify %s: %w", nt, err))
 		return
 	}
-	end(fmt.Sprintf("%d service ports proven by %s's counters (%d probes, %d skipped)", v.ServicePorts, nt, v.Probes, len(v.Skipped)), nil)
-	log.Info("migration: new path verified", "servicePorts", v.ServicePorts, "probes", v.Probes, "skipped", len(v.Skipped))
+	end(fmt.Sprintf("%d service ports proven by %s's counters (%s)", v.ServicePorts, nt, v.Summary()), nil)
+	log.Info("migration: new path verified", "servicePorts", v.ServicePorts, "probes", v.Probes, "addresses", v.Addresses, "skipped", len(v.Skipped))
 
 	if !same {
 		s.swap(nb, nt)

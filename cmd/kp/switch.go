@@ -49,12 +49,19 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 			}
 			return to.Run(ctx)
 		},
-		// The none mode carries nothing: there is nothing to prove.
+		// The none mode carries nothing: there is nothing to prove. The
+		// others are proven on the NodePort addresses their own settings
+		// name.
 		Verify: func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error) {
 			if b.Mode() == proxy.ModeNone {
 				return &statusapi.Verification{}, nil
 			}
-			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{})
+			bs, err := a.settingsFor(s, proxy.TargetOf(b))
+			if err != nil {
+				return nil, err
+			}
+			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{NodePorts: migrate.NodePortScope{
+				CIDRs: bs.Config.NodePortAddresses, Primary: bs.Config.NodePortPrimary}})
 		},
 		Switched: func(b proxy.Backend) {
 			if cleaner != nil {
