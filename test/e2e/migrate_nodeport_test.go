@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"regexp"
 	"slices"
 	"testing"
 
@@ -54,8 +55,18 @@ func TestMigrateNodeToUserspaceServesNodePortsFromOffNode(t *testing.T) {
 			e.answers(client, "tcp", nodeTCP, names...)
 			e.answers(client, "udp", nodeUDP, names...)
 
-			out := e.migrate("--to", "userspace")
+			out, err := e.tryMigrate("--to", "userspace")
+			if err != nil {
+				// A switch its verify step refuses leaves the old mode
+				// serving: say whether it does.
+				counts, failed := e.tally(client, "tcp", nodeTCP, 20)
+				t.Fatalf("kp migrate node --to userspace: %v\n%s\nafter it, %s from off the node: answers %v, failed %v",
+					err, out, nodeTCP, counts, counted(failed))
+			}
 			t.Logf("kp migrate node --to userspace:\n%s", out)
+			if !regexp.MustCompile(`verify +2 service ports proven by userspace's counters \(\d+ probes: 2 ClusterIP, [1-9]\d* NodePort`).MatchString(out) {
+				t.Errorf("the verify step did not prove the NodePorts:\n%s", out)
+			}
 			e.expectOnly("userspace")
 			for _, a := range []struct{ network, addr string }{{"tcp", nodeTCP}, {"udp", nodeUDP}, {"tcp", webTCP}} {
 				counts, failed := e.tally(client, a.network, a.addr, 20)
