@@ -400,7 +400,7 @@ func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequ
 func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend, t proxy.Target, p *statusapi.Migration) (*statusapi.Verification, error) {
 	v, err := s.cfg.Verify(ctx, st, b)
 	if err == nil && len(v.Failed) > 0 {
-		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), t, v.Failed[0])
+		err = fmt.Errorf("%d addresses not carried by %s: %s", len(v.Failed), t, v.Failed[0])
 	}
 	s.mu.Lock()
 	p.Verification = v
