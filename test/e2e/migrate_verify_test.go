@@ -93,17 +93,26 @@ func (e *env) nftScript(script string) {
 	}
 }
 
-// measured reads the packets of chain's counter in table ip kp-e2e-measure.
+// measured reads the packets of chain's counter in table ip
+// kp-e2e-measure, failing the test if it cannot.
 func (e *env) measured(chain string) int {
 	e.t.Helper()
+	n, err := e.readCounter(chain)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// readCounter is measured for any goroutine.
+func (e *env) readCounter(chain string) (int, error) {
 	out, err := e.w.NFT("list", "chain", "ip", "kp-e2e-measure", chain)
 	if err != nil {
-		e.t.Fatalf("nft list chain %s: %v\n%s", chain, err, out)
+		return 0, fmt.Errorf("nft list chain %s: %w\n%s", chain, err, out)
 	}
 	m := regexp.MustCompile(`counter packets (\d+)`).FindStringSubmatch(out)
 	if m == nil {
-		e.t.Fatalf("no counter in chain %s:\n%s", chain, out)
+		return 0, fmt.Errorf("no counter in chain %s:\n%s", chain, out)
 	}
-	n, _ := strconv.Atoi(m[1])
-	return n
+	return strconv.Atoi(m[1])
 }
