@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -131,6 +132,19 @@ func (s *Switcher) EndpointCounters(st *proxy.State) (map[proxy.EndpointRef]prox
 		return cr.EndpointCounters(st)
 	}
 	return nil, nil
+}
+
+// NodePortScope is the current backend's --nodeport-addresses
+// (proxy.NodePortScoper), or the initial backend's when the current one
+// has none (the none mode): the service health server follows the mode.
+func (s *Switcher) NodePortScope() ([]netip.Prefix, bool) {
+	cur, _ := s.Current()
+	for _, b := range []proxy.Backend{cur, s.cfg.Initial} {
+		if sc, ok := b.(proxy.NodePortScoper); ok {
+			return sc.NodePortScope()
+		}
+	}
+	return nil, false
 }
 
 // LastSyncFull asks the current backend; for a backend that cannot say,
@@ -417,7 +431,10 @@ func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 	}
 }
 
-var _ proxy.Backend = (*Switcher)(nil)
+var (
+	_ proxy.Backend        = (*Switcher)(nil)
+	_ proxy.NodePortScoper = (*Switcher)(nil)
+)
 
 // SetFinished sets SwitcherConfig.Finished (kp knows its API client only
 // once its sources are built).

@@ -268,3 +268,9 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
+
+// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
+// this mode was given it.
+func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
+	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+}
