@@ -86,15 +86,40 @@ func VerifyServices(ctx context.Context, st *proxy.State, b proxy.Backend, opts 
 	if err != nil {
 		return nil, fmt.Errorf("read %s counters before the probes: %w", b.Mode(), err)
 	}
+	// A service port and family that failed an address is not carried:
+	// its later addresses are not probed (each failed round waits
+	// countersWait, and a shadowed mode fails them all).
+	type group struct {
+		name   proxy.ServicePortName
+		family proxy.Family
+	}
+	failedGroup := map[group]bool{}
 	for _, round := range rounds(probes) {
-		if before, err = probeRound(ctx, opts, cr, st, before, round); err != nil {
+		var send []*probe
+		for _, p := range round {
+			if failedGroup[group{p.name, p.family}] {
+				p.skipped = true
+				v.Skipped = append(v.Skipped, p.String()+": not probed, an earlier address of it was not carried")
+				continue
+			}
+			send = append(send, p)
+		}
+		if before, err = probeRound(ctx, opts, cr, st, before, send); err != nil {
 			return nil, fmt.Errorf("read %s counters after the probes: %w", b.Mode(), err)
 		}
+		for _, p := range send {
+			if !p.moved {
+				failedGroup[group{p.name, p.family}] = true
+			}
+		}
 	}
-	v.Probes = len(probes)
 	proven := map[proxy.ServicePortName]bool{}
 	failed := map[proxy.ServicePortName]bool{}
 	for _, p := range probes {
+		if p.skipped {
+			continue
+		}
+		v.Probes++
 		v.Addresses[string(p.kind)]++
 		if !p.moved {
 			failed[p.name] = true
@@ -117,6 +142,7 @@ func VerifyServices(ctx context.Context, st *proxy.State, b proxy.Backend, opts 
 	}
 	sort.Strings(v.Failed)
 	sort.Strings(v.Warnings)
+	sort.Strings(v.Skipped)
 	return v, nil
 }
 

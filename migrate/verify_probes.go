@@ -34,6 +34,9 @@ type probe struct {
 	proto  v1.Protocol
 	err    error
 	moved  bool // the service port's counters of family moved in its round
+	// skipped: not sent, an earlier address of its service port and
+	// family was not carried.
+	skipped bool
 }
 
 func (p *probe) String() string {
