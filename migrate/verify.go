@@ -76,8 +76,11 @@ func VerifyServices(ctx context.Context, st *proxy.State, b proxy.Backend, opts 
 	if node.local, err = opts.LocalAddrs(); err != nil {
 		return nil, fmt.Errorf("list the node's addresses for its NodePorts: %w", err)
 	}
-	if node.defaultRoute, err = opts.DefaultRouteAddrs(); err != nil {
-		return nil, fmt.Errorf("list the default route's addresses for the node's NodePorts: %w", err)
+	v4, v6 := proxy.FilterAddrs(proxy.IPv4, st.Node.IPs), proxy.FilterAddrs(proxy.IPv6, st.Node.IPs)
+	if node.scope.Primary && (len(v4) == 0 || len(v6) == 0) { // a family without a Node IP
+		if node.defaultRoute, err = opts.DefaultRouteAddrs(); err != nil {
+			return nil, fmt.Errorf("list the default route's addresses for the node's NodePorts: %w", err)
+		}
 	}
 	v := &statusapi.Verification{Addresses: map[string]int{}}
 	var probes []probe
