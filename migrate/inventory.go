@@ -3,6 +3,8 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -96,11 +98,19 @@ func Inventory(ctx context.Context) ([]Found, error) {
 	return found, nil
 }
 
-// inventoryIPTables counts kp's KP- chains and kube-proxy's chains in one
-// flavor and family's tables.
+// inventoryIPTables counts kp's KP- chains, by the mode that writes them
+// (kpIPTablesMode), and kube-proxy's chains in one flavor and family's
+// tables.
 func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flavor, fam proxy.Family) []Found {
 	where := fmt.Sprintf("iptables-%s %s", fl, fam)
-	kp := Found{Owner: "kp", Mode: "iptables-" + string(fl), Where: where}
+	kp := map[string]*Found{}
+	kpOf := func(chain string) *Found {
+		mode := kpIPTablesMode(chain, fl)
+		if kp[mode] == nil {
+			kp[mode] = &Found{Owner: "kp", Mode: mode, Where: where}
+		}
+		return kp[mode]
+	}
 	kube := Found{Owner: "kube-proxy", Mode: "iptables/ipvs", Where: where}
 	for _, t := range []iptables.Table{iptables.TableNAT, iptables.TableFilter, iptables.TableMangle} {
 		d := dumps[t]
@@ -109,13 +119,14 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 		}
 		for _, chain := range d.Chains {
 			if strings.HasPrefix(chain, "KP-") {
-				kp.Chains++
-				kp.Rules += len(d.Rules[chain])
+				f := kpOf(chain)
+				f.Chains++
+				f.Rules += len(d.Rules[chain])
 				continue
 			}
 			for _, r := range d.Rules[chain] {
-				if strings.HasPrefix(iptables.RuleTarget(r.Spec), "KP-") && !isKubeProxyChain(chain) {
-					kp.Rules++
+				if to := iptables.RuleTarget(r.Spec); strings.HasPrefix(to, "KP-") && !isKubeProxyChain(chain) {
+					kpOf(to).Rules++
 				}
 			}
 		}
@@ -127,12 +138,27 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 		}
 	}
 	var out []Found
-	for _, f := range []Found{kp, kube} {
-		if f.Chains > 0 || f.Rules > 0 {
-			out = append(out, f)
-		}
+	for _, m := range slices.Sorted(maps.Keys(kp)) {
+		out = append(out, *kp[m])
+	}
+	if kube.Chains > 0 || kube.Rules > 0 {
+		out = append(out, kube)
 	}
 	return out
+}
+
+// kpIPTablesMode is the mode that writes kp's iptables chain: the
+// userspace mode's redirects (KP-USERSPACE-) and the ipvs mode's chains
+// (KP-IPVS-) are theirs, the other KP- chains the iptables mode's in
+// flavor fl.
+func kpIPTablesMode(chain string, fl iptables.Flavor) string {
+	switch {
+	case strings.HasPrefix(chain, iptables.UserspaceChainPrefix):
+		return string(proxy.ModeUserspace)
+	case strings.HasPrefix(chain, iptables.IPVSChainPrefix):
+		return string(proxy.ModeIPVS)
+	}
+	return "iptables-" + string(fl)
 }
 
 func inventoryNFTables() ([]Found, error) {

@@ -61,7 +61,8 @@ func (p *Plan) Print(w io.Writer) {
 		fmt.Fprintf(w, "  1. program  add %s's rules for %d service ports and %d endpoints while %s serves\n",
 			p.target, st.ServicePorts, st.Endpoints, p.running)
 	}
-	fmt.Fprintf(w, "  2. verify   a connection from the node to every ClusterIP with endpoints, proven by %s's counters\n", p.target)
+	fmt.Fprintf(w, "  2. verify   a connection from the node to every ClusterIP, NodePort (on each NodePort address), externalIP\n"+
+		"              and LoadBalancer IP with endpoints, each proven by %s's counters\n", p.target)
 	if len(p.remove) == 0 {
 		fmt.Fprintln(w, "  3. remove   nothing")
 		return

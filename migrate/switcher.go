@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -131,6 +132,19 @@ func (s *Switcher) EndpointCounters(st *proxy.State) (map[proxy.EndpointRef]prox
 		return cr.EndpointCounters(st)
 	}
 	return nil, nil
+}
+
+// NodePortScope is the current backend's --nodeport-addresses
+// (proxy.NodePortScoper), or the initial backend's when the current one
+// has none (the none mode): the service health server follows the mode.
+func (s *Switcher) NodePortScope() ([]netip.Prefix, bool) {
+	cur, _ := s.Current()
+	for _, b := range []proxy.Backend{cur, s.cfg.Initial} {
+		if sc, ok := b.(proxy.NodePortScoper); ok {
+			return sc.NodePortScope()
+		}
+	}
+	return nil, false
 }
 
 // LastSyncFull asks the current backend; for a backend that cannot say,
@@ -376,8 +390,8 @@ func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequ
 		s.finish(p, fmt.Errorf("verify %s: %w", nt, err))
 		return
 	}
-	end(fmt.Sprintf("%d service ports proven by %s's counters (%d probes, %d skipped)", v.ServicePorts, nt, v.Probes, len(v.Skipped)), nil)
-	log.Info("migration: new path verified", "servicePorts", v.ServicePorts, "probes", v.Probes, "skipped", len(v.Skipped))
+	end(fmt.Sprintf("%d service ports proven by %s's counters (%s)", v.ServicePorts, nt, v.Summary()), nil)
+	log.Info("migration: new path verified", "servicePorts", v.ServicePorts, "probes", v.Probes, "addresses", v.Addresses, "skipped", len(v.Skipped))
 
 	if !same {
 		s.swap(nb, nt)
@@ -400,7 +414,7 @@ func (s *Switcher) migrate(ctx context.Context, st *proxy.State, req *switchRequ
 func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend, t proxy.Target, p *statusapi.Migration) (*statusapi.Verification, error) {
 	v, err := s.cfg.Verify(ctx, st, b)
 	if err == nil && len(v.Failed) > 0 {
-		err = fmt.Errorf("%d service ports not carried by %s: %s", len(v.Failed), t, v.Failed[0])
+		err = fmt.Errorf("%d addresses not carried by %s: %s", len(v.Failed), t, v.Failed[0])
 	}
 	s.mu.Lock()
 	p.Verification = v
@@ -417,7 +431,10 @@ func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 	}
 }
 
-var _ proxy.Backend = (*Switcher)(nil)
+var (
+	_ proxy.Backend        = (*Switcher)(nil)
+	_ proxy.NodePortScoper = (*Switcher)(nil)
+)
 
 // SetFinished sets SwitcherConfig.Finished (kp knows its API client only
 // once its sources are built).

@@ -48,7 +48,7 @@ func (s *Switcher) handOverShadowed(ctx context.Context, st *proxy.State, p *mig
 	end = s.step(p.progress, "verify")
 	v, err := s.verify(ctx, st, p.nb, p.nt, p.progress)
 	if err == nil {
-		end(fmt.Sprintf("%d service ports proven by %s's counters (%d probes, %d skipped)", v.ServicePorts, p.nt, v.Probes, len(v.Skipped)), nil)
+		end(fmt.Sprintf("%d service ports proven by %s's counters (%s)", v.ServicePorts, p.nt, v.Summary()), nil)
 		log.Info("migration: new path verified once the old mode's rules were gone", "servicePorts", v.ServicePorts)
 		s.drain(p.old, log)
 		if rerr != nil {

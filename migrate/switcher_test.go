@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -324,5 +325,55 @@ func TestSwitcherDoesNotHandOverToAModeThatCarriesOnlySomeServices(t *testing.T)
 	want := []string{"nftables sync", "build iptables-nft", "iptables sync", "verify iptables", "iptables cleanup"}
 	if !slices.Equal(log, want) || s.Mode() != proxy.ModeNFTables {
 		t.Errorf("calls %q (mode %s), want %q", log, s.Mode(), want)
+	}
+}
+
+// scopedBackend is a recBackend built with --nodeport-addresses.
+type scopedBackend struct {
+	recBackend
+	cidrs []netip.Prefix
+}
+
+func (b *scopedBackend) NodePortScope() ([]netip.Prefix, bool) { return b.cidrs, len(b.cidrs) == 0 }
+
+// The service health server's NodePort addresses follow the mode that
+// runs; a mode without them (none) keeps the initial mode's.
+func TestSwitcherNodePortScopeIsTheRunningModes(t *testing.T) {
+	var log []string
+	iptCIDRs := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	s := NewSwitcher(SwitcherConfig{
+		Initial:       &scopedBackend{recBackend: recBackend{mode: proxy.ModeNFTables, log: &log}},
+		InitialTarget: proxy.Target{Mode: proxy.ModeNFTables},
+		Build: func(_ context.Context, t proxy.Target) (proxy.Backend, proxy.Target, error) {
+			if t.Mode == proxy.ModeNone {
+				return &recBackend{mode: t.Mode, log: &log}, t, nil
+			}
+			return &scopedBackend{recBackend: recBackend{mode: t.Mode, log: &log}, cidrs: iptCIDRs}, t, nil
+		},
+		Retire: func(context.Context, proxy.Target, *proxy.State, bool) (int, error) { return 0, nil },
+		Verify: func(context.Context, *proxy.State, proxy.Backend) (*statusapi.Verification, error) {
+			return &statusapi.Verification{ServicePorts: 1}, nil
+		},
+	})
+	ctx := context.Background()
+	_ = s.Sync(ctx, &proxy.State{})
+	for _, tc := range []struct {
+		to      string
+		cidrs   string
+		primary bool
+	}{
+		{"nftables", "[]", true},
+		{"iptables-nft", "[10.0.0.0/8]", false},
+		{"none", "[]", true},
+	} {
+		target, _ := proxy.ParseTarget(tc.to)
+		if _, err := s.Request(target, "test"); err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Sync(ctx, &proxy.State{})
+		cidrs, primary := s.NodePortScope()
+		if fmt.Sprint(cidrs) != tc.cidrs || primary != tc.primary {
+			t.Errorf("running %s: %v, %v; want %s, %v", tc.to, cidrs, primary, tc.cidrs, tc.primary)
+		}
 	}
 }

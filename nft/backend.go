@@ -416,3 +416,9 @@ func (b *Backend) carryCounters(tx *Transaction) {
 		}
 	}
 }
+
+// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
+// this mode was given it.
+func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
+	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+}

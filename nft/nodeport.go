@@ -67,8 +67,14 @@ func listLocalAddrsIn(nsFd int) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// defaultRouteAddrs returns the global addresses of the interfaces holding a
-// default route, per family.
+// DefaultRouteAddrs returns the global addresses of the interfaces holding
+// a default route in the caller's network namespace: where this mode
+// answers NodePorts on the node's primary IPs when the Node has none (kp
+// migrate's verify step probes them).
+func DefaultRouteAddrs() ([]netip.Addr, error) { return defaultRouteAddrsIn(0) }
+
+// defaultRouteAddrsIn returns the global addresses of the interfaces
+// holding a default route, per family.
 func defaultRouteAddrsIn(nsFd int) ([]netip.Addr, error) {
 	h, err := handleIn(nsFd)
 	if err != nil {

@@ -44,6 +44,15 @@ func TargetOf(b Backend) Target {
 	return Target{Mode: b.Mode()}
 }
 
+// NodePortScoper is implemented by a Backend built from settings that say
+// where NodePorts answer (--nodeport-addresses: CIDRs, or with primary the
+// Node's IPs, whose default differs by mode). The service health server
+// listens for healthCheckNodePorts there too, so after a switch it follows
+// the mode that runs, as it would in a kp started in that mode.
+type NodePortScoper interface {
+	NodePortScope() (cidrs []netip.Prefix, primary bool)
+}
+
 // FullSyncReporter is implemented by a Backend that can tell whether its
 // last Sync re-rendered everything, for the full/partial sync duration
 // metrics. Without it, the first sync and a sync after a failure count as

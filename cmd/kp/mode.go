@@ -10,13 +10,13 @@ import (
 )
 
 // startBackend builds and probes the backend of s's mode. When the mode is
-// auto (s.ForMode is set) it tries every mode in fallback order and starts
+// auto (s.Auto) it tries every mode in fallback order and starts
 // the first whose probe passes, with the settings of that mode; the choice
 // and the reason each earlier mode was refused are logged and returned for
 // the status API. A forced mode that fails its probe is an error naming
 // the reason.
 func (a *app) startBackend(ctx context.Context, s options.Settings) (options.Settings, proxy.Backend, *statusapi.ModeChoice, error) {
-	if s.ForMode == nil {
+	if !s.Auto {
 		b, err := a.probeMode(ctx, s)
 		if err != nil {
 			return s, nil, nil, err

@@ -48,12 +48,19 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 			}
 			return to.Run(ctx)
 		},
-		// The none mode carries nothing: there is nothing to prove.
+		// The none mode carries nothing: there is nothing to prove. The
+		// others are proven on the NodePort addresses their own settings
+		// name.
 		Verify: func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error) {
 			if b.Mode() == proxy.ModeNone {
 				return &statusapi.Verification{}, nil
 			}
-			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{})
+			bs, err := a.settingsFor(s, proxy.TargetOf(b))
+			if err != nil {
+				return nil, err
+			}
+			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{NodePorts: migrate.NodePortScope{
+				CIDRs: bs.Config.NodePortAddresses, Primary: bs.Config.NodePortPrimary}})
 		},
 		Switched: func(b proxy.Backend) {
 			if cleaner != nil {
@@ -63,9 +70,11 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 	})
 }
 
-// settingsFor is s for target t (options.Settings.ForTarget: the one
+// settingsFor is s for target t (options.Settings.ForTarget, the one
 // resolution of a target's settings, which kp migrate cluster's preflight
-// reads too).
+// reads too): the settings a kp started in t's mode with the same flags and
+// config file has (the mode's own section of the file and its own
+// defaults, such as where NodePorts answer), with t's iptables flavor.
 func (a *app) settingsFor(s options.Settings, t proxy.Target) (options.Settings, error) {
 	return s.ForTarget(t)
 }

@@ -390,3 +390,9 @@ func defaultCleanup(ctx context.Context, log *slog.Logger) error {
 	_, err := Cleanup(ctx, log)
 	return err
 }
+
+// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
+// this mode was given it.
+func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
+	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+}

@@ -258,3 +258,9 @@ func writeSysctl(path, value string) error {
 	}
 	return nil
 }
+
+// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
+// this mode was given it.
+func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
+	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+}

@@ -12,11 +12,12 @@ import (
 // nodePortAddrs are the addresses that get a virtual server per NodePort,
 // as upstream's ipvs mode: the local addresses --nodeport-addresses
 // selects (all of them without it; the Node's primary IPs with
-// "primary"), never kp-ipvs0's (Service addresses), loopback or IPv6
-// link-local ones.
+// "primary", or all of them when the Node has no IP of f, as the iptables
+// and userspace modes do), never kp-ipvs0's (Service addresses), loopback
+// or IPv6 link-local ones.
 func (b *Backend) nodePortAddrs(f proxy.Family, node proxy.Node, dummy map[netip.Addr]bool) []netip.Addr {
 	var cand []netip.Addr
-	if b.cfg.NodePortPrimary {
+	if b.cfg.NodePortPrimary && len(proxy.FilterAddrs(f, node.IPs)) > 0 {
 		cand = proxy.FilterAddrs(f, node.IPs)
 	} else {
 		local, err := b.localAddrs()

@@ -48,6 +48,9 @@ type Backend struct {
 	// refused are the service ports the last sync gave no listener, for
 	// want of file descriptors (fdbudget.go), sorted.
 	refused []proxy.ServicePortName
+	// warnedPrimary: "primary" NodePorts of a family fell back to every
+	// local address for want of a Node IP, and that was logged.
+	warnedPrimary map[proxy.Family]bool
 	// lastRules is what kp last wrote, per family; a family missing is
 	// unknown (start, after a failed write) and written by the next sync.
 	lastRules map[proxy.Family]Rules
@@ -103,7 +106,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		idle = cfg.UserspaceUDPIdleTimeout
 	}
 	b := &Backend{cfg: cfg, log: log, ops: hostOps(), now: time.Now, idle: idle,
-		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}}
+		stats: newStats(), conns: newConnSet(), proxies: map[proxyKey]portProxy{}, warnedPrimary: map[proxy.Family]bool{}}
 	b.noFile = b.syncNoFile
 	for _, o := range opts {
 		o(b)
@@ -278,3 +281,9 @@ func (b *Backend) EndpointCounters(s *proxy.State) (map[proxy.EndpointRef]proxy.
 // ActiveConnections returns, per endpoint with some, the connections and
 // sessions open now.
 func (b *Backend) ActiveConnections() map[proxy.EndpointRef]int64 { return b.stats.activeConns() }
+
+// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
+// this mode was given it.
+func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
+	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+}

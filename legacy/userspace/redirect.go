@@ -203,13 +203,24 @@ const rewriteInterval = time.Hour
 // prefixes (an invalid prefix: every local address): --nodeport-addresses,
 // "primary" (the Node's IPs), or every local address by default (as
 // upstream's iptables mode; the other proxies' userspace modes did too).
+// "primary" with no Node IP of f (no Node object, or one without
+// addresses) answers on every local address, as the iptables mode does,
+// rather than nowhere. b.mu is held.
 func (b *Backend) nodePortAddrs(f proxy.Family, node proxy.Node) []netip.Prefix {
 	if b.cfg.NodePortPrimary {
 		var out []netip.Prefix
 		for _, a := range proxy.FilterAddrs(f, node.IPs) {
 			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		}
-		return out
+		if len(out) > 0 {
+			b.warnedPrimary[f] = false
+			return out
+		}
+		if !b.warnedPrimary[f] {
+			b.warnedPrimary[f] = true
+			b.log.Warn("--nodeport-addresses primary: the Node has no IP of this family yet; NodePorts answer on every local address", "family", f)
+		}
+		return []netip.Prefix{{}}
 	}
 	if len(b.cfg.NodePortAddresses) > 0 {
 		return proxy.FilterPrefixes(f, b.cfg.NodePortAddresses)

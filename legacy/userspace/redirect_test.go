@@ -99,3 +99,41 @@ fib daddr type local tcp dport 30080 redirect to :40002 comment "demo/web:http"`
 		t.Errorf("redirects:\n%s\nwant\n%s", s, want)
 	}
 }
+
+// Where NodePorts answer, per family: "primary" is the Node's IPs of the
+// family, or every local address when the Node has none (no Node object,
+// or none of that family), as in the iptables mode; never nowhere.
+func TestNodePortAddrsPrimaryFallsBackToEveryLocalAddress(t *testing.T) {
+	node := proxy.Node{Name: "n", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}}
+	for _, tc := range []struct {
+		name   string
+		cfg    proxy.Config
+		node   proxy.Node
+		family proxy.Family
+		want   []netip.Prefix
+	}{
+		{"default: every local address", proxy.Config{}, node, proxy.IPv4, []netip.Prefix{{}}},
+		{"primary: the Node's IP", proxy.Config{NodePortPrimary: true}, node, proxy.IPv4,
+			[]netip.Prefix{netip.MustParsePrefix("10.0.0.5/32")}},
+		{"primary, no IPv6 Node IP: every local address", proxy.Config{NodePortPrimary: true}, node, proxy.IPv6, []netip.Prefix{{}}},
+		{"primary, no Node object: every local address", proxy.Config{NodePortPrimary: true}, proxy.Node{Name: "n"}, proxy.IPv4, []netip.Prefix{{}}},
+		{"CIDRs of the family", proxy.Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"),
+			netip.MustParsePrefix("fd00::/64")}}, node, proxy.IPv4, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := New(tc.cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := b.nodePortAddrs(tc.family, tc.node)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Errorf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -69,6 +69,9 @@ type ServiceHealthOptions struct {
 	// primary IPs; a family with neither binds the wildcard address.
 	NodePortAddresses []netip.Prefix
 	NodePortPrimary   bool
+	// NodePortScope, when set, is read at every Sync instead: the running
+	// mode's --nodeport-addresses (a switch may change them).
+	NodePortScope func() ([]netip.Prefix, bool)
 	// InterfaceAddrs lists the node's local addresses (for CIDRs); nil
 	// means the host's interfaces.
 	InterfaceAddrs func() ([]netip.Addr, error)
@@ -99,8 +102,13 @@ func NewServiceHealthServer(o ServiceHealthOptions) *ServiceHealthServer {
 	if ifAddrs == nil {
 		ifAddrs = proxy.LocalAddrs
 	}
+	scope := o.NodePortScope
+	if scope == nil {
+		scope = func() ([]netip.Prefix, bool) { return o.NodePortAddresses, o.NodePortPrimary }
+	}
 	s.addrs = func(f proxy.Family, node proxy.Node) []netip.Addr {
-		return healthCheckAddrs(f, node, o.NodePortAddresses, o.NodePortPrimary, ifAddrs, s.log)
+		cidrs, primary := scope()
+		return healthCheckAddrs(f, node, cidrs, primary, ifAddrs, s.log)
 	}
 	return s
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -258,4 +259,29 @@ func httpCode(t *testing.T, url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// With NodePortScope, the listeners follow the running mode's
+// --nodeport-addresses at each Sync: after a switch from nftables mode
+// (the Node's primary IP) to iptables mode (every address), a health check
+// port listens where a kp started in iptables mode listens.
+func TestServiceHealthPortsFollowTheRunningModesNodePortAddresses(t *testing.T) {
+	primary := true
+	var listened []string
+	s := NewServiceHealthServer(ServiceHealthOptions{
+		NodePortScope: func() ([]netip.Prefix, bool) { return nil, primary },
+		Listen: func(network, addr string) (net.Listener, error) {
+			listened = append(listened, network+" "+addr)
+			return net.Listen("tcp", "127.0.0.1:0")
+		}})
+	defer s.Close()
+	st := hcState(32000, nodeEp("10.0.0.1", "node-a", true))
+	st.Node.IPs = []netip.Addr{netip.MustParseAddr("192.168.1.10")}
+	s.Sync(st)
+	primary = false // the switch
+	s.Sync(st)
+	want := "[tcp4 192.168.1.10:32000 tcp6 [::]:32000 tcp4 0.0.0.0:32000]"
+	if got := fmt.Sprint(listened); got != want {
+		t.Errorf("listened on %s, want %s", got, want)
+	}
 }

@@ -80,8 +80,7 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 		return err
 	}
 	metrics.ObserveHealth(health)
-	serviceHealth := NewServiceHealthServer(ServiceHealthOptions{Log: log, Healthy: health.Healthy,
-		NodePortAddresses: cfg.NodePortAddresses, NodePortPrimary: cfg.NodePortPrimary})
+	serviceHealth := newServiceHealth(cfg, backend, health.Healthy, log)
 	defer serviceHealth.Close()
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
 		{name: "healthz", addr: cfg.HealthzBindAddress, handler: withPublicStatus(health.Handler(), status, opts.Inventory, nodeName)},
@@ -365,4 +364,16 @@ func newObservers(backend proxy.Backend, nodeName string, syncPeriod time.Durati
 		}
 	}
 	return metrics, health, status, nil
+}
+
+// newServiceHealth serves the healthCheckNodePorts where the running mode
+// answers NodePorts: its --nodeport-addresses (proxy.NodePortScoper, which
+// follows a switch), else cfg's.
+func newServiceHealth(cfg proxy.Config, backend proxy.Backend, healthy func() bool, log *slog.Logger) *ServiceHealthServer {
+	o := ServiceHealthOptions{Log: log, Healthy: healthy,
+		NodePortAddresses: cfg.NodePortAddresses, NodePortPrimary: cfg.NodePortPrimary}
+	if sc, ok := backend.(proxy.NodePortScoper); ok {
+		o.NodePortScope = sc.NodePortScope
+	}
+	return NewServiceHealthServer(o)
 }

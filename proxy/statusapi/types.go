@@ -9,7 +9,11 @@
 // fields it does not know; a field kp cannot fill is omitted, not zeroed.
 package statusapi
 
-import "time"
+import (
+	"fmt"
+	"strings"
+	"time"
+)
 
 // Version is the API version these types describe; it is in every path.
 const Version = "v1"
@@ -240,15 +244,36 @@ type MigrationStep struct {
 type Verification struct {
 	ServicePorts int `json:"servicePorts"` // proven
 	Probes       int `json:"probes"`       // connections and datagrams sent
-	// Skipped are the service ports not probed, with why (no endpoints
-	// usable from the node, SCTP).
+	// Addresses counts the probes by kind of address: ClusterIP,
+	// NodePort (one per NodePort address of the node), externalIP,
+	// LoadBalancer IP.
+	Addresses map[string]int `json:"addresses,omitempty"`
+	// Skipped are the service ports and kinds of address not probed, with
+	// why (no endpoints usable from the node, SCTP, LoadBalancer source
+	// ranges).
 	Skipped []string `json:"skipped,omitempty"`
-	// Failed are the service ports whose counters did not move: the new
-	// mode did not carry them.
+	// Failed are the addresses whose service port's counters did not
+	// move: the new mode did not carry them.
 	Failed []string `json:"failed,omitempty"`
-	// Warnings are service ports carried by the new mode (their counters
+	// Warnings are addresses carried by the new mode (their counters
 	// moved) whose endpoint did not accept the probe.
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// Summary says how many probes went to each kind of address, and how many
+// were skipped: "3 probes: 1 ClusterIP, 2 NodePort; 0 skipped".
+func (v *Verification) Summary() string {
+	var kinds []string
+	for _, k := range []string{"ClusterIP", "NodePort", "externalIP", "LoadBalancer IP"} {
+		if n := v.Addresses[k]; n > 0 {
+			kinds = append(kinds, fmt.Sprintf("%d %s", n, k))
+		}
+	}
+	s := fmt.Sprintf("%d probes", v.Probes)
+	if len(kinds) > 0 {
+		s += ": " + strings.Join(kinds, ", ")
+	}
+	return fmt.Sprintf("%s; %d skipped", s, len(v.Skipped))
 }
 
 // InventoryPath is GET /kp/v1/inventory: what programs this node's

@@ -49,7 +49,7 @@ func TestConfigFileDecodesLenientlyAsUpstreamDoes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := writeFile(t, "kube-proxy.yaml", tt.file)
 			s, err := resolve("--manifests", dir, "--config", path)
-			if err == nil && s.ForMode != nil {
+			if err == nil && s.Auto {
 				s, err = s.ForMode(Modes[0])
 			}
 			if err != nil {

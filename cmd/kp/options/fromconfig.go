@@ -27,9 +27,10 @@ func SettingsFromConfig(kc *KubeProxyConfiguration, lenient []IgnoredSetting, so
 }
 
 // ForTarget is s for target t, as a switch to t (and a start in t's mode
-// through the Node's annotation) builds it: when the mode was auto, t's
-// own resolution (its section of the config file, its defaults);
-// otherwise s with t's mode, the configured mode's sections kept.
+// through the Node's annotation) builds it: t's own resolution from the
+// same flags and file (ForMode: its section of the config file, its
+// defaults), with t's iptables flavor. Settings not resolved from flags
+// (tests) only have the mode and flavor replaced.
 func (s Settings) ForTarget(t proxy.Target) (Settings, error) {
 	out := s
 	if s.ForMode != nil {

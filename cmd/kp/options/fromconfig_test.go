@@ -34,9 +34,9 @@ func TestDecodeKubeProxyConfigurationNamesItsSourceAndTheField(t *testing.T) {
 	}
 }
 
-// What kp does with a file once it serves a target mode: with the file's
-// mode fixed, a switch keeps that mode's sections; with auto, the target's
-// own section and defaults apply.
+// What kp does with a file once it serves a target mode: the target's own
+// section and defaults, whether the file fixes a mode or not (a switch
+// builds what a kp started in the target mode has).
 func TestSettingsFromConfigResolvesTheTargetAsASwitchDoes(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml    string
@@ -46,7 +46,7 @@ func TestSettingsFromConfigResolvesTheTargetAsASwitchDoes(t *testing.T) {
 	}{
 		{"auto to iptables: iptables section, every local address", "iptables: {masqueradeAll: true}\n", "iptables", true, false},
 		{"auto to nftables: nftables section, primary IPs", "iptables: {masqueradeAll: true}\n", "nftables", false, true},
-		{"nftables fixed, switched to iptables: the nftables section stays", "mode: nftables\niptables: {masqueradeAll: true}\n", "iptables", false, true},
+		{"nftables fixed, switched to iptables: the iptables section, as a kp started in it", "mode: nftables\niptables: {masqueradeAll: true}\n", "iptables", true, false},
 		{"iptables fixed, to iptables-legacy", "mode: iptables\niptables: {masqueradeAll: true}\n", "iptables-legacy", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

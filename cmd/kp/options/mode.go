@@ -10,11 +10,12 @@ import (
 	"github.com/kpproxy/kp/proxy"
 )
 
-// resolveMode sets s's mode from, first to last: a mode auto is trying
-// (forcedMode), --proxy-mode, the config file's mode. None of them, or
-// "auto", leaves the mode auto: resolved as the first candidate, with
-// s.ForMode to resolve the others. The mode decides which section of the
-// file applies, so it is resolved before anything else.
+// resolveMode sets s's mode from, first to last: a mode auto is trying or
+// a switch programs (forcedMode), --proxy-mode, the config file's mode.
+// None of them, or "auto", leaves the mode auto: resolved as the first
+// candidate. s.ForMode resolves any other mode from the same flags and
+// file. The mode decides which section of the file applies, so it is
+// resolved before anything else.
 func (o *Options) resolveMode(fs *pflag.FlagSet, changed func(string) bool, file *fileConfig, s *Settings, logFlags LogOptions, hostname func() (string, error)) error {
 	auto := true
 	s.ModeUnset = (!changed("proxy-mode") || o.mode == "") && (file == nil || file.kc.Mode == "")
@@ -41,12 +42,12 @@ func (o *Options) resolveMode(fs *pflag.FlagSet, changed func(string) bool, file
 	if auto {
 		// Resolved as the first candidate; startBackend resolves each
 		// candidate it tries again through ForMode.
-		s.Config.Mode, s.ModeFrom = Modes[0], "auto"
-		s.ForMode = func(m proxy.Mode) (Settings, error) {
-			forced := *o
-			forced.forcedMode = m
-			return forced.Resolve(fs, logFlags, hostname)
-		}
+		s.Config.Mode, s.ModeFrom, s.Auto = Modes[0], "auto", true
+	}
+	s.ForMode = func(m proxy.Mode) (Settings, error) {
+		forced := *o
+		forced.forcedMode = m
+		return forced.resolveWith(fs, file, logFlags, hostname)
 	}
 	return nil
 }

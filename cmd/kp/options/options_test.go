@@ -54,7 +54,7 @@ func prefixes(ss ...string) []netip.Prefix {
 func configOf(t *testing.T, dir string, args ...string) proxy.Config {
 	t.Helper()
 	s, err := resolve(append([]string{"--manifests", dir}, args...)...)
-	if err == nil && s.ForMode != nil {
+	if err == nil && s.Auto {
 		s, err = s.ForMode(Modes[0])
 	}
 	if err != nil {

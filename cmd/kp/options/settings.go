@@ -22,10 +22,16 @@ type Settings struct {
 	Log       LogOptions
 	// ModeFrom says where the mode came from, for "not implemented" errors.
 	ModeFrom string
-	// ForMode is set when the mode is auto: the settings again with the
-	// mode forced to m (each mode reads its own section of the config
-	// file and has its own defaults), for choosing the mode and for
-	// switching to another (cmd/kp's startBackend and settingsFor).
+	// Auto: no mode was asked for; the mode is the first candidate, and
+	// ForMode resolves the others.
+	Auto bool
+	// ForMode is the settings again with the mode forced to m, resolved
+	// from the same flags and config file as these: each mode reads its
+	// own section of the file and has its own defaults (NodePorts on the
+	// primary IPs in nftables mode, on every local address in the
+	// others). cmd/kp builds every backend from it, whether auto tries
+	// the mode at start or a switch programs it (startBackend,
+	// settingsFor), so both get the same settings.
 	ForMode func(m proxy.Mode) (Settings, error)
 	// nameGiven: the node's name came from --hostname-override or the
 	// file, not the host.
@@ -94,23 +100,31 @@ func DefaultSettings() Settings {
 // warning (see flagsInForce). fs is the parsed command's flag set,
 // including the root's logging flags, whose values are logFlags.
 func (o *Options) Resolve(fs *pflag.FlagSet, logFlags LogOptions, hostname func() (string, error)) (Settings, error) {
-	s := DefaultSettings()
-
-	// The mode decides which section of the file applies (nftables.*,
-	// iptables.*), so it is resolved first.
 	file := o.loaded
 	if file == nil && o.configFile != "" {
 		f, err := loadConfigFile(o.configFile)
 		if err != nil {
-			return s, err
+			return DefaultSettings(), err
 		}
 		file = f
-		s.ConfigFile, s.ConfigFileData = f.path, f.data
 	}
+	return o.resolveWith(fs, file, logFlags, hostname)
+}
+
+// resolveWith is Resolve with the config file already read (ForMode
+// resolves every other mode from the file as it was read at start, not as
+// a switch later finds it).
+func (o *Options) resolveWith(fs *pflag.FlagSet, file *fileConfig, logFlags LogOptions, hostname func() (string, error)) (Settings, error) {
+	s := DefaultSettings()
 	if file != nil {
+		if file.data != nil { // read from disk, not given (SettingsFromConfig)
+			s.ConfigFile, s.ConfigFileData = file.path, file.data
+		}
 		s.Ignored = append(s.Ignored, file.lenient...)
 	}
 	changed := o.flagsInForce(fs, file != nil, &s)
+	// The mode decides which section of the file applies (nftables.*,
+	// iptables.*), so it is resolved first.
 	if err := o.resolveMode(fs, changed, file, &s, logFlags, hostname); err != nil {
 		return s, err
 	}

@@ -54,7 +54,7 @@ func (s Settings) kubeProxyConfiguration() *KubeProxyConfiguration {
 	if s.bindAddressV6 {
 		kc.BindAddress = "::"
 	}
-	if s.ForMode == nil { // auto stays auto: the field empty
+	if !s.Auto { // auto stays auto: the field empty
 		kc.Mode = ProxyMode(c.Mode)
 	}
 	bit := int32(c.MasqueradeBit)
