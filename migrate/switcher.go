@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -38,6 +39,11 @@ type SwitcherConfig struct {
 	// Finished is told the outcome of every switch asked for (kp records
 	// it as an Event on its Node).
 	Finished func(m statusapi.Migration)
+	// AllowModeNone lets the Node annotation ask for proxy.ModeNone
+	// (--allow-mode-none); without it such a request is refused, recorded
+	// as a failed switch (Finished: an Event on the Node), and nothing
+	// changes.
+	AllowModeNone bool
 	// Drain bounds how long an old mode that proxies connections itself
 	// (userspace) keeps serving its open connections after a switch, and
 	// how long Retire keeps state for established connections.
@@ -194,34 +200,43 @@ func (s *Switcher) request(t proxy.Target, by string) {
 }
 
 // noteAnnotation turns a new value of the Node's kpproxy.io/proxy-mode
-// annotation into a request.
-func (s *Switcher) noteAnnotation(st *proxy.State) {
+// annotation into a request. A value it refuses (not a mode; none without
+// AllowModeNone) changes nothing and is recorded as a failed switch, which
+// it returns for Finished.
+func (s *Switcher) noteAnnotation(st *proxy.State) *statusapi.Migration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := st.Node.ProxyMode
 	if a == s.annotation {
-		return
+		return nil
 	}
 	s.annotation = a
 	if a == "" {
-		return
+		return nil
 	}
 	by := fmt.Sprintf("annotation %s on Node %s", proxy.AnnotationProxyMode, st.Node.Name)
 	t, err := proxy.ParseTarget(a)
+	if err == nil && t.Mode == proxy.ModeNone && !s.cfg.AllowModeNone {
+		err = errors.New("mode none removes kp's rules and leaves the node's Services to another proxy, and this kp " +
+			"runs without --allow-mode-none, so it refuses (kp migrate cluster --rollback needs kp started with " +
+			"--allow-mode-none); nothing changed")
+	}
 	if err != nil {
 		s.nextID++
 		now := s.cfg.Clock.Now()
 		s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: a, RequestedBy: by,
 			Phase: statusapi.MigrationFailed, Error: err.Error(), Started: now, Ended: now}
 		s.cfg.Log.Error("ignoring the Node's proxy mode annotation", "node", st.Node.Name, "annotation", proxy.AnnotationProxyMode, "err", err)
-		return
+		m := *s.progress
+		return &m
 	}
 	// At start, an annotation naming the mode kp already runs is no
 	// request; later, any new value is one.
 	if !s.synced && s.curTarget.Satisfies(t) {
-		return
+		return nil
 	}
 	s.request(t, by)
+	return nil
 }
 
 func (s *Switcher) nextRequest() *switchRequest {
@@ -234,7 +249,9 @@ func (s *Switcher) nextRequest() *switchRequest {
 
 // Sync syncs the current backend, then carries out a pending switch.
 func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
-	s.noteAnnotation(st)
+	if refused := s.noteAnnotation(st); refused != nil && s.cfg.Finished != nil {
+		s.cfg.Finished(*refused)
+	}
 	req := s.nextRequest()
 	s.mu.Lock()
 	first := !s.synced

@@ -56,7 +56,10 @@ stay untouched, the failure (step, error) is recorded on the Node (annotation
 back to the mode it ran before; for --from-kube-proxy (needs --keep-kube-proxy's
 DaemonSet), each goes back to kube-proxy without a gap: kube-proxy starts next to kp
 (label ` + cluster.ProxyHandback + `) and is gated on its rules being in the kernel, then kp
-switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
+switches to mode none (removes its rules, leaves kube-proxy's), then leaves. That
+hand-back needs every node's kp to run with --allow-mode-none (add it to kp's
+DaemonSet command first): a kp without it refuses mode none, changes nothing, says why
+in an Event on its Node, and the rollback stops at that node.`,
 		Example: `  # From kube-proxy to kp, one node at a time, keeping kube-proxy's DaemonSet
   kp migrate cluster --from-kube-proxy --keep-kube-proxy
   # (the first run labels the nodes and asks for kp's DaemonSet if it is missing:)
@@ -72,6 +75,7 @@ switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
   # After a pause: fix the node, then the same command resumes; or undo
   kp migrate cluster --to iptables
   kp migrate cluster --to iptables --rollback
+  # (back to kube-proxy: kp's DaemonSet must run kp proxy with --allow-mode-none)
   kp migrate cluster --from-kube-proxy --rollback`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -83,7 +87,8 @@ switches to mode none (removes its rules, leaves kube-proxy's), then leaves.`,
 	fs.BoolVar(&o.req.FromKubeProxy, "from-kube-proxy", false, "move the nodes from upstream kube-proxy's DaemonSet to kp's")
 	fs.IntVar(&o.req.MaxUnavailable, "max-unavailable", 1, "nodes in flight at once")
 	fs.BoolVar(&o.req.Pause, "pause", true, "stop at the first failed node (re-run to resume); --pause=false goes on with the others")
-	fs.BoolVar(&o.req.Rollback, "rollback", false, "reverse the nodes this rollout reached, last first")
+	fs.BoolVar(&o.req.Rollback, "rollback", false, "reverse the nodes this rollout reached, last first "+
+		"(with --from-kube-proxy: kp must run with --allow-mode-none)")
 	fs.BoolVar(&o.req.KeepKubeProxy, "keep-kube-proxy", false, "with --from-kube-proxy: keep kube-proxy's DaemonSet at the end, for --rollback")
 	fs.DurationVar(&o.req.NodeTimeout, "node-timeout", 5*time.Minute, "give up a node's step after this long")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop")

@@ -42,7 +42,7 @@ func serveMigrationRequest(w http.ResponseWriter, r *http.Request, m Migrator) {
 		// It leaves the node without a proxy unless another one serves
 		// it: only the Node annotation asks for it (kp migrate cluster
 		// --rollback, once kube-proxy's rules are in place).
-		http.Error(w, "to: none is asked for by the Node annotation "+proxy.AnnotationProxyMode+" only (kp migrate cluster --rollback)", http.StatusBadRequest)
+		http.Error(w, "to: none is asked for by the Node annotation "+proxy.AnnotationProxyMode+" only (kp migrate cluster --rollback; kp with --allow-mode-none)", http.StatusBadRequest)
 		return
 	}
 	by := req.RequestedBy

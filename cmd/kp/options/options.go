@@ -59,6 +59,7 @@ type Options struct {
 	metricsBindAddress string
 	profiling          bool
 	healthzBindAddress string
+	allowModeNone      bool
 
 	ipvs ipvsOptions
 
@@ -120,6 +121,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Serve Go's profiles at /debug/pprof/ on the metrics server, as upstream does.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
+
+	fs.BoolVar(&o.allowModeNone, "allow-mode-none", false,
+		"kp only: let the Node annotation "+proxy.AnnotationProxyMode+"=none switch kp to mode none (kp removes its "+
+			"rules and programs nothing; kp migrate cluster --rollback does this to hand a node back to kube-proxy). "+
+			"Without it that annotation is refused with an Event on the Node and nothing changes, so whoever may "+
+			"patch Nodes cannot take the node's Services offline.")
 
 	o.ipvs.addFlags(fs)
 	o.conntrack.addFlags(fs)
@@ -252,7 +259,8 @@ func (o *Options) applyDurations(m *flagMerge) {
 	}
 }
 
-// applyServers sets the metrics and health check servers.
+// applyServers sets the metrics and health check servers, and what the
+// Node annotation may ask of kp.
 func (o *Options) applyServers(m *flagMerge) {
 	c := &m.s.Config
 	if m.changed("metrics-bind-address") {
@@ -269,5 +277,8 @@ func (o *Options) applyServers(m *flagMerge) {
 			m.fail("healthz-bind-address", o.healthzBindAddress, err)
 		}
 		c.HealthzBindAddress = o.healthzBindAddress
+	}
+	if m.changed("allow-mode-none") {
+		c.AllowModeNone = o.allowModeNone
 	}
 }
