@@ -2,9 +2,9 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -39,6 +39,11 @@ type SwitcherConfig struct {
 	// Finished is told the outcome of every switch asked for (kp records
 	// it as an Event on its Node).
 	Finished func(m statusapi.Migration)
+	// AllowModeNone lets the Node annotation ask for proxy.ModeNone
+	// (--allow-mode-none); without it such a request is refused, recorded
+	// as a failed switch (Finished: an Event on the Node), and nothing
+	// changes.
+	AllowModeNone bool
 	// Drain bounds how long an old mode that proxies connections itself
 	// (userspace) keeps serving its open connections after a switch, and
 	// how long Retire keeps state for established connections.
@@ -109,76 +114,6 @@ func NewSwitcher(cfg SwitcherConfig) *Switcher {
 // runs at the next sync rather than at the periodic one.
 func (s *Switcher) SetTrigger(f func()) { s.mu.Lock(); s.trigger = f; s.mu.Unlock() }
 
-// Current returns the backend running now and its target.
-func (s *Switcher) Current() (proxy.Backend, proxy.Target) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur, s.curTarget
-}
-
-// Mode is the current backend's mode.
-func (s *Switcher) Mode() proxy.Mode { b, _ := s.Current(); return b.Mode() }
-
-// Probe probes the current backend (kp probed it before starting).
-func (s *Switcher) Probe(ctx context.Context) error { b, _ := s.Current(); return b.Probe(ctx) }
-
-// Cleanup cleans the current backend.
-func (s *Switcher) Cleanup(ctx context.Context) error { b, _ := s.Current(); return b.Cleanup(ctx) }
-
-// EndpointCounters reads the current backend's counters.
-func (s *Switcher) EndpointCounters(st *proxy.State) (map[proxy.EndpointRef]proxy.EndpointCounter, error) {
-	b, _ := s.Current()
-	if cr, ok := b.(proxy.CounterReporter); ok {
-		return cr.EndpointCounters(st)
-	}
-	return nil, nil
-}
-
-// NodePortScope is the current backend's --nodeport-addresses
-// (proxy.NodePortScoper), or the initial backend's when the current one
-// has none (the none mode): the service health server follows the mode.
-func (s *Switcher) NodePortScope() ([]netip.Prefix, bool) {
-	cur, _ := s.Current()
-	for _, b := range []proxy.Backend{cur, s.cfg.Initial} {
-		if sc, ok := b.(proxy.NodePortScoper); ok {
-			return sc.NodePortScope()
-		}
-	}
-	return nil, false
-}
-
-// LastSyncFull asks the current backend; for a backend that cannot say,
-// the first sync and the one after a failure are full, as without a
-// Switcher.
-func (s *Switcher) LastSyncFull() bool {
-	b, _ := s.Current()
-	if r, ok := b.(proxy.FullSyncReporter); ok {
-		return r.LastSyncFull()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.full
-}
-
-// noteSync records the outcome of a sync of the current backend.
-func (s *Switcher) noteSync(first bool, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err == nil {
-		s.full = first || s.failed
-	}
-	s.failed = err != nil
-}
-
-// Shutdown drains the current backend when it proxies connections itself.
-func (s *Switcher) Shutdown(ctx context.Context) error {
-	b, _ := s.Current()
-	if d, ok := b.(proxy.Shutdowner); ok {
-		return d.Shutdown(ctx)
-	}
-	return nil
-}
-
 // Request asks for a switch to t at the next sync and returns its
 // progress record. Asking for the mode that runs re-verifies it and runs
 // Retire again (kube-proxy's rules re-created by a kube-proxy that was
@@ -208,34 +143,43 @@ func (s *Switcher) request(t proxy.Target, by string) {
 }
 
 // noteAnnotation turns a new value of the Node's kpproxy.io/proxy-mode
-// annotation into a request.
-func (s *Switcher) noteAnnotation(st *proxy.State) {
+// annotation into a request. A value it refuses (not a mode; none without
+// AllowModeNone) changes nothing and is recorded as a failed switch, which
+// it returns for Finished.
+func (s *Switcher) noteAnnotation(st *proxy.State) *statusapi.Migration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := st.Node.ProxyMode
 	if a == s.annotation {
-		return
+		return nil
 	}
 	s.annotation = a
 	if a == "" {
-		return
+		return nil
 	}
 	by := fmt.Sprintf("annotation %s on Node %s", proxy.AnnotationProxyMode, st.Node.Name)
 	t, err := proxy.ParseTarget(a)
+	if err == nil && t.Mode == proxy.ModeNone && !s.cfg.AllowModeNone {
+		err = errors.New("mode none removes kp's rules and leaves the node's Services to another proxy, and this kp " +
+			"runs without --allow-mode-none, so it refuses (kp migrate cluster --rollback needs kp started with " +
+			"--allow-mode-none); nothing changed")
+	}
 	if err != nil {
 		s.nextID++
 		now := s.cfg.Clock.Now()
 		s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: a, RequestedBy: by,
 			Phase: statusapi.MigrationFailed, Error: err.Error(), Started: now, Ended: now}
 		s.cfg.Log.Error("ignoring the Node's proxy mode annotation", "node", st.Node.Name, "annotation", proxy.AnnotationProxyMode, "err", err)
-		return
+		m := *s.progress
+		return &m
 	}
 	// At start, an annotation naming the mode kp already runs is no
 	// request; later, any new value is one.
 	if !s.synced && s.curTarget.Satisfies(t) {
-		return
+		return nil
 	}
 	s.request(t, by)
+	return nil
 }
 
 func (s *Switcher) nextRequest() *switchRequest {
@@ -248,7 +192,9 @@ func (s *Switcher) nextRequest() *switchRequest {
 
 // Sync syncs the current backend, then carries out a pending switch.
 func (s *Switcher) Sync(ctx context.Context, st *proxy.State) error {
-	s.noteAnnotation(st)
+	if refused := s.noteAnnotation(st); refused != nil && s.cfg.Finished != nil {
+		s.cfg.Finished(*refused)
+	}
 	req := s.nextRequest()
 	s.mu.Lock()
 	first := !s.synced

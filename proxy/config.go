@@ -73,6 +73,13 @@ type Config struct {
 	// Profiling serves Go's profiles at /debug/pprof/ on the metrics
 	// server (upstream --profiling).
 	Profiling bool
+
+	// AllowModeNone lets the Node annotation kpproxy.io/proxy-mode=none
+	// switch kp to ModeNone (kp's --allow-mode-none; kp migrate cluster
+	// --rollback needs it). Without it the annotation is refused, with an
+	// Event on the Node: whoever may patch Nodes could otherwise take the
+	// node's Services offline.
+	AllowModeNone bool
 }
 
 // LocalMode is upstream's detectLocalMode: how local traffic is told apart.

@@ -58,7 +58,10 @@ back to the mode it ran before; for --from-kube-proxy (needs kube-proxy's Daemon
 kept unless --delete-kube-proxy), each goes back to kube-proxy without a gap:
 kube-proxy starts next to kp (label ` + cluster.ProxyHandback + `) and is gated on its rules being
 in the kernel, then kp switches to mode none (removes its rules, leaves
-kube-proxy's), then leaves.
+kube-proxy's), then leaves. That hand-back needs every node's kp to run with
+--allow-mode-none (add it to kp's DaemonSet command first): a kp without it
+refuses mode none, changes nothing, says why in an Event on its Node, and the
+rollback stops at that node.
 
 --from-kube-proxy --dry-run prints the plan, then the preflight: what will
 behave differently once kp serves, read from kube-proxy's configuration (its
@@ -108,6 +111,7 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
   # After a pause: fix the node, then the same command resumes; or undo
   kp migrate cluster --to iptables
   kp migrate cluster --to iptables --rollback
+  # (back to kube-proxy: kp's DaemonSet must run kp proxy with --allow-mode-none)
   kp migrate cluster --from-kube-proxy --rollback`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -119,7 +123,8 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
 	fs.BoolVar(&o.req.FromKubeProxy, "from-kube-proxy", false, "move the nodes from upstream kube-proxy's DaemonSet to kp's")
 	fs.IntVar(&o.req.MaxUnavailable, "max-unavailable", 1, "nodes in flight at once")
 	fs.BoolVar(&o.req.Pause, "pause", true, "stop at the first failed node (re-run to resume); --pause=false goes on with the others")
-	fs.BoolVar(&o.req.Rollback, "rollback", false, "reverse the nodes this rollout reached, last first")
+	fs.BoolVar(&o.req.Rollback, "rollback", false, "reverse the nodes this rollout reached, last first "+
+		"(with --from-kube-proxy: kp must run with --allow-mode-none)")
 	fs.BoolVar(&o.req.DeleteKubeProxy, "delete-kube-proxy", false,
 		"with --from-kube-proxy: delete kube-proxy's DaemonSet once every node runs kp (without it the DaemonSet is kept, on no node, for --rollback)")
 	fs.BoolVar(&o.keepKubeProxy, "keep-kube-proxy", false, "keep kube-proxy's DaemonSet (the default now)")

@@ -26,6 +26,7 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 	return migrate.NewSwitcher(migrate.SwitcherConfig{
 		Initial:       backend,
 		InitialTarget: proxy.TargetOf(backend),
+		AllowModeNone: cfg.AllowModeNone,
 		Log:           a.log,
 		Build: func(ctx context.Context, t proxy.Target) (proxy.Backend, proxy.Target, error) {
 			st, err := a.settingsFor(s, t)

@@ -81,11 +81,27 @@ type listenerPorts struct{ internal, external int }
 // Service's first; the filter chains refuse what nat did not redirect:
 // Rejects (service ports without endpoints, then any other port of a
 // ClusterIP, as upstream), then Drops (addresses of the Service CIDRs no
-// Service has).
+// Service has). Listeners are the proxy's listener ports: a new
+// connection to one that nat did not redirect is refused, on input.
 type Rules struct {
 	Redirects []Redirect
 	Rejects   []Redirect
 	Drops     []netip.Prefix
+	Listeners []Listener
+}
+
+// Listener is one of the proxy's listener ports. A listener binds every
+// address of the node (a redirect rewrites the destination to the address
+// of the interface the packet came in on, so no other address would do),
+// so without the filter rule a client connecting straight to
+// <node IP>:<port> would reach the Service's endpoints: a ClusterIP-only
+// Service from outside the cluster, a LoadBalancer's without its source
+// ranges. Only connections whose conntrack entry was destination-NATed (a
+// redirect is one) may reach it.
+type Listener struct {
+	Protocol v1.Protocol
+	Port     int
+	Comment  string // its service port, and "external" for the external listener
 }
 
 // renderRules returns family f's rules for every service port of s that
@@ -153,6 +169,30 @@ func renderRules(f proxy.Family, s *proxy.State, states map[proxy.ServicePortNam
 	slices.SortFunc(vips, byText)
 	out.Rejects = append(out.Rejects, vips...)
 	out.Drops = proxy.FilterPrefixes(f, s.ServiceCIDRs)
+	out.Listeners = listenersOf(s, states)
+	return out
+}
+
+// listenersOf lists the listener ports of the service ports of s that
+// have a state (one refused for want of descriptors has none), sorted by
+// protocol and port.
+func listenersOf(s *proxy.State, states map[proxy.ServicePortName]portState) []Listener {
+	var out []Listener
+	for name, sp := range s.Services {
+		st := states[name]
+		if st.ports.internal != 0 {
+			out = append(out, Listener{Protocol: sp.Protocol, Port: st.ports.internal, Comment: name.String()})
+		}
+		if st.ports.external != 0 {
+			out = append(out, Listener{Protocol: sp.Protocol, Port: st.ports.external, Comment: name.String() + " external"})
+		}
+	}
+	slices.SortFunc(out, func(a, b Listener) int {
+		if c := strings.Compare(string(a.Protocol), string(b.Protocol)); c != 0 {
+			return c
+		}
+		return a.Port - b.Port
+	})
 	return out
 }
 

@@ -32,6 +32,9 @@ const (
 	// chainUnallocated (filter; from FORWARD and OUTPUT) drops the Service
 	// CIDRs' addresses no Service has.
 	chainUnallocated = iptables.UserspaceChainPrefix + "UNALLOCATED"
+	// chainListeners (filter; from INPUT, new connections that nat did not
+	// redirect) refuses the proxy's listener ports (Listener).
+	chainListeners = iptables.UserspaceChainPrefix + "LISTENERS"
 )
 
 var ipJumps = []iptables.Jump{
@@ -42,12 +45,19 @@ var ipJumps = []iptables.Jump{
 	{Table: iptables.TableFilter, From: "OUTPUT", To: chainServices, Comment: "kp userspace services", Match: ctNew},
 	{Table: iptables.TableFilter, From: "FORWARD", To: chainUnallocated, Comment: "kp userspace unallocated service addresses", Match: ctNew},
 	{Table: iptables.TableFilter, From: "OUTPUT", To: chainUnallocated, Comment: "kp userspace unallocated service addresses", Match: ctNew},
+	{Table: iptables.TableFilter, From: "INPUT", To: chainListeners, Comment: "kp userspace listeners: only what kp redirected",
+		Match: ctNew + " " + ctNotRedirected},
 }
 
 // ctNew limits the filter chains to a connection's first packet, as
 // upstream's KUBE-SERVICES in filter: every later packet (the proxied
 // bytes above all) skips them, whatever their length.
 const ctNew = "-m conntrack --ctstate NEW"
+
+// ctNotRedirected matches a connection whose conntrack entry was not
+// destination-NATed: REDIRECT is a DNAT, so traffic nat sent to a listener
+// never matches.
+const ctNotRedirected = "-m conntrack ! --ctstate DNAT"
 
 // ipFeatures are the kernel features the chains use (probed before use).
 var ipFeatures = []iptables.Feature{
@@ -57,6 +67,7 @@ var ipFeatures = []iptables.Feature{
 	{Name: "the addrtype match", Table: iptables.TableNAT, Spec: "-m addrtype --dst-type LOCAL"},
 	{Name: "the REDIRECT target", Table: iptables.TableNAT, Spec: "-p tcp -j REDIRECT --to-ports 1"},
 	{Name: "the conntrack match in filter", Table: iptables.TableFilter, Spec: ctNew},
+	{Name: "the conntrack match's DNAT state", Table: iptables.TableFilter, Spec: ctNotRedirected},
 	{Name: "the REJECT target", Table: iptables.TableFilter, Spec: "-j REJECT"},
 	{Name: "the REJECT target (tcp-reset)", Table: iptables.TableFilter, Spec: "-p tcp -j REJECT --reject-with tcp-reset"},
 }
@@ -70,6 +81,7 @@ const (
 	trieServices = iptables.UserspaceChainPrefix + "F" // filter, by address
 	chainNPRej   = iptables.UserspaceChainPrefix + "NPREJECT"
 	trieNPRej    = iptables.UserspaceChainPrefix + "R" // filter, by port
+	trieListen   = iptables.UserspaceChainPrefix + "L" // filter, by port
 )
 
 // renderIPTables is family f's rules as kp's chains. The rules that match
@@ -163,7 +175,26 @@ func renderIPTables(f proxy.Family, rules Rules) iptables.OwnedRules {
 			Args: "-d " + p.String() + " -j DROP"})
 	}
 	chains = append(chains, unallocated)
+	chains = append(chains, listenerChains(f, rules.Listeners)...)
 	return iptables.OwnedRules{Prefix: iptables.UserspaceChainPrefix, Chains: chains, Jumps: ipJumps}
+}
+
+// listenerChains refuse every listener port, through the port trie:
+// reached only by new connections that nat did not redirect.
+func listenerChains(f proxy.Family, ls []Listener) []*iptables.Chain {
+	top := &iptables.Chain{Table: iptables.TableFilter, Name: chainListeners}
+	if len(ls) == 0 {
+		return []*iptables.Chain{top}
+	}
+	es := make([]iptables.DispatchEntry, 0, len(ls))
+	for _, l := range ls {
+		r := Redirect{Protocol: l.Protocol, Port: int32(l.Port)}
+		es = append(es, iptables.DispatchEntry{Proto: strings.ToLower(string(l.Protocol)), Port: r.Port,
+			Rule: iptables.Rule{Comment: l.Comment, Args: portMatch(r) + ipReject(l.Protocol)}})
+	}
+	rules, sub := iptables.PortDispatch(iptables.TableFilter, f, trieListen, es)
+	top.Rules = rules
+	return append([]*iptables.Chain{top}, sub...)
 }
 
 // portMatch matches r's protocol and port.

@@ -27,6 +27,9 @@ func TestRenderIPTablesHasTheNFTablesTablesSemantics(t *testing.T) {
 			{Comment: "demo/web", Addr: a("10.96.0.10"), Verdict: VerdictReject},
 		},
 		Drops: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		Listeners: []Listener{{Protocol: v1.ProtocolTCP, Port: 40001, Comment: "demo/web:http"},
+			{Protocol: v1.ProtocolTCP, Port: 40002, Comment: "demo/web:http external"},
+			{Protocol: v1.ProtocolUDP, Port: 40003, Comment: "demo/dns"}},
 	}
 	got := renderIPTables(proxy.IPv4, rules)
 	var lines []string
@@ -44,17 +47,25 @@ KP-USERSPACE-SERVICES: demo/dns: -d 10.96.0.12/32 -p udp -m udp --dport 53 -j RE
 KP-USERSPACE-SERVICES: demo/web:http: -d 203.0.113.7/32 -p tcp -m tcp --dport 80 -j DROP
 KP-USERSPACE-SERVICES: NodePorts: -m addrtype --dst-type LOCAL -j KP-USERSPACE-NPREJECT
 KP-USERSPACE-NPREJECT: demo/db: -p tcp -m tcp --dport 30432 -j REJECT --reject-with tcp-reset
-KP-USERSPACE-UNALLOCATED: unallocated Service addresses: -d 10.96.0.0/16 -j DROP`
+KP-USERSPACE-UNALLOCATED: unallocated Service addresses: -d 10.96.0.0/16 -j DROP
+KP-USERSPACE-LISTENERS: demo/web:http: -p tcp -m tcp --dport 40001 -j REJECT --reject-with tcp-reset
+KP-USERSPACE-LISTENERS: demo/web:http external: -p tcp -m tcp --dport 40002 -j REJECT --reject-with tcp-reset
+KP-USERSPACE-LISTENERS: demo/dns: -p udp -m udp --dport 40003 -j REJECT`
 	if s := strings.Join(lines, "\n"); s != want {
 		t.Errorf("chains:\n%s\nwant\n%s", s, want)
 	}
-	if got.Prefix != "KP-USERSPACE-" || len(got.Jumps) != 7 {
+	if got.Prefix != "KP-USERSPACE-" || len(got.Jumps) != 8 {
 		t.Errorf("prefix %q, %d jumps", got.Prefix, len(got.Jumps))
+	}
+	// The listeners' chain sees only new connections nat did not redirect.
+	if j := got.Jumps[7]; j.From != "INPUT" || j.To != chainListeners ||
+		j.Match != "-m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT" {
+		t.Errorf("the listeners' jump: %+v", j)
 	}
 }
 
 // At 10,000 service ports (each a ClusterIP and a NodePort, half without
-// endpoints) no chain holds more than a trie node's rules: a new
+// endpoints, and two listeners) no chain holds more than a trie node's rules: a new
 // connection walks tens of rules, not thousands.
 func TestRenderIPTablesAt10000ServicesKeepsEveryChainShort(t *testing.T) {
 	var rules Rules
@@ -69,6 +80,8 @@ func TestRenderIPTablesAt10000ServicesKeepsEveryChainShort(t *testing.T) {
 			rules.Rejects = append(rules.Rejects, r, np)
 		}
 		rules.Rejects = append(rules.Rejects, Redirect{Comment: "demo/s", Addr: a, Verdict: VerdictReject})
+		rules.Listeners = append(rules.Listeners, Listener{Protocol: v1.ProtocolTCP, Port: 20000 + 2*i},
+			Listener{Protocol: v1.ProtocolTCP, Port: 20001 + 2*i})
 	}
 	got := renderIPTables(proxy.IPv4, rules)
 	longest := 0

@@ -23,7 +23,9 @@ const TableName = "kp-userspace"
 // arriving, including bridged pod traffic with br_netfilter; output:
 // traffic the node originates); the filter chains reject traffic of
 // service ports without endpoints wherever it would otherwise go
-// (forwarded for a ClusterIP, delivered locally for a NodePort).
+// (forwarded for a ClusterIP, delivered locally for a NodePort), and
+// filter-input the new connections to a listener port that nat did not
+// redirect (Listener).
 var chainSpecs = []struct {
 	name string
 	typ  nftables.ChainType
@@ -68,6 +70,9 @@ const (
 	setNodePortNoEndpoints = "nodeport-no-endpoints"
 	// setClusterIPs: ClusterIPs, whose other ports are rejected.
 	setClusterIPs = "cluster-ips"
+	// setListeners: l4proto . dport of the proxy's listeners, refused to
+	// new connections not redirected.
+	setListeners = "listeners"
 )
 
 // nftSets are the table's sets for family f.
@@ -84,6 +89,7 @@ func nftSets(t *nftables.Table, f proxy.Family) map[string]*nftables.Set {
 		setNoEndpoints:         {Table: t, Name: setNoEndpoints, KeyType: app, Concatenation: true},
 		setNodePortNoEndpoints: {Table: t, Name: setNodePortNoEndpoints, KeyType: pp, Concatenation: true},
 		setClusterIPs:          {Table: t, Name: setClusterIPs, KeyType: addr},
+		setListeners:           {Table: t, Name: setListeners, KeyType: pp, Concatenation: true},
 	}
 }
 
@@ -101,6 +107,7 @@ func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
 	}
 	n := w.natRules(rules.Redirects, plan.npRedirect)
 	n += w.filterRules(plan.npReject, rules.Drops)
+	w.listenerRules()
 	for _, name := range setOrder {
 		for _, es := range elemChunks(plan.elems[name]) {
 			if err := conn.SetAddElements(w.sets[name], es); err != nil {
@@ -116,7 +123,7 @@ func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
 }
 
 // setOrder is the order the sets are declared and filled in.
-var setOrder = []string{mapRedirects, mapNodePortRedirects, setNoEndpoints, setNodePortNoEndpoints, setClusterIPs}
+var setOrder = []string{mapRedirects, mapNodePortRedirects, setNoEndpoints, setNodePortNoEndpoints, setClusterIPs, setListeners}
 
 // ownRule reports whether a redirect is a rule of its own rather than an
 // element of a map: a LoadBalancer IP's drop of sources outside its
@@ -161,6 +168,9 @@ func planElements(rules Rules) *elementPlan {
 		default:
 			p.add(setNoEndpoints, elemKey(r.Addr, r.Protocol, r.Port), nil, r.Comment)
 		}
+	}
+	for _, l := range rules.Listeners {
+		p.add(setListeners, elemKey(netip.Addr{}, l.Protocol, int32(l.Port)), nil, l.Comment)
 	}
 	return p
 }
@@ -282,6 +292,39 @@ func (w *tableWriter) filterRules(npReject []netip.Prefix, drops []netip.Prefix)
 	}
 	return n
 }
+
+// listenerRules adds filter-input's refusal of new connections to a
+// listener port whose conntrack entry was not destination-NATed: nat did
+// not redirect them (a redirect sets the dnat status bit, with nftables and
+// with iptables REDIRECT alike), so they came straight to <node address>:
+// <port>, from outside as from the node. A TCP reset or ICMP port
+// unreachable, as a port nothing listens on answers. Only a connection's
+// first packets are looked at (ct state new): the node's established
+// traffic passes after one comparison. Why a rule and not listeners on an
+// address nothing routes to: test/bench/NOTES.md.
+func (w *tableWriter) listenerRules() {
+	notRedirected := []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)},
+	}
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		// The protocol first: the TCP rule's reset goes to TCP only.
+		isProto := []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proxy.ProtocolNumber(proto)}}}
+		w.add([]string{"filter-input"}, "listeners: only what kp redirected", append(append(append(isProto, notRedirected...),
+			append(keyExprs(w.f, false), &expr.Lookup{SourceRegister: 1, SetName: setListeners})...), rejectExpr(w.f, proto)))
+	}
+}
+
+// ipsDstNAT is IPS_DST_NAT, the conntrack status bit of a destination-NATed
+// connection (include/uapi/linux/netfilter/nf_conntrack_common.h).
+const ipsDstNAT = 1 << 5
 
 // deleteTables removes kp's userspace tables, both families; a missing
 // table is not an error.

@@ -2,6 +2,7 @@ package userspace
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,13 @@ daddr fd00:1::/64 fib daddr type local tcp dport 30080 redirect to :40002 commen
 			}
 			if len(got.Drops) != 1 || got.Drops[0].String() != tc.drops {
 				t.Errorf("drops %v, want %s", got.Drops, tc.drops)
+			}
+			// Every listener, whatever the family and whether its service
+			// port has endpoints: a direct connection to any is refused.
+			want := []Listener{{v1.ProtocolTCP, 40001, "demo/web:http"}, {v1.ProtocolTCP, 40002, "demo/web:http external"},
+				{v1.ProtocolUDP, 40003, "demo/dns"}}
+			if !slices.Equal(got.Listeners, want) {
+				t.Errorf("listeners %v, want %v", got.Listeners, want)
 			}
 		})
 	}

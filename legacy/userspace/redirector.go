@@ -82,7 +82,7 @@ func applyProbe(conn *nftables.Conn, t *nftables.Table) error {
 
 func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) error {
 	// One transaction of every element: the socket must hold it.
-	ops := len(rules.Redirects) + len(rules.Rejects) + len(rules.Drops) + 64
+	ops := len(rules.Redirects) + len(rules.Rejects) + len(rules.Drops) + len(rules.Listeners) + 64
 	conn, err := r.ops.nft(nftables.WithSockOptions(batchBuffers(ops)))
 	if err != nil {
 		return fmt.Errorf("open netlink: %w", err)

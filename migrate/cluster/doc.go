@@ -34,7 +34,9 @@
 // programs its rules; kp does not touch them, its take-over ran at its
 // start), gate on kube-proxy's pod running and its rules in the kernel (as
 // kp's inventory lists them), then annotation kpproxy.io/proxy-mode=none
-// (kp removes its own rules and, in that mode, takes nothing over), gate
+// (kp removes its own rules and, in that mode, takes nothing over; kp
+// refuses it unless it runs with --allow-mode-none, and the gate then
+// fails with kp's reason), gate
 // on kp reporting mode none with none of its rules left and kube-proxy's
 // still there, then label kube-proxy (kp's pod leaves, with nothing of its
 // own in the kernel), and the annotations go. kube-proxy's healthz is not

@@ -47,6 +47,7 @@ type fakeKP struct {
 	annotation string
 	migID      uint64
 	failTo     string // a switch to this mode fails
+	failErr    string // with this error ("" : iptables cannot run)
 	lastSync   time.Time
 	started    time.Time
 	ended      time.Time
@@ -168,6 +169,9 @@ func (w *world) Status(ctx context.Context, pod *v1.Pod) (*statusapi.Status, err
 		if k.phase == statusapi.MigrationFailed {
 			st.Migration.Error = "iptables mode cannot run on this node"
 			st.Migration.Steps = []statusapi.MigrationStep{{Name: "program", Error: "no iptables"}}
+			if k.failErr != "" {
+				st.Migration.Error, st.Migration.Steps = k.failErr, nil
+			}
 		}
 	}
 	return st, nil

@@ -155,6 +155,30 @@ func TestFromKubeProxyRollbackNeedsKubeProxysDaemonSet(t *testing.T) {
 	}
 }
 
+// A kp started without --allow-mode-none refuses the annotation none (as
+// migrate.Switcher does, a failed switch in its status): the hand-back
+// stops there (its "kp rules gone" gate sees the failed switch) with kp's
+// reason, and the node keeps kp's rules and kube-proxy's.
+func TestFromKubeProxyRollbackStopsWhereKPRefusesModeNone(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	req := fromKubeProxy() // kube-proxy's DaemonSet kept, as by default
+	if err := w.controller().Run(context.Background(), req); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	const refusal = "mode none ... this kp runs without --allow-mode-none, so it refuses; nothing changed"
+	w.kp["node-a"].failTo, w.kp["node-a"].failErr = ModeNone, refusal
+	req.Rollback = true
+	err := w.controller().Run(context.Background(), req)
+	if err == nil || !strings.Contains(err.Error(), "step kp rules gone") || !strings.Contains(err.Error(), refusal) {
+		t.Fatalf("rollback: want it stopped waiting for kp's rules to go, with kp's reason, got %v\n%s", err, w.out.String())
+	}
+	if w.kp["node-a"] == nil || w.kp["node-a"].mode == ModeNone || !w.kubeProxyRules["node-a"] {
+		t.Errorf("node-a after the refusal: kp %+v, kube-proxy's rules %v", w.kp["node-a"], w.kubeProxyRules["node-a"])
+	}
+}
+
 func lastIndex(log []string, s string) int {
 	for i := len(log) - 1; i >= 0; i-- {
 		if strings.Contains(log[i], s) {

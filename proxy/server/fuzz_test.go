@@ -35,20 +35,31 @@ func (m *recordingMigrator) Request(t proxy.Target, by string) (*statusapi.Migra
 
 // FuzzMigrationRequest sends arbitrary bytes from an arbitrary client
 // address as the body of POST /kp/v1/migration, through the status API's
-// handler. Nothing may panic; a refused request (any answer but 202) names
-// what was wrong and asks for no switch; an accepted one comes from
-// loopback, asks for exactly the switch its body names (never to none),
-// and answers JSON. Seeds: the committed corpus
-// (testdata/fuzz/FuzzMigrationRequest).
+// handler, twice: as text/plain, which is always refused (415) and asks
+// for no switch, and as JSON. Nothing may panic; a refused request (any
+// answer but 202) names what was wrong and asks for no switch; an accepted
+// one comes from loopback, is one JSON object of at most MaxRequestBytes
+// whose requestedBy is valid (ValidRequestedBy: no newline, printable, at
+// most 128 bytes), asks for exactly the switch its body names (never to
+// none) with that requestedBy, and answers JSON. Seeds: the committed
+// corpus (testdata/fuzz/FuzzMigrationRequest).
 func FuzzMigrationRequest(f *testing.F) {
 	f.Add([]byte(`{"to":"iptables-legacy","requestedBy":"kp migrate node"}`), "127.0.0.1:40000")
 	f.Fuzz(func(t *testing.T, body []byte, remote string) {
-		m := &recordingMigrator{}
-		s := NewStatus(m, "node-a", nil, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		r := httptest.NewRequest(http.MethodPost, statusapi.MigrationPath, bytes.NewReader(body))
-		r.RemoteAddr = remote
-		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, r)
+		post := func(contentType string) (*recordingMigrator, *httptest.ResponseRecorder, *http.Request) {
+			m := &recordingMigrator{}
+			s := NewStatus(m, "node-a", nil, clocktesting.NewFakeClock(time.Unix(0, 0)))
+			r := httptest.NewRequest(http.MethodPost, statusapi.MigrationPath, bytes.NewReader(body))
+			r.RemoteAddr = remote
+			r.Header.Set("Content-Type", contentType)
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, r)
+			return m, rec, r
+		}
+		if m, rec, _ := post("text/plain"); rec.Code != http.StatusUnsupportedMediaType || len(m.asked) != 0 {
+			t.Fatalf("text/plain: answered %d %q, asked for %v; want 415 and no switch", rec.Code, rec.Body, m.asked)
+		}
+		m, rec, r := post(statusapi.ContentType)
 		if rec.Code != http.StatusAccepted {
 			if len(m.asked) != 0 {
 				t.Fatalf("answered %d %q, yet asked for a switch to %v", rec.Code, rec.Body, m.asked)
@@ -61,9 +72,19 @@ func FuzzMigrationRequest(f *testing.F) {
 		if !fromLoopback(r) {
 			t.Fatalf("accepted a switch from %q, not loopback", remote)
 		}
+		if len(body) > statusapi.MaxRequestBytes {
+			t.Fatalf("accepted a body of %d bytes", len(body))
+		}
 		var req statusapi.MigrationRequest
-		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&req); err != nil {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		if err := dec.Decode(&req); err != nil {
 			t.Fatalf("accepted a body that does not decode: %v", err)
+		}
+		if dec.More() {
+			t.Fatalf("accepted a body with data after its JSON object: %q", body)
+		}
+		if err := statusapi.ValidRequestedBy(req.RequestedBy); err != nil {
+			t.Fatalf("accepted requestedBy %q: %v", req.RequestedBy, err)
 		}
 		want, err := proxy.ParseTarget(req.To)
 		if err != nil || want.Mode == proxy.ModeNone {

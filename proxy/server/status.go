@@ -186,7 +186,9 @@ func servicePortReports(st *proxy.State, counters map[proxy.EndpointRef]proxy.En
 	return out
 }
 
-// Handler serves /kp/v1/status and /kp/v1/services as JSON.
+// Handler serves /kp/v1/status and /kp/v1/services as JSON, and takes
+// mode switches (POST /kp/v1/migration) when the backend can switch; every
+// write is JSON and bounded (jsonWrites).
 func (s *Status) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+statusapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
@@ -204,7 +206,7 @@ func (s *Status) Handler() http.Handler {
 			serveMigrationRequest(w, r, m)
 		})
 	}
-	return mux
+	return jsonWrites(mux)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

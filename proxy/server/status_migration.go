@@ -2,7 +2,7 @@ package server
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -22,15 +22,29 @@ type Migrator interface {
 
 // serveMigrationRequest takes POST /kp/v1/migration: from loopback only,
 // since the metrics address may listen on every interface and a mode
-// switch is a node administrator's act.
+// switch is a node administrator's act; a JSON body (jsonWrites) of one
+// MigrationRequest whose requestedBy is fit for an Event.
 func serveMigrationRequest(w http.ResponseWriter, r *http.Request, m Migrator) {
 	if !fromLoopback(r) {
 		http.Error(w, "mode switches are accepted from the node itself (loopback) only", http.StatusForbidden)
 		return
 	}
+	// The body is JSON and bounded (jsonWrites): one object, nothing after.
 	var req statusapi.MigrationRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req); err != nil {
-		http.Error(w, fmt.Sprintf("request body: %v", err), http.StatusBadRequest)
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(&req); err != nil {
+		bodyError(w, err)
+		return
+	}
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		if err == nil {
+			err = errors.New("data after the JSON object")
+		}
+		bodyError(w, err)
+		return
+	}
+	if err := statusapi.ValidRequestedBy(req.RequestedBy); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	t, err := proxy.ParseTarget(req.To)
@@ -42,7 +56,7 @@ func serveMigrationRequest(w http.ResponseWriter, r *http.Request, m Migrator) {
 		// It leaves the node without a proxy unless another one serves
 		// it: only the Node annotation asks for it (kp migrate cluster
 		// --rollback, once kube-proxy's rules are in place).
-		http.Error(w, "to: none is asked for by the Node annotation "+proxy.AnnotationProxyMode+" only (kp migrate cluster --rollback)", http.StatusBadRequest)
+		http.Error(w, "to: none is asked for by the Node annotation "+proxy.AnnotationProxyMode+" only (kp migrate cluster --rollback; kp with --allow-mode-none)", http.StatusBadRequest)
 		return
 	}
 	by := req.RequestedBy

@@ -10,9 +10,12 @@
 package statusapi
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is the API version these types describe; it is in every path.
@@ -194,8 +197,40 @@ type MigrationRequest struct {
 	// iptables-legacy, ipvs or userspace. Asking for the mode that runs
 	// re-verifies it and removes every other proxy's leftovers.
 	To string `json:"to"`
-	// RequestedBy says who asked, for the logs ("kp migrate node").
+	// RequestedBy says who asked, for the logs and the Node's Event ("kp
+	// migrate node"): at most MaxRequestedBy bytes of printable UTF-8, no
+	// newline (ValidRequestedBy).
 	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
+// Requests: every write to the status API is JSON (ContentType; anything
+// else is refused with 415, so a browser's form or text/plain POST, which
+// needs no CORS preflight, cannot reach it) of at most MaxRequestBytes
+// (413 beyond).
+const (
+	ContentType     = "application/json"
+	MaxRequestBytes = 64 << 10
+	// MaxRequestedBy bounds MigrationRequest.RequestedBy, in bytes.
+	MaxRequestedBy = 128
+)
+
+// ValidRequestedBy checks a MigrationRequest's RequestedBy before it
+// reaches a log line or an Event on the Node: at most MaxRequestedBy bytes
+// of valid UTF-8, every character printable (no newline, tab, escape or
+// other control character that could forge or garble a line).
+func ValidRequestedBy(s string) error {
+	if len(s) > MaxRequestedBy {
+		return fmt.Errorf("requestedBy is %d bytes long, at most %d are accepted", len(s), MaxRequestedBy)
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("requestedBy is not valid UTF-8")
+	}
+	for i, r := range s {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("requestedBy holds the unprintable character %U at byte %d", r, i)
+		}
+	}
+	return nil
 }
 
 // Migration phases.

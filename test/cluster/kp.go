@@ -18,17 +18,25 @@ import (
 // KPOption changes what KPOverlay sets.
 type KPOption func(*kpOverlay)
 
-type kpOverlay struct{ mode string }
+type kpOverlay struct {
+	mode string
+	args []string
+}
 
 // KPMode runs kp in mode (the config file's mode: field) instead of the
 // manifests' nftables.
 func KPMode(mode string) KPOption { return func(o *kpOverlay) { o.mode = mode } }
 
+// KPArgs adds flags to the kp container's command (kp proxy), as an
+// operator would: --allow-mode-none for kp migrate cluster's hand-back to
+// kube-proxy.
+func KPArgs(args ...string) KPOption { return func(o *kpOverlay) { o.args = append(o.args, args...) } }
+
 // KPOverlay writes a kustomization that takes the repository's manifests/
 // as they are and sets what a user sets for their cluster: the image
 // (kp.local/kp:imageTag), the cluster's pod range and the API server's
-// address, and the mode when an option says so. It returns its folder, for
-// kubectl apply -k.
+// address, and the mode and extra flags when options say so. It returns its
+// folder, for kubectl apply -k.
 func (c *Cluster) KPOverlay(imageTag string, opts ...KPOption) (string, error) {
 	var o kpOverlay
 	for _, opt := range opts {
@@ -95,6 +103,17 @@ images:
 patches:
   - patch: '%s'
 `, rel, imageTag, strings.ReplaceAll(string(patch), "'", "''"))
+	if len(o.args) > 0 {
+		// A JSON patch (JSON is YAML) appending to the proxy container's
+		// command, the DaemonSet's first container.
+		var ops []map[string]string
+		for _, a := range o.args {
+			ops = append(ops, map[string]string{"op": "add", "path": "/spec/template/spec/containers/0/command/-", "value": a})
+		}
+		argsPatch, _ := json.Marshal(ops)
+		kustomization += fmt.Sprintf("  - target: {kind: DaemonSet, name: kp}\n    patch: '%s'\n",
+			strings.ReplaceAll(string(argsPatch), "'", "''"))
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		return "", err
 	}

@@ -200,3 +200,51 @@ func kubeProxyRules(rules map[string][]string) int {
 	}
 	return n
 }
+
+// The Node annotation kpproxy.io/proxy-mode=none, without kp's
+// --allow-mode-none, changes nothing — kp keeps its mode and rules and the
+// Services answer, also after a restart (the annotation stays) — and kp
+// says why in a Warning Event on the Node. Anyone who may patch Nodes
+// could otherwise take the node's Services offline.
+func TestNodeAnnotationNoneIsRefusedWithoutAllowModeNone(t *testing.T) {
+	netns.Require(t, "nft")
+	k := newKubeEnv(t, modeNFTables, 2, apiserver.Options{})
+	e := k.env
+	pods := e.w.Pods()
+	k.apply(web(pods...))
+	e.startKP()
+	client := e.w.Client()
+	e.answers(client, "tcp", webTCP)
+
+	patch := `{"metadata":{"annotations":{"kpproxy.io/proxy-mode":"none"}}}`
+	if _, err := k.api.CoreV1().Nodes().Patch(k.ctx(), nodeName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("annotate Node %s: %v", nodeName, err)
+	}
+	e.logShows("the refusal", 30*time.Second, "ignoring the Node's proxy mode annotation", "--allow-mode-none")
+	e.eventually("the Warning Event on the Node", 10*time.Second, func() error {
+		evs, err := k.api.CoreV1().Events("default").List(k.ctx(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeName})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.Type == "Warning" && ev.Reason == "KPModeSwitchFailed" && strings.Contains(ev.Message, "to none") &&
+				strings.Contains(ev.Message, "--allow-mode-none") {
+				t.Logf("event: %s", ev.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no KPModeSwitchFailed Event naming --allow-mode-none among %d", len(evs.Items))
+	})
+	e.expectOnly("nftables")
+	e.answers(client, "tcp", webTCP)
+
+	if err := e.kp.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitHealthy()
+	e.expectOnly("nftables")
+	e.answers(client, "tcp", webTCP)
+	if _, body, err := netns.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || body != "nftables" {
+		t.Errorf("after a restart with the annotation still there: /proxyMode says %q (%v), want nftables", body, err)
+	}
+}

@@ -61,9 +61,9 @@ func apply(t *testing.T, c *cluster.Cluster, manifest string) {
 
 // kpOverlay writes the kustomization of manifests/ with the test's image
 // and addresses (see cluster.KPOverlay) and returns its folder.
-func kpOverlay(t *testing.T, c *cluster.Cluster, imageTag string) string {
+func kpOverlay(t *testing.T, c *cluster.Cluster, imageTag string, opts ...cluster.KPOption) string {
 	t.Helper()
-	dir, err := c.KPOverlay(imageTag)
+	dir, err := c.KPOverlay(imageTag, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

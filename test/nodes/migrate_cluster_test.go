@@ -140,7 +140,14 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 				t.Errorf("%s: label kpproxy.io/proxy=%q after the first run, want kube-proxy", n.Name, l)
 			}
 		}
-		if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e")); err != nil {
+		// The hand-back switches kp to mode none through the Node
+		// annotation, which kp refuses unless it runs with
+		// --allow-mode-none, as kp migrate cluster --help says.
+		var kpOpts []cluster.KPOption
+		if handback {
+			kpOpts = append(kpOpts, cluster.KPArgs("--allow-mode-none"))
+		}
+		if out, err := c.Kubectl("apply", "-k", kpOverlay(t, c, "e2e", kpOpts...)); err != nil {
 			t.Fatalf("kubectl apply -k: %v\n%s", err, out)
 		}
 		// kp serves with the ConfigMap --print-config wrote from

@@ -75,6 +75,7 @@ type Options struct {
 	// Upstream's deprecated --healthz-port and --metrics-port: 0 disables
 	// the server, another port completes a bind address given without one.
 	healthzPort, metricsPort int32
+	allowModeNone            bool
 
 	ipvs ipvsOptions
 
@@ -148,6 +149,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	_ = fs.MarkDeprecated("healthz-port", "This flag is deprecated and will be removed in a future release. Please use --healthz-bind-address instead.")
 	fs.Int32Var(&o.metricsPort, "metrics-port", 10249, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("metrics-port", "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.")
+
+	fs.BoolVar(&o.allowModeNone, "allow-mode-none", false,
+		"kp only: let the Node annotation "+proxy.AnnotationProxyMode+"=none switch kp to mode none (kp removes its "+
+			"rules and programs nothing; kp migrate cluster --rollback does this to hand a node back to kube-proxy). "+
+			"Without it that annotation is refused with an Event on the Node and nothing changes, so whoever may "+
+			"patch Nodes cannot take the node's Services offline.")
 
 	o.ipvs.addFlags(fs)
 	o.conntrack.addFlags(fs)
@@ -281,7 +288,7 @@ func (o *Options) applyDurations(m *flagMerge) {
 // applyServers sets the metrics and health check servers. As upstream, a
 // bind address given without a port takes --healthz-port's or
 // --metrics-port's (by default the usual one), and a port flag set to 0
-// disables its server.
+// disables its server. It also sets what the Node annotation may ask of kp.
 func (o *Options) applyServers(m *flagMerge) {
 	c := &m.s.Config
 	for _, srv := range []struct {
@@ -309,5 +316,8 @@ func (o *Options) applyServers(m *flagMerge) {
 	}
 	if m.changed("profiling") {
 		c.Profiling = o.profiling
+	}
+	if m.changed("allow-mode-none") {
+		c.AllowModeNone = o.allowModeNone
 	}
 }

@@ -145,6 +145,8 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 		{name: "kubeconfig and master are kept", args: []string{"--kubeconfig", "/k", "--master", "https://api:6443"},
 			want: func(c *proxy.Config) { c.Kubeconfig, c.Master = "/k", "https://api:6443" }},
 		{name: "profiling", args: []string{"--profiling"}, want: func(c *proxy.Config) { c.Profiling = true }},
+		{name: "mode none through the Node annotation allowed", args: []string{"--allow-mode-none"},
+			want: func(c *proxy.Config) { c.AllowModeNone = true }},
 		{name: "iptables backend and localhost NodePorts", args: []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy",
 			"--iptables-localhost-nodeports=false"},
 			want: func(c *proxy.Config) {
