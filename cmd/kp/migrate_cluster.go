@@ -80,8 +80,8 @@ The target mode is --to, else the mode of kp's ConfigMap, else nftables.
 
 --from-kube-proxy --print-config prints kp's ConfigMap written from
 kube-proxy's configuration (clusterCIDR, the API server's address, NodePort
-addresses, masquerading, sync periods, ipvs settings, conntrack), for kubectl
-apply before kp's DaemonSet.`
+addresses, detectLocalMode and its interfaces, masquerading, sync periods, ipvs
+settings, conntrack), for kubectl apply before kp's DaemonSet.`
 
 func newMigrateClusterCommand(a *app) *cobra.Command {
 	o := &migrateClusterOptions{}

@@ -210,26 +210,70 @@ func (p *preflight) strictARP() Item {
 	return it
 }
 
+// detectLocalMode: how each tells a pod's traffic from other clients'
+// (detectLocalMode with the interface it reads): kp's ConfigMap, or the
+// one --print-config writes from kube-proxy's, may say another way.
 func (p *preflight) detectLocalMode() Item {
-	it := Item{ID: "detect-local-mode", Severity: SeverityOK, KubeProxy: "tells pods' traffic by " + localBy(p.u.detectLocalMode),
-		KP: "tells pods' traffic by clusterCIDR (kp's only way)"}
-	if p.u.detectLocalMode != "ClusterCIDR" {
-		it.Severity = SeverityInfo
-		it.Action = "check each node's cluster-cidr item: kp's clusterCIDR must hold every node's podCIDRs"
+	kube, kp := p.u.local(), p.kp.local()
+	it := Item{ID: "detect-local-mode", Severity: SeverityOK, KubeProxy: "tells pods' traffic by " + kube.String(),
+		KP: "tells pods' traffic by " + kp.String()}
+	if kp.iface != "" && p.kp.target.Mode == proxy.ModeUserspace {
+		it.KP += "; the userspace mode, which proxies connections rather than packets, by the interface the node routes the client through"
+	}
+	if kube != kp {
+		it.Severity = SeverityWarning
+		it.Action = "set " + kube.setting() + " in kp's configuration (--print-config writes kube-proxy's): what is local decides " +
+			"which ClusterIP traffic is masqueraded and which may go to any endpoint of an externalTrafficPolicy: Local Service"
 	}
 	return it
 }
 
-func localBy(mode string) string {
+// localMode is a detect-local mode with the interface it reads: the
+// bridge (BridgeInterface) or the name prefix (InterfaceNamePrefix).
+type localMode struct {
+	mode  proxy.LocalMode // ClusterCIDR when unset, as upstream
+	iface string
+}
+
+func localModeOf(mode proxy.LocalMode, d options.DetectLocalConfiguration) localMode {
 	switch mode {
-	case "NodeCIDR":
-		return "the node's podCIDRs (detectLocalMode NodeCIDR)"
-	case "BridgeInterface":
-		return "the bridge it comes in on (detectLocalMode BridgeInterface)"
-	case "InterfaceNamePrefix":
-		return "the name of the interface it comes in on (detectLocalMode InterfaceNamePrefix)"
+	case "":
+		mode = proxy.LocalModeClusterCIDR
+	case proxy.LocalModeBridgeInterface:
+		return localMode{mode: mode, iface: d.BridgeInterface}
+	case proxy.LocalModeInterfaceNamePrefix:
+		return localMode{mode: mode, iface: d.InterfaceNamePrefix}
 	}
-	return "clusterCIDR (detectLocalMode ClusterCIDR)"
+	return localMode{mode: mode}
+}
+
+func (l localMode) String() string {
+	switch l.mode {
+	case proxy.LocalModeNodeCIDR:
+		return "the node's podCIDRs (detectLocalMode NodeCIDR)"
+	case proxy.LocalModeBridgeInterface:
+		return "the bridge it comes in on, " + orNone(l.iface) + " (detectLocalMode BridgeInterface)"
+	case proxy.LocalModeInterfaceNamePrefix:
+		name := "none"
+		if l.iface != "" {
+			name = l.iface + "*"
+		}
+		return "the interface it comes in on, named " + name + " (detectLocalMode InterfaceNamePrefix)"
+	case proxy.LocalModeClusterCIDR:
+		return "clusterCIDR (detectLocalMode ClusterCIDR)"
+	}
+	return "no way: detectLocalMode " + string(l.mode) + " is not a detect-local mode"
+}
+
+// setting is l as a KubeProxyConfiguration says it.
+func (l localMode) setting() string {
+	switch l.mode {
+	case proxy.LocalModeBridgeInterface:
+		return "detectLocalMode: BridgeInterface and detectLocal.bridgeInterface: " + l.iface
+	case proxy.LocalModeInterfaceNamePrefix:
+		return "detectLocalMode: InterfaceNamePrefix and detectLocal.interfaceNamePrefix: " + l.iface
+	}
+	return "detectLocalMode: " + string(l.mode)
 }
 
 func orUnknown(server, from string) string {

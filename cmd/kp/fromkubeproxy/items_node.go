@@ -166,6 +166,8 @@ func nodePortWhy(mode proxy.Mode, primary bool, cidrs []netip.Prefix) string {
 	return " (the " + string(mode) + " mode's default)"
 }
 
+// clusterCIDR: who counts as a pod on n, which kp asks its clusterCIDR
+// only in detectLocalMode ClusterCIDR.
 func (p *preflight) clusterCIDR(n nodeFacts) Item {
 	kp := p.kp.s.Config.ClusterCIDRs
 	var kube []netip.Prefix
@@ -179,6 +181,9 @@ func (p *preflight) clusterCIDR(n nodeFacts) Item {
 		it.KubeProxy = "pods are this node's podCIDRs, " + orNone(prefixes(kube)) + " (detectLocalMode NodeCIDR)"
 	default:
 		it.KubeProxy = "pods are what comes in on their interfaces (detectLocalMode " + p.u.detectLocalMode + ")"
+	}
+	if l := p.kp.local(); l.mode != proxy.LocalModeClusterCIDR {
+		return podsWithoutClusterCIDR(it, n, l)
 	}
 	hint, from := clusterCIDRHint(p.c)
 	set := "set clusterCIDR to the cluster's pod CIDR(s) in kp's configuration"
@@ -204,6 +209,23 @@ func (p *preflight) clusterCIDR(n nodeFacts) Item {
 		if len(n.podCIDRs) == 0 {
 			it.Action = "the Node has no podCIDR (the CNI allocates addresses): check clusterCIDR holds its pods' addresses"
 		}
+	}
+	return it
+}
+
+// podsWithoutClusterCIDR is the cluster-cidr item when kp tells pods
+// another way (l): clusterCIDR does not matter; in NodeCIDR mode kp needs
+// the node's podCIDRs to start (cmd/kp waits for them, as upstream).
+func podsWithoutClusterCIDR(it Item, n nodeFacts, l localMode) Item {
+	it.KP = "tells pods by " + l.String() + ", not by clusterCIDR"
+	if l.mode != proxy.LocalModeNodeCIDR {
+		return it
+	}
+	it.KP = "pods are this node's podCIDRs, " + orNone(prefixes(n.podCIDRs)) + " (detectLocalMode NodeCIDR), not clusterCIDR"
+	if len(n.podCIDRs) == 0 {
+		it.Severity = SeverityError
+		it.KP = "waits at start for the Node's podCIDRs (detectLocalMode NodeCIDR), and exits without them after 5 minutes: the Node has none"
+		it.Action = "give the node podCIDRs (kube-controller-manager --allocate-node-cidrs), or set another detectLocalMode in kp's configuration"
 	}
 	return it
 }

@@ -53,6 +53,13 @@ func (k kpSide) localhost() bool {
 	return false
 }
 
+// local is how kp tells a pod's traffic (proxy.Config's DetectLocal, which
+// the backends ask through LocalCIDRs and LocalInterface).
+func (k kpSide) local() localMode {
+	d := k.s.Config.DetectLocal
+	return localModeOf(d.Mode, options.DetectLocalConfiguration{BridgeInterface: d.BridgeInterface, InterfaceNamePrefix: d.InterfaceNamePrefix})
+}
+
 // balancing is how kp picks an endpoint in its mode.
 func (k kpSide) balancing() string {
 	switch k.target.Mode {

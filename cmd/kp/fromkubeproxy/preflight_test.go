@@ -100,10 +100,19 @@ func TestPreflightItemsAgainstKubeProxysConfigMap(t *testing.T) {
 			"no nf_conntrack_max (left as is), tcp_timeout_established 7200s", "no nf_conntrack_max (left as is), tcp_timeout_established 7200s", ""},
 		{"conntrack of kp's own ConfigMap differs", "mode: iptables\nconntrack: {maxPerCore: 0}\n", "nftables", true, "node-1", "conntrack", SeverityWarning,
 			"no nf_conntrack_max", "nf_conntrack_max 131072 (32768 per CPU × 2, at least 131072)", "kube-proxy's conntrack section"},
-		{"detectLocalMode NodeCIDR", "mode: iptables\ndetectLocalMode: NodeCIDR\n", "nftables", false, "", "detect-local-mode", SeverityInfo,
-			"node's podCIDRs", "clusterCIDR (kp's only way)", "cluster-cidr item"},
-		{"detectLocalMode NodeCIDR: kp's generated clusterCIDR covers the node", "mode: iptables\ndetectLocalMode: NodeCIDR\n", "nftables", false, "node-2", "cluster-cidr", SeverityInfo,
-			"this node's podCIDRs, 10.244.1.0/24", "10.244.0.0/23", ""},
+		{"detectLocalMode unset on both: clusterCIDR", "mode: iptables\n", "nftables", true, "", "detect-local-mode", SeverityOK,
+			"clusterCIDR (detectLocalMode ClusterCIDR)", "clusterCIDR (detectLocalMode ClusterCIDR)", ""},
+		{"detectLocalMode NodeCIDR carried into the generated config", "mode: iptables\ndetectLocalMode: NodeCIDR\n", "nftables", false, "", "detect-local-mode", SeverityOK,
+			"the node's podCIDRs (detectLocalMode NodeCIDR)", "the node's podCIDRs (detectLocalMode NodeCIDR)", ""},
+		{"detectLocalMode NodeCIDR lost in kp's own ConfigMap", "mode: iptables\ndetectLocalMode: NodeCIDR\n", "nftables", true, "", "detect-local-mode", SeverityWarning,
+			"the node's podCIDRs (detectLocalMode NodeCIDR)", "clusterCIDR (detectLocalMode ClusterCIDR)", "set detectLocalMode: NodeCIDR in kp's configuration"},
+		{"detectLocalMode BridgeInterface carried with its bridge", "mode: ipvs\ndetectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n", "ipvs", false, "",
+			"detect-local-mode", SeverityOK, "the bridge it comes in on, cbr0 (detectLocalMode BridgeInterface)", "the bridge it comes in on, cbr0", ""},
+		{"detectLocalMode NodeCIDR carried: the node's podCIDRs, not clusterCIDR", "mode: iptables\ndetectLocalMode: NodeCIDR\n", "nftables", false, "node-2", "cluster-cidr", SeverityOK,
+			"this node's podCIDRs, 10.244.1.0/24", "this node's podCIDRs, 10.244.1.0/24 (detectLocalMode NodeCIDR), not clusterCIDR", ""},
+		{"an interface mode carried: a clusterCIDR that misses the node does not matter",
+			"mode: iptables\nclusterCIDR: 10.244.0.0/24\ndetectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}\n", "nftables", false, "node-2",
+			"cluster-cidr", SeverityOK, "what comes in on their interfaces", "named veth* (detectLocalMode InterfaceNamePrefix), not by clusterCIDR", ""},
 		{"feature gates left out of the generated config", "mode: iptables\nfeatureGates: {SomeGate: true}\n", "nftables", false, "", "config", SeverityInfo,
 			"reads ConfigMap kube-system/kube-proxy, key config.conf", "featureGates SomeGate=true left out", "--print-config"},
 		{"kp's own ConfigMap with manifests' placeholder server", "mode: iptables\n", "nftables", true, "", "api-server", SeverityError,
@@ -119,10 +128,63 @@ func TestPreflightItemsAgainstKubeProxysConfigMap(t *testing.T) {
 				c.manifestsKP()
 			}
 			it := preflightOf(t, c, tc.to).item(t, tc.node, tc.id)
-			if it.Severity != tc.severity || !strings.Contains(it.KubeProxy, tc.kubeProxy) || !strings.Contains(it.KP, tc.kp) || !strings.Contains(it.Action, tc.action) {
-				t.Errorf("got %s\n  kube-proxy: %s\n  kp:         %s\n  do:         %s\nwant %s, kube-proxy %q, kp %q, do %q",
-					it.Severity, it.KubeProxy, it.KP, it.Action, tc.severity, tc.kubeProxy, tc.kp, tc.action)
+			wantItem(t, it, tc.severity, tc.kubeProxy, tc.kp, tc.action)
+		})
+	}
+}
+
+// wantItem checks an item's severity and that its texts hold the substrings.
+func wantItem(t *testing.T, it Item, severity Severity, kubeProxy, kp, action string) {
+	t.Helper()
+	if it.Severity != severity || !strings.Contains(it.KubeProxy, kubeProxy) || !strings.Contains(it.KP, kp) || !strings.Contains(it.Action, action) {
+		t.Errorf("got %s\n  kube-proxy: %s\n  kp:         %s\n  do:         %s\nwant %s, kube-proxy %q, kp %q, do %q",
+			it.Severity, it.KubeProxy, it.KP, it.Action, severity, kubeProxy, kp, action)
+	}
+}
+
+// kp's own ConfigMap says how kp tells pods' traffic: the detect-local-mode
+// item compares it with kube-proxy's, interface included, and the
+// cluster-cidr item asks clusterCIDR only in ClusterCIDR mode.
+func TestPreflightFollowsKPsDetectLocalMode(t *testing.T) {
+	for _, tc := range []struct {
+		name, kubeProxyConfig, kpConfig, to, node, id string
+		severity                                      Severity
+		kubeProxy, kp, action                         string
+	}{
+		{name: "kp by an interface prefix, kube-proxy by clusterCIDR", kubeProxyConfig: "mode: iptables\nclusterCIDR: 10.244.0.0/16\n",
+			kpConfig: "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}\n", to: "nftables", id: "detect-local-mode",
+			severity: SeverityWarning, kubeProxy: "clusterCIDR (detectLocalMode ClusterCIDR)", kp: "named veth* (detectLocalMode InterfaceNamePrefix)",
+			action: "set detectLocalMode: ClusterCIDR in kp's configuration"},
+		{name: "the same mode, another bridge", kubeProxyConfig: "mode: iptables\ndetectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			kpConfig: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: br0}\n", to: "iptables", id: "detect-local-mode",
+			severity: SeverityWarning, kubeProxy: "cbr0", kp: "br0", action: "detectLocalMode: BridgeInterface and detectLocal.bridgeInterface: cbr0"},
+		{name: "the same bridge", kubeProxyConfig: "mode: iptables\ndetectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			kpConfig: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n", to: "iptables", id: "detect-local-mode",
+			severity: SeverityOK, kubeProxy: "cbr0", kp: "cbr0"},
+		{name: "userspace tells an interface by the client's route", kubeProxyConfig: "mode: iptables\ndetectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: cali}\n",
+			kpConfig: "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: cali}\n", to: "userspace", id: "detect-local-mode",
+			severity: SeverityOK, kubeProxy: "cali*", kp: "the interface the node routes the client through"},
+		{name: "no clusterCIDR is fine by an interface", kubeProxyConfig: "mode: iptables\n",
+			kpConfig: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n", to: "nftables", node: "node-1", id: "cluster-cidr",
+			severity: SeverityOK, kubeProxy: "pods are none (clusterCIDR)", kp: "the bridge it comes in on, cbr0 (detectLocalMode BridgeInterface), not by clusterCIDR"},
+		{name: "no clusterCIDR is a warning by clusterCIDR", kubeProxyConfig: "mode: iptables\nclusterCIDR: 10.244.0.0/16\n",
+			kpConfig: "detectLocalMode: ClusterCIDR\n", to: "nftables", node: "node-1", id: "cluster-cidr",
+			severity: SeverityWarning, kubeProxy: "10.244.0.0/16", kp: "cannot tell pods", action: "set clusterCIDR: 10.244.0.0/16"},
+		{name: "NodeCIDR on a node with podCIDRs", kubeProxyConfig: "mode: iptables\nclusterCIDR: 10.244.0.0/16\n",
+			kpConfig: "detectLocalMode: NodeCIDR\n", to: "nftables", node: "node-1", id: "cluster-cidr",
+			severity: SeverityOK, kubeProxy: "10.244.0.0/16", kp: "this node's podCIDRs, 10.244.0.0/24 (detectLocalMode NodeCIDR), not clusterCIDR"},
+		{name: "NodeCIDR on a node without podCIDRs: kp would not start", kubeProxyConfig: "mode: iptables\nclusterCIDR: 10.244.0.0/16\n",
+			kpConfig: "detectLocalMode: NodeCIDR\n", to: "nftables", node: "node-3", id: "cluster-cidr",
+			severity: SeverityError, kubeProxy: "10.244.0.0/16", kp: "exits without them after 5 minutes", action: "--allocate-node-cidrs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24"), node("node-3", "10.0.0.3", "")).kubeadm(tc.kubeProxyConfig)
+			c.create(configMap("kp", map[string]string{"config.conf": header + tc.kpConfig}))
+			r := preflightOf(t, c, tc.to)
+			if cfg := r.item(t, "", "config"); cfg.Severity == SeverityError {
+				t.Fatalf("kp refuses its ConfigMap: %s", cfg.KP)
 			}
+			wantItem(t, r.item(t, tc.node, tc.id), tc.severity, tc.kubeProxy, tc.kp, tc.action)
 		})
 	}
 }

@@ -73,7 +73,7 @@ func Generate(c *Cluster, target proxy.Target) (*Generated, error) {
 	out.Conntrack = options.KubeProxyConntrackConfiguration{MaxPerCore: &t.MaxPerCore, Min: &t.Min,
 		TCPEstablishedTimeout: &metav1.Duration{Duration: t.TCPEstablishedTimeout}, TCPCloseWaitTimeout: &metav1.Duration{Duration: t.TCPCloseWaitTimeout},
 		TCPBeLiberal: t.TCPBeLiberal, UDPTimeout: metav1.Duration{Duration: t.UDPTimeout}, UDPStreamTimeout: metav1.Duration{Duration: t.UDPStreamTimeout}}
-	g.notDropped(kp, u)
+	g.notDropped(kp)
 	g.Server, g.ServerFrom = c.KubeProxy.Server, c.KubeProxy.ServerFrom
 	if g.Server == "" {
 		g.Server, g.ServerFrom = c.Server, "the address this command reached the API server at ("+c.KubeProxy.ServerFrom+")"
@@ -83,7 +83,7 @@ func Generate(c *Cluster, target proxy.Target) (*Generated, error) {
 
 // notDropped carries the settings kp takes only in some forms, and notes
 // the ones left out.
-func (g *Generated) notDropped(kp *options.KubeProxyConfiguration, u upstream) {
+func (g *Generated) notDropped(kp *options.KubeProxyConfiguration) {
 	out := g.KC
 	switch ip, err := netip.ParseAddr(kp.BindAddress); {
 	case kp.BindAddress == "":
@@ -92,9 +92,7 @@ func (g *Generated) notDropped(kp *options.KubeProxyConfiguration, u upstream) {
 	default:
 		g.Notes = append(g.Notes, fmt.Sprintf("bindAddress %s left out: kp takes the node's IPs from its Node object", kp.BindAddress))
 	}
-	if u.detectLocalMode != "ClusterCIDR" {
-		g.Notes = append(g.Notes, fmt.Sprintf("detectLocalMode %s left out: kp tells pods by clusterCIDR", u.detectLocalMode))
-	}
+	g.detectLocal(kp)
 	for _, name := range slices.Sorted(maps.Keys(kp.FeatureGates)) {
 		g.Notes = append(g.Notes, fmt.Sprintf("featureGates %s=%t left out: kp behaves as NFTablesProxyMode=true, and takes no other gate", name, kp.FeatureGates[name]))
 	}
@@ -114,6 +112,35 @@ func (g *Generated) notDropped(kp *options.KubeProxyConfiguration, u upstream) {
 			g.Notes = append(g.Notes, f.field+" left out: "+f.why)
 		}
 	}
+}
+
+// detectLocal carries how kube-proxy tells a pod's traffic (kp has every
+// detect-local mode, in every mode): detectLocalMode and the detectLocal
+// section, unless kube-proxy's validation refuses the mode too (an unknown
+// one, an interface mode without its interface), which would make kp
+// refuse the whole file.
+func (g *Generated) detectLocal(kp *options.KubeProxyConfiguration) {
+	mode, d := proxy.LocalMode(kp.DetectLocalMode), kp.DetectLocal
+	var missing string
+	switch mode {
+	case "", proxy.LocalModeClusterCIDR, proxy.LocalModeNodeCIDR:
+	case proxy.LocalModeBridgeInterface:
+		if d.BridgeInterface == "" {
+			missing = "detectLocal.bridgeInterface"
+		}
+	case proxy.LocalModeInterfaceNamePrefix:
+		if d.InterfaceNamePrefix == "" {
+			missing = "detectLocal.interfaceNamePrefix"
+		}
+	default:
+		g.Notes = append(g.Notes, fmt.Sprintf("detectLocalMode %s left out: not a detect-local mode (kube-proxy refuses it too)", mode))
+		return
+	}
+	if missing != "" {
+		g.Notes = append(g.Notes, fmt.Sprintf("detectLocalMode %s left out: %s is empty (kube-proxy refuses that too)", mode, missing))
+		return
+	}
+	g.KC.DetectLocalMode, g.KC.DetectLocal = kp.DetectLocalMode, d
 }
 
 // clusterCIDRHint is the cluster's clusterCIDR: kube-proxy's, else
@@ -218,6 +245,11 @@ func fileOf(kc *options.KubeProxyConfiguration) map[string]any {
 	put(m, "mode", kc.Mode, kc.Mode != "")
 	put(m, "clusterCIDR", kc.ClusterCIDR, kc.ClusterCIDR != "")
 	put(m, "nodePortAddresses", kc.NodePortAddresses, len(kc.NodePortAddresses) > 0)
+	put(m, "detectLocalMode", kc.DetectLocalMode, kc.DetectLocalMode != "")
+	local := map[string]any{}
+	put(local, "bridgeInterface", kc.DetectLocal.BridgeInterface, kc.DetectLocal.BridgeInterface != "")
+	put(local, "interfaceNamePrefix", kc.DetectLocal.InterfaceNamePrefix, kc.DetectLocal.InterfaceNamePrefix != "")
+	put(m, "detectLocal", local, len(local) > 0)
 	put(m, "bindAddress", kc.BindAddress, kc.BindAddress != "")
 	put(m, "healthzBindAddress", kc.HealthzBindAddress, true)
 	put(m, "metricsBindAddress", kc.MetricsBindAddress, true)

@@ -2,6 +2,7 @@ package fromkubeproxy
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -147,5 +148,52 @@ func TestPrintConfigFallsBackToTheCommandsAPIServer(t *testing.T) {
 	_, cm, server := printConfig(t, c, "nftables")
 	if server != "https://api.example:6443" || !strings.Contains(cm.Data["kubeconfig.conf"], "the address this command reached the API server at") {
 		t.Errorf("server %q\n%s", server, cm.Data["kubeconfig.conf"])
+	}
+}
+
+// kube-proxy's detectLocalMode and its interface come through to kp's
+// ConfigMap (kp has every mode), from a file or from flags; a mode
+// kube-proxy itself refuses is left out, and the file says so.
+func TestPrintConfigCarriesDetectLocalMode(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		flags        []string // a flags-only kube-proxy, instead of config
+		want         proxy.DetectLocal
+		note         string
+	}{
+		{name: "unset", config: "mode: iptables\n", want: proxy.DetectLocal{}},
+		{name: "ClusterCIDR", config: "detectLocalMode: ClusterCIDR\n", want: proxy.DetectLocal{Mode: proxy.LocalModeClusterCIDR}},
+		{name: "NodeCIDR", config: "detectLocalMode: NodeCIDR\n", want: proxy.DetectLocal{Mode: proxy.LocalModeNodeCIDR}},
+		{name: "BridgeInterface", config: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+			want: proxy.DetectLocal{Mode: proxy.LocalModeBridgeInterface, BridgeInterface: "cbr0"}},
+		{name: "InterfaceNamePrefix, and a bridge it does not read", config: "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth, bridgeInterface: cbr0}\n",
+			want: proxy.DetectLocal{Mode: proxy.LocalModeInterfaceNamePrefix, InterfaceNamePrefix: "veth", BridgeInterface: "cbr0"}},
+		{name: "InterfaceNamePrefix from flags", flags: []string{"--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=cali"},
+			want: proxy.DetectLocal{Mode: proxy.LocalModeInterfaceNamePrefix, InterfaceNamePrefix: "cali"}},
+		{name: "BridgeInterface without its bridge", config: "detectLocalMode: BridgeInterface\n",
+			note: "# detectLocalMode BridgeInterface left out: detectLocal.bridgeInterface is empty (kube-proxy refuses that too)"},
+		{name: "not a mode", config: "detectLocalMode: PodCIDR\n", note: "# detectLocalMode PodCIDR left out: not a detect-local mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24"))
+			if tc.flags != nil {
+				c.create(configMap("kube-proxy", map[string]string{"kubeconfig.conf": kubeconfigFor(kubeProxyServer)}))
+				c.create(daemonSet("kube-proxy", append([]string{"kube-proxy", "--kubeconfig=/var/lib/kube-proxy/kubeconfig.conf"}, tc.flags...),
+					v1.VolumeMount{Name: "kube-proxy", MountPath: "/var/lib/kube-proxy"}, configMapVolume("kube-proxy", "kube-proxy")))
+			} else {
+				c.kubeadm(tc.config)
+			}
+			s, cm, _ := printConfig(t, c, "nftables")
+			if got := s.Config.DetectLocal; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("detect-local %+v, want %+v", got, tc.want)
+			}
+			conf := cm.Data["config.conf"]
+			if tc.note != "" && !strings.Contains(conf, tc.note) {
+				t.Errorf("config.conf does not note %q", tc.note)
+			}
+			if tc.note == "" && strings.Contains(conf, "detectLocalMode") != (tc.want.Mode != "") {
+				t.Errorf("config.conf names detectLocalMode: %v, want %v", !(tc.want.Mode != ""), tc.want.Mode != "")
+			}
+		})
 	}
 }

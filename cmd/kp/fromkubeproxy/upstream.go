@@ -33,15 +33,19 @@ type upstream struct {
 	sync, minSync time.Duration
 	scheduler     string
 	strictARP     bool
-	// detectLocalMode is ClusterCIDR when unset (platformApplyDefaults).
+	// detectLocalMode is ClusterCIDR when unset (platformApplyDefaults);
+	// the interface modes read detectLocal's bridgeInterface and
+	// interfaceNamePrefix.
 	detectLocalMode string
+	detectLocal     options.DetectLocalConfiguration
 	clusterCIDRs    []netip.Prefix
 	conntrack       conntrack.Tuning
 }
 
 // upstreamOf reads kc as kube-proxy does.
 func upstreamOf(kc *options.KubeProxyConfiguration) (upstream, error) {
-	u := upstream{mode: proxy.Mode(kc.Mode), detectLocalMode: string(kc.DetectLocalMode), scheduler: kc.IPVS.Scheduler, strictARP: kc.IPVS.StrictARP}
+	u := upstream{mode: proxy.Mode(kc.Mode), detectLocalMode: string(kc.DetectLocalMode), detectLocal: kc.DetectLocal,
+		scheduler: kc.IPVS.Scheduler, strictARP: kc.IPVS.StrictARP}
 	switch u.mode {
 	case "": // platformApplyDefaults: iptables on Linux
 		u.mode = proxy.ModeIPTables
@@ -91,6 +95,11 @@ func upstreamOf(kc *options.KubeProxyConfiguration) (upstream, error) {
 		!u.nodePortPrimary && holdsLoopback(u.nodePortCIDRs)
 	u.conntrack = upstreamConntrack(kc.Conntrack)
 	return u, nil
+}
+
+// local is how kube-proxy tells a pod's traffic.
+func (u upstream) local() localMode {
+	return localModeOf(proxy.LocalMode(u.detectLocalMode), u.detectLocal)
 }
 
 // upstreamConntrack is the conntrack section with upstream's defaults
