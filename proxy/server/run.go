@@ -13,6 +13,7 @@ import (
 
 	"github.com/kpproxy/kp/internal/gctune"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 )
@@ -23,6 +24,8 @@ const (
 	DefaultMinSyncPeriod      = 1 * time.Second
 	DefaultHealthzBindAddress = "0.0.0.0:10256"
 	DefaultMetricsBindAddress = "127.0.0.1:10249"
+	// DefaultStatusSocket is kp's own: its status API, root's only.
+	DefaultStatusSocket = statusapi.DefaultSocket
 )
 
 // DefaultShutdownGrace bounds how long a mode that carries connections

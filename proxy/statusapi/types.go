@@ -24,7 +24,7 @@ const Version = "v1"
 
 // DefaultSocket is where kp proxy serves the status API (--status-socket):
 // a Unix socket of mode 0600 in a directory of mode 0700, both root's.
-const DefaultSocket = "/var/run/kp/kp.sock"
+const DefaultSocket = "/run/kp/kp.sock"
 
 // Paths of the API, relative to the server's root.
 const (

@@ -14,7 +14,6 @@ import (
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // Upstream kube-proxy's defaults, which kp keeps so a DaemonSet behaves the same.
@@ -152,7 +151,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int32Var(&o.metricsPort, "metrics-port", 10249, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("metrics-port", "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.")
 
-	fs.StringVar(&o.statusSocket, "status-socket", statusapi.DefaultSocket,
+	fs.StringVar(&o.statusSocket, "status-socket", server.DefaultStatusSocket,
 		"kp only: the Unix socket of kp's status API (status, services, inventory, mode switches, profiles), which kp "+
 			"top, kp flows, kp status and kp migrate use; kp makes it mode 0600 in a directory of mode 0700, so only "+
 			"root on the node (or kubectl exec into kp's pod) opens it. None of it is served on the network. Empty disables it.")

@@ -37,7 +37,7 @@ func defaultsFor(dir string) proxy.Config {
 		ConfigSyncPeriod:        15 * time.Minute,
 		MetricsBindAddress:      "127.0.0.1:10249",
 		HealthzBindAddress:      "0.0.0.0:10256",
-		StatusSocket:            "/var/run/kp/kp.sock",
+		StatusSocket:            "/run/kp/kp.sock",
 	}
 }
 
