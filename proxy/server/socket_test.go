@@ -24,7 +24,9 @@ import (
 )
 
 // socketPath returns a socket path in a fresh directory short enough for
-// sun_path (108 bytes), removed at the end of the test.
+// sun_path (108 bytes), removed at the end of the test. Its parent is
+// open to every user (0755, as /run), so that only the permissions kp
+// sets refuse another user.
 func socketPath(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kps")
@@ -32,6 +34,9 @@ func socketPath(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return filepath.Join(dir, "run", "kp.sock")
 }
 

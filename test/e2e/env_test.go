@@ -113,7 +113,8 @@ func (e *env) kpArgs(extra ...string) []string {
 
 // statusSocket is a path for kp's status socket in a fresh directory,
 // short enough for a socket's address (108 bytes, where t.TempDir's test
-// names do not fit); kp makes its directory.
+// names do not fit); kp makes its directory. The parent is open to every
+// user (0755, as /run), so that only what kp sets refuses another user.
 func statusSocket(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kpe2e")
@@ -121,6 +122,9 @@ func statusSocket(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return filepath.Join(dir, "run", "kp.sock")
 }
 
