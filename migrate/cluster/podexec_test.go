@@ -56,7 +56,9 @@ func TestPodExecErrorsNameThePodAndTheCommand(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `exec "kp status -o json" in pod kube-system/kp-abc`) || !strings.Contains(err.Error(), "pods/exec") {
 		t.Errorf("Status error = %v", err)
 	}
-	p.exec = func(context.Context, *v1.Pod, string, []string) ([]byte, error) { return []byte("kp: unknown command"), nil }
+	p.exec = func(context.Context, *v1.Pod, string, []string) ([]byte, error) {
+		return []byte("kp: unknown command"), nil
+	}
 	if _, err := p.Inventory(context.Background(), pod); err == nil {
 		t.Error("Inventory decoded output that is not JSON")
 	}
