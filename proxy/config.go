@@ -73,6 +73,11 @@ type Config struct {
 	// Profiling serves Go's profiles at /debug/pprof/ on the metrics
 	// server (upstream --profiling).
 	Profiling bool
+	// StatusSocket is the Unix socket of kp's status API (status,
+	// services, inventory, mode switches, profiles), which only root on the
+	// node may open: the socket is mode 0600 in a directory kp makes 0700.
+	// Empty: no status API. None of it is served on the network.
+	StatusSocket string
 
 	// AllowModeNone lets the Node annotation kpproxy.io/proxy-mode=none
 	// switch kp to ModeNone (kp's --allow-mode-none; kp migrate cluster

@@ -39,7 +39,7 @@ never DNATed), the conntrack state, age, packets and bytes. Age, packets and byt
 conntrack timestamps and accounting, which kp proxy turns on in its network namespace.
 
 The Services come from the running kp proxy's status API (/kp/v1/services on its
-metrics address); the flows from the kernel of the network namespace kp flows runs in,
+root-only socket, --status-socket); the flows from the kernel of the network namespace kp flows runs in,
 or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
 		Example: `  # Every Service flow on this node
   kp flows

@@ -170,6 +170,6 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.AddFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a), newStatusCommand(a))
 	return root
 }

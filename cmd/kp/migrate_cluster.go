@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kpproxy/kp/internal/kubeclient"
@@ -18,7 +19,7 @@ type migrateClusterOptions struct {
 	req                          cluster.Request
 	kubeconfig, context          string
 	namespace, kpDS, kubeProxyDS string
-	healthzPort                  string
+	kpContainer                  string
 	dryRun                       bool
 	// keepKubeProxy is the old --keep-kube-proxy: now the default.
 	keepKubeProxy bool
@@ -29,8 +30,10 @@ type migrateClusterOptions struct {
 const migrateClusterLong = `Move the cluster's nodes one by one (--max-unavailable at a time), through the API
 server (--kubeconfig, or KUBECONFIG, or ~/.kube/config, as kubectl), each node's step
 gated on that node's kp being Ready, healthy and synced in the new mode: kp's own
-status and inventory, read through the API server's pod proxy on kp's healthz port
-(/kp/v1/status, /kp/v1/inventory). Progress is printed as lines: nodes done, in
+status and inventory, read as kubectl exec would, by running 'kp status -o json'
+(and --inventory) in the node's kp pod (kp serves them on a root-only socket, never
+on the network). The caller needs create on pods/exec in kp's namespace, besides
+what the steps change (docs/security.md lists it). Progress is printed as lines: nodes done, in
 flight, left, and each node's steps; each step is also an Event on its Node.
 
 --to MODE (kp runs everywhere): per node, set the annotation
@@ -138,7 +141,9 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
 	fs.StringVar(&o.namespace, "namespace", "kube-system", "the namespace of both DaemonSets")
 	fs.StringVar(&o.kpDS, "kp-daemonset", "kp", "kp's DaemonSet")
 	fs.StringVar(&o.kubeProxyDS, "kube-proxy-daemonset", "kube-proxy", "kube-proxy's DaemonSet")
-	fs.StringVar(&o.healthzPort, "healthz-port", cluster.DefaultHealthzPort, "kp's healthz port, where it serves its status to the pod proxy")
+	fs.StringVar(&o.kpContainer, "kp-container", "", "kp's container in its pods, where kp status runs (default: the one named kp, else the first)")
+	fs.String("healthz-port", "", "unused: kp's status is read through pods/exec now")
+	_ = fs.MarkDeprecated("healthz-port", "kp's status is read through pods/exec (kp status in kp's pod), not the healthz port")
 	return cmd
 }
 
@@ -164,7 +169,11 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 	if o.printConfig {
 		return a.printKPConfig(ctx, o, client, server)
 	}
-	c := cluster.New(cluster.Config{Client: client, KP: cluster.PodProxy{Client: client, Port: o.healthzPort},
+	kp := cluster.PodExec{Container: o.kpContainer}
+	if rc, ok := client.(interface{ RESTConfig() *rest.Config }); ok {
+		kp.Config = rc.RESTConfig()
+	}
+	c := cluster.New(cluster.Config{Client: client, KP: kp,
 		Namespace: o.namespace, KPDaemonSet: o.kpDS, KubeProxyDaemonSet: o.kubeProxyDS, Out: a.stdout, Log: a.log})
 	if o.dryRun {
 		return a.dryRun(ctx, o, c, client, server)

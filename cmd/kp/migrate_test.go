@@ -10,7 +10,7 @@ func TestMigrateNodeErrorsNameTheNodeAndTheStep(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"migrate", "node", "--to", "nftables", "--status-address", "127.0.0.1:1"},
+		{[]string{"migrate", "node", "--to", "nftables", "--status-socket", "/nonexistent/kp.sock"},
 			"kp: migrate node test-host: step plan: status API: "},
 		{[]string{"migrate", "node", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
 		{[]string{"migrate", "node"}, `required flag(s) "to" not set`},

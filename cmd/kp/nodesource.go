@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net/http"
 	"net/netip"
 
 	"github.com/spf13/pflag"
@@ -12,52 +12,52 @@ import (
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/nsenter"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-// nodeSource reads what kp flows and kp top show, inside one network
-// namespace: kp proxy's status API on that namespace's loopback, its local
-// addresses and its conntrack table. It is kp top's tui.Source.
+// nodeSource reads what kp flows and kp top show: kp proxy's status API on
+// its root-only Unix socket, and the local addresses and conntrack table
+// of one network namespace. It is kp top's tui.Source.
 type nodeSource struct {
 	fd     int // 0: the caller's own namespace
 	netns  string
-	addr   string
+	socket string
 	client *statusapi.Client
 }
 
 // nodeFlags are the flags of the commands that read a node's kp (flows,
-// top, migrate node): which network namespace, and where in it kp proxy
-// serves its status API.
+// top, status, migrate node): which network namespace, and kp proxy's
+// status socket.
 type nodeFlags struct {
-	netns         string
-	statusAddress string
+	netns        string
+	statusSocket string
 }
 
-// bind adds --netns (described by netnsHelp) and --status-address to fs.
+// bind adds --netns (described by netnsHelp; none when empty) and
+// --status-socket to fs.
 func (f *nodeFlags) bind(fs *pflag.FlagSet, netnsHelp string) {
-	fs.StringVar(&f.netns, "netns", "", netnsHelp+": a name from 'ip netns' or a path such as /proc/PID/ns/net")
-	fs.StringVar(&f.statusAddress, "status-address", server.DefaultMetricsBindAddress,
-		"kp proxy's metrics address (--metrics-bind-address), where its status API is served on the node's loopback")
+	if netnsHelp != "" {
+		fs.StringVar(&f.netns, "netns", "", netnsHelp+": a name from 'ip netns' or a path such as /proc/PID/ns/net")
+	}
+	fs.StringVar(&f.statusSocket, "status-socket", statusapi.DefaultSocket,
+		"kp proxy's status socket (its --status-socket); only root opens it. From the host, with kp in a pod: "+
+			"/proc/<kp's pid>/root"+statusapi.DefaultSocket)
 }
 
 // open is openNodeSource for the flags.
-func (f *nodeFlags) open() (*nodeSource, error) { return openNodeSource(f.netns, f.statusAddress) }
+func (f *nodeFlags) open() (*nodeSource, error) { return openNodeSource(f.netns, f.statusSocket) }
 
 // openNodeSource opens the namespace netns ("" for the caller's own) and
-// points at the status API on addr.
-func openNodeSource(netns, addr string) (*nodeSource, error) {
-	s := &nodeSource{netns: netns, addr: addr}
+// points at the status API on the socket.
+func openNodeSource(netns, socket string) (*nodeSource, error) {
+	s := &nodeSource{netns: netns, socket: socket}
 	if netns != "" {
 		var err error
 		if s.fd, err = nsenter.Open(netns); err != nil {
 			return nil, err
 		}
 	}
-	s.client = &statusapi.Client{
-		BaseURL: "http://" + addr,
-		HTTP:    &http.Client{Transport: &http.Transport{DialContext: nsenter.DialContextFd(s.fd), Proxy: nil}},
-	}
+	s.client = statusapi.SocketClient(socket)
 	return s, nil
 }
 
@@ -69,8 +69,11 @@ func (s *nodeSource) Close() {
 
 // apiHint says what to check when the status API does not answer.
 func (s *nodeSource) apiHint(err error) error {
-	return fmt.Errorf("%w (is kp proxy running%s, with --metrics-bind-address %s? see --status-address)",
-		err, where(s.netns), s.addr)
+	hint := "is kp proxy running, with --status-socket " + s.socket + "? see --status-socket"
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		hint = "only root on the node opens kp's status socket: run as root, or kubectl exec into kp's pod"
+	}
+	return fmt.Errorf("%w (%s)", err, hint)
 }
 
 func (s *nodeSource) Status(ctx context.Context) (*statusapi.Status, error) {

@@ -34,7 +34,7 @@ Keys as in k9s: ? help, / filter (a regular expression; esc clears), : command
 (:svc, :flows), enter drill down, esc back, q or ctrl-c quit; the help lists the
 sort keys of each view. NO_COLOR turns colours off.
 
-It reads kp proxy's status API (on its metrics address) and the conntrack table
+It reads kp proxy's status API (on its root-only socket, --status-socket) and the conntrack table
 of the network namespace it runs in, or the one given with --netns; when either
 cannot be reached it says so and keeps trying. Needs root (CAP_NET_ADMIN) for
 conntrack.`,

@@ -26,7 +26,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
@@ -93,8 +92,6 @@ type EventInterface interface {
 
 type PodInterface interface {
 	List(ctx context.Context, opts metav1.ListOptions) (*v1.PodList, error)
-	// ProxyGet GETs path from the pod's port through the API server.
-	ProxyGet(scheme, name, port, path string, params map[string]string) rest.ResponseWrapper
 }
 
 // ConfigMapInterface reads ConfigMaps: kube-proxy's configuration, for kp
@@ -132,6 +129,7 @@ func newScheme() *runtime.Scheme {
 // HTTP client (one connection pool) and one rate limiter, as client-go's
 // clientset does.
 type Client struct {
+	cfg                               *rest.Config
 	core, discovery, networking, apps *rest.RESTClient
 	// root has no group prefix, for /version and discovery documents.
 	root *rest.RESTClient
@@ -157,7 +155,7 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API client for %s: %w", c.Host, err)
 	}
-	var k Client
+	k := Client{cfg: rest.CopyConfig(&c)}
 	for _, g := range []struct {
 		into    **rest.RESTClient
 		gv      schema.GroupVersion
@@ -185,6 +183,10 @@ func restClient(c rest.Config, httpClient *http.Client, gv schema.GroupVersion, 
 	}
 	return rest.RESTClientForConfigAndClient(&c, httpClient)
 }
+
+// RESTConfig returns a copy of the client's configuration, for what the
+// REST clients do not do: kp migrate cluster's pods/exec streams.
+func (c *Client) RESTConfig() *rest.Config { return rest.CopyConfig(c.cfg) }
 
 func (c *Client) CoreV1() CoreV1Interface             { return coreV1{c.core} }
 func (c *Client) DiscoveryV1() DiscoveryV1Interface   { return discoveryV1{c.discovery} }
@@ -234,12 +236,4 @@ func (g appsV1) DaemonSets(namespace string) DaemonSetInterface {
 
 type pods struct {
 	resource[*v1.Pod, *v1.PodList]
-}
-
-func (p pods) ProxyGet(scheme, name, port, path string, params map[string]string) rest.ResponseWrapper {
-	r := p.request(p.rc.Get()).SubResource("proxy").Name(utilnet.JoinSchemeNamePort(scheme, name, port)).Suffix(path)
-	for k, v := range params {
-		r = r.Param(k, v)
-	}
-	return r
 }

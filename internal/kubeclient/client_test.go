@@ -124,13 +124,6 @@ func TestRequestsAreThoseOfClientGosTypedClients(t *testing.T) {
 		{"delete a daemonset", func(c *Client) error {
 			return c.AppsV1().DaemonSets("kube-system").Delete(ctx, "kube-proxy", metav1.DeleteOptions{})
 		}, request{method: "DELETE", path: "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", contentType: "application/json"}},
-		{"get a pod's port through the API server's proxy", func(c *Client) error {
-			b, err := c.CoreV1().Pods("kube-system").ProxyGet("http", "kp-x", "10256", "/status", nil).DoRaw(ctx)
-			if err == nil && string(b) != "ok" {
-				t.Errorf("body = %q", b)
-			}
-			return err
-		}, request{method: "GET", path: "/api/v1/namespaces/kube-system/pods/http:kp-x:10256/proxy/status"}},
 		{"the API server's version", func(c *Client) error {
 			return c.Discovery().ServerVersion(ctx)
 		}, request{method: "GET", path: "/version"}},

@@ -19,10 +19,16 @@
 //     and error of a failure, the mode and annotation before the rollout
 //     (for rollback).
 //
-// A node's kp is read through the API server's pod proxy on kp's healthz
-// port (10256, bound on every address as upstream's): GET /kp/v1/status
-// (mode, health, last sync, last mode switch) and /kp/v1/inventory (what
-// programs the node's Services in the kernel: kube-proxy's rules, kp's).
+// A node's kp is read as kubectl exec reads it (PodExec): kp status -o
+// json (mode, health, last sync, last mode switch) and kp status
+// --inventory -o json (what programs the node's Services in the kernel:
+// kube-proxy's rules, kp's), run in the node's kp pod through the API
+// server's pods/exec. kp serves both on a Unix socket only root on the node
+// opens, never on the network (issue 34), so the caller's RBAC (create
+// pods/exec in kp's namespace) is the gate, and the API server audits it.
+// Publishing the status on the API server instead (a Node annotation or a
+// custom resource) would give kp's own ServiceAccount write access on every
+// node (it has none today), put every node's state in etcd, and lag.
 // Reading kp's own view is what makes the gate robust: it is the process
 // that programs the kernel saying what it programmed, not a Pod condition
 // (Ready only says /healthz answered) nor something kp would have to write

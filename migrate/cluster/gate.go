@@ -10,7 +10,7 @@ import (
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
-// KPReader reads a kp pod's own view of its node (PodProxy through the API
+// KPReader reads a kp pod's own view of its node (PodExec through the API
 // server; a fake in tests).
 type KPReader interface {
 	Status(ctx context.Context, pod *v1.Pod) (*statusapi.Status, error)

@@ -18,7 +18,7 @@ import (
 // Config configures a Controller.
 type Config struct {
 	Client kubeclient.Interface
-	// KP reads a kp pod's status and inventory (PodProxy).
+	// KP reads a kp pod's status and inventory (PodExec).
 	KP KPReader
 	// Namespace of both DaemonSets (kube-system), and their names.
 	Namespace          string

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kpproxy/kp/internal/gctune"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 )
@@ -23,6 +24,8 @@ const (
 	DefaultMinSyncPeriod      = 1 * time.Second
 	DefaultHealthzBindAddress = "0.0.0.0:10256"
 	DefaultMetricsBindAddress = "127.0.0.1:10249"
+	// DefaultStatusSocket is kp's own: its status API, root's only.
+	DefaultStatusSocket = statusapi.DefaultSocket
 )
 
 // DefaultShutdownGrace bounds how long a mode that carries connections
@@ -37,9 +40,13 @@ const shutdownTimeout = 5 * time.Second
 // Run is kp proxy's main loop. It starts opts.Sources, waits until all of
 // them delivered their initial view, then keeps opts.Backend in sync with
 // their changes through a bounded-frequency runner, telling opts.Observers
-// about every successful sync, while serving health checks on
-// cfg.HealthzBindAddress, and metrics and the status API (/kp/v1/...) on
-// cfg.MetricsBindAddress (an empty address or port 0 disables a server).
+// about every successful sync, while serving what upstream kube-proxy
+// serves on the network and nothing more: health checks on
+// cfg.HealthzBindAddress (/healthz, /livez), metrics on
+// cfg.MetricsBindAddress (/metrics, /proxyMode, /healthz; /debug/pprof/
+// with cfg.Profiling); an empty address or port 0 disables a server. The
+// status API (/kp/v1/...) is on the root-only Unix socket
+// cfg.StatusSocket (socket.go).
 //
 // Run returns nil when ctx is cancelled, leaving the kernel state in place:
 // a restarting proxy must not interrupt traffic (cleanup is Backend.Cleanup's
@@ -83,8 +90,9 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	serviceHealth := newServiceHealth(cfg, backend, health.Healthy, log)
 	defer serviceHealth.Close()
 	stopHTTP, err := startHTTP(ctx, &wg, errc, log, []httpServer{
-		{name: "healthz", addr: cfg.HealthzBindAddress, handler: withPublicStatus(health.Handler(), status, opts.Inventory, nodeName)},
-		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withProfiling(cfg.Profiling, withStatus(metrics.Handler(), status.Handler()))},
+		{name: "healthz", addr: cfg.HealthzBindAddress, handler: health.Handler()},
+		{name: "metrics", addr: cfg.MetricsBindAddress, handler: withProfiling(cfg.Profiling, metrics.Handler())},
+		{name: "status", socket: true, addr: cfg.StatusSocket, handler: socketHandler(status, opts.Inventory, nodeName)},
 	})
 	if err != nil {
 		return err
@@ -274,6 +282,7 @@ func sourceName(src proxy.Source) string {
 type httpServer struct {
 	name    string
 	addr    string
+	socket  bool // addr is a Unix socket's path
 	handler http.Handler
 }
 
@@ -290,7 +299,11 @@ func startHTTP(ctx context.Context, wg *sync.WaitGroup, errc chan<- error, log *
 		}
 	}
 	for _, s := range servers {
-		ln, err := listen(s.name, s.addr)
+		listenFn := listen
+		if s.socket {
+			listenFn = func(_, path string) (net.Listener, error) { return listenSocket(path) }
+		}
+		ln, err := listenFn(s.name, s.addr)
 		if err != nil {
 			stop()
 			return nil, err

@@ -217,8 +217,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = enc.Encode(v)
 }
 
-// withStatus serves the status API's paths from status and everything else
-// from next (the metrics handler).
 // withProfiling adds Go's profiles at /debug/pprof/ when on.
 func withProfiling(on bool, next http.Handler) http.Handler {
 	if !on {
@@ -230,13 +228,6 @@ func withProfiling(on bool, next http.Handler) http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.Handle("/", next)
-	return mux
-}
-
-func withStatus(next, status http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/kp/", status)
 	mux.Handle("/", next)
 	return mux
 }

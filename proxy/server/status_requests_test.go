@@ -10,6 +10,8 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kpproxy/kp/migrate"
+	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
@@ -97,5 +99,19 @@ func TestStatusAPIClientSendsJSONTheServerAccepts(t *testing.T) {
 	}
 	if contentType != statusapi.ContentType {
 		t.Errorf("the client sent Content-Type %q, want %s", contentType, statusapi.ContentType)
+	}
+}
+
+func TestMigrationRequestRefusesTheNoneMode(t *testing.T) {
+	sw := migrate.NewSwitcher(migrate.SwitcherConfig{Initial: proxy.NoneBackend{}, InitialTarget: proxy.Target{Mode: proxy.ModeNFTables}})
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, statusapi.MigrationPath, strings.NewReader(`{"to":"none"}`))
+	r.RemoteAddr = "127.0.0.1:40000"
+	serveMigrationRequest(rec, r, sw)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "annotation") {
+		t.Errorf("POST to none: %d %s, want 400 naming the annotation", rec.Code, rec.Body)
+	}
+	if sw.Migration() != nil {
+		t.Errorf("a switch was recorded: %+v", sw.Migration())
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"reflect"
@@ -97,7 +96,7 @@ func TestStatusAPIReportsSyncsServicesAndCounters(t *testing.T) {
 	s := NewStatus(backend, "node-a", nil, clk)
 	s.Failed(clk.Now(), errors.New("sync nftables generation 3: netlink: permission denied"))
 	s.Succeeded(st, clk.Now(), clk.Now().Add(20*time.Millisecond), true)
-	srv := httptest.NewServer(withStatus(http.NotFoundHandler(), s.Handler()))
+	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 	c := &statusapi.Client{BaseURL: srv.URL}
 

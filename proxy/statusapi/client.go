@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,10 +14,25 @@ import (
 
 // Client reads the status API of one kp proxy.
 type Client struct {
-	// BaseURL is the server's root, e.g. "http://127.0.0.1:10249".
+	// BaseURL is the server's root: "http://kp" through SocketClient's
+	// transport, or an httptest server's URL in tests.
 	BaseURL string
 	// HTTP is the client to use; nil means http.DefaultClient.
 	HTTP *http.Client
+}
+
+// SocketClient returns a Client of the status API on the Unix socket at
+// path (DefaultSocket when empty). Opening it takes root on the node (or
+// kubectl exec into kp's pod): a non-root caller gets "permission denied".
+func SocketClient(path string) *Client {
+	if path == "" {
+		path = DefaultSocket
+	}
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	return &Client{BaseURL: "http://kp", HTTP: &http.Client{Transport: &http.Transport{DialContext: dial, Proxy: nil}}}
 }
 
 // Status fetches /kp/v1/status.

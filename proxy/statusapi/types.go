@@ -1,7 +1,8 @@
-// Package statusapi holds the JSON types of kp proxy's read-only status API
-// and a small client for it. kp serves the API on its metrics address under
-// a versioned path (/kp/v1/...); kp top, kp flows and kp migrate are its
-// clients. The types and the client use the standard library alone;
+// Package statusapi holds the JSON types of kp proxy's status API and a
+// small client for it. kp serves the API on a local Unix socket that only
+// root on the node can open (DefaultSocket), under a versioned path
+// (/kp/v1/...), never on the network; kp top, kp flows, kp status and kp
+// migrate are its clients. The types and the client use the standard library alone;
 // StateFromServices (state.go) imports the core (proxy) to rebuild a State
 // from a report.
 //
@@ -20,6 +21,10 @@ import (
 
 // Version is the API version these types describe; it is in every path.
 const Version = "v1"
+
+// DefaultSocket is where kp proxy serves the status API (--status-socket):
+// a Unix socket of mode 0600 in a directory of mode 0700, both root's.
+const DefaultSocket = "/run/kp/kp.sock"
 
 // Paths of the API, relative to the server's root.
 const (

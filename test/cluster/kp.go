@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -190,4 +191,32 @@ func PodReady(p *v1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// KPStatusSocket is the path, from this (the host's) mount namespace, of
+// the status socket of the kp proxy running in a pod on n: kp serves its
+// status API on a Unix socket in its pod's emptyDir, which root reaches
+// through the process's root (/proc/PID/root), as an operator on the node
+// does. The kp process is found in n's kubepods cgroup.
+func (n *Node) KPStatusSocket() (string, error) {
+	for _, pid := range cgroupPids(n.CgroupRoot() + "/kubepods") {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) < 2 || filepath.Base(args[0]) != "kp" || args[1] != "proxy" {
+			continue
+		}
+		socket := statusapi.DefaultSocket
+		for i, a := range args {
+			if v, ok := strings.CutPrefix(a, "--status-socket="); ok {
+				socket = v
+			} else if a == "--status-socket" && i+1 < len(args) {
+				socket = args[i+1]
+			}
+		}
+		return fmt.Sprintf("/proc/%d/root%s", pid, socket), nil
+	}
+	return "", fmt.Errorf("node %s: no kp proxy process in its pods", n.Name)
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -47,6 +48,8 @@ type env struct {
 	// source is kp's source of Services: --manifests dir unless a test
 	// points kp at an API server instead.
 	source []string
+	// socket is kp's --status-socket: its status API, root's only.
+	socket string
 }
 
 // newEnv builds a world with pods and a manifests folder holding the node's
@@ -77,7 +80,7 @@ func newEnvSerial(t *testing.T, m mode, pods int) *env {
 		t.Fatalf("kp does not build: %v", err)
 	}
 	w := netns.NewWorld(t, netns.Options{Pods: pods})
-	e := &env{t: t, mode: m, w: w, dir: ManifestDir(t.TempDir())}
+	e := &env{t: t, mode: m, w: w, dir: ManifestDir(t.TempDir()), socket: statusSocket(t)}
 	e.write("node.yaml", Node(nodeName,
 		[]string{w.NodeIP().String(), w.NodeIP6().String()},
 		[]string{w.PodCIDR().String(), w.PodCIDR6().String()}))
@@ -98,6 +101,7 @@ func (e *env) kpArgs(extra ...string) []string {
 		"--cluster-cidr", e.w.ClusterCIDR(),
 		"--healthz-bind-address", healthzAddr,
 		"--metrics-bind-address", metricsAddr,
+		"--status-socket", e.socket,
 		"--min-sync-period", "100ms",
 		// The node is a network namespace, where only the initial one may
 		// set nf_conntrack_max (upstream's test harnesses pass the same).
@@ -105,6 +109,23 @@ func (e *env) kpArgs(extra ...string) []string {
 		"-v", "2",
 	)
 	return append(args, extra...)
+}
+
+// statusSocket is a path for kp's status socket in a fresh directory,
+// short enough for a socket's address (108 bytes, where t.TempDir's test
+// names do not fit); kp makes its directory. The parent is open to every
+// user (0755, as /run), so that only what kp sets refuses another user.
+func statusSocket(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kpe2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "run", "kp.sock")
 }
 
 // startKP starts kp in the node namespace and waits until it is healthy.

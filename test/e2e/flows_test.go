@@ -26,7 +26,7 @@ func (e *env) kpFlows(args ...string) string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.Command(kp, append([]string{"flows", "--netns", e.w.Node(), "--status-address", metricsAddr}, args...)...)
+	cmd := exec.Command(kp, append([]string{"flows", "--netns", e.w.Node(), "--status-socket", e.socket}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -204,7 +204,7 @@ func (e *env) tryMigrate(args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := append([]string{kp, "migrate", "node", "--status-address", metricsAddr, "--timeout", slow(time.Minute).String()}, args...)
+	cmd := append([]string{kp, "migrate", "node", "--status-socket", e.socket, "--timeout", slow(time.Minute).String()}, args...)
 	return e.w.Exec(e.w.Node(), cmd...)
 }
 

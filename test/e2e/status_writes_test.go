@@ -1,20 +1,17 @@
 package e2e
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/netns"
 )
 
-// A write to kp's status API from the node itself (where mode switches are
-// taken) must be JSON with a printable requestedBy: a text/plain POST, as
+// A write to kp's status API (on its root-only socket, where mode switches
+// are taken) must be JSON with a printable requestedBy: a text/plain POST, as
 // a browser on the node sends cross-origin without a CORS preflight, is
 // refused with 415 and switches nothing, as is a requestedBy that would
 // forge a line of the Node's Event; kp migrate node, kp's own client,
@@ -24,14 +21,10 @@ func TestStatusAPIWritesAreJSONOnly(t *testing.T) {
 	e := newEnv(t, modeNFTables, 1)
 	e.write("web.yaml", web(e.w.Pods()...))
 	e.startKP()
-	node := e.w.Node()
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return netns.DialConn(ctx, node, network, addr)
-		}}}
+	sc := e.statusClient()
 	post := func(contentType, body string) (int, string) {
 		t.Helper()
-		resp, err := client.Post("http://"+metricsAddr+statusapi.MigrationPath, contentType, strings.NewReader(body))
+		resp, err := sc.HTTP.Post(sc.BaseURL+statusapi.MigrationPath, contentType, strings.NewReader(body))
 		if err != nil {
 			t.Fatalf("POST %s: %v", statusapi.MigrationPath, err)
 		}
@@ -45,14 +38,13 @@ func TestStatusAPIWritesAreJSONOnly(t *testing.T) {
 	if code, body := post("application/json", `{"to":"iptables-nft","requestedBy":"me\nkp switched"}`); code != http.StatusBadRequest {
 		t.Errorf("requestedBy with a newline: %d %q, want 400", code, body)
 	}
-	if _, body, err := netns.HTTPGet(node, "http://"+metricsAddr+statusapi.MigrationPath, 2*time.Second); err != nil || strings.TrimSpace(body) != "null" {
-		t.Errorf("after the refused writes, GET %s: %q %v, want null (no switch asked)", statusapi.MigrationPath, body, err)
+	if m, err := sc.Migration(t.Context()); err != nil || m != nil {
+		t.Errorf("after the refused writes, GET %s: %+v %v, want null (no switch asked)", statusapi.MigrationPath, m, err)
 	}
 	e.expectOnly("nftables")
 	out := e.migrate("--to", "iptables-nft")
 	e.expectOnly("iptables-nft")
-	if _, body, err := netns.HTTPGet(node, "http://"+metricsAddr+statusapi.MigrationPath, 2*time.Second); err != nil ||
-		!strings.Contains(body, `"requestedBy": "kp migrate node"`) || !strings.Contains(body, `"phase": "succeeded"`) {
-		t.Errorf("kp migrate node through kp's client: GET %s: %q %v\n%s", statusapi.MigrationPath, body, err, out)
+	if m, err := sc.Migration(t.Context()); err != nil || m == nil || m.RequestedBy != "kp migrate node" || m.Phase != "succeeded" {
+		t.Errorf("kp migrate node through kp's client: GET %s: %+v %v\n%s", statusapi.MigrationPath, m, err, out)
 	}
 }

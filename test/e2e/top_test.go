@@ -45,8 +45,8 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm := tmux.Start(t, 100, 30, fmt.Sprintf("NO_COLOR=1 %s top --netns %s --status-address %s --refresh 1s",
-		kp, e.w.Node(), metricsAddr))
+	tm := tmux.Start(t, 100, 30, fmt.Sprintf("NO_COLOR=1 %s top --netns %s --status-socket %s --refresh 1s",
+		kp, e.w.Node(), e.socket))
 	wait := func(what string, cond func(screen string) error) string {
 		t.Helper()
 		var last string

@@ -192,9 +192,9 @@ func (e *env) conntrackFrom(src netip.AddrPort) []conntrack.Flow {
 	return out
 }
 
-// statusClient reads kp's status API from inside the node namespace.
+// statusClient reads kp's status API on its socket.
 func (e *env) statusClient() *statusapi.Client {
-	return &statusapi.Client{BaseURL: "http://" + metricsAddr, HTTP: e.nodeHTTP()}
+	return statusapi.SocketClient(e.socket)
 }
 
 // metric returns the /metrics text of kp.

@@ -2,7 +2,6 @@ package nodes
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -212,17 +211,19 @@ func kpSyncs(n *cluster.Node) string {
 	return fmt.Sprintf("%s, started %s, last sync %s, syncs %+v", st.Mode, st.StartTime.Format("15:04:05.000"), last, st.Syncs)
 }
 
-// kpStatus reads kp's status API on n.
+// kpStatus reads kp's status API on n, through its socket (root's).
 func kpStatus(n *cluster.Node) (*statusapi.Status, error) {
-	code, body, err := netns.HTTPGet(n.NS, "http://127.0.0.1:10249"+statusapi.StatusPath, 3*time.Second)
-	if err != nil || code != 200 {
-		return nil, fmt.Errorf("%s: kp's status: %d %v", n.Name, code, err)
+	socket, err := n.KPStatusSocket()
+	if err != nil {
+		return nil, err
 	}
-	var st statusapi.Status
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st, err := statusapi.SocketClient(socket).Status(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("%s: kp's status: %w", n.Name, err)
 	}
-	return &st, nil
+	return st, nil
 }
 
 // failures lists the failed attempts, for a message.

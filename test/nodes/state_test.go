@@ -1,7 +1,7 @@
 package nodes
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/cluster"
-	"github.com/kpproxy/kp/test/netns"
 )
 
 // What the tests read of the cluster: kp's pods and status API, the
@@ -156,22 +155,16 @@ func seen(t *testing.T, what string, dial func() (string, error), want []string)
 	})
 }
 
-// kpServices reads a Service from the status API of kp on node n (in the
-// node's namespace, where the hostNetwork pod serves it on loopback).
+// kpServices reads a Service from the status API of kp on node n (on its
+// socket, in the kp pod's emptyDir).
 func kpServices(n *cluster.Node, namespace, service string) (*statusapi.Services, error) {
-	url := fmt.Sprintf("http://127.0.0.1:10249/kp/v1/services?namespace=%s&service=%s", namespace, service)
-	code, body, err := netns.HTTPGet(n.NS, url, 3*time.Second)
+	socket, err := n.KPStatusSocket()
 	if err != nil {
 		return nil, err
 	}
-	if code != 200 {
-		return nil, fmt.Errorf("status API: %d %s", code, body)
-	}
-	var s statusapi.Services
-	if err := json.Unmarshal([]byte(body), &s); err != nil {
-		return nil, fmt.Errorf("status API: %w", err)
-	}
-	return &s, nil
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return statusapi.SocketClient(socket).Services(ctx, namespace, service)
 }
 
 // usableEndpoints says how far kp on n is from sending web's traffic to

@@ -76,6 +76,7 @@ type Options struct {
 	// the server, another port completes a bind address given without one.
 	healthzPort, metricsPort int32
 	allowModeNone            bool
+	statusSocket             string
 
 	ipvs ipvsOptions
 
@@ -150,6 +151,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int32Var(&o.metricsPort, "metrics-port", 10249, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("metrics-port", "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.")
 
+	fs.StringVar(&o.statusSocket, "status-socket", server.DefaultStatusSocket,
+		"kp only: the Unix socket of kp's status API (status, services, inventory, mode switches, profiles), which kp "+
+			"top, kp flows, kp status and kp migrate use; kp makes it mode 0600 in a directory of mode 0700, so only "+
+			"root on the node (or kubectl exec into kp's pod) opens it. None of it is served on the network. Empty disables it.")
 	fs.BoolVar(&o.allowModeNone, "allow-mode-none", false,
 		"kp only: let the Node annotation "+proxy.AnnotationProxyMode+"=none switch kp to mode none (kp removes its "+
 			"rules and programs nothing; kp migrate cluster --rollback does this to hand a node back to kube-proxy). "+
@@ -319,5 +324,8 @@ func (o *Options) applyServers(m *flagMerge) {
 	}
 	if m.changed("allow-mode-none") {
 		c.AllowModeNone = o.allowModeNone
+	}
+	if m.changed("status-socket") {
+		c.StatusSocket = o.statusSocket
 	}
 }

@@ -37,6 +37,7 @@ func defaultsFor(dir string) proxy.Config {
 		ConfigSyncPeriod:        15 * time.Minute,
 		MetricsBindAddress:      "127.0.0.1:10249",
 		HealthzBindAddress:      "0.0.0.0:10256",
+		StatusSocket:            "/run/kp/kp.sock",
 	}
 }
 
@@ -147,6 +148,10 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 		{name: "profiling", args: []string{"--profiling"}, want: func(c *proxy.Config) { c.Profiling = true }},
 		{name: "mode none through the Node annotation allowed", args: []string{"--allow-mode-none"},
 			want: func(c *proxy.Config) { c.AllowModeNone = true }},
+		{name: "status socket moved, or disabled", args: []string{"--status-socket", "/run/kp2/s.sock"},
+			want: func(c *proxy.Config) { c.StatusSocket = "/run/kp2/s.sock" }},
+		{name: "status socket disabled", args: []string{"--status-socket", ""},
+			want: func(c *proxy.Config) { c.StatusSocket = "" }},
 		{name: "iptables backend and localhost NodePorts", args: []string{"--proxy-mode", "iptables", "--iptables-backend", "legacy",
 			"--iptables-localhost-nodeports=false"},
 			want: func(c *proxy.Config) {

@@ -12,6 +12,7 @@ import (
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/userspace"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/server"
 )
 
 // Settings is everything kp proxy resolved from flags and the config file.
@@ -87,6 +88,7 @@ func DefaultSettings() Settings {
 			ConfigSyncPeriod:        defaultConfigSyncPeriod,
 			MetricsBindAddress:      defaultMetricsBindAddress,
 			HealthzBindAddress:      defaultHealthzBindAddress,
+			StatusSocket:            server.DefaultStatusSocket,
 		},
 		Conntrack: conntrack.DefaultTuning(),
 		Log:       DefaultLogOptions(),

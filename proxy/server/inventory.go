@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
 
@@ -13,30 +12,10 @@ import (
 // (kp's rules and other proxies'); cmd/kp supplies migrate.Inventory.
 type InventoryFunc func(ctx context.Context) ([]statusapi.Program, error)
 
-// withPublicStatus adds to the healthz server (bound on every address, as
-// upstream's 10256, so the API server's pod proxy reaches it) the read-only
-// status kp migrate cluster gates its steps on: GET /kp/v1/status (mode,
-// health, last sync, last switch) and GET /kp/v1/inventory. Nothing that
-// changes anything is served there: mode switches stay on the metrics
-// address, from loopback. The services list stays there too (it names
-// every endpoint).
-func withPublicStatus(health http.Handler, status *Status, inventory InventoryFunc, node string) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+statusapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, status.Report())
-	})
-	inv := &inventoryCache{list: inventory, node: node}
-	mux.HandleFunc("GET "+statusapi.InventoryPath, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, inv.get(r.Context()))
-	})
-	mux.Handle("/", health)
-	return mux
-}
-
 // inventoryCache runs the inventory (which forks iptables-save for each
 // flavor and family) one request at a time and serves a result younger
-// than inventoryMaxAge to the requests that come meanwhile: the port is
-// open to every address, and a client polling it must not load the node.
+// than inventoryMaxAge to the requests that come meanwhile: a client
+// polling it must not load the node.
 type inventoryCache struct {
 	list InventoryFunc
 	node string
