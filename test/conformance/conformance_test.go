@@ -128,7 +128,7 @@ func TestConformance(t *testing.T) {
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			run, tests := runMode(t, m, art, out, debugFocus)
+			run, tests := runMode(t, m, art, out, debugFocus, root, commit)
 			if debugFocus != "" {
 				note := os.Getenv("KP_CONFORMANCE_MERGE")
 				if note == "" {
@@ -170,7 +170,7 @@ func TestConformance(t *testing.T) {
 // runMode brings a cluster up with m's proxy and the cluster DNS, runs the
 // tests against it with ginkgo, keeps the logs in out and returns the
 // column.
-func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, map[string]Result) {
+func runMode(t *testing.T, m mode, art artifacts, out, debugFocus, root, commit string) (Run, map[string]Result) {
 	start := time.Now()
 	var imgs []image.Image
 	if strings.HasPrefix(m.name, "kp-") {
@@ -214,7 +214,7 @@ func runMode(t *testing.T, m mode, art artifacts, out, debugFocus string) (Run, 
 	}
 	proxy := m.proxy
 	if strings.HasPrefix(m.name, "kp-") {
-		proxy = fmt.Sprintf("kp %s: %s", gitDescribe(), m.proxy) // the same commit as the report's: cleanCommit checked
+		proxy = fmt.Sprintf("kp %s: %s", buildLabel(root, commit), m.proxy)
 	}
 	run := Run{
 		Mode:  m.name,
@@ -332,16 +332,6 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// gitDescribe names the commit kp was built from (with -dirty when the
-// tree has changes).
-func gitDescribe() string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
-	if err != nil {
-		return "(unknown commit)"
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // cleanCommit is the commit the run measures: the tree must hold no
