@@ -114,7 +114,7 @@ func TestPreflightItemsAgainstKubeProxysConfigMap(t *testing.T) {
 			"mode: iptables\nclusterCIDR: 10.244.0.0/24\ndetectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth}\n", "nftables", false, "node-2",
 			"cluster-cidr", SeverityOK, "what comes in on their interfaces", "named veth* (detectLocalMode InterfaceNamePrefix), not by clusterCIDR", ""},
 		{"feature gates left out of the generated config", "mode: iptables\nfeatureGates: {SomeGate: true}\n", "nftables", false, "", "config", SeverityInfo,
-			"reads ConfigMap kube-system/kube-proxy, key config.conf", "featureGates SomeGate=true left out", "--print-config"},
+			"reads ConfigMap kube-system/kube-proxy, key config.conf", "featureGates SomeGate=true left out: kube-proxy v1.36 refuses these gates too", "--print-config"},
 		{"kp's own ConfigMap with manifests' placeholder server", "mode: iptables\n", "nftables", true, "", "api-server", SeverityError,
 			kubeProxyServer, "CONTROL-PLANE-ENDPOINT", "replace manifests/configmap.yaml's placeholder"},
 		{"the generated config reaches kube-proxy's API server", "mode: iptables\n", "nftables", false, "", "api-server", SeverityOK,

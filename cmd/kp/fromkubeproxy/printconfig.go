@@ -93,8 +93,15 @@ func (g *Generated) notDropped(kp *options.KubeProxyConfiguration) {
 		g.Notes = append(g.Notes, fmt.Sprintf("bindAddress %s left out: kp takes the node's IPs from its Node object", kp.BindAddress))
 	}
 	g.detectLocal(kp)
-	for _, name := range slices.Sorted(maps.Keys(kp.FeatureGates)) {
-		g.Notes = append(g.Notes, fmt.Sprintf("featureGates %s=%t left out: kp behaves as NFTablesProxyMode=true, and takes no other gate", name, kp.FeatureGates[name]))
+	// kp takes every gate kube-proxy takes (it honours those that change a
+	// proxy and logs the rest as ignored); gates kube-proxy would refuse
+	// too are left out, or kp would refuse the whole file.
+	if err := options.CheckFeatureGates(kp.FeatureGates); len(kp.FeatureGates) > 0 && err == nil {
+		out.FeatureGates = maps.Clone(kp.FeatureGates)
+	} else if err != nil {
+		for _, name := range slices.Sorted(maps.Keys(kp.FeatureGates)) {
+			g.Notes = append(g.Notes, fmt.Sprintf("featureGates %s=%t left out: kube-proxy v1.36 refuses these gates too (%v)", name, kp.FeatureGates[name], err))
+		}
 	}
 	for _, f := range []struct {
 		field string
@@ -254,6 +261,7 @@ func fileOf(kc *options.KubeProxyConfiguration) map[string]any {
 	put(m, "healthzBindAddress", kc.HealthzBindAddress, true)
 	put(m, "metricsBindAddress", kc.MetricsBindAddress, true)
 	put(m, "enableProfiling", true, kc.EnableProfiling)
+	put(m, "featureGates", kc.FeatureGates, len(kc.FeatureGates) > 0)
 	m["clientConnection"] = map[string]any{"kubeconfig": kc.ClientConnection.Kubeconfig}
 	mode := func(masqAll bool, bit *int32, sync, minSync time.Duration) map[string]any {
 		s := map[string]any{}

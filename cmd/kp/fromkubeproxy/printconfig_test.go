@@ -70,7 +70,7 @@ ipvs: {scheduler: lc, strictARP: true, syncPeriod: 20s, minSyncPeriod: 2s, tcpTi
 conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 30m, udpTimeout: 45s, tcpBeLiberal: true}
 metricsBindAddress: 0.0.0.0:10249
 oomScoreAdj: -999
-featureGates: {SomeGate: true}
+featureGates: {AllowServiceExternalIPs: false}
 `
 
 // Every value kp acts on comes through, in the target mode's reading too:
@@ -102,7 +102,10 @@ func TestPrintConfigCarriesKubeProxysValuesThroughKPsOwnDecoder(t *testing.T) {
 			if cfg.MetricsBindAddress != "0.0.0.0:10249" || cfg.HealthzBindAddress != "0.0.0.0:10256" {
 				t.Errorf("metrics %q healthz %q", cfg.MetricsBindAddress, cfg.HealthzBindAddress)
 			}
-			for _, note := range []string{"# featureGates SomeGate=true left out", "# oomScoreAdj left out"} {
+			if !cfg.IgnoreExternalIPs {
+				t.Errorf("AllowServiceExternalIPs=false not carried: externalIPs still proxied")
+			}
+			for _, note := range []string{"# oomScoreAdj left out"} {
 				if !strings.Contains(cm.Data["config.conf"], note) {
 					t.Errorf("config.conf does not note %q", note)
 				}

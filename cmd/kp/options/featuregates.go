@@ -172,3 +172,10 @@ func gatesHelp() string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// CheckFeatureGates checks gates as kp proxy (and upstream's kube-proxy)
+// checks its featureGates: nil when both would accept them.
+func CheckFeatureGates(gates map[string]bool) error {
+	_, err := resolveFeatureGates(gates)
+	return err
+}
