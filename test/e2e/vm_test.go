@@ -61,13 +61,17 @@ var vmCITests = []string{
 	"TestCleanupRemovesEveryKPRuleAndNothingElse",
 }
 
-// vmMigrationTests are the migration tests whose ipvs rows run in the VM
-// (onlyWithIPVSInTheVM): kp ipvs → kp nftables, upstream kube-proxy's ipvs
-// mode → kp nftables.
+// vmMigrationTests are the migration tests whose ipvs rows run in the VM:
+// every ordered pair of kp's modes with ipvs (the matrix's ipvsTours;
+// KP_VM_E2E=all adds its hostTours, on the 6.1 kernel), upstream
+// kube-proxy's ipvs mode → kp nftables (onlyWithIPVSInTheVM).
 var vmMigrationTests = []string{
-	"TestMigrateNodeSwitchesModesDroppingNothing",
+	"TestMigrateNodeEveryOrderedPairOfModesDropsNothing",
 	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing",
 }
+
+// vmMigrationModes are the modes the migrations in the VM switch between.
+const vmMigrationModes = "ipvs,nftables,iptables-nft,iptables-legacy,userspace"
 
 // TestIPVSModeInTheVM boots the 6.1 kernel (test/vm) and runs the suite's
 // Service-feature tests there with KP_E2E_MODES=ipvs: the ipvs column of
@@ -78,13 +82,15 @@ func TestIPVSModeInTheVM(t *testing.T) {
 	runModesInVM(t, "ipvs", vmTests(vmCITests, vmServiceTests))
 }
 
-// TestIPVSMigrationsInTheVM runs the migrations from an ipvs mode, kp's
-// and upstream kube-proxy's, to kp's nftables mode on the VM's kernel.
+// TestIPVSMigrationsInTheVM runs, on the VM's kernel, the switches of kp
+// between its ipvs mode and every other mode, both ways, and the migration
+// from upstream kube-proxy's ipvs mode to kp's nftables mode.
 func TestIPVSMigrationsInTheVM(t *testing.T) {
-	skipUnselected(t, modeIPVS)
-	skipUnselected(t, modeNFTables)
+	for _, m := range strings.Split(vmMigrationModes, ",") {
+		skipUnselected(t, allModes[indexMode(m)])
+	}
 	t.Parallel()
-	runModesInVM(t, "ipvs,nftables", vmMigrationTests)
+	runModesInVM(t, vmMigrationModes, vmMigrationTests)
 }
 
 // vmTests is ci, or all with KP_VM_E2E=all.
@@ -172,8 +178,11 @@ func runModesInVM(t *testing.T, modes string, tests []string) {
 	defer func() { <-vmSlot }()
 	t.Logf("waited %v for the VM before this one to end", time.Since(wait).Round(time.Second))
 	start := time.Now()
-	out, err := vm.Run(t, vm.Options{Timeout: inVMTimeout() + 2*time.Minute, MemoryMiB: 3072, Dir: wd,
-		Env: []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}},
+	env := []string{"KP_E2E_MODES=" + modes, netns.BinDirEnv + "=" + binDir}
+	if all := os.Getenv("KP_VM_E2E"); all != "" {
+		env = append(env, "KP_VM_E2E="+all) // the migration matrix's tours without ipvs too
+	}
+	out, err := vm.Run(t, vm.Options{Timeout: inVMTimeout() + 2*time.Minute, MemoryMiB: 3072, Dir: wd, Env: env},
 		bin, "-test.v", "-test.count=1", "-test.timeout="+inVMTimeout().String(), "-test.run", pattern)
 	t.Logf("the %s column in the VM: %v", modes, time.Since(start).Round(time.Second))
 	if err != nil {
@@ -195,7 +204,7 @@ func runModesInVM(t *testing.T, modes string, tests []string) {
 // vmClaim is what a VM run of tests in modes must show. Each test ran,
 // and each (test, mode) pair passed by name — a Service test's subtest
 // TestX/<mode>, a migration's subtest from or to the mode
-// (TestX/ipvs-nftables, TestX/kube-proxy-ipvs-to-nftables) — or was
+// (TestX/TOUR/ipvs-to-nftables, TestX/kube-proxy-ipvs-to-nftables) — or was
 // skipped with the reason the unclaimed table (the README's column) gives
 // for that mode. Any other skip needs a reason from vmSkipReasons. With
 // KP_VM_E2E_RUN (a pattern of one's own) only the skips and failures are
@@ -216,7 +225,7 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 	}
 	for _, test := range tests {
 		c.Pass = append(c.Pass, test)
-		if subs, ok := vmMigrationSubtests[test]; ok {
+		if subs, ok := vmMigrationSubtests()[test]; ok {
 			for _, sub := range subs {
 				c.Pass = append(c.Pass, test+"/"+sub)
 			}
@@ -229,17 +238,30 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 	return c
 }
 
-// vmMigrationSubtests are the migration tests' subtests the VM proves
-// (onlyWithIPVSInTheVM): those from an ipvs mode.
-var vmMigrationSubtests = map[string][]string{
-	"TestMigrateNodeSwitchesModesDroppingNothing":      {"ipvs-nftables"},
-	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing": {"kube-proxy-ipvs-to-nftables"},
+// vmMigrationSubtests are the migration tests' subtests the VM proves:
+// the matrix's tours with ipvs (all of them with KP_VM_E2E=all) and each
+// of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM).
+func vmMigrationSubtests() map[string][]string {
+	var tours []string
+	for _, tr := range append(slices.Clone(ipvsTours), hostTours...) {
+		if !tr.ipvs() && os.Getenv("KP_VM_E2E") != "all" {
+			continue
+		}
+		tours = append(tours, tr.name())
+		for _, h := range tr.hops() {
+			tours = append(tours, tr.name()+"/"+h)
+		}
+	}
+	return map[string][]string{
+		"TestMigrateNodeEveryOrderedPairOfModesDropsNothing": tours,
+		"TestMigrateNodeFromUpstreamKubeProxyDropsNothing":   {"kube-proxy-ipvs-to-nftables"},
+	}
 }
 
 // vmSkipReasons are the skips a VM run may hold besides a mode's
-// unclaimed features, by test: the migrations proven on the host
-// (onlyWithIPVSInTheVM).
+// unclaimed features, by test: the migrations proven on the host (the
+// matrix's tours without ipvs, onlyWithIPVSInTheVM).
 var vmSkipReasons = map[string][]string{
-	"TestMigrateNodeSwitchesModesDroppingNothing":      {"proven on the host"},
-	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing": {"proven on the host"},
+	"TestMigrateNodeEveryOrderedPairOfModesDropsNothing": {"proven on the host"},
+	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing":   {"proven on the host"},
 }
