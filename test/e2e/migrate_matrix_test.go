@@ -170,6 +170,14 @@ type tourWorld struct {
 const tourNodePort = 30080
 
 func newTourWorld(t *testing.T, tr tour) *tourWorld {
+	w := prepareTourWorld(t, tr)
+	w.e.startKP()
+	w.ready(tr.start)
+	return w
+}
+
+// prepareTourWorld builds the tour's world, with kp not started yet.
+func prepareTourWorld(t *testing.T, tr tour) *tourWorld {
 	start := tr.start
 	if tr.ipvs() {
 		// The UDP flow's virtual server stays while IPVS tracks the flow:
@@ -203,14 +211,18 @@ func newTourWorld(t *testing.T, tr tour) *tourWorld {
 			}
 		}
 	}
-	e.startKP()
+	return w
+}
+
+// ready waits until kp, started in mode m, serves the tour's Services.
+func (w *tourWorld) ready(m mode) {
+	e := w.e
 	for _, a := range []string{webTCP, apiTCP} {
 		e.answers(w.client.NS, "tcp", a)
 	}
 	e.answers(w.client.NS, "udp", webUDP)
 	e.answers(e.w.Client(), "tcp", w.nodePort())
-	e.expectOnly(tr.start.name)
-	return w
+	e.expectOnly(m.name)
 }
 
 func (w *tourWorld) nodePort() string { return hostPort(w.e.w.NodeIP().String(), tourNodePort) }
