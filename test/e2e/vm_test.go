@@ -247,9 +247,9 @@ func vmMigrationSubtests() map[string][]string {
 		if !tr.ipvs() && os.Getenv("KP_VM_E2E") != "all" {
 			continue
 		}
-		tours = append(tours, tr.name())
+		tours = append(tours, tr.name)
 		for _, h := range tr.hops() {
-			tours = append(tours, tr.name()+"/"+h)
+			tours = append(tours, tr.name+"/"+h)
 		}
 	}
 	return map[string][]string{
