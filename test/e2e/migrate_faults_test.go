@@ -172,6 +172,7 @@ func (bp *breakpoint) startKP(e *env) {
 		bp.t.Fatalf("kp does not build: %v", err)
 	}
 	e.kp = e.w.StartInNode(bp.t, "/usr/bin/env", append([]string{"PATH=" + bp.dir + ":" + os.Getenv("PATH"), kp}, e.kpArgs()...)...)
+	e.kp.Name = "kp" // env execs it: the process is kp's
 	e.waitHealthy()
 }
 

@@ -175,7 +175,7 @@ func prepareTourWorld(t *testing.T, tr tour) *tourWorld {
 	streamServer(t, w.pods[4])
 	webSvc := web(w.pods[0], w.pods[1], w.pods[2])
 	webSvc.Type = v1.ServiceTypeNodePort
-	webSvc.Ports[0].NodePort = tourNodePort
+	webSvc.Ports[0].NodePort, webSvc.Ports[1].NodePort = tourNodePort, tourNodePort
 	w.api = Service{Name: "api", ClusterIPs: []string{"10.96.0.11"},
 		Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}}, Endpoints: endpoints(w.pods[1], w.pods[2])}
 	e.write("web.yaml", webSvc)
