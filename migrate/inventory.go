@@ -16,8 +16,9 @@ import (
 type Found struct {
 	Owner string // "kp" or "kube-proxy"
 	// Mode is the owner's mode these rules belong to: for kp nftables,
-	// iptables-nft, iptables-legacy, userspace; for kube-proxy nftables or
-	// iptables/ipvs (its iptables chains serve both of its modes).
+	// iptables-nft, iptables-legacy, userspace, ipvs (its KP-IPVS- chains,
+	// in either iptables flavor); for kube-proxy nftables or iptables/ipvs
+	// (its iptables chains serve both of its modes).
 	Mode  string
 	Where string // "nftables ip kp", "iptables-legacy IPv6"
 	// Chains, Rules, Elements (of named sets and maps) and VirtualServers
@@ -96,11 +97,16 @@ func Inventory(ctx context.Context) ([]Found, error) {
 	return found, nil
 }
 
-// inventoryIPTables counts kp's KP- chains and kube-proxy's chains in one
-// flavor and family's tables.
+// inventoryIPTables counts kp's KP- chains, per mode of kp's that writes
+// them (kpChainMode), and kube-proxy's chains in one flavor and family's
+// tables.
 func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flavor, fam proxy.Family) []Found {
 	where := fmt.Sprintf("iptables-%s %s", fl, fam)
-	kp := Found{Owner: "kp", Mode: "iptables-" + string(fl), Where: where}
+	modes := []string{"iptables-" + string(fl), string(proxy.ModeIPVS), string(proxy.ModeUserspace)}
+	kp := map[string]*Found{}
+	for _, m := range modes {
+		kp[m] = &Found{Owner: "kp", Mode: m, Where: where}
+	}
 	kube := Found{Owner: "kube-proxy", Mode: "iptables/ipvs", Where: where}
 	for _, t := range []iptables.Table{iptables.TableNAT, iptables.TableFilter, iptables.TableMangle} {
 		d := dumps[t]
@@ -109,13 +115,14 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 		}
 		for _, chain := range d.Chains {
 			if strings.HasPrefix(chain, "KP-") {
-				kp.Chains++
-				kp.Rules += len(d.Rules[chain])
+				f := kp[kpChainMode(chain, fl)]
+				f.Chains++
+				f.Rules += len(d.Rules[chain])
 				continue
 			}
 			for _, r := range d.Rules[chain] {
-				if strings.HasPrefix(iptables.RuleTarget(r.Spec), "KP-") && !isKubeProxyChain(chain) {
-					kp.Rules++
+				if target := iptables.RuleTarget(r.Spec); strings.HasPrefix(target, "KP-") && !isKubeProxyChain(chain) {
+					kp[kpChainMode(target, fl)].Rules++
 				}
 			}
 		}
@@ -127,12 +134,28 @@ func inventoryIPTables(dumps map[iptables.Table]*iptables.Dump, fl iptables.Flav
 		}
 	}
 	var out []Found
-	for _, f := range []Found{kp, kube} {
-		if f.Chains > 0 || f.Rules > 0 {
-			out = append(out, f)
+	for _, m := range modes {
+		if f := kp[m]; f.Chains > 0 || f.Rules > 0 {
+			out = append(out, *f)
 		}
 	}
+	if kube.Chains > 0 || kube.Rules > 0 {
+		out = append(out, kube)
+	}
 	return out
+}
+
+// kpChainMode is the mode of kp's that writes chain: the ipvs and the
+// userspace modes (its iptables redirects) write theirs under prefixes of
+// their own, the iptables mode the rest of KP-.
+func kpChainMode(chain string, fl iptables.Flavor) string {
+	switch {
+	case strings.HasPrefix(chain, iptables.IPVSChainPrefix):
+		return string(proxy.ModeIPVS)
+	case strings.HasPrefix(chain, iptables.UserspaceChainPrefix):
+		return string(proxy.ModeUserspace)
+	}
+	return "iptables-" + string(fl)
 }
 
 func inventoryNFTables() ([]Found, error) {
