@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -28,63 +27,56 @@ var saves = []string{"iptables-nft-save", "ip6tables-nft-save", "iptables-legacy
 // KP-/KUBE- chains in each iptables flavor and family (kubelet's own KUBE-
 // chains are not kube-proxy's and are left out), and on a kernel with IPVS
 // the virtual servers, the KP-/KUBE- ipsets and the ipvs modes' dummy
-// links.
+// links. One shell runs every listing: each exec into the namespace costs
+// seconds in the VM.
 func (e *env) rulesOf() map[string][]string {
 	e.t.Helper()
-	out := map[string][]string{}
-	tables, err := e.w.NFT("list", "tables")
+	cmds := append([]string{"nft list tables"}, saves...)
+	_, ipvsErr := os.Stat("/proc/net/ip_vs")
+	if ipvsErr == nil {
+		cmds = append(cmds, "ipvsadm -Ln", "ipset list -n", "ip -o link show")
+	}
+	var script strings.Builder
+	script.WriteString("set -e\n")
+	for _, c := range cmds {
+		fmt.Fprintf(&script, "echo '### %s'\n%s\n", c, c)
+	}
+	all, err := e.w.Exec(e.w.Node(), "sh", "-c", script.String())
 	if err != nil {
-		e.t.Fatalf("nft list tables: %v", err)
+		e.t.Fatalf("list the node's rules: %v\n%s", err, all)
 	}
-	for _, l := range strings.Split(tables, "\n") {
-		f := strings.Fields(l)
-		if len(f) == 3 && slices.Contains([]string{"kp", "kp-userspace", "kube-proxy"}, f[2]) {
-			out[listNFTables] = append(out[listNFTables], f[1]+" "+f[2])
-		}
-	}
-	for _, bin := range saves {
-		save, err := e.w.Exec(e.w.Node(), bin)
-		if err != nil {
-			e.t.Fatalf("%s: %v\n%s", bin, err, save)
-		}
-		for _, l := range strings.Split(save, "\n") {
-			if strings.HasPrefix(l, ":KP-") || (strings.HasPrefix(l, ":KUBE-") && !kubeletChain(l)) {
-				name, _, _ := strings.Cut(l[1:], " ")
-				out[bin] = append(out[bin], name)
+	out := map[string][]string{}
+	for _, part := range strings.Split(all, "### ")[1:] {
+		cmd, text, _ := strings.Cut(part, "\n")
+		for _, l := range strings.Split(text, "\n") {
+			f := strings.Fields(l)
+			switch bin, _, _ := strings.Cut(cmd, " "); {
+			case bin == "nft":
+				if len(f) == 3 && f[0] == "table" && slices.Contains([]string{"kp", "kp-userspace", "kube-proxy"}, f[2]) {
+					out[listNFTables] = append(out[listNFTables], f[1]+" "+f[2])
+				}
+			case slices.Contains(saves, bin):
+				if strings.HasPrefix(l, ":KP-") || (strings.HasPrefix(l, ":KUBE-") && !kubeletChain(l)) {
+					name, _, _ := strings.Cut(l[1:], " ")
+					out[bin] = append(out[bin], name)
+				}
+			case bin == "ipvsadm":
+				if len(f) >= 2 && slices.Contains([]string{"TCP", "UDP", "SCTP"}, f[0]) {
+					out[listIPVS] = append(out[listIPVS], f[0]+" "+f[1])
+				}
+			case bin == "ipset":
+				if len(f) == 1 && (strings.HasPrefix(f[0], "KP-") || strings.HasPrefix(f[0], "KUBE-")) {
+					out[listIPSets] = append(out[listIPSets], f[0])
+				}
+			case bin == "ip":
+				// "7: kp-ipvs0: <BROADCAST,NOARP> ..."
+				if len(f) >= 2 && slices.Contains([]string{"kp-ipvs0:", "kube-ipvs0:"}, f[1]) {
+					out[listLinks] = append(out[listLinks], strings.TrimSuffix(f[1], ":"))
+				}
 			}
 		}
 	}
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-		e.ipvsStateOf(out)
-	}
 	return out
-}
-
-// ipvsStateOf adds the node's virtual servers, KP-/KUBE- ipsets and the
-// ipvs modes' dummy links to out.
-func (e *env) ipvsStateOf(out map[string][]string) {
-	e.t.Helper()
-	vs, err := e.w.Exec(e.w.Node(), "ipvsadm", "-Ln")
-	if err != nil {
-		e.t.Fatalf("ipvsadm -Ln: %v\n%s", err, vs)
-	}
-	for _, m := range regexp.MustCompile(`(?m)^(TCP|UDP|SCTP) +(\S+)`).FindAllStringSubmatch(vs, -1) {
-		out[listIPVS] = append(out[listIPVS], m[1]+" "+m[2])
-	}
-	sets, err := e.w.Exec(e.w.Node(), "ipset", "list", "-n")
-	if err != nil {
-		e.t.Fatalf("ipset list -n: %v\n%s", err, sets)
-	}
-	for _, name := range strings.Fields(sets) {
-		if strings.HasPrefix(name, "KP-") || strings.HasPrefix(name, "KUBE-") {
-			out[listIPSets] = append(out[listIPSets], name)
-		}
-	}
-	for _, link := range []string{"kp-ipvs0", "kube-ipvs0"} {
-		if _, err := e.w.Exec(e.w.Node(), "ip", "link", "show", link); err == nil {
-			out[listLinks] = append(out[listLinks], link)
-		}
-	}
 }
 
 func kubeletChain(l string) bool {
