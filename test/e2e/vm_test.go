@@ -48,6 +48,7 @@ var vmServiceTests = []string{
 	"TestHealthCheckNodePortReportsLocalEndpoints",
 	"TestMetricsEndpointHasUpstreamMetricsWithSensibleValues",
 	"TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks",
+	"TestNodesOwnConnectionsToALocalClusterIPAreAnswered",
 }
 
 // vmCITests are the ones a plain run (CI's) takes from vmServiceTests:
