@@ -247,7 +247,12 @@ func (w *tourWorld) at(t *testing.T) *env {
 // the hop's own traffic, changing api's endpoints while the switch runs.
 func (w *tourWorld) hop(t *testing.T, i int, from, to mode) {
 	e := w.at(t)
-	if i == 0 {
+	// In the VM each run of kp migrate node costs tens of seconds under
+	// emulation: the dry run and the re-run that finds nothing to do are
+	// the host's (the switch's own run already fails on anything stale
+	// after it).
+	inVM := os.Getenv("KP_VM") == "1"
+	if i == 0 && !inVM {
 		// The plan alone changes nothing.
 		out := e.migrate("--to", to.name, "--dry-run")
 		for _, want := range []string{"Plan (to " + to.name + ")", "3. remove", "Dry run: nothing changed."} {
@@ -290,7 +295,7 @@ func (w *tourWorld) hop(t *testing.T, i int, from, to mode) {
 	// The change made during the switch lands with the next sync, in the
 	// new mode.
 	e.onlyFrom(w.client.NS, apiTCP, apiPods...)
-	if !from.ipvs {
+	if !from.ipvs && !inVM {
 		e.nothingToDo(to.name)
 	}
 	tr.flowing(5)
@@ -299,7 +304,9 @@ func (w *tourWorld) hop(t *testing.T, i int, from, to mode) {
 		e.eventually("the ipvs mode's last virtual server removed once its connections ended", time.Minute,
 			func() error { return noIPVSState(e.w) })
 		e.expectOnly(to.name)
-		e.nothingToDo(to.name)
+		if !inVM {
+			e.nothingToDo(to.name)
+		}
 	}
 }
 

@@ -63,7 +63,8 @@ func (e *env) tryMigrate(args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := append([]string{kp, "migrate", "node", "--status-address", metricsAddr, "--timeout", slow(time.Minute).String()}, args...)
+	// A switch into ipvs took over 4 minutes in the VM under load.
+	cmd := append([]string{kp, "migrate", "node", "--status-address", metricsAddr, "--timeout", slow(2 * time.Minute).String()}, args...)
 	return e.w.Exec(e.w.Node(), cmd...)
 }
 
