@@ -80,7 +80,7 @@ const vmMigrationModes = "ipvs,nftables,iptables-nft,iptables-legacy,userspace"
 func TestIPVSModeInTheVM(t *testing.T) {
 	skipUnselected(t, modeIPVS)
 	t.Parallel() // the VM's CPU is mostly the host's second core
-	runModesInVM(t, "ipvs", vmTests(vmCITests, vmServiceTests))
+	runModesInVM(t, "ipvs", vmTests(vmCITests, vmServiceTests), inVMTimeout())
 }
 
 // TestIPVSMigrationsInTheVM runs, on the VM's kernel, the switches of kp
@@ -91,7 +91,7 @@ func TestIPVSMigrationsInTheVM(t *testing.T) {
 		skipUnselected(t, allModes[indexMode(m)])
 	}
 	t.Parallel()
-	runModesInVM(t, vmMigrationModes, vmMigrationTests)
+	runModesInVM(t, vmMigrationModes, vmMigrationTests, migrationsInVMTimeout())
 }
 
 // vmTests is ci, or all with KP_VM_E2E=all.
@@ -120,7 +120,7 @@ func TestPlatformMatrixInTheVM(t *testing.T) {
 		t.Skipf("none of the kernel modes in KP_E2E_MODES=%s", os.Getenv("KP_E2E_MODES"))
 	}
 	t.Parallel()
-	runModesInVM(t, strings.Join(modes, ","), vmTests(vmCITests, vmServiceTests))
+	runModesInVM(t, strings.Join(modes, ","), vmTests(vmCITests, vmServiceTests), inVMTimeout())
 }
 
 // inVMTimeout bounds a boot's tests inside the VM: a hung test fails there,
@@ -136,15 +136,25 @@ func inVMTimeout() time.Duration {
 	return 20 * time.Minute
 }
 
+// migrationsInVMTimeout bounds TestIPVSMigrationsInTheVM's boot: its
+// tours switch kp four times each, and a switch into or out of ipvs took
+// 3-5 minutes under emulation on a loaded machine (2026-11-27).
+func migrationsInVMTimeout() time.Duration {
+	if os.Getenv("KP_VM_E2E") == "all" {
+		return 75 * time.Minute
+	}
+	return 30 * time.Minute
+}
+
 // vmSlot lets one VM run at a time: each emulates its CPUs in software,
 // and on CI's two cores three at once, beside the host's tests, starved
 // each other past their tests' timeouts.
 var vmSlot = make(chan struct{}, 1)
 
 // runModesInVM runs tests (or the pattern KP_VM_E2E_RUN) with
-// KP_E2E_MODES=modes in one boot. kp and the echo server are built here and
+// KP_E2E_MODES=modes in one boot, bounded by timeout inside the VM. kp and the echo server are built here and
 // run there (KP_TEST_BINDIR).
-func runModesInVM(t *testing.T, modes string, tests []string) {
+func runModesInVM(t *testing.T, modes string, tests []string, timeout time.Duration) {
 	if os.Getenv("KP_VM") == "1" {
 		t.Skip("already in the VM")
 	}
@@ -183,8 +193,8 @@ func runModesInVM(t *testing.T, modes string, tests []string) {
 	if all := os.Getenv("KP_VM_E2E"); all != "" {
 		env = append(env, "KP_VM_E2E="+all) // the migration matrix's tours without ipvs too
 	}
-	out, err := vm.Run(t, vm.Options{Timeout: inVMTimeout() + 2*time.Minute, MemoryMiB: 3072, Dir: wd, Env: env},
-		bin, "-test.v", "-test.count=1", "-test.timeout="+inVMTimeout().String(), "-test.run", pattern)
+	out, err := vm.Run(t, vm.Options{Timeout: timeout + 2*time.Minute, MemoryMiB: 3072, Dir: wd, Env: env},
+		bin, "-test.v", "-test.count=1", "-test.timeout="+timeout.String(), "-test.run", pattern)
 	t.Logf("the %s column in the VM: %v", modes, time.Since(start).Round(time.Second))
 	if err != nil {
 		t.Errorf("the e2e suite in %s mode in the VM: %v", modes, err)
