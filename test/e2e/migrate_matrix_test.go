@@ -176,6 +176,7 @@ func prepareTourWorld(t *testing.T, tr tour) *tourWorld {
 	// which api has two; the fourth serves the long-lived connection and
 	// is the ClusterIP loop's client, no endpoint of web's or api's.
 	e := newEnv(t, start, 4)
+	vmShare(t)
 	w := &tourWorld{e: e, pods: e.w.Pods()}
 	w.client = w.pods[3]
 	streamServer(t, w.pods[3])
