@@ -117,13 +117,18 @@ func (s *Switcher) SetTrigger(f func()) { s.mu.Lock(); s.trigger = f; s.mu.Unloc
 // Request asks for a switch to t at the next sync and returns its
 // progress record. Asking for the mode that runs re-verifies it and runs
 // Retire again (kube-proxy's rules re-created by a kube-proxy that was
-// still running, an interrupted switch's leftovers).
+// still running, an interrupted switch's leftovers). A request while
+// another switch is pending or running is refused, naming that one.
 func (s *Switcher) Request(t proxy.Target, by string) (*statusapi.Migration, error) {
 	s.mu.Lock()
 	if s.curTarget.Mode == proxy.ModeIPTables && t.Mode == proxy.ModeIPTables && t.IPTablesBackend != "" &&
 		t.IPTablesBackend != s.curTarget.IPTablesBackend {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("from %s to %s: kp cannot run both iptables flavors at once; switch to nftables first", s.curTarget, t)
+	}
+	if err := s.underWay(); err != nil {
+		s.mu.Unlock()
+		return nil, err
 	}
 	s.request(t, by)
 	trigger := s.trigger

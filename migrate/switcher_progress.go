@@ -1,6 +1,10 @@
 package migrate
 
-import "github.com/kpproxy/kp/proxy/statusapi"
+import (
+	"fmt"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
 
 // The Switcher's progress records: one statusapi.Migration per request,
 // updated step by step under s.mu and served by the status API.
@@ -77,4 +81,18 @@ func (s *Switcher) finish(p *statusapi.Migration, err error) {
 	if s.cfg.Finished != nil {
 		s.cfg.Finished(m)
 	}
+}
+
+// underWay is the error for a request while the switch asked last has not
+// ended: it names that one, so the operator can follow or wait for it;
+// s.mu is held. (A second request would replace the first's progress
+// record while the first still runs, and its caller would lose track of
+// it.)
+func (s *Switcher) underWay() error {
+	p := s.progress
+	if p == nil || (p.Phase != statusapi.MigrationPending && p.Phase != statusapi.MigrationRunning) {
+		return nil
+	}
+	return fmt.Errorf("switch %d to %s (asked by %s) is %s: wait for it to end, or follow it with kp migrate node --to %s",
+		p.ID, p.To, p.RequestedBy, p.Phase, p.To)
 }

@@ -131,6 +131,47 @@ func TestSwitcherRefusesToSwitchBetweenIPTablesFlavors(t *testing.T) {
 	}
 }
 
+// A switch asked for while another is pending or running is refused with
+// that one's number, target and state; once it ended, a new one is taken.
+func TestSwitcherRefusesASwitchWhileAnotherIsUnderWay(t *testing.T) {
+	var log []string
+	s := newTestSwitcher(&log, nil)
+	ctx := context.Background()
+	_ = s.Sync(ctx, &proxy.State{})
+	inVerify, release := make(chan struct{}), make(chan struct{})
+	s.cfg.Verify = func(context.Context, *proxy.State, proxy.Backend) (*statusapi.Verification, error) {
+		close(inVerify)
+		<-release
+		return &statusapi.Verification{ServicePorts: 1}, nil
+	}
+	if _, err := s.Request(proxy.Target{Mode: proxy.ModeIPTables, IPTablesBackend: "nft"}, "kp migrate node"); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(state string) {
+		t.Helper()
+		_, err := s.Request(proxy.Target{Mode: proxy.ModeUserspace}, "another")
+		want := "switch 1 to iptables-nft (asked by kp migrate node) is " + state
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a request while switch 1 is %s: %v, want it refused saying %q", state, err, want)
+		}
+		if m := s.Migration(); m.ID != 1 || m.To != "iptables-nft" {
+			t.Errorf("the status shows switch %d to %s, want 1 to iptables-nft", m.ID, m.To)
+		}
+	}
+	refused(statusapi.MigrationPending)
+	done := make(chan error, 1)
+	go func() { done <- s.Sync(ctx, &proxy.State{}) }()
+	<-inVerify
+	refused(statusapi.MigrationRunning)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Request(proxy.Target{Mode: proxy.ModeNFTables}, "after"); err != nil || m.ID != 2 {
+		t.Errorf("a request after switch 1 ended: %v, %+v", err, m)
+	}
+}
+
 func TestSwitcherRemovesRulesThatShadowTheRunningModeThenVerifiesAgain(t *testing.T) {
 	var log []string
 	s := newTestSwitcher(&log, nil)

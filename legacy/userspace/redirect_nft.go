@@ -260,12 +260,16 @@ func (w *tableWriter) natRules(redirects []Redirect, npRedirect []netip.Prefix) 
 	return n
 }
 
-// filterRules adds the filter chains' rules: the lookups of service ports
-// without endpoints (a TCP reset, else ICMP port unreachable), of the
-// ClusterIPs' other ports, then the drops of unallocated Service
-// addresses. It returns how many drops it added.
+// filterRules adds the filter chains' rules, each for new connections
+// only (ctStateNew): the lookups of service ports without endpoints (a
+// TCP reset, else ICMP port unreachable), of the ClusterIPs' other ports,
+// then the drops of unallocated Service addresses. It returns how many
+// drops it added.
 func (w *tableWriter) filterRules(npReject []netip.Prefix, drops []netip.Prefix) int {
 	f, n := w.f, 0
+	add := func(chains []string, comment string, exprs []expr.Any) {
+		w.add(chains, comment, append(ctStateNew(), exprs...))
+	}
 	for _, tcp := range []bool{true, false} {
 		proto := v1.ProtocolUDP
 		if tcp {
@@ -276,17 +280,17 @@ func (w *tableWriter) filterRules(npReject []netip.Prefix, drops []netip.Prefix)
 		if !tcp {
 			isTCP[1] = &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}
 		}
-		w.add(filterChains, "service ports without endpoints", append(append(slices.Clone(isTCP), append(keyExprs(f, true),
+		add(filterChains, "service ports without endpoints", append(append(slices.Clone(isTCP), append(keyExprs(f, true),
 			&expr.Lookup{SourceRegister: 1, SetName: setNoEndpoints})...), rejectExpr(f, proto)))
 		for _, p := range npReject {
-			w.add(filterChains, "NodePorts without endpoints", append(append(append(slices.Clone(isTCP), nodePortExprs(f, p)...),
+			add(filterChains, "NodePorts without endpoints", append(append(append(slices.Clone(isTCP), nodePortExprs(f, p)...),
 				append(keyExprs(f, false), &expr.Lookup{SourceRegister: 1, SetName: setNodePortNoEndpoints})...), rejectExpr(f, proto)))
 		}
 	}
-	w.add(filterChains, "ClusterIPs: other ports", append(keyExprs(f, true)[:1:1],
+	add(filterChains, "ClusterIPs: other ports", append(keyExprs(f, true)[:1:1],
 		&expr.Lookup{SourceRegister: 1, SetName: setClusterIPs}, rejectExpr(f, "")))
 	for _, p := range drops {
-		w.add([]string{"filter-forward", "filter-output"}, "unallocated Service addresses",
+		add([]string{"filter-forward", "filter-output"}, "unallocated Service addresses",
 			append(prefixExprs(f, p, false), &expr.Verdict{Kind: expr.VerdictDrop}))
 		n++
 	}

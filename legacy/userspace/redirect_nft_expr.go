@@ -127,3 +127,18 @@ func rejectExpr(f proxy.Family, p v1.Protocol) expr.Any {
 	}
 	return &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3} // ICMP_PORT_UNREACH
 }
+
+// ctStateNew matches the first packet of a connection ("ct state new"):
+// the filter chains refuse new connections only. A reply addressed to a
+// ClusterIP belongs to a connection that is already there: the node's own,
+// sourced from the ClusterIP while the address is local (an ipvs proxy's
+// dummy interface holds it: the switch from kp's ipvs mode, whose
+// interface stays while connections use its virtual servers).
+func ctStateNew() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}

@@ -41,6 +41,7 @@ func newKubeEnv(t *testing.T, m mode, pods int, opts apiserver.Options) *kubeEnv
 	skipUnselected(t, m)
 	apiserver.Bin(t, apiserver.KubeAPIServer) // skip before t.Parallel waits
 	t.Parallel()
+	vmAlone(t)
 	return newKubeEnvSerial(t, m, pods, opts)
 }
 

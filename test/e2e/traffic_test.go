@@ -13,22 +13,45 @@ import (
 	"github.com/kpproxy/kp/test/netns"
 )
 
-// traffic is what runs through a migration: a loop of new TCP
-// connections to several Services (a netns.Loop: one that needed its SYN
-// sent again fails), one long-lived TCP connection that exchanges a line
-// every 50 ms (a stream), and a UDP flow (one socket, so one conntrack
+// traffic is what runs through a migration: loops of new TCP connections
+// (netns.Loops: one that needed its SYN sent again fails), each from its
+// namespace to its Services, one long-lived TCP connection that exchanges a
+// line every 50 ms (a stream), and a UDP flow (one socket, so one conntrack
 // entry) that asks every 50 ms. Every failure is recorded.
 type traffic struct {
 	t      *testing.T
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	conns *netns.Loop
+	loops []*namedLoop
 	long  *stream
 
 	mu        sync.Mutex
 	udpAsked  int
 	failedUDP []string
+}
+
+// flows says where a traffic's parts go: each loop from its namespace to
+// its addresses in turn, the long-lived connection and the UDP flow each
+// from one namespace to one address.
+type flows struct {
+	loops  []loopFlow
+	stream flowTo
+	udp    flowTo
+}
+
+// loopFlow is one loop of new connections: from namespace ns to addrs in
+// turn; name says which in messages ("pod to ClusterIPs").
+type loopFlow struct {
+	name, ns string
+	addrs    []string
+}
+
+type flowTo struct{ ns, addr string }
+
+type namedLoop struct {
+	name string
+	loop *netns.Loop
 }
 
 // streamServer listens on port 9090 inside pod ns and echoes every line
@@ -54,71 +77,138 @@ func streamServer(t *testing.T, p *netns.Pod) {
 // of tcpAddrs in turn, the long-lived connection to streamAddr, the UDP
 // flow to udpAddr.
 func startTraffic(t *testing.T, ns string, tcpAddrs []string, streamAddr, udpAddr string) *traffic {
+	return startFlows(t, flows{loops: []loopFlow{{name: "from " + ns, ns: ns, addrs: tcpAddrs}},
+		stream: flowTo{ns, streamAddr}, udp: flowTo{ns, udpAddr}})
+}
+
+// startFlows starts f's loops, its long-lived connection and its UDP flow.
+func startFlows(t *testing.T, f flows) *traffic {
 	ctx, cancel := context.WithCancel(context.Background())
 	tr := &traffic{t: t, cancel: cancel}
-	udp, err := netns.DialConn(ctx, ns, "udp", udpAddr)
+	udp, err := netns.DialConn(ctx, f.udp.ns, "udp", f.udp.addr)
 	if err != nil {
-		t.Fatalf("UDP flow to %s: %v", udpAddr, err)
+		t.Fatalf("UDP flow to %s: %v", f.udp.addr, err)
 	}
 	// How long a UDP answer or a ping on the long-lived connection may
 	// take before it counts as lost: under the VM's emulation a loaded host
 	// stalls its CPUs for seconds (slow).
 	wait := slow(3 * time.Second)
-	tr.long = startStream(t, ns, streamAddr, wait)
-	// New connections, one every 20 ms, each answered within
-	// netns.SlowConnect or counted as failed: the timeout only lets a slow
-	// one be measured.
-	tr.conns = netns.StartLoop(netns.LoopSpec{
-		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return netns.DialConn(ctx, ns, network, addr)
-		},
-		Addrs:   tcpAddrs,
-		Timeout: wait,
-		// In the VM, whose emulated CPUs stall under load, the latency
-		// bound is looser; a lost SYN still fails there by the kernel's
-		// own retransmission count (Attempt.SYNRetransmits).
-		Slow:  slow(netns.SlowConnect),
-		Pause: 20 * time.Millisecond,
-	})
+	tr.long = startStream(t, f.stream.ns, f.stream.addr, wait)
+	for _, lf := range f.loops {
+		// New connections, one every 20 ms, each answered within
+		// netns.SlowConnect or counted as failed: the timeout only lets a
+		// slow one be measured.
+		tr.loops = append(tr.loops, &namedLoop{name: lf.name, loop: netns.StartLoop(netns.LoopSpec{
+			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return netns.DialConn(ctx, lf.ns, network, addr)
+			},
+			Addrs:   lf.addrs,
+			Timeout: wait,
+			// In the VM, whose emulated CPUs stall under load, the
+			// latency bound is looser; a lost SYN still fails there by
+			// the kernel's own retransmission count
+			// (Attempt.SYNRetransmits).
+			Slow:  slow(netns.SlowConnect),
+			Pause: 20 * time.Millisecond,
+		})})
+	}
 	tr.wg.Add(1)
-	go func() { // the UDP flow
-		defer tr.wg.Done()
-		defer udp.Close()
-		for ctx.Err() == nil {
-			start := time.Now()
-			rctx, rcancel := context.WithTimeout(ctx, wait)
-			_, err := netns.Ask(rctx, udp)
-			rcancel()
-			if ctx.Err() != nil {
-				return
-			}
-			tr.mu.Lock()
-			tr.udpAsked++
-			if err != nil {
-				tr.failedUDP = append(tr.failedUDP, fmt.Sprintf("%s: %v", start.Format("15:04:05.000"), err))
-			}
-			tr.mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
+	go tr.askUDP(ctx, udp, wait)
 	return tr
+}
+
+// askUDP is the UDP flow: a request every 50 ms on one socket, each
+// answered within wait or recorded as lost.
+func (tr *traffic) askUDP(ctx context.Context, udp net.Conn, wait time.Duration) {
+	defer tr.wg.Done()
+	defer udp.Close()
+	for ctx.Err() == nil {
+		start := time.Now()
+		rctx, rcancel := context.WithTimeout(ctx, wait)
+		_, err := netns.Ask(rctx, udp)
+		rcancel()
+		if ctx.Err() != nil {
+			return
+		}
+		tr.mu.Lock()
+		tr.udpAsked++
+		if err != nil {
+			tr.failedUDP = append(tr.failedUDP, fmt.Sprintf("%s: %v", start.Format("15:04:05.000"), err))
+		}
+		tr.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// counts is how far each part of the traffic got: attempts per loop, then
+// pings on the long-lived connection, then UDP requests.
+func (tr *traffic) counts() []int {
+	var n []int
+	for _, l := range tr.loops {
+		n = append(n, len(l.loop.Attempts()))
+	}
+	tr.long.mu.Lock()
+	n = append(n, len(tr.long.pongs))
+	tr.long.mu.Unlock()
+	tr.mu.Lock()
+	n = append(n, tr.udpAsked)
+	tr.mu.Unlock()
+	return n
+}
+
+// flowing waits until every part of the traffic has made k more exchanges
+// (new connections, pings, UDP requests) than when it was called: the
+// traffic demonstrably runs through the mode of that moment, whatever the
+// machine's speed.
+func (tr *traffic) flowing(k int) {
+	tr.t.Helper()
+	before := tr.counts()
+	deadline := time.Now().Add(slow(10 * time.Second))
+	for {
+		now, behind := tr.counts(), -1
+		for i := range now {
+			if now[i] < before[i]+k {
+				behind = i
+			}
+		}
+		if behind < 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tr.t.Fatalf("the traffic stalled: %v exchanges per part, %v before (loops, long-lived pings, UDP requests)", now, before)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stop ends the loops and reports every failure as a test error; the long-
 // lived connection must still be open (unless allowLongLivedLoss says why
 // it cannot be).
 func (tr *traffic) stop(allowLongLivedLoss string) {
+	tr.t.Helper()
+	tr.stopSince(time.Time{}, allowLongLivedLoss)
+}
+
+// stopSince is stop counting only the new connections started at or after
+// since (the UDP flow and the long-lived connection count throughout).
+func (tr *traffic) stopSince(since time.Time, allowLongLivedLoss string) {
 	t := tr.t
 	t.Helper()
 	tr.cancel()
-	conns := tr.conns.Stop()
+	var sums []netns.Summary
+	for _, l := range tr.loops {
+		sums = append(sums, l.loop.Stop().Since(since))
+	}
 	from, pongs, longErr := tr.long.stop()
 	tr.wg.Wait()
-	t.Logf("traffic: %s; %d pings on the long-lived connection to %s, %d UDP requests on one flow (%d unanswered)",
-		conns, len(pongs), from, tr.udpAsked, len(tr.failedUDP))
-	if err := conns.Err(); err != nil {
-		t.Error(err)
+	for i, l := range tr.loops {
+		t.Logf("traffic %s: %s", l.name, sums[i])
+		if err := sums[i].Err(); err != nil {
+			t.Errorf("%s: %v", l.name, err)
+		}
 	}
+	t.Logf("traffic: %d pings on the long-lived connection to %s, %d UDP requests on one flow (%d unanswered)",
+		len(pongs), from, tr.udpAsked, len(tr.failedUDP))
 	if len(tr.failedUDP) > 0 {
 		t.Errorf("%d of %d UDP requests on the flow were not answered, first %s\n%s", len(tr.failedUDP), tr.udpAsked, tr.failedUDP[0], strings.Join(tr.failedUDP, "\n"))
 	}
