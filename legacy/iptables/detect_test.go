@@ -190,7 +190,10 @@ func TestKernelLegacyWithoutNetRawIsAnErrorNamingTheCause(t *testing.T) {
 		}
 	})
 	var fl Flavor
-	inNS(t, ns, func() (err error) { fl, _, err = Detect(context.Background(), slog.New(slog.DiscardHandler)); return err })
+	inNS(t, ns, func() (err error) {
+		fl, _, err = Detect(context.Background(), slog.New(slog.DiscardHandler))
+		return err
+	})
 	if fl != FlavorLegacy {
 		t.Errorf("with NET_RAW: Detect = %s, want legacy", fl)
 	}
