@@ -67,6 +67,7 @@ func TestKernelUnreadableLegacyIsAnErrorNotAnEmptyInventory(t *testing.T) {
 			return nil
 		})
 		for what, err := range map[string]error{"Inventory": invErr, "KubeProxyIPTables": findErr, "TakeOver.Run": takeErr} {
+			t.Logf("%s: %v", what, err)
 			if err == nil || !strings.Contains(err.Error(), "iptables-legacy-save") ||
 				!strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") {
 				t.Errorf("%s = %v; want an error naming iptables-legacy-save, the permission and CAP_NET_RAW", what, err)

@@ -184,6 +184,7 @@ func TestKernelLegacyWithoutNetRawIsAnErrorNamingTheCause(t *testing.T) {
 			return nil
 		})
 		for what, err := range map[string]error{"Detect": detectErr, "Cleanup": cleanupErr} {
+			t.Logf("%s: %v", what, err)
 			if err == nil || !strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") {
 				t.Errorf("%s = %v; want an error naming the permission and CAP_NET_RAW", what, err)
 			}
