@@ -150,7 +150,7 @@ func TestModeSysctlsOnAReadOnlyProcSysAreSetByTheInitStepAndCheckedByKp(t *testi
 		t.Run(m.name, func(t *testing.T) {
 			e := newEnv(t, m, 2)
 			svc := web(e.w.Pods()[0])
-			svc.Type, svc.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
+			svc.Type, svc.Ports[0].NodePort, svc.Ports[1].NodePort = v1.ServiceTypeNodePort, 30080, 30053
 			e.write("web.yaml", svc)
 			kp, err := netns.Build("./cmd/kp")
 			if err != nil {
@@ -182,6 +182,7 @@ func TestModeSysctlsOnAReadOnlyProcSysAreSetByTheInitStepAndCheckedByKp(t *testi
 			if n := len(warning.FindAllString(log, -1)); n != 1 || strings.Count(log, "the proxy mode needs is not set") != 1 {
 				t.Errorf("without the init step: %d warnings naming %s, its value 0, 1 wanted and the fix; want exactly 1:\n%s", n, name, log)
 			}
+			t.Logf("without the init step: %s", warning.FindString(log))
 			if err := e.kp.Stop(); err != nil {
 				t.Logf("stop kp: %v", err)
 			}
