@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -63,18 +64,25 @@ var nftOwners = map[string][2]string{
 // Inventory lists what programs Services in the calling thread's network
 // namespace: kp's tables and chains in each of its modes, and upstream
 // kube-proxy's, with their sizes. It changes nothing. A flavor of iptables
-// whose binaries are missing is left out; the error collects what could
-// not be read.
+// whose binaries or kernel part are missing is left out; one that is there
+// but cannot be read (iptables-legacy without CAP_NET_RAW) is an error
+// naming why, beside what could be read: never an empty listing.
 func Inventory(ctx context.Context) ([]Found, error) {
 	found, err := inventoryNFTables()
 	if err != nil {
 		return found, err
 	}
+	var errs []error
 	for _, fl := range []iptables.Flavor{iptables.FlavorNFT, iptables.FlavorLegacy} {
 		for _, fam := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 			save, err := iptables.SaveAll(ctx, fl, fam)
-			if err != nil {
+			if iptables.Absent(err) {
 				continue // missing binaries or kernel part: nothing there to count
+			}
+			if err != nil {
+				// Unread is not empty: kube-proxy's rules may be there.
+				errs = append(errs, err)
+				continue
 			}
 			dumps, err := iptables.ParseSave(save)
 			if err != nil {
@@ -95,7 +103,7 @@ func Inventory(ctx context.Context) ([]Found, error) {
 		}
 		found = append(found, f)
 	}
-	return found, nil
+	return found, errors.Join(errs...)
 }
 
 // inventoryIPTables counts kp's KP- chains, by the mode that writes them

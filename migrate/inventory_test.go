@@ -1,11 +1,16 @@
 package migrate
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // kp's iptables chains are counted for the mode that writes them: the
@@ -33,5 +38,47 @@ COMMIT
 	want := "[{kp iptables-legacy iptables-legacy IPv4 1 1 0 0} {kp ipvs iptables-legacy IPv4 1 1 0 0} {kp userspace iptables-legacy IPv4 1 3 0 0}]"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// A node whose iptables-legacy holds kube-proxy's rules, read by a kp
+// without NET_RAW (the DaemonSet's proxy container before it had it): the
+// inventory and the take-over's finder fail naming the cause, and the
+// take-over reports it, rather than finding nothing and leaving the rules.
+// With the capability, the same rules are listed and removed.
+func TestKernelUnreadableLegacyIsAnErrorNotAnEmptyInventory(t *testing.T) {
+	netns.Require(t, "iptables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy-save")
+	ctx := context.Background()
+	ns := netns.NewNamespace(t, "mgc")
+	r := iptables.NewRunner(iptables.FlavorLegacy, proxy.IPv4)
+	if err := netns.InNamespace(ns, func() error {
+		return r.Restore(ctx, []byte(readFixture(t, "kube-proxy-iptables-nat.rules")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("without NET_RAW", func(t *testing.T) {
+		netns.WithoutCapability(t, "net_raw", "iptables-legacy-save", "ip6tables-legacy-save")
+		var invErr, findErr, takeErr error
+		_ = netns.InNamespace(ns, func() error {
+			_, invErr = Inventory(ctx)
+			_, findErr = KubeProxyIPTables(ctx, true)
+			to := &TakeOver{Mode: proxy.ModeNFTables, Log: slog.New(slog.DiscardHandler)}
+			_, takeErr = to.Run(ctx)
+			return nil
+		})
+		for what, err := range map[string]error{"Inventory": invErr, "KubeProxyIPTables": findErr, "TakeOver.Run": takeErr} {
+			t.Logf("%s: %v", what, err)
+			if err == nil || !strings.Contains(err.Error(), "iptables-legacy-save") ||
+				!strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") {
+				t.Errorf("%s = %v; want an error naming iptables-legacy-save, the permission and CAP_NET_RAW", what, err)
+			}
+		}
+	})
+	var found []Found
+	if err := netns.InNamespace(ns, func() (err error) { found, err = Inventory(ctx); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(found, func(f Found) bool { return f.Owner == "kube-proxy" && f.Where == "iptables-legacy IPv4" }) {
+		t.Errorf("with NET_RAW: inventory %v lacks kube-proxy's legacy rules (removed while unreadable?)", found)
 	}
 }

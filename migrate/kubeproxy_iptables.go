@@ -129,7 +129,9 @@ type IPTablesFound struct {
 	// Kept names the chains of kube-proxy's left because another program's
 	// rule jumps into them.
 	Kept []string
-	// Skipped says why this flavor and family were not looked at.
+	// Skipped says why this flavor and family were not looked at: absent
+	// from the node (iptables.Absent). One that could not be read is an
+	// error instead.
 	Skipped string
 }
 
@@ -163,9 +165,15 @@ func KubeProxyIPTables(ctx context.Context, remove bool) ([]IPTablesFound, error
 				}
 			}
 			save, err := iptables.SaveAll(ctx, fl, fam)
-			if err != nil {
+			if iptables.Absent(err) {
 				found.Skipped = err.Error()
 				out = append(out, found)
+				continue
+			}
+			if err != nil {
+				// Unread is not empty: kube-proxy's rules may be there,
+				// and would stay, stale, if this passed as done.
+				errs = append(errs, fmt.Errorf("find kube-proxy's rules: %w", err))
 				continue
 			}
 			// kp's own chains never jump into kube-proxy's: their rules

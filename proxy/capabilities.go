@@ -97,3 +97,20 @@ type EndpointCounter struct {
 	Packets, Bytes uint64
 	Active         *int64
 }
+
+// SysctlNeeder is implemented by a Backend that needs kernel settings of
+// its network namespace (ipvs: net.ipv4.vs.*, ip_forward, ARP; iptables:
+// route_localnet for localhost NodePorts). The list is the one the backend
+// sets at its setup, the one kp sysctl (the DaemonSet's privileged init
+// container) sets before kp proxy starts, and the one kp proxy checks at
+// start: a container without privileges has a read-only /proc/sys.
+type SysctlNeeder interface {
+	Sysctls() []Sysctl
+}
+
+// Sysctl is one kernel setting a backend needs.
+type Sysctl struct {
+	Name  string // dotted: net.ipv4.vs.conntrack
+	Value string
+	Why   string // what goes wrong without it, for the log
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kpproxy/kp/cmd/kp/options"
@@ -22,21 +24,28 @@ func (a *app) tuneConntrack(s options.Settings) []statusapi.Sysctl {
 }
 
 // initNode does what needs a privileged process before kp proxy runs: kp
-// sysctl's work, and kp proxy --init-only's (upstream's --init-only).
-func (a *app) initNode(s options.Settings) {
+// sysctl's work, and kp proxy --init-only's (upstream's --init-only): the
+// conntrack sysctls, and those of the proxy mode kp proxy will start in.
+func (a *app) initNode(ctx context.Context, s options.Settings) {
 	a.tuneConntrack(s)
+	a.initModeSysctls(ctx, s)
 }
 
 func newSysctlCommand(a *app) *cobra.Command {
 	o := &options.Options{}
 	cmd := &cobra.Command{
 		Use:   "sysctl",
-		Short: "Set the node's conntrack sysctls as kp proxy would, then exit",
-		Long: `Set the node's conntrack sysctls (table size and timeouts) from the same flags and
-configuration file as 'kp proxy', then exit. kp proxy sets them itself at start; this
-command lets a privileged init container do it, so that the long-running kp container
-needs no writable /proc/sys (see manifests/daemonset.yaml). A setting that cannot be
-written is reported as a warning; the command fails only on invalid flags or config.`,
+		Short: "Set the node's sysctls as kp proxy would, then exit",
+		Long: `Set the node's sysctls from the same flags and configuration file as 'kp proxy', then
+exit: the conntrack sysctls (table size and timeouts), and those of the proxy mode kp
+proxy will start in (chosen as kp proxy chooses it: ipvs sets net.ipv4.vs.conntrack,
+expire_nodest_conn, expire_quiescent_template, ip_forward and with strictARP arp_ignore
+and arp_announce; iptables sets route_localnet when IPv4 NodePorts answer on 127.0.0.1).
+kp proxy sets them itself at start when it can, and warns about each one it finds
+wrong and cannot set; this command lets a privileged init container do it, so that the
+long-running kp container needs no writable /proc/sys (see manifests/daemonset.yaml).
+A setting that cannot be written is reported as a warning; the command fails only on
+invalid flags or config.`,
 		Example: `  # In the DaemonSet's init container, with the proxy's own configuration
   kp sysctl --config /var/lib/kp/config.conf
 
@@ -48,7 +57,7 @@ written is reported as a warning; the command fails only on invalid flags or con
 			if err != nil {
 				return err
 			}
-			a.initNode(s)
+			a.initNode(cmd.Context(), s)
 			return nil
 		},
 	}

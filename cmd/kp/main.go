@@ -20,6 +20,7 @@ import (
 	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
+	"github.com/kpproxy/kp/internal/sysctl"
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/ipvs"
 	"github.com/kpproxy/kp/legacy/userspace"
@@ -63,6 +64,11 @@ type app struct {
 	runProxy      func(ctx context.Context, cfg proxy.Config, opts server.RunOptions) error
 	// tuner writes conntrack sysctls (tests point it at a folder).
 	tuner conntrack.Tuner
+	// sysctls sets the proxy modes' sysctls (sysctl.Dir; tests: a folder,
+	// or one that refuses writes as a read-only /proc/sys does).
+	sysctls interface {
+		Ensure(name, value string) (old string, err error)
+	}
 	// podCIDRTimeout bounds the wait for the Node's pod CIDRs
 	// (detectLocalMode NodeCIDR).
 	podCIDRTimeout time.Duration
@@ -98,6 +104,7 @@ func newApp(stdout, stderr io.Writer) *app {
 		clusterClient:  clusterClient,
 		runProxy:       server.Run,
 		podCIDRTimeout: podCIDRTimeout,
+		sysctls:        sysctl.Dir(""),
 		logOpts:        options.DefaultLogOptions(),
 	}
 }

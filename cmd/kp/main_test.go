@@ -16,6 +16,7 @@ import (
 	"github.com/kpproxy/kp/cmd/kp/options"
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/kubeclient"
+	"github.com/kpproxy/kp/internal/sysctl"
 	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
@@ -68,6 +69,7 @@ func newHarness(t *testing.T) *harness {
 	h.a.backends = map[proxy.Mode]backendFactory{proxy.ModeNFTables: h.nft.factory()}
 	h.procSys = fakeProcSys(t)
 	h.a.tuner = conntrack.Tuner{ProcSys: h.procSys, SysModule: filepath.Join(h.procSys, "module"), NumCPU: func() int { return 4 }}
+	h.a.sysctls = sysctl.Dir(h.procSys)
 	h.a.newKubeClient = func(kubeconfig, master string) (kubeclient.Interface, error) {
 		h.kubeCalls = append(h.kubeCalls, kubeconfig+"|"+master)
 		return nil, nil

@@ -71,7 +71,7 @@ or --init-only, applies them alone). Logs are klog's text, as kube-proxy's.
 			case o.Cleanup:
 				return a.cleanup(cmd.Context(), s.Config)
 			case o.InitOnly:
-				a.initNode(s)
+				a.initNode(cmd.Context(), s)
 				a.log.Info("initialization done (--init-only); exiting")
 				return nil
 			}
@@ -170,7 +170,7 @@ func (a *app) proxy(ctx context.Context, s options.Settings) error {
 		sw.SetFinished(migrate.NodeEvents(client, cfg.HostnameOverride, a.log))
 	}
 	opts.Backend = sw
-	opts.Sysctls = a.tuneConntrack(s)
+	opts.Sysctls = append(a.tuneConntrack(s), a.modeSysctls(backend)...)
 	opts.ModeChoice = choice
 	opts.Inventory = migrate.InventoryPrograms
 	err = a.runProxy(runCtx, cfg, opts)

@@ -37,6 +37,9 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 			if err != nil {
 				return nil, t, err
 			}
+			// As at start: the target's sysctls set, or each wrong one
+			// warned about, before it programs anything.
+			a.modeSysctls(b)
 			return b, proxy.TargetOf(b), nil
 		},
 		Retire: func(ctx context.Context, running proxy.Target, st *proxy.State, keepActive bool) (int, error) {

@@ -2,15 +2,14 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/kpproxy/kp/internal/sysctl"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -264,32 +263,39 @@ func (b *Backend) runner(f proxy.Family) Runner {
 }
 
 // checkLocalhost decides, once, whether IPv4 NodePorts answer on
-// 127.0.0.0/8 (upstream's --iptables-localhost-nodeports): only when the
-// NodePorts answer on every local address or on CIDRs holding loopback,
-// and once route_localnet is on (without it the kernel drops such packets
-// as martians after DNAT).
+// 127.0.0.0/8: when Sysctls asks for route_localnet and it is on.
 func (b *Backend) checkLocalhost() {
 	if b.localhostChecked {
 		return
 	}
 	b.localhostChecked = true
-	if !b.cfg.LocalhostNodePorts || b.cfg.NodePortPrimary {
+	if len(b.Sysctls()) == 0 {
 		return
 	}
-	if len(b.cfg.NodePortAddresses) > 0 {
-		loop := false
-		for _, p := range b.cfg.NodePortAddresses {
-			loop = loop || p.Contains(netip.MustParseAddr("127.0.0.1"))
-		}
-		if !loop {
-			return
-		}
-	}
 	if err := b.routeLocalnet(); err != nil {
-		b.log.Warn("cannot set net.ipv4.conf.all.route_localnet=1; NodePorts will not answer on localhost", "err", err)
+		// kp proxy has warned about the sysctl itself (naming its value
+		// and the fix) when it started this mode: this is the consequence.
+		b.log.Info("route_localnet is not 1 and cannot be set; IPv4 NodePorts will not answer on localhost", "err", err)
 		return
 	}
 	b.localhostNodePorts = true
+}
+
+// Sysctls implements proxy.SysctlNeeder: route_localnet when IPv4
+// NodePorts answer on 127.0.0.0/8 (upstream's --iptables-localhost-nodeports):
+// only when they answer on every local address or on CIDRs holding
+// loopback. Without it the kernel drops such packets as martians after
+// DNAT.
+func (b *Backend) Sysctls() []proxy.Sysctl {
+	if !b.cfg.LocalhostNodePorts || b.cfg.NodePortPrimary {
+		return nil
+	}
+	if len(b.cfg.NodePortAddresses) > 0 && !slices.ContainsFunc(b.cfg.NodePortAddresses, func(p netip.Prefix) bool {
+		return p.Contains(netip.MustParseAddr("127.0.0.1"))
+	}) {
+		return nil
+	}
+	return []proxy.Sysctl{{Name: routeLocalnet, Value: "1", Why: "IPv4 NodePorts answer on 127.0.0.1 (localhostNodePorts)"}}
 }
 
 // Cleanup removes every KP- chain and the jumps to them, from both
@@ -373,13 +379,13 @@ func (b *Backend) dnatCounters() (map[string]proxy.EndpointCounter, error) {
 	return dnat, nil
 }
 
+// routeLocalnet is the sysctl localhost NodePorts need.
+const routeLocalnet = "net.ipv4.conf.all.route_localnet"
+
 func writeRouteLocalnet() error {
-	const path = "/proc/sys/net/ipv4/conf/all/route_localnet"
-	if cur, err := os.ReadFile(path); err == nil && len(cur) > 0 && cur[0] == '1' {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
-		return errors.Join(fmt.Errorf("write %s", path), err)
+	if _, err := sysctl.Dir("").Ensure(routeLocalnet, "1"); err != nil {
+		return fmt.Errorf("set %s=1: %w (in a container without privileges, /proc/sys is read-only: "+
+			"run kp sysctl with the same config first, as the DaemonSet's init container does, or set it on the node)", routeLocalnet, err)
 	}
 	return nil
 }

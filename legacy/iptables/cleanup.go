@@ -116,8 +116,12 @@ func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family
 		return skip((&MissingBinaryError{Binary: bin}).Error())
 	}
 	save, err := SaveAll(ctx, fl, f)
+	if err != nil && Absent(err) {
+		return skip(err.Error())
+	}
 	if err != nil {
-		return skip(fmt.Sprintf("cannot read its rules: %v", err))
+		// Unread is not clean: kp's chains may be there.
+		return c, fmt.Errorf("iptables cleanup: %w", err)
 	}
 	dumps, err := ParseSave(save)
 	if err != nil {

@@ -1,13 +1,11 @@
 package iptables
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"os/exec"
 	"slices"
 	"strings"
 
@@ -27,29 +25,6 @@ func ParseFlavor(s string) (Flavor, error) {
 	return "", fmt.Errorf("iptables backend %q: want one of auto, nft, legacy", s)
 }
 
-// SaveAllFunc returns iptables-save's output of every table of one flavor
-// and family. Detect's input, injectable for tests.
-type SaveAllFunc func(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, error)
-
-// SaveAll runs the iptables-save of flavor fl and family f for all tables.
-// It passes no -t: iptables-legacy-save -t TABLE makes the kernel create
-// that table when it does not exist yet, and Detect must only look.
-func SaveAll(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, error) {
-	bin := saveBinary(fl, f)
-	path, err := lookBinary(bin)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, path)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s: %w: %s", bin, err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.Bytes(), nil
-}
-
 // Detect chooses the iptables flavor of this node (of the network
 // namespace of the calling thread) as upstream's iptables-wrapper does, so
 // that kp writes where kubelet, kube-proxy and the CNI plugin write:
@@ -63,7 +38,10 @@ func SaveAll(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, error) {
 //  4. else nft.
 //
 // When both flavors match a step, nft wins, as in upstream. A flavor whose
-// binaries are missing is never chosen; the error is for neither working.
+// binaries are missing, or whose kernel part is, is never chosen; the
+// error is for neither working, or for a flavor that is there but could
+// not be read (a *ReadError: permission denied, say), since its rules may
+// be what decides.
 // reason is a sentence for the log.
 func Detect(ctx context.Context, log *slog.Logger) (fl Flavor, reason string, err error) {
 	return DetectFrom(ctx, log, SaveAll)
@@ -77,10 +55,17 @@ func DetectFrom(ctx context.Context, log *slog.Logger, save SaveAllFunc) (Flavor
 		r := &flavorRules{}
 		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 			data, err := save(ctx, fl, f)
+			if err != nil && !Absent(err) {
+				// Unread is not empty: the rules that decide may be
+				// there (kubelet's hint in legacy, read without
+				// CAP_NET_RAW), and a guess would program the other
+				// flavor beside them.
+				return "", "", fmt.Errorf("detect iptables backend: %w", err)
+			}
 			if err != nil {
-				// An IPv6-less kernel fails ip6tables-save alone; the
+				// An IPv6-less kernel lacks ip6tables alone; the
 				// flavor still counts when its IPv4 half answers.
-				log.Debug("iptables backend detection: cannot read rules", "flavor", fl, "family", f, "err", err)
+				log.Debug("iptables backend detection: flavor absent", "flavor", fl, "family", f, "err", err)
 				errs = append(errs, err)
 				continue
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/test/netns"
 )
 
 // save output builders for the decision table
@@ -130,5 +131,71 @@ func TestDetectReadsTheKernel(t *testing.T) {
 	restoreIn(t, ns, flavorFamily{FlavorNFT, proxy.IPv6}, "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n")
 	if fl, reason := detect(); fl != FlavorNFT || !strings.Contains(reason, "KUBE-IPTABLES-HINT in IPv6") {
 		t.Errorf("kubelet hint in nft: Detect = %s (%s), want nft", fl, reason)
+	}
+}
+
+// A flavor that is there but cannot be read is not absent: its rules
+// (kubelet's hint, kube-proxy's chains) may be what decides, so Detect
+// fails and names why; a kernel without the flavor is absent.
+func TestDetectFailsOnAFlavorItCannotRead(t *testing.T) {
+	denied := func(_ context.Context, fl Flavor, fam proxy.Family) ([]byte, error) {
+		if fl == FlavorLegacy {
+			return nil, newReadError(fl, fam, saveBinary(fl, fam), errors.New("exit status 1"),
+				"iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\n")
+		}
+		return []byte(oneRule), nil
+	}
+	_, _, err := DetectFrom(context.Background(), slog.New(slog.DiscardHandler), denied)
+	var re *ReadError
+	if !errors.As(err, &re) || !re.Denied || Absent(err) {
+		t.Fatalf("DetectFrom = %v; want a *ReadError, denied, not absent", err)
+	}
+	for _, want := range []string{"iptables-legacy-save", "Permission denied", "CAP_NET_RAW", "NET_RAW"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+
+	noKernel := func(_ context.Context, fl Flavor, fam proxy.Family) ([]byte, error) {
+		if fl == FlavorLegacy {
+			return nil, newReadError(fl, fam, saveBinary(fl, fam), errors.New("exit status 1"),
+				"iptables-save v1.8.9 (legacy): Cannot initialize: Table does not exist (do you need to insmod?)\n")
+		}
+		return []byte(oneRule), nil
+	}
+	if fl, reason, err := DetectFrom(context.Background(), slog.New(slog.DiscardHandler), noKernel); err != nil || fl != FlavorNFT {
+		t.Errorf("legacy not in the kernel: DetectFrom = %s (%s), %v; want nft", fl, reason, err)
+	}
+}
+
+// The DaemonSet's proxy container without NET_RAW: iptables-legacy-save is
+// refused by the kernel. Detect and Cleanup fail naming that; with the
+// capability, the same namespace reads as legacy.
+func TestKernelLegacyWithoutNetRawIsAnErrorNamingTheCause(t *testing.T) {
+	ns := testNamespace(t)
+	restoreIn(t, ns, flavorFamily{FlavorLegacy, proxy.IPv4}, "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
+	t.Run("without NET_RAW", func(t *testing.T) {
+		netns.WithoutCapability(t, "net_raw", "iptables-legacy-save", "ip6tables-legacy-save")
+		log := slog.New(slog.DiscardHandler)
+		var detectErr, cleanupErr error
+		inNS(t, ns, func() error {
+			_, _, detectErr = Detect(context.Background(), log)
+			_, cleanupErr = Cleanup(context.Background(), log)
+			return nil
+		})
+		for what, err := range map[string]error{"Detect": detectErr, "Cleanup": cleanupErr} {
+			t.Logf("%s: %v", what, err)
+			if err == nil || !strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") {
+				t.Errorf("%s = %v; want an error naming the permission and CAP_NET_RAW", what, err)
+			}
+		}
+	})
+	var fl Flavor
+	inNS(t, ns, func() (err error) {
+		fl, _, err = Detect(context.Background(), slog.New(slog.DiscardHandler))
+		return err
+	})
+	if fl != FlavorLegacy {
+		t.Errorf("with NET_RAW: Detect = %s, want legacy", fl)
 	}
 }

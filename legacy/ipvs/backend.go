@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/kpproxy/kp/internal/sysctl"
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/proxy"
 )
@@ -38,7 +37,7 @@ type Backend struct {
 	ipset      IPSet
 	runner     func(iptables.Flavor, proxy.Family) iptables.Runner
 	detect     func(ctx context.Context, log *slog.Logger) (iptables.Flavor, string, error)
-	sysctl     func(path, value string) error
+	sysctl     func(name, value string) error // sets one of Sysctls
 	localAddrs func() ([]netip.Addr, error)
 	now        func() time.Time
 	drainEvery time.Duration
@@ -126,7 +125,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		ipset:      execIPSet{},
 		runner:     iptables.NewRunner,
 		detect:     iptables.Detect,
-		sysctl:     writeSysctl,
+		sysctl:     writeSysctlIn(""),
 		localAddrs: proxy.LocalAddrs,
 		now:        time.Now,
 		drainEvery: 5 * time.Second,
@@ -188,20 +187,8 @@ func (b *Backend) setup(ctx context.Context) error {
 		}
 		b.handle = h
 	}
-	sysctls := [][2]string{
-		// IPVS keeps conntrack entries, so iptables can masquerade.
-		{"net/ipv4/vs/conntrack", "1"},
-		// A connection to a deleted real server ends at its next packet,
-		// which is scheduled anew (UDP after an endpoint change).
-		{"net/ipv4/vs/expire_nodest_conn", "1"},
-		{"net/ipv4/vs/expire_quiescent_template", "1"},
-		{"net/ipv4/ip_forward", "1"},
-	}
-	if b.cfg.IPVS.StrictARP {
-		sysctls = append(sysctls, [2]string{"net/ipv4/conf/all/arp_ignore", "1"}, [2]string{"net/ipv4/conf/all/arp_announce", "2"})
-	}
-	for _, s := range sysctls {
-		if err := b.sysctl(s[0], s[1]); err != nil {
+	for _, s := range b.Sysctls() {
+		if err := b.sysctl(s.Name, s.Value); err != nil {
 			return err
 		}
 	}
@@ -248,19 +235,32 @@ func (b *Backend) Shutdown(context.Context) error {
 	return nil
 }
 
-func writeSysctl(path, value string) error {
-	p := filepath.Join("/proc/sys", path)
-	if cur, err := os.ReadFile(p); err == nil && string(cur) == value+"\n" {
-		return nil
+// Sysctls implements proxy.SysctlNeeder: what upstream's ipvs mode sets,
+// and with StrictARP its ARP settings.
+func (b *Backend) Sysctls() []proxy.Sysctl {
+	out := []proxy.Sysctl{
+		{Name: "net.ipv4.vs.conntrack", Value: "1", Why: "IPVS keeps conntrack entries, so iptables can masquerade"},
+		{Name: "net.ipv4.vs.expire_nodest_conn", Value: "1",
+			Why: "a connection to a deleted real server ends at its next packet, which is scheduled anew"},
+		{Name: "net.ipv4.vs.expire_quiescent_template", Value: "1", Why: "session affinity stops sending new connections to a draining real server (weight 0)"},
+		{Name: "net.ipv4.ip_forward", Value: "1", Why: "the node forwards to endpoints on other hosts"},
 	}
-	if err := os.WriteFile(p, []byte(value+"\n"), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", path, value, err)
+	if b.cfg.IPVS.StrictARP {
+		out = append(out,
+			proxy.Sysctl{Name: "net.ipv4.conf.all.arp_ignore", Value: "1", Why: "strictARP: no ARP replies for the Service addresses on " + DummyName},
+			proxy.Sysctl{Name: "net.ipv4.conf.all.arp_announce", Value: "2", Why: "strictARP: no Service address as an ARP source"})
 	}
-	return nil
+	return out
 }
 
-// NodePortScope implements proxy.NodePortScoper: --nodeport-addresses as
-// this mode was given it.
-func (b *Backend) NodePortScope() ([]netip.Prefix, bool) {
-	return b.cfg.NodePortAddresses, b.cfg.NodePortPrimary
+// writeSysctlIn sets a sysctl of Sysctls under dir, unless it has the
+// value already.
+func writeSysctlIn(dir sysctl.Dir) func(name, value string) error {
+	return func(name, value string) error {
+		if _, err := dir.Ensure(name, value); err != nil {
+			return fmt.Errorf("set %s=%s: %w (in a container without privileges, /proc/sys is read-only: "+
+				"run kp sysctl with the same config first, as the DaemonSet's init container does, or set it on the node)", name, value, err)
+		}
+		return nil
+	}
 }

@@ -40,6 +40,9 @@ type world struct {
 	log []string
 	// kubeProxyDS: kube-proxy's DaemonSet exists (pods follow the label).
 	kubeProxyDS bool
+	// unreadable: the node's kp cannot read one of its backends; its
+	// inventory lists no kube-proxy rule and reports this error.
+	unreadable map[string]string
 }
 
 type fakeKP struct {
@@ -224,8 +227,8 @@ func (w *world) Inventory(ctx context.Context, pod *v1.Pod) (*statusapi.Inventor
 			w.log = append(w.log, node+": kp took kube-proxy's rules over")
 		}
 	}
-	inv := &statusapi.Inventory{Node: node}
-	if w.kubeProxyRules[node] {
+	inv := &statusapi.Inventory{Node: node, Error: w.unreadable[node]}
+	if w.kubeProxyRules[node] && inv.Error == "" {
 		inv.Programs = append(inv.Programs, statusapi.Program{Owner: "kube-proxy", Mode: "iptables/ipvs", Chains: 10, Rules: 20})
 	}
 	if k.mode != ModeNone {

@@ -211,3 +211,25 @@ func TestFromKubeProxyAsksKPToTakeOverAgainWhenLeftoversOutliveItsTakeOver(t *te
 		t.Error("kube-proxy's rules still there")
 	}
 }
+
+// A kp that cannot read one of its node's backends (iptables-legacy
+// without NET_RAW) lists no kube-proxy rule there and says why: the
+// take-over gate never takes that for "no kube-proxy rule left", the node
+// fails with the cause, and no further node moves.
+func TestFromKubeProxyGateFailsWhenKPCannotReadABackend(t *testing.T) {
+	w := kubeProxyCluster(t, "node-a", "node-b")
+	_ = w.controller().Run(context.Background(), fromKubeProxy())
+	w.daemonSet("kp")
+	const cause = "cannot read the rules of iptables-legacy (IPv4): iptables-legacy-save: exit status 1: Permission denied (you must be root)"
+	w.unreadable = map[string]string{"node-a": cause}
+	err := w.controller().Run(context.Background(), fromKubeProxy())
+	if err == nil || !strings.Contains(err.Error(), "take-over") || !strings.Contains(err.Error(), cause) {
+		t.Fatalf("Run = %v; want node-a's take-over to fail naming the cause\n%s", err, w.out.String())
+	}
+	if r := w.record("node-a"); r == nil || r.Phase == PhaseDone {
+		t.Errorf("node-a recorded %v; want not done", r)
+	}
+	if l := w.node("node-b").Labels[LabelProxy]; l != ProxyKubeProxy {
+		t.Errorf("node-b labeled %q after node-a's gate failed; want it left to kube-proxy", l)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,6 +48,11 @@ type Options struct {
 	// Images are imported into every node before its kubelet starts,
 	// besides the pause image (see LoadImages for later ones).
 	Images []image.Image
+	// IPTables is the iptables backend of the nodes' own tools, as the
+	// node's `iptables` alternative: "nft" (the default, as the host's) or
+	// "legacy". The kubelet (its KUBE-IPTABLES-HINT and KUBE-KUBELET-CANARY
+	// chains) and the CNI plugins (portmap) run `iptables` from it.
+	IPTables string
 }
 
 // Cluster is a running cluster: an API server with a controller-manager
@@ -61,6 +67,9 @@ type Cluster struct {
 	t        testing.TB
 	dir      string
 	pauseRef string // every node's sandbox image
+	// iptablesDir, when set, holds the nodes' iptables alternative (links
+	// to the legacy tools), first on the PATH of their daemons.
+	iptablesDir string
 }
 
 // Start brings a cluster up and waits until every node is Ready and the
@@ -96,6 +105,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 	})
 	start := time.Now()
 	c := &Cluster{t: t, dir: t.TempDir(), ClusterCIDR: DefaultClusterCIDR}
+	if err := c.iptablesAlternative(opts.IPTables); err != nil {
+		t.Fatalf("cluster: %v", err)
+	}
 
 	// The kubelets rewrite these kernel settings at start: put them back
 	// when the last cluster of the process is gone (registered first, so it
@@ -339,4 +351,34 @@ func poll(ctx context.Context, cond func() (bool, error)) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// iptablesAlternative makes the nodes' `iptables` (and ip6tables, their
+// -save and -restore) the backend's tools, as update-alternatives does on a
+// node: links in a folder first on the PATH of each node's daemons
+// (inCgroup). The host's own alternative stays as it is.
+func (c *Cluster) iptablesAlternative(backend string) error {
+	switch backend {
+	case "", "nft":
+		return nil
+	case "legacy":
+	default:
+		return fmt.Errorf("iptables backend %q: want nft or legacy", backend)
+	}
+	c.iptablesDir = filepath.Join(c.dir, "iptables-"+backend)
+	if err := os.MkdirAll(c.iptablesDir, 0o755); err != nil {
+		return err
+	}
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(tool + "-" + backend + suffix)
+			if err != nil {
+				return fmt.Errorf("the nodes' iptables-%s: %w", backend, err)
+			}
+			if err := os.Symlink(target, filepath.Join(c.iptablesDir, tool+suffix)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -99,6 +99,9 @@ func (n *Node) inCgroup(path string, args ...string) (string, []string) {
 		n.c.t.Fatalf("node %s: %v", n.Name, err)
 	}
 	script := fmt.Sprintf(`for f in %s; do echo $$ > "$f" 2>/dev/null; done; exec "$@"`, strings.Join(files, " "))
+	if dir := n.c.iptablesDir; dir != "" {
+		script = fmt.Sprintf(`PATH=%s:$PATH; export PATH; %s`, dir, script)
+	}
 	return "/bin/sh", append([]string{"-c", script, filepath.Base(path), path}, args...)
 }
 

@@ -238,8 +238,8 @@ func TestDaemonSetRunsTheBinaryTheDockerfileInstalls(t *testing.T) {
 		t.Errorf("DaemonSet runs %q; the image's kp is %s", c.Command, m[1])
 	}
 	caps := c.SecurityContext.Capabilities
-	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 1 || caps.Add[0] != "NET_ADMIN" {
-		t.Errorf("capabilities %+v; kp needs NET_ADMIN and nothing else", caps)
+	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 2 || caps.Add[0] != "NET_ADMIN" || caps.Add[1] != "NET_RAW" {
+		t.Errorf("capabilities %+v; kp needs NET_ADMIN, NET_RAW (iptables-legacy) and nothing else", caps)
 	}
 }
 

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"fmt"
+	"io/fs"
 	"strings"
 	"testing"
 
@@ -10,16 +11,26 @@ import (
 	"github.com/kpproxy/kp/test/image"
 )
 
-// kubeProxyRef is upstream kube-proxy's image: the binary the tests build
-// (test/k8s, v1.36.3) on kp's image's Debian userland (iptables of both
-// backends), as a user's kube-proxy image has it, built the same way
-// without a daemon.
-const kubeProxyRef = "kp.local/kube-proxy:e2e"
+// kubeProxyRef is upstream kube-proxy's image for nodes whose iptables is
+// backend ("nft" or "legacy"): the binary the tests build (test/k8s,
+// v1.36.3) on kp's image's Debian userland (iptables of both backends), as
+// a user's kube-proxy image has it, built the same way without a daemon.
+func kubeProxyRef(backend string) string { return "kp.local/kube-proxy:e2e-" + backend }
 
-func kubeProxyImage(t *testing.T) image.Image {
+// kubeProxyImage is kubeProxyRef(backend). Upstream's binary runs
+// `iptables`, and upstream's image points that at the node's backend
+// (iptables-wrapper, from kubelet's chains); here the image's alternative
+// is set to backend, which the test knows.
+func kubeProxyImage(t *testing.T, backend string) image.Image {
 	t.Helper()
-	img := cluster.KPImage(t, apiserver.Bin(t, apiserver.KubeProxy), kubeProxyRef)
-	img.Layers = [][]image.Entry{img.Layers[0], {{Path: "/usr/local/bin/kube-proxy", Source: apiserver.Bin(t, apiserver.KubeProxy), Mode: 0o755}}}
+	img := cluster.KPImage(t, apiserver.Bin(t, apiserver.KubeProxy), kubeProxyRef(backend))
+	top := []image.Entry{{Path: "/usr/local/bin/kube-proxy", Source: apiserver.Bin(t, apiserver.KubeProxy), Mode: 0o755}}
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			top = append(top, image.Entry{Path: "/usr/sbin/" + tool + suffix, Mode: fs.ModeSymlink | 0o777, Link: tool + "-" + backend + suffix})
+		}
+	}
+	img.Layers = [][]image.Entry{img.Layers[0], top}
 	img.Entrypoint, img.Cmd = []string{"/usr/local/bin/kube-proxy"}, nil
 	return img
 }
@@ -28,8 +39,8 @@ func kubeProxyImage(t *testing.T) image.Image {
 // deploys it (hostNetwork, privileged, the system:node-proxier role, its
 // configuration in ConfigMap kube-proxy's config.conf, read with --config),
 // in iptables mode, reaching the API server at its real address
-// (kubeconfig.conf) with its service account's token.
-func kubeProxyManifest(c *cluster.Cluster) string {
+// (kubeconfig.conf) with its service account's token; its image is ref.
+func kubeProxyManifest(c *cluster.Cluster, ref string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
 metadata:
@@ -122,7 +133,7 @@ spec:
           configMap: {name: kube-proxy}
         - name: xtables-lock
           hostPath: {path: /run/xtables.lock, type: FileOrCreate}
-`, c.ClusterCIDR, c.API.Instance(0).Addr, kubeProxyRef)
+`, c.ClusterCIDR, c.API.Instance(0).Addr, ref)
 }
 
 // kubeletChains are the KUBE- chains kubelet makes: not kube-proxy's.
@@ -153,4 +164,25 @@ func kubeProxyChains(n *cluster.Node) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// checkNodeBackend checks that the node's iptables is backend as the test
+// set it up: kubelet's hint chain, and every chain of kube-proxy's, are in
+// that backend's tables.
+func checkNodeBackend(t *testing.T, n *cluster.Node, backend string) {
+	t.Helper()
+	save := "iptables-" + backend + "-save"
+	dump, err := n.Exec(save, "-t", "mangle")
+	if err != nil || !strings.Contains(dump, ":KUBE-IPTABLES-HINT ") {
+		t.Fatalf("%s: kubelet's KUBE-IPTABLES-HINT is not in %s (%v)", n.Name, save, err)
+	}
+	chains, err := kubeProxyChains(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chains {
+		if !strings.HasPrefix(c, save+" ") {
+			t.Errorf("%s: kube-proxy's chain %s, want every one in %s", n.Name, c, save)
+		}
+	}
 }

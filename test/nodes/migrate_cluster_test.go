@@ -26,7 +26,19 @@ import (
 // autoscaler's deletion taint fails its /healthz): the rollout pauses
 // there with node-2 untouched, and resumes once the taint is gone; then
 // --rollback back to nftables.
-func TestMigrateClusterOnRealNodes(t *testing.T) {
+func TestMigrateClusterOnRealNodes(t *testing.T) { testMigrateCluster(t, "nft") }
+
+// TestMigrateClusterOnRealLegacyNodes is TestMigrateClusterOnRealNodes on
+// nodes whose iptables is iptables-legacy: the nodes' `iptables`
+// alternative (so kubelet's chains and the CNI's are in legacy) and
+// kube-proxy's image's (so are its rules). kp, its DaemonSet as shipped
+// (NET_ADMIN and NET_RAW), must read and remove kube-proxy's rules there,
+// and its iptables mode (--to iptables) must write there.
+func TestMigrateClusterOnRealLegacyNodes(t *testing.T) { testMigrateCluster(t, "legacy") }
+
+// testMigrateCluster is the test on nodes whose iptables backend is
+// backend ("nft" or "legacy").
+func testMigrateCluster(t *testing.T, backend string) {
 	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save")
 	begin := time.Now()
 	phase := func(name string, start time.Time) {
@@ -43,7 +55,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := cluster.KPImage(t, kpBin, kpImage)
-	c := cluster.Start(t, cluster.Options{Nodes: 2, Images: []image.Image{echo, full, kubeProxyImage(t)}})
+	c := cluster.Start(t, cluster.Options{Nodes: 2, IPTables: backend, Images: []image.Image{echo, full, kubeProxyImage(t, backend)}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -56,7 +68,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 	phase("build and cluster start", start)
 
 	start = time.Now()
-	apply(t, c, kubeProxyManifest(c))
+	apply(t, c, kubeProxyManifest(c, kubeProxyRef(backend)))
 	apply(t, c, workload)
 	apply(t, c, streamService(n1.IP))
 	lineServer(t, n1.NS, netip.AddrPortFrom(n1.IP, 9100).String())
@@ -92,6 +104,7 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 		if chains, err := kubeProxyChains(n); err != nil || len(chains) == 0 {
 			t.Fatalf("%s: no kube-proxy chain in the kernel (%v)", n.Name, err)
 		}
+		checkNodeBackend(t, n, backend)
 		// The probes above that came before kube-proxy's rules left
 		// connection attempts never DNATed in the node's conntrack
 		// (SYN_SENT, for two minutes): a new connection reusing one's
@@ -213,8 +226,9 @@ func TestMigrateClusterOnRealNodes(t *testing.T) {
 			t.Errorf("the re-run did not resume node-1")
 		}
 		for _, n := range c.Nodes {
-			if st := kpStatusOn(t, n); st.Mode != "iptables" || !st.Healthy {
-				t.Errorf("%s: kp runs %s, healthy %v after the resumed rollout; want iptables", n.Name, st.Mode, st.Healthy)
+			// kp's iptables mode writes where kubelet does (its hint chain).
+			if st := kpStatusOn(t, n); st.Mode != "iptables" || !st.Healthy || st.IPTablesBackend != backend {
+				t.Errorf("%s: kp runs %s (%s), healthy %v after the resumed rollout; want iptables-%s", n.Name, st.Mode, st.IPTablesBackend, st.Healthy, backend)
 			}
 			if rec := nodeRecord(t, c, n.Name); rec["phase"] != "done" || rec["previous"] != "nftables" {
 				t.Errorf("%s: record %v, want done with previous nftables", n.Name, rec)

@@ -227,20 +227,24 @@ func (m *fileMerge) servers(kc *KubeProxyConfiguration) {
 	} else {
 		s.bindAddressV6 = v6
 	}
+	// A bare IP takes the server's usual port, as upstream's defaulting
+	// of the file does (appendPortIfNeeded).
 	for _, a := range []struct {
 		field, value string
+		port         int32
 		dst          *string
 	}{
-		{"healthzBindAddress", kc.HealthzBindAddress, &s.Config.HealthzBindAddress},
-		{"metricsBindAddress", kc.MetricsBindAddress, &s.Config.MetricsBindAddress},
+		{"healthzBindAddress", kc.HealthzBindAddress, healthzPort, &s.Config.HealthzBindAddress},
+		{"metricsBindAddress", kc.MetricsBindAddress, metricsPort, &s.Config.MetricsBindAddress},
 	} {
 		if a.value == "" {
 			continue
 		}
-		if err := checkBindAddress(a.value); err != nil {
+		addr := appendPortIfNeeded(a.value, a.port)
+		if err := checkBindAddress(addr); err != nil {
 			m.invalid(a.field, a.value, err)
 		}
-		*a.dst = a.value
+		*a.dst = addr
 	}
 	if kc.BindAddressHardFail {
 		m.ignore("bindAddressHardFail", "kp always fails when it cannot bind its servers")

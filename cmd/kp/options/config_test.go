@@ -97,6 +97,9 @@ func TestConfigFileBecomesConfig(t *testing.T) {
 				c.Kubeconfig = "/var/lib/kube-proxy/kubeconfig.conf"
 				c.ClusterCIDRs = prefixes("10.244.0.0/16")
 			}},
+		{name: "a bind address without a port takes the server's usual one, as upstream's defaulting does (k3s passes 127.0.0.1)",
+			file: header + "healthzBindAddress: 127.0.0.1\nmetricsBindAddress: \"::\"\n",
+			want: func(c *proxy.Config) { c.HealthzBindAddress, c.MetricsBindAddress = "127.0.0.1:10256", "[::]:10249" }},
 		{name: "every field kp honours", file: header + `
 mode: nftables
 hostnameOverride: Worker-3

@@ -110,7 +110,7 @@ func TestParseKubeProxyArgsBindsFlagsAsUpstream(t *testing.T) {
 		t.Errorf("conntrack max per core %v min %v; want 0 and unset", kc.Conntrack.MaxPerCore, kc.Conntrack.Min)
 	case durationOf(kc.Conntrack.TCPEstablishedTimeout) != 2*time.Hour || kc.Conntrack.TCPCloseWaitTimeout != nil:
 		t.Errorf("conntrack timeouts %v %v", kc.Conntrack.TCPEstablishedTimeout, kc.Conntrack.TCPCloseWaitTimeout)
-	case kc.DetectLocalMode != "NodeCIDR" || !kc.FeatureGates["NFTablesProxyMode"] || kc.HealthzBindAddress != "0.0.0.0:10266":
+	case kc.DetectLocalMode != "NodeCIDR" || !kc.FeatureGates["NFTablesProxyMode"] || kc.HealthzBindAddress != "":
 		t.Errorf("detectLocalMode %q gates %v healthz %q", kc.DetectLocalMode, kc.FeatureGates, kc.HealthzBindAddress)
 	case a.Master != "https://10.0.0.1:6443":
 		t.Errorf("master %q", a.Master)
@@ -122,6 +122,34 @@ func TestParseKubeProxyArgsBindsFlagsAsUpstream(t *testing.T) {
 	}
 	if want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}; !slices.Equal(s.Config.ClusterCIDRs, want) {
 		t.Errorf("cluster CIDRs %v", s.Config.ClusterCIDRs)
+	}
+}
+
+// Upstream's Complete without --config: a bind address that is a bare IP
+// takes the port flag's port (by default the usual one); one with a port
+// keeps it, so a port flag alone changes nothing (upstream's default
+// address has its port) but 0, which disables the server.
+func TestParseKubeProxyArgsCompletesBindAddressesAsUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		args            []string
+		healthz, metric string
+	}{
+		{[]string{"--healthz-bind-address=127.0.0.1"}, "127.0.0.1:10256", ""},
+		{[]string{"--metrics-bind-address=::"}, "", "[::]:10249"},
+		{[]string{"--healthz-bind-address=127.0.0.1", "--healthz-port=10266"}, "127.0.0.1:10266", ""},
+		{[]string{"--healthz-bind-address=127.0.0.1:9999", "--healthz-port=10266"}, "127.0.0.1:9999", ""},
+		{[]string{"--healthz-port=10266", "--metrics-port=10250"}, "", ""},
+	} {
+		a, err := ParseKubeProxyArgs(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Flags.HealthzBindAddress != tc.healthz || a.Flags.MetricsBindAddress != tc.metric {
+			t.Errorf("%q: healthz %q metrics %q, want %q %q", tc.args, a.Flags.HealthzBindAddress, a.Flags.MetricsBindAddress, tc.healthz, tc.metric)
+		}
+		if _, err := SettingsFromConfig(a.Flags, nil, "flags", proxy.Target{Mode: proxy.ModeIPTables}); err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+		}
 	}
 }
 

@@ -3,9 +3,6 @@ package options
 import (
 	"fmt"
 	"io"
-	"net"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -92,7 +89,7 @@ func bindKubeProxyFlags(fs *pflag.FlagSet, kc *KubeProxyConfiguration) func(chan
 	var masqBit, oom, maxPerCore, minimum int32
 	var masqAll, localhost bool
 	var established, closeWait, sync, minSync time.Duration
-	var healthzPort, metricsPort int32
+	var hzPort, mPort int32
 	fs.Int32Var(&masqBit, "iptables-masquerade-bit", 0, "")
 	fs.BoolVar(&masqAll, "masquerade-all", false, "")
 	fs.BoolVar(&localhost, "iptables-localhost-nodeports", true, "")
@@ -103,8 +100,8 @@ func bindKubeProxyFlags(fs *pflag.FlagSet, kc *KubeProxyConfiguration) func(chan
 	fs.Int32Var(&minimum, "conntrack-min", 0, "")
 	fs.DurationVar(&established, "conntrack-tcp-timeout-established", 0, "")
 	fs.DurationVar(&closeWait, "conntrack-tcp-timeout-close-wait", 0, "")
-	fs.Int32Var(&healthzPort, "healthz-port", 0, "")
-	fs.Int32Var(&metricsPort, "metrics-port", 0, "")
+	fs.Int32Var(&hzPort, "healthz-port", healthzPort, "")
+	fs.Int32Var(&mPort, "metrics-port", metricsPort, "")
 
 	return func(changed func(string) bool) {
 		int32s := []struct {
@@ -141,33 +138,25 @@ func bindKubeProxyFlags(fs *pflag.FlagSet, kc *KubeProxyConfiguration) func(chan
 		if changed("iptables-min-sync-period") {
 			kc.IPTables.MinSyncPeriod.Duration, kc.NFTables.MinSyncPeriod.Duration = minSync, minSync
 		}
-		if changed("healthz-port") {
-			kc.HealthzBindAddress = portAddress(kc.HealthzBindAddress, "0.0.0.0", healthzPort)
-		}
-		if changed("metrics-port") {
-			kc.MetricsBindAddress = portAddress(kc.MetricsBindAddress, "127.0.0.1", metricsPort)
-		}
+		// Upstream's Complete without --config (addressFromDeprecatedFlags):
+		// a bare IP takes the port flag's port, an address with a port
+		// (upstream's default one too) keeps it; port 0 disables the
+		// server, which a file cannot say ("" is the default there).
+		kc.HealthzBindAddress = portAddress(kc.HealthzBindAddress, hzPort)
+		kc.MetricsBindAddress = portAddress(kc.MetricsBindAddress, mPort)
 		if len(gates) > 0 {
 			kc.FeatureGates = gates
 		}
 	}
 }
 
-// portAddress is upstream's deprecated --healthz-port and --metrics-port:
-// the port of addr (def's address when unset); 0 disables the server.
-func portAddress(addr, def string, port int32) string {
+// portAddress is upstream's addressFromDeprecatedFlags for the address a
+// flag gave ("" for upstream's default).
+func portAddress(addr string, port int32) string {
 	if port == 0 {
 		return ""
 	}
-	host := def
-	if addr != "" {
-		if h, _, err := net.SplitHostPort(addr); err == nil {
-			host = h
-		} else {
-			host = strings.Trim(addr, "[]")
-		}
-	}
-	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	return appendPortIfNeeded(addr, port)
 }
 
 func durationPtr(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }

@@ -25,6 +25,9 @@ const (
 	defaultMetricsBindAddress = server.DefaultMetricsBindAddress
 	defaultHealthzBindAddress = server.DefaultHealthzBindAddress
 	// With an IPv6 --bind-address upstream moves both servers to IPv6.
+	// healthzPort and metricsPort are upstream's ports.ProxyHealthzPort and
+	// ProxyStatusPort: --healthz-port's and --metrics-port's defaults.
+	healthzPort, metricsPort    = 10256, 10249
 	defaultMetricsBindAddressV6 = "[::1]:10249"
 	defaultHealthzBindAddressV6 = "[::]:10256"
 )
@@ -146,9 +149,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Serve Go's profiles at /debug/pprof/ on the metrics server, as upstream does.")
 	fs.StringVar(&o.healthzBindAddress, "healthz-bind-address", defaultHealthzBindAddress,
 		"IP address and port of the health check server that load balancers probe. Empty or port 0 disables it.")
-	fs.Int32Var(&o.healthzPort, "healthz-port", 10256, "The port to bind the health check server. Use 0 to disable.")
+	fs.Int32Var(&o.healthzPort, "healthz-port", healthzPort, "The port to bind the health check server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("healthz-port", "This flag is deprecated and will be removed in a future release. Please use --healthz-bind-address instead.")
-	fs.Int32Var(&o.metricsPort, "metrics-port", 10249, "The port to bind the metrics server. Use 0 to disable.")
+	fs.Int32Var(&o.metricsPort, "metrics-port", metricsPort, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("metrics-port", "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.")
 
 	fs.StringVar(&o.statusSocket, "status-socket", server.DefaultStatusSocket,

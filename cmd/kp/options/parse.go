@@ -120,3 +120,17 @@ func checkBindAddress(s string) error {
 	}
 	return nil
 }
+
+// appendPortIfNeeded is upstream's proxyutil.AppendPortIfNeeded: a bind
+// address that is a bare IP gets port; anything else stays as it is (and
+// is validated as it is).
+func appendPortIfNeeded(addr string, port int32) string {
+	if _, _, err := net.SplitHostPort(addr); err == nil || addr == "" {
+		return addr
+	}
+	ip, err := netip.ParseAddr(strings.Trim(addr, "[]"))
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(int(port)))
+}
