@@ -52,7 +52,7 @@ func TestMigrateNodeInterruptedMidSwitchIsSafeToReRun(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { _, err := e.tryMigrate("--to", c.to.name); done <- err }()
 			call := bp.reached(e)
-			m, err := migrationOf(e.w)
+			m, err := migrationOf(e)
 			if err != nil {
 				t.Fatal(err)
 			}
