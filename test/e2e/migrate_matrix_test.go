@@ -76,6 +76,15 @@ var ciIPVSTours = []tour{
 	{name: "ipvs-ci", start: modeNFTables, steps: []tourStep{hop(modeIPVS), hop(modeNFTables)}},
 }
 
+// vmIPVSTours are the tours with ipvs this run has the VM prove:
+// ciIPVSTours, or ipvsTours with KP_VM_E2E=all.
+func vmIPVSTours() []tour {
+	if os.Getenv("KP_VM_E2E") == "all" {
+		return ipvsTours
+	}
+	return ciIPVSTours
+}
+
 var ipvsTours = []tour{
 	{name: "ipvs-1", start: modeNFTables, steps: []tourStep{hop(modeIPVS), hop(modeIPTablesLegacy), hop(modeIPVS), hop(modeUserspace)}},
 	{name: "ipvs-2", start: modeUserspace, steps: []tourStep{hop(modeIPVS), hop(modeIPTablesNFT), hop(modeIPVS), hop(modeNFTables)}},
@@ -123,11 +132,7 @@ func (tr tour) ipvs() bool {
 func TestMigrateNodeEveryOrderedPairOfModesDropsNothing(t *testing.T) {
 	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save")
 	t.Parallel()
-	tours := ciIPVSTours
-	if os.Getenv("KP_VM_E2E") == "all" {
-		tours = ipvsTours
-	}
-	for _, tr := range append(slices.Clone(hostTours), tours...) {
+	for _, tr := range append(slices.Clone(hostTours), vmIPVSTours()...) {
 		t.Run(tr.name, func(t *testing.T) {
 			if !tr.ipvs() && os.Getenv("KP_VM") == "1" && os.Getenv("KP_VM_E2E") != "all" {
 				t.Skip("proven on the host (KP_VM_E2E=all runs it on the VM's kernel too)")

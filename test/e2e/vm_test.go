@@ -280,11 +280,7 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 // of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM).
 func vmMigrationSubtests() map[string][]string {
 	var tours []string
-	ipvs := ciIPVSTours
-	if os.Getenv("KP_VM_E2E") == "all" {
-		ipvs = ipvsTours
-	}
-	for _, tr := range append(slices.Clone(ipvs), hostTours...) {
+	for _, tr := range append(slices.Clone(vmIPVSTours()), hostTours...) {
 		if !tr.ipvs() && os.Getenv("KP_VM_E2E") != "all" {
 			continue
 		}
