@@ -160,7 +160,7 @@ Look inside:
   ip netns exec $CLIENT $ECHO -dial 10.244.2.1:30080
   ip netns exec $NODE $ECHO -dial 10.96.0.53:53 -net udp
   ip netns exec $NODE $ECHO -dial http://127.0.0.1:10249/metrics | grep ^kubeproxy
-  ip netns exec $NODE $ECHO -dial http://127.0.0.1:10249/kp/v1/services
+  $KP status                 (kp status --inventory: what programs each Service in the kernel)
   $KP flows --netns $NODE
   less $STATE/kp.log
 
