@@ -164,15 +164,21 @@ func (s *Switcher) noteAnnotation(st *proxy.State) *statusapi.Migration {
 	}
 	by := fmt.Sprintf("annotation %s on Node %s", proxy.AnnotationProxyMode, st.Node.Name)
 	t, err := proxy.ParseTarget(a)
-	if err == nil && t.Mode == proxy.ModeNone && !s.cfg.AllowModeNone {
-		err = errors.New("mode none removes kp's rules and leaves the node's Services to another proxy, and this kp " +
-			"runs without --allow-mode-none, so it refuses (kp migrate cluster --rollback needs kp started with " +
-			"--allow-mode-none); nothing changed")
+	to := t.String()
+	if err != nil {
+		// Anyone who may patch the Node writes the value: it goes into
+		// the status, the log and the Event quoted and cut short.
+		to = proxy.QuoteBounded(a)
+		err = fmt.Errorf("annotation %s: %w; nothing changed", proxy.AnnotationProxyMode, err)
+	} else if t.Mode == proxy.ModeNone && !s.cfg.AllowModeNone {
+		err = errors.New("annotation " + proxy.AnnotationProxyMode + "=none: mode none removes kp's rules and leaves " +
+			"the node's Services to another proxy, and this kp runs without --allow-mode-none, so it refuses (kp " +
+			"migrate cluster --rollback needs kp started with --allow-mode-none); nothing changed")
 	}
 	if err != nil {
 		s.nextID++
 		now := s.cfg.Clock.Now()
-		s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: a, RequestedBy: by,
+		s.progress = &statusapi.Migration{ID: s.nextID, From: s.curTarget.String(), To: to, RequestedBy: by,
 			Phase: statusapi.MigrationFailed, Error: err.Error(), Started: now, Ended: now}
 		s.cfg.Log.Error("ignoring the Node's proxy mode annotation", "node", st.Node.Name, "annotation", proxy.AnnotationProxyMode, "err", err)
 		m := *s.progress

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // AnnotationProxyMode on a Node asks the kp running there to switch to a
@@ -31,7 +33,25 @@ func ParseTarget(s string) (Target, error) {
 	case "iptables-legacy":
 		return Target{Mode: ModeIPTables, IPTablesBackend: "legacy"}, nil
 	}
-	return Target{}, fmt.Errorf("unknown mode %q: want nftables, iptables, iptables-nft, iptables-legacy, ipvs, userspace or none", s)
+	return Target{}, fmt.Errorf("unknown mode %s: want nftables, iptables, iptables-nft, iptables-legacy, ipvs, userspace or none", QuoteBounded(s))
+}
+
+// maxQuoted bounds how much of a value a message repeats.
+const maxQuoted = 64
+
+// QuoteBounded quotes s for an error message, cut to its first 64 bytes
+// (on a rune boundary) and marked … when longer: a value from outside (a
+// Node annotation holds up to 256 KiB) goes into logs and Events, which
+// must stay readable.
+func QuoteBounded(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for i := 1; i < utf8.UTFMax && !utf8.RuneStart(s[cut]); i++ {
+		cut--
+	}
+	return strconv.Quote(s[:cut]) + "…"
 }
 
 // String is the target's spelling, ParseTarget's input.

@@ -127,6 +127,9 @@ func cleanupOne(ctx context.Context, log *slog.Logger, fl Flavor, f proxy.Family
 	if err != nil {
 		return c, fmt.Errorf("iptables cleanup %s: %w", bin, err)
 	}
+	if len(dumps) == 0 {
+		return c, nil // no table: nothing of kp's, and no iptables to run
+	}
 	proto := goipt.ProtocolIPv4
 	if f == proxy.IPv6 {
 		proto = goipt.ProtocolIPv6

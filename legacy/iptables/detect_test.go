@@ -185,8 +185,9 @@ func TestKernelLegacyWithoutNetRawIsAnErrorNamingTheCause(t *testing.T) {
 		})
 		for what, err := range map[string]error{"Detect": detectErr, "Cleanup": cleanupErr} {
 			t.Logf("%s: %v", what, err)
-			if err == nil || !strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") {
-				t.Errorf("%s = %v; want an error naming the permission and CAP_NET_RAW", what, err)
+			if err == nil || !strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "CAP_NET_RAW") ||
+				!strings.Contains(err.Error(), "tables here (nat in /proc/net/ip_tables_names)") {
+				t.Errorf("%s = %v; want an error naming the permission, CAP_NET_RAW and the legacy table there", what, err)
 			}
 		}
 	})
@@ -197,5 +198,49 @@ func TestKernelLegacyWithoutNetRawIsAnErrorNamingTheCause(t *testing.T) {
 	})
 	if fl != FlavorLegacy {
 		t.Errorf("with NET_RAW: Detect = %s, want legacy", fl)
+	}
+}
+
+// kp without NET_RAW on a node where the kernel holds no iptables-legacy
+// table (none is listed in /proc/net/ip_tables_names or ip6_tables_names):
+// there is nothing to read, and kp knows it without the capability, so
+// Detect and Cleanup read both flavors without error, run no legacy binary
+// at all, and leave the kernel with no legacy table (a read of one table,
+// iptables-legacy-save -t, would make it, and the next read would need
+// NET_RAW).
+func TestKernelWithoutNetRawNoLegacyTableIsReadAsEmpty(t *testing.T) {
+	ns := testNamespace(t)
+	restoreIn(t, ns, flavorFamily{FlavorNFT, proxy.IPv4}, "*nat\n:KP-SERVICES - [0:0]\nCOMMIT\n")
+	calls := netns.WithoutCapability(t, "net_raw", "iptables-legacy", "ip6tables-legacy", "iptables-legacy-save",
+		"ip6tables-legacy-save", "iptables-legacy-restore", "ip6tables-legacy-restore")
+	log := slog.New(slog.DiscardHandler)
+	var fl Flavor
+	var detectErr, cleanupErr error
+	var removed []RemovedCount
+	tables := map[proxy.Family][]string{}
+	inNS(t, ns, func() error {
+		fl, _, detectErr = Detect(context.Background(), log)
+		removed, cleanupErr = Cleanup(context.Background(), log)
+		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
+			names, known := LegacyTables(f)
+			if !known {
+				return errors.New("cannot read " + legacyTablesFile(f))
+			}
+			tables[f] = names
+		}
+		return nil
+	})
+	if detectErr != nil || fl != FlavorNFT {
+		t.Errorf("Detect = %s, %v; want nft (kp's chains are there), no error", fl, detectErr)
+	}
+	if cleanupErr != nil {
+		t.Errorf("Cleanup: %v", cleanupErr)
+	}
+	t.Logf("removed %v", removed)
+	if c := calls(); len(c) > 0 {
+		t.Errorf("ran %q; want no legacy binary run where the kernel holds no legacy table", c)
+	}
+	if len(tables[proxy.IPv4]) > 0 || len(tables[proxy.IPv6]) > 0 {
+		t.Errorf("the kernel holds legacy tables %v after kp's reads; want none", tables)
 	}
 }

@@ -19,6 +19,11 @@ type SaveAllFunc func(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, e
 // It passes no -t: iptables-legacy-save -t TABLE makes the kernel create
 // that table when it does not exist yet, and Detect must only look.
 //
+// For iptables-legacy it first reads which tables the kernel holds
+// (LegacyTables): with none there is nothing to read, and SaveAll returns
+// nothing without running iptables-legacy-save, so a kp without NET_RAW
+// reads a node that has no legacy iptables.
+//
 // Its error is a *MissingBinaryError when the binary is not installed, and
 // a *ReadError when it ran and failed; Absent tells which of them mean
 // "this flavor and family are not on this node".
@@ -28,6 +33,13 @@ func SaveAll(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	var tables []string
+	if fl == FlavorLegacy {
+		var known bool
+		if tables, known = LegacyTables(f); known && len(tables) == 0 {
+			return nil, nil // what iptables-legacy-save prints when there is no table
+		}
+	}
 	cmd := exec.CommandContext(ctx, path)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
@@ -36,7 +48,9 @@ func SaveAll(ctx context.Context, fl Flavor, f proxy.Family) ([]byte, error) {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return nil, newReadError(fl, f, bin, err, stderr.String())
+		re := newReadError(fl, f, bin, err, stderr.String())
+		re.Tables = tables
+		return nil, re
 	}
 	return stdout.Bytes(), nil
 }
@@ -56,6 +70,9 @@ type ReadError struct {
 	NotInKernel bool
 	// Denied: the kernel refused the process (a capability missing).
 	Denied bool
+	// Tables are the tables the kernel listed for an iptables-legacy
+	// family (LegacyTables), when it could be read: what was refused.
+	Tables []string
 }
 
 func newReadError(fl Flavor, f proxy.Family, bin string, err error, stderr string) *ReadError {
@@ -88,7 +105,13 @@ func (e *ReadError) Unwrap() error { return e.Err }
 func (e *ReadError) fix() string {
 	if e.Flavor == FlavorLegacy {
 		// Legacy iptables talks to the kernel through a raw IP socket.
-		return "iptables-legacy needs CAP_NET_RAW besides CAP_NET_ADMIN: add NET_RAW to the container's capabilities, as manifests/daemonset.yaml does"
+		held := ""
+		if len(e.Tables) > 0 {
+			held = fmt.Sprintf("the kernel holds iptables-legacy tables here (%s in %s), and ",
+				strings.Join(e.Tables, ", "), strings.Replace(legacyTablesFile(e.Family), "/thread-self", "", 1))
+		}
+		return held + "iptables-legacy needs CAP_NET_RAW besides CAP_NET_ADMIN to read them: add NET_RAW to the " +
+			"container's capabilities, as manifests/daemonset.yaml does"
 	}
 	return "iptables-nft needs CAP_NET_ADMIN: add NET_ADMIN to the container's capabilities"
 }

@@ -271,7 +271,7 @@ func (w *world) node(name string) *v1.Node {
 }
 
 func (w *world) record(name string) *Record {
-	r, err := recordOf(w.node(name))
+	r, err := RecordOf(w.node(name))
 	if err != nil {
 		w.t.Fatal(err)
 	}

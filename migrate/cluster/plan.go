@@ -98,7 +98,7 @@ func NewPlan(req Request, nodes []v1.Node) (*Plan, error) {
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for i := range sorted {
 		n := &sorted[i]
-		rec, err := recordOf(n)
+		rec, err := RecordOf(n)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -60,17 +61,38 @@ type Record struct {
 	Time               time.Time `json:"time"`
 }
 
-// recordOf reads n's Record; nil when n has none.
-func recordOf(n *v1.Node) (*Record, error) {
+// RecordOf reads n's Record; nil when n has none. Whoever may patch the
+// Node may write the annotation, so a value that is not a Record this
+// package writes (not JSON, or a kind or phase it does not know) is an
+// error naming the node and the annotation, and a rollout plans nothing
+// from it.
+func RecordOf(n *v1.Node) (*Record, error) {
 	s, ok := n.Annotations[AnnotationMigration]
 	if !ok || s == "" {
 		return nil, nil
 	}
 	var r Record
-	if err := json.Unmarshal([]byte(s), &r); err != nil {
-		return nil, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationMigration, err)
+	err := json.Unmarshal([]byte(s), &r)
+	switch {
+	case err != nil:
+	case r.Kind != KindFromKubeProxy && r.Kind != KindTo:
+		err = fmt.Errorf("kind %s: want %s or %s", quote(r.Kind), KindFromKubeProxy, KindTo)
+	case r.Phase != PhaseRunning && r.Phase != PhaseDone && r.Phase != PhaseFailed && r.Phase != PhaseRollingBack:
+		err = fmt.Errorf("phase %s: want %s, %s, %s or %s", quote(r.Phase), PhaseRunning, PhaseDone, PhaseFailed, PhaseRollingBack)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node %s: annotation %s: %w (not a record kp migrate cluster writes: fix it, or remove "+
+			"it with kubectl annotate node %s %s-, and run again)", n.Name, AnnotationMigration, err, n.Name, AnnotationMigration)
 	}
 	return &r, nil
+}
+
+// quote quotes a value read from a Node for a message, cut to 64 bytes.
+func quote(s string) string {
+	if len(s) > 64 {
+		return strconv.Quote(s[:64]) + "…"
+	}
+	return strconv.Quote(s)
 }
 
 func (r *Record) String() string {

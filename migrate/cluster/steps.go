@@ -27,7 +27,7 @@ func (c *Controller) newRun(ctx context.Context, req Request, node string) (*nod
 	if err != nil {
 		return nil, nil, &StepError{Node: node, Step: "read", Err: err}
 	}
-	rec, err := recordOf(n)
+	rec, err := RecordOf(n)
 	if err != nil {
 		return nil, nil, &StepError{Node: node, Step: "read", Err: err}
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kpproxy/kp/test/apiserver"
+	"github.com/kpproxy/kp/test/bench"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -141,14 +143,6 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 			}, metav1.CreateOptions{})
 			return err
 		}},
-		{"create an events.k8s.io Event", func() error {
-			_, err := sa.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
-				ObjectMeta: metav1.ObjectMeta{GenerateName: "kp-"}, EventTime: metav1.NowMicro(),
-				ReportingController: "kp", ReportingInstance: "kp-" + nodeName, Action: "Test", Reason: "Test",
-				Regarding: *node, Note: "from the RBAC test", Type: v1.EventTypeNormal,
-			}, metav1.CreateOptions{})
-			return err
-		}},
 	}
 	for _, a := range allowed {
 		if err := a.call(); err != nil {
@@ -189,6 +183,20 @@ func TestKpWorksWithOnlyItsServiceAccountsRoleAndTheRoleAllowsNothingMore(t *tes
 			return sa.CoreV1().Events("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		}},
 		{"list Events", func() error { _, err := sa.CoreV1().Events("").List(ctx, metav1.ListOptions{}); return err }},
+		// kp writes core Events itself; client-go's recorder, which may
+		// use events.k8s.io, is not in kp.
+		{"create an events.k8s.io Event", func() error {
+			_, err := sa.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "kp-"}, EventTime: metav1.NowMicro(),
+				ReportingController: "kp", ReportingInstance: "kp-" + nodeName, Action: "Test", Reason: "Test",
+				Regarding: *node, Note: "from the RBAC test", Type: v1.EventTypeNormal,
+			}, metav1.CreateOptions{})
+			return err
+		}},
+		{"get a Service", func() error {
+			_, err := sa.CoreV1().Services("e2e").Get(ctx, "web", metav1.GetOptions{})
+			return err
+		}},
 		{"update its DaemonSet", func() error {
 			_, err := sa.AppsV1().DaemonSets("kube-system").Patch(ctx, "kp", types.MergePatchType,
 				[]byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
@@ -221,7 +229,20 @@ func TestDaemonSetRunsTheBinaryTheDockerfileInstalls(t *testing.T) {
 	if m == nil {
 		t.Fatalf("Dockerfile has no exec-form ENTRYPOINT")
 	}
-	y, err := os.ReadFile(filepath.Join(dir, "daemonset.yaml"))
+	c := shippedDaemonSet(t).Spec.Template.Spec.Containers[0]
+	if len(c.Command) == 0 || c.Command[0] != string(m[1]) {
+		t.Errorf("DaemonSet runs %q; the image's kp is %s", c.Command, m[1])
+	}
+	caps := c.SecurityContext.Capabilities
+	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 2 || caps.Add[0] != "NET_ADMIN" || caps.Add[1] != "NET_RAW" {
+		t.Errorf("capabilities %+v; kp needs NET_ADMIN, NET_RAW (iptables-legacy) and nothing else", caps)
+	}
+}
+
+// shippedDaemonSet is manifests/daemonset.yaml, decoded strictly.
+func shippedDaemonSet(t *testing.T) *appsv1.DaemonSet {
+	t.Helper()
+	y, err := os.ReadFile(filepath.Join(manifestsDir(t), "daemonset.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,15 +254,66 @@ func TestDaemonSetRunsTheBinaryTheDockerfileInstalls(t *testing.T) {
 	if !ok {
 		t.Fatalf("daemonset.yaml holds a %T", objs[0])
 	}
-	c := ds.Spec.Template.Spec.Containers[0]
-	if len(c.Command) == 0 || c.Command[0] != string(m[1]) {
-		t.Errorf("DaemonSet runs %q; the image's kp is %s", c.Command, m[1])
+	return ds
+}
+
+// The proxy container's resources cover what the benchmark measured of kp
+// at 10,000 Services (its nftables mode, the manifest's): the memory
+// request at least the idle RSS, the memory limit at least the cold
+// start's peak RSS plus its largest child's (the cgroup counts both), each
+// the worst run of test/bench/results.json; the CPU request at least the
+// idle CPU; and no CPU limit, which would throttle syncs. A benchmark that
+// measures more fails this test until the manifest is sized again.
+func TestDaemonSetResourcesCoverTheBenchmark(t *testing.T) {
+	const n = 10000
+	root, err := netns.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	caps := c.SecurityContext.Capabilities
-	if len(caps.Drop) != 1 || caps.Drop[0] != "ALL" || len(caps.Add) != 2 || caps.Add[0] != "NET_ADMIN" || caps.Add[1] != "NET_RAW" {
-		t.Errorf("capabilities %+v; kp needs NET_ADMIN, NET_RAW (iptables-legacy) and nothing else", caps)
+	raw, err := os.ReadFile(filepath.Join(root, "test", "bench", "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res bench.Results
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatalf("test/bench/results.json: %v", err)
+	}
+	var idleRSS, peak int64
+	var idleCPU float64 // cores
+	for _, i := range res.Idles {
+		if i.Proxy == bench.KP && i.N == n && i.Window > 0 {
+			idleRSS, idleCPU = max(idleRSS, i.RSS), max(idleCPU, i.CPUSeconds/i.Window)
+		}
+	}
+	for _, f := range res.FullSyncs {
+		if f.Proxy == bench.KP && f.N == n && !f.Unfinished {
+			peak = max(peak, f.PeakRSS+f.ChildRSS)
+		}
+	}
+	if idleRSS == 0 || peak == 0 {
+		t.Fatalf("test/bench/results.json has no idle RSS (%d) or cold start peak (%d) of %s at N = %d", idleRSS, peak, bench.KP, n)
+	}
+	t.Logf("%s at N = %d: idle %.1f MiB, %.4f cores; peak with its child %.1f MiB", bench.KP, n, mib(idleRSS), idleCPU, mib(peak))
+
+	c := shippedDaemonSet(t).Spec.Template.Spec.Containers[0]
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	if got := req.Memory().Value(); got < idleRSS {
+		t.Errorf("memory request %s (%.1f MiB) is below kp's idle RSS at N = %d, %.1f MiB", req.Memory(), mib(got), n, mib(idleRSS))
+	}
+	if got := lim.Memory().Value(); got == 0 {
+		t.Errorf("no memory limit; want at least kp's peak at N = %d, %.1f MiB", n, mib(peak))
+	} else if got < peak {
+		t.Errorf("memory limit %s (%.1f MiB) is below kp's peak at N = %d, %.1f MiB", lim.Memory(), mib(got), n, mib(peak))
+	}
+	if got := req.Cpu().AsApproximateFloat64(); got < idleCPU {
+		t.Errorf("CPU request %s is below kp's idle CPU at N = %d, %.4f cores", req.Cpu(), n, idleCPU)
+	}
+	if !lim.Cpu().IsZero() {
+		t.Errorf("CPU limit %s: a throttled kp falls behind the Service changes", lim.Cpu())
 	}
 }
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 // withSettings returns the KubeProxyConfiguration config with settings
 // merged in (a map merges into the section of the same name).

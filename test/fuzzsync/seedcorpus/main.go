@@ -5,9 +5,10 @@
 //	go run ./test/fuzzsync/seedcorpus
 //
 // The manifest targets get the demo's manifests, nft's testdata/manifests
-// and the edge cases below; the config file, migration request and
-// services query targets get theirs. Inputs the fuzzer finds failing are
-// written beside them by `go test -fuzz`, and stay when committed.
+// and the edge cases below; the config file, migration request, services
+// query and Node annotation targets get theirs. Inputs the fuzzer finds
+// failing are written beside them by `go test -fuzz`, and stay when
+// committed.
 package main
 
 import (
@@ -59,6 +60,10 @@ func main() {
 	}
 	for name, q := range servicesQueries {
 		write("proxy/server", "FuzzServicesQuery", name, "string("+strconv.Quote(q)+")")
+	}
+	for name, a := range nodeAnnotations {
+		write("migrate", "FuzzNodeAnnotations", name, fmt.Sprintf("string(%s)\nbool(%t)\nbool(%t)\nstring(%s)",
+			strconv.Quote(a.mode), a.allowNone, a.atStart, strconv.Quote(a.record)))
 	}
 }
 

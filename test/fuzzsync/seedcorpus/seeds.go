@@ -1,5 +1,7 @@
 package main
 
+import "strings"
+
 // edgeManifests are manifests at the edges of what kp reads; the tracker's
 // node is "node" (fuzzsync.NodeName). Most decode; the last few are
 // rejected, so the decoder's errors are fuzzed from them.
@@ -169,4 +171,34 @@ var servicesQueries = map[string]string{
 	"malformed":       "namespace=%zz&service=web;x",
 	"service-only":    "service=web",
 	"unknown-and-odd": "limit=-1&&=&namespace=",
+}
+
+// nodeAnnotation is one input of FuzzNodeAnnotations: a value of
+// kpproxy.io/proxy-mode, whether kp runs with --allow-mode-none, whether
+// the value is there at start, and a value of kpproxy.io/migration.
+type nodeAnnotation struct {
+	mode               string
+	allowNone, atStart bool
+	record             string
+}
+
+const recordTime = `,"time":"2026-11-27T08:00:00Z"}`
+
+var nodeAnnotations = map[string]nodeAnnotation{
+	"none-at-all":                 {},
+	"nftables-while-running":      {mode: "nftables", record: `{"kind":"to","to":"nftables","phase":"done"` + recordTime},
+	"iptables-legacy-at-start":    {mode: "iptables-legacy", atStart: true, record: `{"kind":"from-kube-proxy","phase":"running"` + recordTime},
+	"iptables-nft-spaced":         {mode: " iptables-nft\n", record: `{"kind":"to","to":"iptables","phase":"failed","step":"verify","error":"no counters moved"` + recordTime},
+	"ipvs":                        {mode: "ipvs", record: `{"kind":"from-kube-proxy","to":"ipvs","phase":"rolling-back","previous":"nftables","previousAnnotation":"ipvs"` + recordTime},
+	"userspace-at-start":          {mode: "userspace", atStart: true, record: "null"},
+	"none-refused":                {mode: "none", record: `{"kind":"to","phase":"paused"` + recordTime},
+	"none-allowed":                {mode: "none", allowNone: true, record: `{"kind":"sideways","phase":"done"` + recordTime},
+	"none-refused-at-start":       {mode: "none", atStart: true, record: "{}"},
+	"upper-case":                  {mode: "IPTABLES", record: "not json"},
+	"unknown-mode":                {mode: "kernelspace", record: `[{"kind":"to"}]`},
+	"only-spaces":                 {mode: "   ", record: `{"kind":"to","phase":"done","time":"yesterday"}`},
+	"control-characters":          {mode: "nft\x00ables\r\n\x1b[31m", record: "{\"kind\":\"to\",\"phase\":\"done\",\"error\":\"\\u0000\\n\"" + recordTime},
+	"invalid-utf8":                {mode: "ipvs\xff\xfe", record: "{\"kind\":\"to\xff\",\"phase\":\"done\"" + recordTime},
+	"long-value-cut-inside-rune":  {mode: strings.Repeat("x", 63) + "é" + strings.Repeat("y", 300), record: `{"kind":"to","phase":"` + strings.Repeat("z", 300) + `"` + recordTime},
+	"long-value-of-continuations": {mode: strings.Repeat("\x80", 4096), atStart: true, record: strings.Repeat("{", 4096)},
 }
