@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -78,11 +79,15 @@ type app struct {
 }
 
 func newApp(stdout, stderr io.Writer) *app {
+	v, c := version, commit
+	if info, ok := debug.ReadBuildInfo(); ok {
+		v, c = moduleVersion(v, c, info)
+	}
 	return &app{
 		stdout:   stdout,
 		stderr:   stderr,
-		version:  version,
-		commit:   commit,
+		version:  v,
+		commit:   c,
 		hostname: os.Hostname,
 		getenv:   os.Getenv,
 		backends: map[proxy.Mode]backendFactory{

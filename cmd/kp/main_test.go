@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -164,6 +165,33 @@ func TestVersionPrintsVersionCommitAndGo(t *testing.T) {
 		if !strings.Contains(h.stdout.String(), want) {
 			t.Errorf("version output lacks %q:\n%s", want, h.stdout.String())
 		}
+	}
+}
+
+func TestVersionFromGoInstallsModuleVersion(t *testing.T) {
+	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "4746c90bd29f7a2b1c0d"}}
+	for _, tc := range []struct {
+		name                    string
+		version, commit         string
+		mod                     string
+		settings                []debug.BuildSetting
+		wantVersion, wantCommit string
+	}{
+		{"stamped by the Makefile", "v1.2.3", "abc", "v0.0.0-20261127081500-4746c90bd29f", nil, "v1.2.3", "abc"},
+		{"go install of a release", "dev", "dev", "v1.2.3", nil, "v1.2.3", "dev"},
+		{"go install of a pseudo-version", "dev", "dev", "v0.0.0-20261127081500-4746c90bd29f", nil, "v0.0.0-20261127081500-4746c90bd29f", "4746c90bd29f"},
+		{"go install of a pre-release pseudo-version", "dev", "dev", "v1.2.4-0.20261127081500-4746c90bd29f", nil, "v1.2.4-0.20261127081500-4746c90bd29f", "4746c90bd29f"},
+		{"a tag with a suffix is no pseudo-version", "dev", "dev", "v1.2.3-rc1", nil, "v1.2.3-rc1", "dev"},
+		{"go build in a checkout", "dev", "dev", "(devel)", vcs, "dev", "4746c90bd29f7a2b1c0d"},
+		{"go build without VCS stamping", "dev", "dev", "(devel)", nil, "dev", "dev"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			info := &debug.BuildInfo{Main: debug.Module{Path: "github.com/kpproxy/kp", Version: tc.mod}, Settings: tc.settings}
+			v, c := moduleVersion(tc.version, tc.commit, info)
+			if v != tc.wantVersion || c != tc.wantCommit {
+				t.Errorf("moduleVersion(%q, %q, %q) = %q, %q; want %q, %q", tc.version, tc.commit, tc.mod, v, c, tc.wantVersion, tc.wantCommit)
+			}
+		})
 	}
 }
 
