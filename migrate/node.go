@@ -40,6 +40,9 @@ type NodeSwitch struct {
 	Name string
 }
 
+// ErrNoneByNodeSwitch refuses a node switch to the none mode.
+var ErrNoneByNodeSwitch = errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
+
 // NodeError names the node and the step that failed.
 func NodeError(node, step string, err error) error {
 	if node == "" {
@@ -51,7 +54,7 @@ func NodeError(node, step string, err error) error {
 // Run runs the switch.
 func (n *NodeSwitch) Run(ctx context.Context) error {
 	if n.Target.Mode == proxy.ModeNone {
-		return errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
+		return ErrNoneByNodeSwitch
 	}
 	node := n.Name
 	st, err := n.Node.Status(ctx)

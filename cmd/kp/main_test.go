@@ -200,7 +200,7 @@ func TestKpTopNameRunsTop(t *testing.T) {
 	// A flag only kp top has, with a value it refuses before it opens the
 	// terminal.
 	code := run(context.Background(), h.a, []string{"/usr/local/bin/kp-top", "--refresh", "1ms"})
-	if code != 1 || !strings.Contains(h.stderr.String(), "--refresh 1ms: want at least 100ms") {
+	if code != exitUsage || !strings.Contains(h.stderr.String(), "--refresh 1ms: want at least 100ms") {
 		t.Errorf("kp-top: exit %d, stderr %q", code, h.stderr.String())
 	}
 }
@@ -225,7 +225,7 @@ func TestUnknownFlagPointsAtHelp(t *testing.T) {
 	h := newHarness(t)
 	code := h.run("proxy", "--no-such-flag")
 	want := "kp: unknown flag: --no-such-flag (see 'kp proxy --help')\n"
-	if code != 1 || h.stderr.String() != want {
+	if code != exitUsage || h.stderr.String() != want {
 		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
 	}
 }

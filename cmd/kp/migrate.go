@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -97,7 +96,10 @@ MODE afterwards.`,
 func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	target, err := proxy.ParseTarget(o.to)
 	if err != nil {
-		return fmt.Errorf("--to: %w", err)
+		return usageErrorf("--to: %w", err)
+	}
+	if target.Mode == proxy.ModeNone {
+		return usage(migrate.ErrNoneByNodeSwitch)
 	}
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.
@@ -110,13 +112,16 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 		return migrate.NodeError(node, "plan", err)
 	}
 	defer src.Close()
-	sw := &migrate.NodeSwitch{Node: nodeSwitchSource{src}, Target: target, DryRun: o.dryRun, Timeout: o.timeout,
+	sw := &migrate.NodeSwitch{Node: nodeSwitchSource{src, a.inventory}, Target: target, DryRun: o.dryRun, Timeout: o.timeout,
 		Out: a.stdout, Name: node}
-	return sw.Run(ctx)
+	return refusedSwitch(sw.Run(ctx))
 }
 
 // nodeSwitchSource is a node's kp as migrate.NodeSwitch reads it.
-type nodeSwitchSource struct{ *nodeSource }
+type nodeSwitchSource struct {
+	*nodeSource
+	list func(*nodeSource, context.Context) ([]migrate.Found, error)
+}
 
 func (s nodeSwitchSource) RequestMigration(ctx context.Context, req statusapi.MigrationRequest) (*statusapi.Migration, error) {
 	return s.client.RequestMigration(ctx, req)
@@ -131,7 +136,7 @@ func (s nodeSwitchSource) Migration(ctx context.Context) (*statusapi.Migration, 
 }
 
 func (s nodeSwitchSource) Inventory(ctx context.Context) ([]migrate.Found, error) {
-	return s.inventory(ctx)
+	return s.list(s.nodeSource, ctx)
 }
 
 // inventory lists what programs Services inside the node's namespace.

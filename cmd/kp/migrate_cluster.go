@@ -150,17 +150,17 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
 func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) error {
 	if o.req.To != "" {
 		if _, err := proxy.ParseTarget(o.req.To); err != nil {
-			return fmt.Errorf("--to: %w", err)
+			return usageErrorf("--to: %w", err)
 		}
 	}
 	if o.keepKubeProxy && o.req.DeleteKubeProxy {
-		return errors.New("--keep-kube-proxy and --delete-kube-proxy: choose one (keeping is the default)")
+		return usageErrorf("--keep-kube-proxy and --delete-kube-proxy: choose one (keeping is the default)")
 	}
 	if err := o.req.Validate(); err != nil {
-		return err
+		return usage(err)
 	}
 	if err := o.checkPreflightFlags(); err != nil {
-		return err
+		return usage(err)
 	}
 	client, server, err := a.clusterClient(o.kubeconfig, o.context)
 	if err != nil {

@@ -62,7 +62,7 @@ func (a *app) dryRun(ctx context.Context, o *migrateClusterOptions, c *cluster.C
 		r.WriteText(a.stdout)
 	}
 	if r.Summary.Error > 0 {
-		return fmt.Errorf("preflight: %d error(s): as configured, kp would not start or not reach the API server; see the items marked ERROR", r.Summary.Error)
+		return refusedErrorf("preflight: %d error(s): as configured, kp would not start or not reach the API server; see the items marked ERROR", r.Summary.Error)
 	}
 	return nil
 }
