@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -108,4 +109,20 @@ func noteStarts(c *cobra.Command, started *bool) {
 
 func refusedErrorf(format string, args ...any) error {
 	return refusedError{fmt.Errorf(format, args...)}
+}
+
+// jsonResult ends a command's JSON Lines (-o json) with its outcome:
+// {"type":"result","exitCode":N,"error":"..."}, the exit code kp exits
+// with.
+func (a *app) jsonResult(err error) {
+	r := struct {
+		Type     string `json:"type"`
+		ExitCode int    `json:"exitCode"`
+		Error    string `json:"error,omitempty"`
+	}{Type: "result", ExitCode: exitCode(err, true)}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	b, _ := json.Marshal(r)
+	fmt.Fprintln(a.stdout, string(b))
 }

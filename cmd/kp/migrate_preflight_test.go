@@ -135,7 +135,7 @@ func TestMigrateClusterRefusesPreflightFlagsWhereTheyMeanNothing(t *testing.T) {
 		want string
 	}{
 		{[]string{"migrate", "cluster", "--to", "iptables", "--print-config"}, "kp: --print-config writes kp's ConfigMap from kube-proxy's: it goes with --from-kube-proxy"},
-		{[]string{"migrate", "cluster", "--from-kube-proxy", "-o", "json"}, "kp: -o json: the preflight's form, with --from-kube-proxy --dry-run"},
+		{[]string{"migrate", "cluster", "--from-kube-proxy", "--print-config", "-o", "json"}, "kp: -o json and --print-config: --print-config writes the ConfigMap as YAML"},
 		{[]string{"migrate", "cluster", "--from-kube-proxy", "--dry-run", "-o", "yaml"}, `kp: -o "yaml": want text or json`},
 	} {
 		h := newHarness(t)
