@@ -57,6 +57,33 @@ func TestSecurityPolicyPointsAtTheThreatModelAndSaysHowToReport(t *testing.T) {
 	}
 }
 
+// readmeLines bounds README.md: what an operator reads in five minutes
+// (what kp is, install, replacing kube-proxy, rollback, the command line,
+// troubleshooting, the two developer commands); the rest is in docs/.
+const readmeLines = 250
+
+func TestReadmeIsShortAndSendsTheRestToDocs(t *testing.T) {
+	text := read(t, "README.md")
+	if n := strings.Count(text, "\n"); n > readmeLines {
+		t.Errorf("README.md has %d lines, want at most %d: move the detail into docs/ and link it", n, readmeLines)
+	}
+	for _, section := range []string{"## Install", "## Replacing kube-proxy", "## Rollback and uninstall", "## The command line",
+		"## Troubleshooting", "## Developing", "make demo", "make test"} {
+		if !strings.Contains(text, section) {
+			t.Errorf("README.md lacks %q", section)
+		}
+	}
+	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		if link := "(docs/" + filepath.Base(d) + ")"; !strings.Contains(text, link) {
+			t.Errorf("README.md does not link %s: every page of docs/ is reached from it", link)
+		}
+	}
+}
+
 // documents are the Markdown files whose links are checked: the top-level
 // ones (README.md, CHANGELOG.md, SECURITY.md) and docs/.
 func documents(t *testing.T) []string {
