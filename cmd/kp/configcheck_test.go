@@ -37,7 +37,9 @@ func shippedConfigMap(t *testing.T, editConfig, editKubeconfig func(string) stri
 func same(s string) string { return s }
 
 func podCIDRs(cidr string) func(string) string {
-	return func(s string) string { return strings.Replace(s, "clusterCIDR: CLUSTER-POD-CIDRS", "clusterCIDR: "+cidr, 1) }
+	return func(s string) string {
+		return strings.Replace(s, "clusterCIDR: CLUSTER-POD-CIDRS", "clusterCIDR: "+cidr, 1)
+	}
 }
 
 func realServer(s string) string {
