@@ -69,7 +69,7 @@ require (
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/lucasb-eyer/go-colorful v1.4.1 // indirect
 	github.com/mailru/easyjson v0.7.7 // indirect
-	github.com/mattn/go-runewidth v0.0.27 // indirect
+	github.com/mattn/go-runewidth v0.0.31 // indirect
 	github.com/mdlayher/socket v0.5.1 // indirect
 	github.com/moby/spdystream v0.5.1 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
@@ -104,11 +104,3 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 )
-
-// go-runewidth from v0.0.23 on builds its width tables in init (v0.0.27:
-// 41 ms of CPU and 2.4 MiB of resident memory, measured with GODEBUG
-// inittrace and /proc/PID/status), in every kp process, the node proxy
-// included, which never draws a terminal. v0.0.19 computes widths on
-// demand; kp top, its only user (through bubbles and x/ansi), draws a few
-// hundred mostly ASCII cells every 2 s, and its view tests pass on it.
-replace github.com/mattn/go-runewidth => github.com/mattn/go-runewidth v0.0.19

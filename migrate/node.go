@@ -36,9 +36,15 @@ type NodeSwitch struct {
 	Timeout time.Duration
 	Poll    time.Duration
 	Out     io.Writer
+	// JSON writes to Out as JSON Lines, one NodeEvent each, in place of
+	// text.
+	JSON bool
 	// Name is the node's name until kp's status names it.
 	Name string
 }
+
+// ErrNoneByNodeSwitch refuses a node switch to the none mode.
+var ErrNoneByNodeSwitch = errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
 
 // NodeError names the node and the step that failed.
 func NodeError(node, step string, err error) error {
@@ -51,7 +57,7 @@ func NodeError(node, step string, err error) error {
 // Run runs the switch.
 func (n *NodeSwitch) Run(ctx context.Context) error {
 	if n.Target.Mode == proxy.ModeNone {
-		return errors.New("--to none: the none mode removes kp's rules and programs nothing; it is kp migrate cluster --rollback's, for handing a node back to kube-proxy")
+		return ErrNoneByNodeSwitch
 	}
 	node := n.Name
 	st, err := n.Node.Status(ctx)
@@ -65,21 +71,25 @@ func (n *NodeSwitch) Run(ctx context.Context) error {
 	}
 	running := RunningTarget(st)
 	p := NewPlan(st, running, n.Target, found)
-	p.Print(n.Out)
+	if n.JSON {
+		n.emit(p.event(n.DryRun))
+	} else {
+		p.Print(n.Out)
+	}
 	if p.Nothing() {
-		fmt.Fprintf(n.Out, "\nNothing to do: kp runs %s and nothing else programs Services on %s.\n", running, node)
+		n.say("\nNothing to do: kp runs %s and nothing else programs Services on %s.\n", running, node)
 		return nil
 	}
 	if n.DryRun {
-		fmt.Fprintln(n.Out, "\nDry run: nothing changed.")
+		n.say("\nDry run: nothing changed.\n")
 		return nil
 	}
-	fmt.Fprintf(n.Out, "\nMigrating node %s to %s:\n", node, n.Target)
+	n.say("\nMigrating node %s to %s:\n", node, n.Target)
 	id, err := n.request(ctx, st)
 	if err != nil {
 		return NodeError(node, "request", err)
 	}
-	final, err := n.follow(ctx, id)
+	final, err := n.follow(ctx, node, id)
 	if err != nil {
 		return NodeError(node, "wait", err)
 	}
@@ -100,7 +110,8 @@ func (n *NodeSwitch) Run(ctx context.Context) error {
 func (n *NodeSwitch) request(ctx context.Context, st *statusapi.Status) (uint64, error) {
 	if m := st.Migration; m != nil && m.To == n.Target.String() &&
 		(m.Phase == statusapi.MigrationPending || m.Phase == statusapi.MigrationRunning) {
-		fmt.Fprintf(n.Out, "  (a switch to %s asked by %s is under way; following it)\n", m.To, m.RequestedBy)
+		n.emit(NodeEvent{Type: "message", Node: st.Node, Message: fmt.Sprintf("a switch to %s asked by %s is under way; following it", m.To, m.RequestedBy)})
+		n.say("  (a switch to %s asked by %s is under way; following it)\n", m.To, m.RequestedBy)
 		return m.ID, nil
 	}
 	mig, err := n.Node.RequestMigration(ctx, statusapi.MigrationRequest{To: n.Target.String(), RequestedBy: "kp migrate node"})
@@ -116,8 +127,12 @@ func (n *NodeSwitch) report(ctx context.Context, node string, final *statusapi.M
 	if err != nil {
 		return NodeError(node, "report", err)
 	}
-	fmt.Fprintf(n.Out, "\nNode %s now runs kp %s. Programming its Services:\n", node, final.To)
-	PrintFound(n.Out, left)
+	if n.JSON {
+		n.emit(NodeEvent{Type: "report", Node: node, Target: final.To, Programs: programs(left), KeptForConnections: final.KeptForConnections})
+	} else {
+		fmt.Fprintf(n.Out, "\nNode %s now runs kp %s. Programming its Services:\n", node, final.To)
+		PrintFound(n.Out, left)
+	}
 	var stale []string
 	for _, f := range left {
 		// IPVS virtual servers that connections (established, or UDP
@@ -128,20 +143,20 @@ func (n *NodeSwitch) report(ctx context.Context, node string, final *statusapi.M
 		}
 	}
 	if k := final.KeptForConnections; k > 0 {
-		fmt.Fprintf(n.Out, "\n%d IPVS virtual servers stay while their connections last (IPVS drops a\n"+
+		n.say("\n%d IPVS virtual servers stay while their connections last (IPVS drops a\n"+
 			"connection's packets once its virtual server is gone); kp removes them when those connections end.\n", k)
 	}
 	if len(stale) > 0 {
 		return NodeError(node, "remove", fmt.Errorf("still on the node: %s (re-run to retry)", strings.Join(stale, "; ")))
 	}
-	fmt.Fprintf(n.Out, "\nTo keep %s across kp restarts, annotate the Node: kubectl annotate node %s %s=%s --overwrite\n",
+	n.say("\nTo keep %s across kp restarts, annotate the Node: kubectl annotate node %s %s=%s --overwrite\n",
 		final.To, node, proxy.AnnotationProxyMode, final.To)
 	return nil
 }
 
 // follow polls the migration with id until it ends, printing each step as
 // it finishes.
-func (n *NodeSwitch) follow(ctx context.Context, id uint64) (*statusapi.Migration, error) {
+func (n *NodeSwitch) follow(ctx context.Context, node string, id uint64) (*statusapi.Migration, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.Timeout)
 	defer cancel()
 	poll := n.Poll
@@ -157,6 +172,10 @@ func (n *NodeSwitch) follow(ctx context.Context, id uint64) (*statusapi.Migratio
 		if m != nil && m.ID == id {
 			for ; printed < len(m.Steps) && !m.Steps[printed].Ended.IsZero(); printed++ {
 				s := m.Steps[printed]
+				if n.JSON {
+					n.emit(NodeEvent{Type: "step", Node: node, Step: &s})
+					continue
+				}
 				line := s.Detail
 				if s.Error != "" {
 					line = "FAILED: " + s.Error
@@ -166,7 +185,8 @@ func (n *NodeSwitch) follow(ctx context.Context, id uint64) (*statusapi.Migratio
 			if m.Phase == statusapi.MigrationSucceeded || m.Phase == statusapi.MigrationFailed {
 				if v := m.Verification; v != nil {
 					for _, w := range v.Warnings {
-						fmt.Fprintf(n.Out, "  warning: %s\n", w)
+						n.emit(NodeEvent{Type: "warning", Node: node, Message: w})
+						n.say("  warning: %s\n", w)
 					}
 				}
 				return m, nil

@@ -24,10 +24,5 @@ func NodePortsOf(st *proxy.State) []NodePort {
 // /kp/v1/inventory lists it.
 func InventoryPrograms(ctx context.Context) ([]statusapi.Program, error) {
 	found, err := Inventory(ctx)
-	out := make([]statusapi.Program, 0, len(found))
-	for _, f := range found {
-		out = append(out, statusapi.Program{Owner: f.Owner, Mode: f.Mode, Where: f.Where, Chains: f.Chains,
-			Rules: f.Rules, Elements: f.Elements, VirtualServers: f.VirtualServers})
-	}
-	return out, err
+	return programs(found), err
 }

@@ -216,7 +216,7 @@ func (r *serviceRender) clusterMasquerade(only []netip.Addr) []Rule {
 // upstream's anonymous "numgen vmap" per Service, nor a map bound by a rule
 // per Service: the kernel walks every set of the table for each set it
 // creates and every binding of a map for each element it inserts, so
-// either makes a full sync O(N²) in the number of Services (see README,
+// either makes a full sync O(N²) in the number of Services (see docs/modes.md,
 // "Why endpoints are slots").
 //
 // After the pick, traffic goes on to dnat: cluster-dnat (the Cluster
@@ -244,7 +244,7 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 	// changes, only that chain is rewritten, and the kernel does not
 	// validate the whole table for it (it does for any rule added with a
 	// lookup, a jump or goto, a meta set or a NAT expression, which is
-	// costly at scale; see README). The slot table knows
+	// costly at scale; see docs/modes.md). The slot table knows
 	// the block by the pick chain's name.
 	pick := pickChainName(name)
 	blk := r.slots.assign(pick, addrs)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -64,5 +65,40 @@ func TestBinaryDoesNotLinkCostlyPackages(t *testing.T) {
 	}
 	if failed {
 		t.Logf("which package imports them: go list -deps -f '{{.ImportPath}}: {{join .Imports \" \"}}' %s", binary)
+	}
+}
+
+// go-runewidth v0.0.23 to v0.0.27 build their width tables at init (41 ms
+// of CPU and 2.4 MiB resident in every kp process, the node proxy included:
+// test/bench/NOTES.md); v0.0.28 on build them on first use, by kp top alone.
+// kp requires a lazy release rather than replacing the module, since `go
+// install` refuses a module whose go.mod has a replace directive
+// (test/goinstall).
+func TestBinaryLinksARuneWidthThatBuildsItsTablesLazily(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		netns.Unavailable(t, "skipped: no go command on PATH: %v", err)
+	}
+	const mod = "github.com/mattn/go-runewidth"
+	out, err := exec.Command(gobin, "list", "-m", mod).Output()
+	if err != nil {
+		t.Fatalf("go list -m %s: %v", mod, err)
+	}
+	// "path version", or "path version => path version" when replaced: the
+	// last version is the one built.
+	fields := strings.Fields(string(out))
+	if len(fields) < 2 {
+		t.Fatalf("go list -m %s: %q", mod, out)
+	}
+	version := fields[len(fields)-1]
+	patch, err := strconv.Atoi(strings.TrimPrefix(version, "v0.0."))
+	if err != nil {
+		t.Fatalf("%s %s: not a v0.0.N release (%v); check whether it builds tables at init, then update this test", mod, version, err)
+	}
+	if patch >= 23 && patch <= 27 {
+		t.Errorf("kp builds with %s %s, which builds its width tables at init in every kp process; require v0.0.28 or later", mod, version)
+	}
+	if len(fields) > 2 {
+		t.Errorf("go.mod replaces %s (%s): go install refuses a module with a replace directive", mod, strings.TrimSpace(string(out)))
 	}
 }

@@ -52,7 +52,7 @@ or the one given with --netns. Needs root (CAP_NET_ADMIN).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.output != "table" && o.output != "json" {
-				return fmt.Errorf("--output %q: want table or json", o.output)
+				return usageErrorf("--output %q: want table or json", o.output)
 			}
 			reports, err := a.flows(cmd.Context(), o)
 			if err != nil {

@@ -51,7 +51,7 @@ func TestFlowsTableShowsServiceEndpointAndState(t *testing.T) {
 
 func TestFlowsRejectsUnknownOutputAndMissingNamespace(t *testing.T) {
 	h := newHarness(t)
-	if code := h.run("flows", "-o", "yaml"); code != 1 || !strings.Contains(h.stderr.String(), `--output "yaml": want table or json`) {
+	if code := h.run("flows", "-o", "yaml"); code != exitUsage || !strings.Contains(h.stderr.String(), `--output "yaml": want table or json`) {
 		t.Errorf("exit %d, stderr %q", code, h.stderr.String())
 	}
 	h = newHarness(t)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/ipvs"
 	"github.com/kpproxy/kp/legacy/userspace"
+	"github.com/kpproxy/kp/migrate"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
@@ -69,6 +71,9 @@ type app struct {
 	sysctls interface {
 		Ensure(name, value string) (old string, err error)
 	}
+	// inventory lists what programs Services in a node's namespace (kp
+	// migrate node; tests: a list of their own, not the host's kernel).
+	inventory func(*nodeSource, context.Context) ([]migrate.Found, error)
 	// podCIDRTimeout bounds the wait for the Node's pod CIDRs
 	// (detectLocalMode NodeCIDR).
 	podCIDRTimeout time.Duration
@@ -78,11 +83,15 @@ type app struct {
 }
 
 func newApp(stdout, stderr io.Writer) *app {
+	v, c := version, commit
+	if info, ok := debug.ReadBuildInfo(); ok {
+		v, c = moduleVersion(v, c, info)
+	}
 	return &app{
 		stdout:   stdout,
 		stderr:   stderr,
-		version:  version,
-		commit:   commit,
+		version:  v,
+		commit:   c,
 		hostname: os.Hostname,
 		getenv:   os.Getenv,
 		backends: map[proxy.Mode]backendFactory{
@@ -104,6 +113,7 @@ func newApp(stdout, stderr io.Writer) *app {
 		clusterClient:  clusterClient,
 		runProxy:       server.Run,
 		podCIDRTimeout: podCIDRTimeout,
+		inventory:      (*nodeSource).inventory,
 		sysctls:        sysctl.Dir(""),
 		logOpts:        options.DefaultLogOptions(),
 	}
@@ -114,18 +124,18 @@ func newApp(stdout, stderr io.Writer) *app {
 var errReported = errors.New("already reported")
 
 // run executes the command line args (args[0] is the program name) and returns
-// the process exit code. An error is printed as "kp: ...", without a stack
-// trace or a usage dump.
+// the process exit code (exitcode.go). An error is printed as "kp: ...",
+// without a stack trace or a usage dump.
 func run(ctx context.Context, a *app, args []string) int {
 	root := newRootCommand(a)
 	root.SetArgs(commandArgs(args))
-	if err := root.ExecuteContext(ctx); err != nil {
-		if !errors.Is(err, errReported) {
-			fmt.Fprintf(a.stderr, "kp: %v\n", err)
-		}
-		return 1
+	started := false
+	noteStarts(root, &started)
+	err := root.ExecuteContext(ctx)
+	if err != nil && !errors.Is(err, errReported) {
+		fmt.Fprintf(a.stderr, "kp: %v\n", err)
 	}
-	return 0
+	return exitCode(err, started)
 }
 
 // commandArgs maps the name the binary was invoked by onto a subcommand: a
@@ -169,7 +179,6 @@ DaemonSet can run kp with its arguments unchanged.`,
 			return nil
 		},
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -178,5 +187,10 @@ DaemonSet can run kp with its arguments unchanged.`,
 	a.logOpts.AddFlags(root.PersistentFlags())
 
 	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a), newStatusCommand(a))
+	// cobra's completion command (kp completion bash|zsh|fish|powershell),
+	// added now rather than at Execute, so that it is in the tree
+	// noteStarts wraps and its help ends like every other.
+	root.InitDefaultCompletionCmd()
+	root.SetUsageTemplate(root.UsageTemplate() + exitCodesHelp)
 	return root
 }

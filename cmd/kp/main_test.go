@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -167,12 +168,39 @@ func TestVersionPrintsVersionCommitAndGo(t *testing.T) {
 	}
 }
 
+func TestVersionFromGoInstallsModuleVersion(t *testing.T) {
+	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "4746c90bd29f7a2b1c0d"}}
+	for _, tc := range []struct {
+		name                    string
+		version, commit         string
+		mod                     string
+		settings                []debug.BuildSetting
+		wantVersion, wantCommit string
+	}{
+		{"stamped by the Makefile", "v1.2.3", "abc", "v0.0.0-20261127081500-4746c90bd29f", nil, "v1.2.3", "abc"},
+		{"go install of a release", "dev", "dev", "v1.2.3", nil, "v1.2.3", "dev"},
+		{"go install of a pseudo-version", "dev", "dev", "v0.0.0-20261127081500-4746c90bd29f", nil, "v0.0.0-20261127081500-4746c90bd29f", "4746c90bd29f"},
+		{"go install of a pre-release pseudo-version", "dev", "dev", "v1.2.4-0.20261127081500-4746c90bd29f", nil, "v1.2.4-0.20261127081500-4746c90bd29f", "4746c90bd29f"},
+		{"a tag with a suffix is no pseudo-version", "dev", "dev", "v1.2.3-rc1", nil, "v1.2.3-rc1", "dev"},
+		{"go build in a checkout", "dev", "dev", "(devel)", vcs, "dev", "4746c90bd29f7a2b1c0d"},
+		{"go build without VCS stamping", "dev", "dev", "(devel)", nil, "dev", "dev"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			info := &debug.BuildInfo{Main: debug.Module{Path: "github.com/kpproxy/kp", Version: tc.mod}, Settings: tc.settings}
+			v, c := moduleVersion(tc.version, tc.commit, info)
+			if v != tc.wantVersion || c != tc.wantCommit {
+				t.Errorf("moduleVersion(%q, %q, %q) = %q, %q; want %q, %q", tc.version, tc.commit, tc.mod, v, c, tc.wantVersion, tc.wantCommit)
+			}
+		})
+	}
+}
+
 func TestKpTopNameRunsTop(t *testing.T) {
 	h := newHarness(t)
 	// A flag only kp top has, with a value it refuses before it opens the
 	// terminal.
 	code := run(context.Background(), h.a, []string{"/usr/local/bin/kp-top", "--refresh", "1ms"})
-	if code != 1 || !strings.Contains(h.stderr.String(), "--refresh 1ms: want at least 100ms") {
+	if code != exitUsage || !strings.Contains(h.stderr.String(), "--refresh 1ms: want at least 100ms") {
 		t.Errorf("kp-top: exit %d, stderr %q", code, h.stderr.String())
 	}
 }
@@ -197,7 +225,7 @@ func TestUnknownFlagPointsAtHelp(t *testing.T) {
 	h := newHarness(t)
 	code := h.run("proxy", "--no-such-flag")
 	want := "kp: unknown flag: --no-such-flag (see 'kp proxy --help')\n"
-	if code != 1 || h.stderr.String() != want {
+	if code != exitUsage || h.stderr.String() != want {
 		t.Errorf("exit %d, stderr %q, want %q", code, h.stderr.String(), want)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -39,6 +38,7 @@ type migrateNodeOptions struct {
 	dryRun  bool
 	node    nodeFlags
 	timeout time.Duration
+	output  string
 }
 
 func newMigrateNodeCommand(a *app) *cobra.Command {
@@ -68,7 +68,14 @@ an interrupted switch's).
 The switch lives in the running kp. To keep it across restarts, record it on the
 Node: the annotation ` + proxy.AnnotationProxyMode + `=MODE (kubectl annotate; with
 --manifests, in the Node's file) makes kp switch when it sees it, and start in
-MODE afterwards.`,
+MODE afterwards.
+
+-o json writes JSON Lines, one object a line, each with its "type": "plan"
+(running, target, healthy, servicePorts, endpoints, programs: what programs the
+node's Services now, add, remove, nothingToDo, dryRun), "message", "step" (each
+step as it ends: name, detail, error, started, ended), "warning" (the verify
+step's), "report" (target, programs after the switch, keptForConnections), and
+last "result" (exitCode, error).`,
 		Example: `  # On the node, as root: the plan only
   kp migrate node --to iptables --dry-run
 
@@ -77,6 +84,9 @@ MODE afterwards.`,
 
   # kp runs in the network namespace node-1 (ip netns add node-1)
   kp migrate node --netns node-1 --to nftables
+
+  # For a script: the plan and each step as JSON Lines, then the result
+  kp migrate node --to iptables -o json
 
   # Persistently, through the API server (kp switches when it sees the annotation)
   kubectl annotate node node-1 ` + proxy.AnnotationProxyMode + `=nftables --overwrite`,
@@ -90,6 +100,7 @@ MODE afterwards.`,
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop")
 	o.node.bind(fs, "the node's network namespace, if not this one")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for the switch after this long")
+	fs.StringVarP(&o.output, "output", "o", "text", "text, or json (JSON Lines: the plan, each step, the result)")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
 }
@@ -97,8 +108,23 @@ MODE afterwards.`,
 func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 	target, err := proxy.ParseTarget(o.to)
 	if err != nil {
-		return fmt.Errorf("--to: %w", err)
+		return usageErrorf("--to: %w", err)
 	}
+	if target.Mode == proxy.ModeNone {
+		return usage(migrate.ErrNoneByNodeSwitch)
+	}
+	if o.output != "text" && o.output != "json" {
+		return usageErrorf("--output %q: want text or json", o.output)
+	}
+	err = a.switchNode(ctx, o, target)
+	if o.output == "json" {
+		a.jsonResult(err)
+	}
+	return err
+}
+
+// switchNode runs kp migrate node's switch once its flags are checked.
+func (a *app) switchNode(ctx context.Context, o *migrateNodeOptions, target proxy.Target) error {
 	// Until kp names its node, the host's name (or the namespace's) is the
 	// best guess.
 	node, _ := a.hostname()
@@ -110,13 +136,16 @@ func (a *app) migrateNode(ctx context.Context, o *migrateNodeOptions) error {
 		return migrate.NodeError(node, "plan", err)
 	}
 	defer src.Close()
-	sw := &migrate.NodeSwitch{Node: nodeSwitchSource{src}, Target: target, DryRun: o.dryRun, Timeout: o.timeout,
-		Out: a.stdout, Name: node}
-	return sw.Run(ctx)
+	sw := &migrate.NodeSwitch{Node: nodeSwitchSource{src, a.inventory}, Target: target, DryRun: o.dryRun, Timeout: o.timeout,
+		Out: a.stdout, JSON: o.output == "json", Name: node}
+	return refusedSwitch(sw.Run(ctx))
 }
 
 // nodeSwitchSource is a node's kp as migrate.NodeSwitch reads it.
-type nodeSwitchSource struct{ *nodeSource }
+type nodeSwitchSource struct {
+	*nodeSource
+	list func(*nodeSource, context.Context) ([]migrate.Found, error)
+}
 
 func (s nodeSwitchSource) RequestMigration(ctx context.Context, req statusapi.MigrationRequest) (*statusapi.Migration, error) {
 	return s.client.RequestMigration(ctx, req)
@@ -131,7 +160,7 @@ func (s nodeSwitchSource) Migration(ctx context.Context) (*statusapi.Migration, 
 }
 
 func (s nodeSwitchSource) Inventory(ctx context.Context) ([]migrate.Found, error) {
-	return s.inventory(ctx)
+	return s.list(s.nodeSource, ctx)
 }
 
 // inventory lists what programs Services inside the node's namespace.

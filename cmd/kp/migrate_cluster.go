@@ -78,8 +78,16 @@ nodeport-addresses, cluster-cidr, conntrack. -o json writes the preflight alone
 as JSON: {"kubeProxy": {"mode", "config"}, "kp": {"mode", "modeFrom", "config", "generated"},
 "cluster": [ITEM], "nodes": [{"node", "addresses", "podCIDRs", "cpus", "items":
 [ITEM]}], "summary": {"ok", "info", "warning", "error"}}, ITEM being {"id",
-"severity", "kubeProxy", "kp", "action"}. An error item makes the dry run fail.
+"severity", "kubeProxy", "kp", "action"}. An error item makes the dry run fail
+(exit 3, refused).
 The target mode is --to, else the mode of kp's ConfigMap, else nftables.
+
+Otherwise -o json writes the plan and the progress as JSON Lines, one object a
+line, each with its "type" and "time": "plan" (plan: kind, to, rollback,
+maxUnavailable, nodes: [{node, action, reason}]), "message" (what the command
+did beside the nodes' steps), "progress" (node, state: started, step, waiting,
+retake, done or failed; step, detail, counts: {done, inFlight, left, failed}),
+"summary" (counts), and last "result" (exitCode, error).
 
 --from-kube-proxy --print-config prints kp's ConfigMap written from
 kube-proxy's configuration (clusterCIDR, the API server's address, NodePort
@@ -134,7 +142,7 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
 	_ = fs.MarkDeprecated("keep-kube-proxy", "kube-proxy's DaemonSet is kept by default; --delete-kube-proxy deletes it")
 	fs.DurationVar(&o.req.NodeTimeout, "node-timeout", 5*time.Minute, "give up a node's step after this long")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and stop; with --from-kube-proxy, also the preflight (what changes once kp serves)")
-	fs.StringVarP(&o.output, "output", "o", "text", "the dry run's output: text, or json (the preflight alone, as JSON)")
+	fs.StringVarP(&o.output, "output", "o", "text", "text, or json: JSON Lines of the plan and the progress, then the result (with --from-kube-proxy --dry-run: the preflight alone, one JSON document)")
 	fs.BoolVar(&o.printConfig, "print-config", false, "with --from-kube-proxy: print kp's ConfigMap written from kube-proxy's configuration, and stop")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "the kubeconfig file (default: KUBECONFIG, then ~/.kube/config)")
 	fs.StringVar(&o.context, "context", "", "the kubeconfig context to use")
@@ -150,18 +158,28 @@ func newMigrateClusterCommand(a *app) *cobra.Command {
 func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) error {
 	if o.req.To != "" {
 		if _, err := proxy.ParseTarget(o.req.To); err != nil {
-			return fmt.Errorf("--to: %w", err)
+			return usageErrorf("--to: %w", err)
 		}
 	}
 	if o.keepKubeProxy && o.req.DeleteKubeProxy {
-		return errors.New("--keep-kube-proxy and --delete-kube-proxy: choose one (keeping is the default)")
+		return usageErrorf("--keep-kube-proxy and --delete-kube-proxy: choose one (keeping is the default)")
 	}
 	if err := o.req.Validate(); err != nil {
-		return err
+		return usage(err)
 	}
 	if err := o.checkPreflightFlags(); err != nil {
+		return usage(err)
+	}
+	if o.output == "json" && !(o.dryRun && o.req.FromKubeProxy) && !o.printConfig {
+		err := a.runMigrateCluster(ctx, o)
+		a.jsonResult(err)
 		return err
 	}
+	return a.runMigrateCluster(ctx, o)
+}
+
+// runMigrateCluster runs kp migrate cluster once its flags are checked.
+func (a *app) runMigrateCluster(ctx context.Context, o *migrateClusterOptions) error {
 	client, server, err := a.clusterClient(o.kubeconfig, o.context)
 	if err != nil {
 		return err
@@ -174,7 +192,7 @@ func (a *app) migrateCluster(ctx context.Context, o *migrateClusterOptions) erro
 		kp.Config = rc.RESTConfig()
 	}
 	c := cluster.New(cluster.Config{Client: client, KP: kp,
-		Namespace: o.namespace, KPDaemonSet: o.kpDS, KubeProxyDaemonSet: o.kubeProxyDS, Out: a.stdout, Log: a.log})
+		Namespace: o.namespace, KPDaemonSet: o.kpDS, KubeProxyDaemonSet: o.kubeProxyDS, Out: a.stdout, JSON: o.output == "json", Log: a.log})
 	if o.dryRun {
 		return a.dryRun(ctx, o, c, client, server)
 	}

@@ -16,8 +16,8 @@ func (o *migrateClusterOptions) checkPreflightFlags() error {
 	switch {
 	case o.output != "text" && o.output != "json":
 		return fmt.Errorf("-o %q: want text or json", o.output)
-	case o.output == "json" && (!o.dryRun || !o.req.FromKubeProxy):
-		return errors.New("-o json: the preflight's form, with --from-kube-proxy --dry-run")
+	case o.output == "json" && o.printConfig:
+		return errors.New("-o json and --print-config: --print-config writes the ConfigMap as YAML")
 	case o.printConfig && !o.req.FromKubeProxy:
 		return errors.New("--print-config writes kp's ConfigMap from kube-proxy's: it goes with --from-kube-proxy")
 	case o.printConfig && o.req.Rollback:
@@ -62,7 +62,7 @@ func (a *app) dryRun(ctx context.Context, o *migrateClusterOptions, c *cluster.C
 		r.WriteText(a.stdout)
 	}
 	if r.Summary.Error > 0 {
-		return fmt.Errorf("preflight: %d error(s): as configured, kp would not start or not reach the API server; see the items marked ERROR", r.Summary.Error)
+		return refusedErrorf("preflight: %d error(s): as configured, kp would not start or not reach the API server; see the items marked ERROR", r.Summary.Error)
 	}
 	return nil
 }

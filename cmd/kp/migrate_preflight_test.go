@@ -94,7 +94,7 @@ func TestMigrateClusterDryRunJSONIsThePreflightAlone(t *testing.T) {
 }
 
 // An error item (kp's ConfigMap still has manifests/' placeholder server)
-// fails the dry run, after printing it.
+// fails the dry run, after printing it: refused (exit 3).
 func TestMigrateClusterDryRunFailsOnAPreflightError(t *testing.T) {
 	h := newHarness(t)
 	kubeadmFake(t, h, &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kp", Namespace: "kube-system"}, Data: map[string]string{
@@ -102,7 +102,7 @@ func TestMigrateClusterDryRunFailsOnAPreflightError(t *testing.T) {
 		"kubeconfig.conf": "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://CONTROL-PLANE-ENDPOINT:6443\"}}]\ncontexts: [{name: c, context: {cluster: c}}]\ncurrent-context: c\n",
 	}})
 	code := h.run("migrate", "cluster", "--from-kube-proxy", "--dry-run")
-	if code != 1 || !strings.Contains(h.stdout.String(), "ERROR    api-server") || !strings.Contains(h.stderr.String(), "kp: preflight: 1 error(s)") {
+	if code != exitRefused || !strings.Contains(h.stdout.String(), "ERROR    api-server") || !strings.Contains(h.stderr.String(), "kp: preflight: 1 error(s)") {
 		t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s", code, h.stdout.String(), h.stderr.String())
 	}
 }
@@ -135,12 +135,12 @@ func TestMigrateClusterRefusesPreflightFlagsWhereTheyMeanNothing(t *testing.T) {
 		want string
 	}{
 		{[]string{"migrate", "cluster", "--to", "iptables", "--print-config"}, "kp: --print-config writes kp's ConfigMap from kube-proxy's: it goes with --from-kube-proxy"},
-		{[]string{"migrate", "cluster", "--from-kube-proxy", "-o", "json"}, "kp: -o json: the preflight's form, with --from-kube-proxy --dry-run"},
+		{[]string{"migrate", "cluster", "--from-kube-proxy", "--print-config", "-o", "json"}, "kp: -o json and --print-config: --print-config writes the ConfigMap as YAML"},
 		{[]string{"migrate", "cluster", "--from-kube-proxy", "--dry-run", "-o", "yaml"}, `kp: -o "yaml": want text or json`},
 	} {
 		h := newHarness(t)
-		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
-			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, h.stderr.String(), tc.want)
+		if code := h.run(tc.args...); code != exitUsage || !strings.Contains(h.stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want exit 2 and %q", tc.args, code, h.stderr.String(), tc.want)
 		}
 	}
 }

@@ -9,17 +9,18 @@ func TestMigrateNodeErrorsNameTheNodeAndTheStep(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		code int
 	}{
 		{[]string{"migrate", "node", "--to", "nftables", "--status-socket", "/nonexistent/kp.sock"},
-			"kp: migrate node test-host: step plan: status API: "},
-		{[]string{"migrate", "node", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
-		{[]string{"migrate", "node"}, `required flag(s) "to" not set`},
-		{[]string{"migrate", "node", "--to", "none"}, "kp: --to none: the none mode removes kp's rules"},
+			"kp: migrate node test-host: step plan: status API: ", exitFailed},
+		{[]string{"migrate", "node", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`, exitUsage},
+		{[]string{"migrate", "node"}, `required flag(s) "to" not set`, exitUsage},
+		{[]string{"migrate", "node", "--to", "none"}, "kp: --to none: the none mode removes kp's rules", exitUsage},
 	} {
 		h := newHarness(t)
 		h.a.hostname = func() (string, error) { return "test-host", nil }
-		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
-			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, h.stderr.String(), tc.want)
+		if code := h.run(tc.args...); code != tc.code || !strings.Contains(h.stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want exit %d and %q", tc.args, code, h.stderr.String(), tc.code, tc.want)
 		}
 	}
 }
@@ -37,17 +38,18 @@ func TestMigrateClusterRefusesBadRequestsBeforeCallingTheAPI(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		code int
 	}{
-		{[]string{"migrate", "cluster"}, "kp: --to MODE or --from-kube-proxy is required"},
-		{[]string{"migrate", "cluster", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`},
-		{[]string{"migrate", "cluster", "--to", "none"}, "kp: --to none: the none mode is the rollback's"},
-		{[]string{"migrate", "cluster", "--to", "iptables", "--max-unavailable", "0"}, "kp: --max-unavailable 0: at least 1"},
-		{[]string{"migrate", "cluster", "--to", "iptables", "--kubeconfig", "/nonexistent"}, "kp: API client (--kubeconfig, KUBECONFIG or ~/.kube/config)"},
-		{[]string{"migrate", "cluster", "--from-kube-proxy", "--keep-kube-proxy", "--delete-kube-proxy"}, "kp: --keep-kube-proxy and --delete-kube-proxy: choose one"},
+		{[]string{"migrate", "cluster"}, "kp: --to MODE or --from-kube-proxy is required", exitUsage},
+		{[]string{"migrate", "cluster", "--to", "ipvs-ish"}, `kp: --to: unknown mode "ipvs-ish"`, exitUsage},
+		{[]string{"migrate", "cluster", "--to", "none"}, "kp: --to none: the none mode is the rollback's", exitUsage},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--max-unavailable", "0"}, "kp: --max-unavailable 0: at least 1", exitUsage},
+		{[]string{"migrate", "cluster", "--to", "iptables", "--kubeconfig", "/nonexistent"}, "kp: API client (--kubeconfig, KUBECONFIG or ~/.kube/config)", exitFailed},
+		{[]string{"migrate", "cluster", "--from-kube-proxy", "--keep-kube-proxy", "--delete-kube-proxy"}, "kp: --keep-kube-proxy and --delete-kube-proxy: choose one", exitUsage},
 	} {
 		h := newHarness(t)
-		if code := h.run(tc.args...); code != 1 || !strings.Contains(h.stderr.String(), tc.want) {
-			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, h.stderr.String(), tc.want)
+		if code := h.run(tc.args...); code != tc.code || !strings.Contains(h.stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want exit %d and %q", tc.args, code, h.stderr.String(), tc.code, tc.want)
 		}
 	}
 }

@@ -132,8 +132,15 @@ func (a *app) writeConfig(path string, s options.Settings) error {
 // returns that as an error, so kp exits 1 and its pod restarts, as
 // upstream's does.
 func (a *app) proxy(ctx context.Context, s options.Settings) error {
-	// The source first: it does not depend on the mode, and a missing one
-	// is the first thing to fix.
+	// What kp's ConfigMap leaves to fill in, then the source: it does not
+	// depend on the mode, and a missing one is the first thing to fix.
+	warning, err := checkShippedConfig(s)
+	if err != nil {
+		return err
+	}
+	if warning != "" {
+		a.log.Warn(warning)
+	}
 	sources, client, err := a.sources(s.Config)
 	if err != nil {
 		return err

@@ -47,24 +47,25 @@ func TestProxyFlagErrors(t *testing.T) {
 		name string
 		args []string
 		want string // the whole of stderr
+		code int    // failed (1), or bad usage (2) for what cobra refuses
 	}{
 		{"ipvs not built yet", []string{"--proxy-mode", "ipvs"},
-			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`},
+			`kp: --proxy-mode=ipvs is not implemented yet; use nftables`, exitFailed},
 		{"iptables not built yet", []string{"--proxy-mode=iptables"},
-			`kp: --proxy-mode=iptables is not implemented yet; use nftables`},
+			`kp: --proxy-mode=iptables is not implemented yet; use nftables`, exitFailed},
 		{"userspace not built yet", []string{"--proxy-mode", "userspace"},
-			`kp: --proxy-mode=userspace is not implemented yet; use nftables`},
+			`kp: --proxy-mode=userspace is not implemented yet; use nftables`, exitFailed},
 		{"malformed feature gates", []string{"--feature-gates", "NFTablesProxyMode"},
-			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: malformed pair, expect string=bool (see 'kp proxy --help')`},
+			`kp: invalid argument "NFTablesProxyMode" for "--feature-gates" flag: malformed pair, expect string=bool (see 'kp proxy --help')`, exitUsage},
 		{"positional arguments", []string{"extra"},
-			`kp: unknown command "extra" for "kp proxy"`},
+			`kp: unknown command "extra" for "kp proxy"`, exitUsage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t)
 			code := h.run(append([]string{"proxy", "--manifests", t.TempDir()}, tt.args...)...)
-			if code != 1 || h.ran {
-				t.Errorf("exit %d, ran %v; want exit 1 before running", code, h.ran)
+			if code != tt.code || h.ran {
+				t.Errorf("exit %d, ran %v; want exit %d before running", code, h.ran, tt.code)
 			}
 			if got := strings.TrimSuffix(h.stderr.String(), "\n"); got != tt.want {
 				t.Errorf("stderr:\n%s\nwant:\n%s", got, tt.want)

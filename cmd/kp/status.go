@@ -39,7 +39,7 @@ kp migrate cluster reads each node this way.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.output != "text" && o.output != "json" {
-				return fmt.Errorf("--output %q: want text or json", o.output)
+				return usageErrorf("--output %q: want text or json", o.output)
 			}
 			return a.status(cmd.Context(), o)
 		},

@@ -46,7 +46,7 @@ conntrack.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.refresh < 100*time.Millisecond {
-				return fmt.Errorf("--refresh %s: want at least 100ms", o.refresh)
+				return usageErrorf("--refresh %s: want at least 100ms", o.refresh)
 			}
 			if !isTerminal(a.stdout) {
 				return fmt.Errorf("kp top needs a terminal: run it with 'kubectl exec -it' or 'ssh -t' (kp flows lists flows without one)")

@@ -81,7 +81,7 @@ func TestCoreReachesNoIOLibrary(t *testing.T) {
 	}
 }
 
-// allowed lists, per package, the kp packages it may import, as README's
+// allowed lists, per package, the kp packages it may import, as docs/layout.md's
 // Layout section draws the data flow: sources and servers beside the core,
 // backends below it, migrate above the backends, cmd on top. A prefix
 // ending in "/" allows everything under it. internal/ is open to all.

@@ -159,7 +159,7 @@ func (c *Controller) wait(ctx context.Context, node, step string, timeout time.D
 			pending = err.Error()
 		}
 		if pending != last {
-			c.progress.line(node, "waiting", step+": "+pending)
+			c.progress.waiting(node, step, pending)
 			last = pending
 		}
 		if ctx.Err() != nil {

@@ -170,6 +170,35 @@ func (p *Plan) Print(w io.Writer) {
 	}
 }
 
+// PlanJSON is a Plan in kp migrate cluster -o json's plan Event.
+type PlanJSON struct {
+	// Kind is "to" (between kp's modes) or "from-kube-proxy"; To the mode
+	// ("" : kp's configured one, from kube-proxy).
+	Kind           string         `json:"kind"`
+	To             string         `json:"to,omitempty"`
+	Rollback       bool           `json:"rollback"`
+	MaxUnavailable int            `json:"maxUnavailable"`
+	Nodes          []NodePlanJSON `json:"nodes"`
+}
+
+// NodePlanJSON is one node of a PlanJSON, in the order the rollout takes
+// them: Action is migrate, roll back or skip.
+type NodePlanJSON struct {
+	Node   string `json:"node"`
+	Action string `json:"action"`
+	Reason string `json:"reason"`
+}
+
+// JSON is p as the plan Event carries it.
+func (p *Plan) JSON() *PlanJSON {
+	out := &PlanJSON{Kind: p.Request.kind(), To: p.Request.To, Rollback: p.Request.Rollback,
+		MaxUnavailable: p.Request.MaxUnavailable, Nodes: []NodePlanJSON{}}
+	for _, n := range p.Nodes {
+		out.Nodes = append(out.Nodes, NodePlanJSON(n))
+	}
+	return out
+}
+
 // String is the plan as Print writes it.
 func (p *Plan) String() string {
 	var b strings.Builder

@@ -24,9 +24,11 @@ type Config struct {
 	Namespace          string
 	KPDaemonSet        string
 	KubeProxyDaemonSet string
-	// Out receives the plan and the progress lines; nil discards.
-	Out io.Writer
-	Log *slog.Logger
+	// Out receives the plan and the progress lines; nil discards. JSON
+	// writes them as JSON Lines, one Event each.
+	Out  io.Writer
+	JSON bool
+	Log  *slog.Logger
 	// Clock and PollInterval pace the gates (tests use a fake clock).
 	Clock        clock.Clock
 	PollInterval time.Duration
@@ -83,7 +85,7 @@ func (c *Controller) Run(ctx context.Context, req Request) error {
 		return err
 	}
 	todo := plan.Todo()
-	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, len(plan.Nodes)-len(todo), todo)
+	c.progress = newProgress(c.cfg.Out, c.cfg.Clock, c.cfg.JSON, len(plan.Nodes)-len(todo), todo)
 	if req.FromKubeProxy {
 		if err := c.prepareFromKubeProxy(ctx, req, plan); err != nil {
 			return err
@@ -164,7 +166,7 @@ func (c *Controller) PrintPlan(ctx context.Context, req Request) error {
 	if _, err := c.plan(ctx, req); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.cfg.Out, "Dry run: nothing changed.")
+	c.message("Dry run: nothing changed.")
 	return nil
 }
 
@@ -181,6 +183,21 @@ func (c *Controller) plan(ctx context.Context, req Request) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan.Print(c.cfg.Out)
+	if c.cfg.JSON {
+		writeEvent(c.cfg.Out, Event{Type: "plan", Time: c.cfg.Clock.Now(), Plan: plan.JSON()})
+	} else {
+		plan.Print(c.cfg.Out)
+	}
 	return plan, nil
+}
+
+// message tells what the command did beside the nodes' steps: a line of
+// text, or a message Event.
+func (c *Controller) message(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if c.cfg.JSON {
+		writeEvent(c.cfg.Out, Event{Type: "message", Time: c.cfg.Clock.Now(), Message: msg})
+		return
+	}
+	fmt.Fprintln(c.cfg.Out, msg)
 }

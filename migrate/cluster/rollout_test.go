@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -149,5 +150,43 @@ func TestToModeRollbackReturnsEachNodeToItsPreviousModeLastFirst(t *testing.T) {
 		if a := w.node(n).Annotations; len(a) != 0 {
 			t.Errorf("%s keeps annotations after the rollback: %v", n, a)
 		}
+	}
+}
+
+func TestJSONOutputIsThePlanThenEveryNodesProgressThenTheSummary(t *testing.T) {
+	w := newWorld(t, "node-a", "node-b")
+	w.runsKP("nftables")
+	c := w.controller()
+	c.cfg.JSON = true
+	if err := c.Run(context.Background(), toIPTables()); err != nil {
+		t.Fatalf("%v\n%s", err, w.out.String())
+	}
+	var events []Event
+	for _, line := range strings.Split(strings.TrimSpace(w.out.String()), "\n") {
+		var e Event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("not one JSON object a line: %q: %v\n%s", line, err, w.out.String())
+		}
+		events = append(events, e)
+	}
+	first, last := events[0], events[len(events)-1]
+	if first.Type != "plan" || first.Plan == nil || first.Plan.Kind != "to" || first.Plan.To != "iptables" ||
+		len(first.Plan.Nodes) != 2 || first.Plan.Nodes[0] != (NodePlanJSON{Node: "node-a", Action: ActionMigrate, Reason: "not started"}) {
+		t.Errorf("first event: %+v %+v, want the plan", first, first.Plan)
+	}
+	if last.Type != "summary" || last.Counts == nil || *last.Counts != (Counts{Done: 2}) {
+		t.Errorf("last event: %+v %+v, want the summary of 2 done", last, last.Counts)
+	}
+	var states []string
+	for _, e := range events[1 : len(events)-1] {
+		if e.Type != "progress" || e.Time.IsZero() || e.Counts == nil {
+			t.Errorf("event %+v: want progress, with a time and the counts", e)
+		}
+		if e.Node == "node-a" {
+			states = append(states, strings.TrimSpace(e.State+" "+e.Step))
+		}
+	}
+	if len(states) < 3 || states[0] != "started" || !strings.HasPrefix(states[1], "step ") || states[len(states)-1] != "done" {
+		t.Errorf("node-a's progress: %q, want started, its steps, done", states)
 	}
 }

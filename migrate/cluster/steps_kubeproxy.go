@@ -48,14 +48,14 @@ func (c *Controller) prepareFromKubeProxy(ctx context.Context, req Request, plan
 		labeled = append(labeled, n.Name)
 	}
 	if len(labeled) > 0 {
-		fmt.Fprintf(c.cfg.Out, "Labeled %s=%s (kube-proxy stays there until its turn): %s\n", LabelProxy, ProxyKubeProxy, strings.Join(labeled, ", "))
+		c.message("Labeled %s=%s (kube-proxy stays there until its turn): %s", LabelProxy, ProxyKubeProxy, strings.Join(labeled, ", "))
 	}
 	_, changed, err := c.ensureAffinity(ctx, c.cfg.KubeProxyDaemonSet, kubeProxyAffinity)
 	if err != nil {
 		return err
 	}
 	if changed {
-		fmt.Fprintf(c.cfg.Out, "DaemonSet %s/%s now requires %s in (%s, %s); waiting for its pods to roll over\n",
+		c.message("DaemonSet %s/%s now requires %s in (%s, %s); waiting for its pods to roll over",
 			c.cfg.Namespace, c.cfg.KubeProxyDaemonSet, LabelProxy, ProxyKubeProxy, ProxyHandback)
 	}
 	// Also when unchanged: a re-run after an interrupted rollover.
@@ -72,7 +72,7 @@ func (c *Controller) prepareFromKubeProxy(ctx context.Context, req Request, plan
 		return err
 	}
 	if changed {
-		fmt.Fprintf(c.cfg.Out, "DaemonSet %s/%s now requires %s not in (%s)\n", c.cfg.Namespace, c.cfg.KPDaemonSet, LabelProxy, ProxyKubeProxy)
+		c.message("DaemonSet %s/%s now requires %s not in (%s)", c.cfg.Namespace, c.cfg.KPDaemonSet, LabelProxy, ProxyKubeProxy)
 	}
 	return nil
 }
@@ -169,16 +169,16 @@ func (c *Controller) finishFromKubeProxy(ctx context.Context, req Request) error
 	}
 	dss := c.cfg.Client.AppsV1().DaemonSets(c.cfg.Namespace)
 	if !req.DeleteKubeProxy {
-		fmt.Fprintf(c.cfg.Out, "Every node runs kp. DaemonSet %s/%s is kept and runs nowhere: "+
+		c.message("Every node runs kp. DaemonSet %s/%s is kept and runs nowhere: "+
 			"kp migrate cluster --from-kube-proxy --rollback gives the nodes back to it; "+
-			"once you are sure, --from-kube-proxy --delete-kube-proxy (or kubectl delete) removes it.\n", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
+			"once you are sure, --from-kube-proxy --delete-kube-proxy (or kubectl delete) removes it.", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
 		return nil
 	}
 	err = dss.Delete(ctx, c.cfg.KubeProxyDaemonSet, metav1.DeleteOptions{})
 	if err != nil && !notFound(err) {
 		return fmt.Errorf("step finish: delete DaemonSet %s/%s: %w", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet, err)
 	}
-	fmt.Fprintf(c.cfg.Out, "Every node runs kp. DaemonSet %s/%s deleted.\n", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
+	c.message("Every node runs kp. DaemonSet %s/%s deleted.", c.cfg.Namespace, c.cfg.KubeProxyDaemonSet)
 	return nil
 }
 

@@ -80,7 +80,7 @@ func (c *Client) RequestMigration(ctx context.Context, req MigrationRequest) (*M
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("status API: POST %s: %s: %s", u, resp.Status, strings.TrimSpace(string(msg)))
+		return nil, &HTTPError{Method: http.MethodPost, URL: u, Status: resp.Status, Code: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
 	}
 	var m Migration
 	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
@@ -122,10 +122,24 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, out any) er
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("status API: GET %s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
+		return &HTTPError{Method: http.MethodGet, URL: u, Status: resp.Status, Code: resp.StatusCode, Body: strings.TrimSpace(string(body))}
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("status API: GET %s: decode: %w", u, err)
 	}
 	return nil
+}
+
+// HTTPError is an answer of the status API other than the one asked for.
+// To POST /kp/v1/migration, 409 Conflict is kp refusing the switch (another
+// one under way, or a switch kp does not make), having changed nothing.
+type HTTPError struct {
+	Method, URL string
+	Status      string // "409 Conflict"
+	Code        int
+	Body        string // the start of the answer's body: kp's reason
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("status API: %s %s: %s: %s", e.Method, e.URL, e.Status, e.Body)
 }

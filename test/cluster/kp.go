@@ -62,10 +62,10 @@ func (c *Cluster) KPOverlay(imageTag string, opts ...KPOption) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !strings.Contains(config, `clusterCIDR: ""`) || !strings.Contains(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443") {
-		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no clusterCIDR \"\" or CONTROL-PLANE-ENDPOINT:6443 to set")
+	if !strings.Contains(config, "clusterCIDR: CLUSTER-POD-CIDRS") || !strings.Contains(kubeconfig, "CONTROL-PLANE-ENDPOINT:6443") {
+		return "", fmt.Errorf("manifests/configmap.yaml changed shape: no clusterCIDR: CLUSTER-POD-CIDRS or CONTROL-PLANE-ENDPOINT:6443 to set")
 	}
-	config = strings.Replace(config, `clusterCIDR: ""`, fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
+	config = strings.Replace(config, "clusterCIDR: CLUSTER-POD-CIDRS", fmt.Sprintf("clusterCIDR: %q", c.ClusterCIDR), 1)
 	// A test node is a network namespace, where the kernel lets only the
 	// initial namespace set nf_conntrack_max: leave the table's size, as
 	// the upstream kube-proxy of these tests does (conntrack.maxPerCore: 0).

@@ -2,7 +2,7 @@ package conformance
 
 import "regexp"
 
-// A Limit is a known limit of a kp mode, documented in the README's
+// A Limit is a known limit of a kp mode, documented in docs/features.md's
 // feature table, that explains why an upstream test fails in that mode's
 // column: a test it explains is listed with it, apart from the failures
 // nothing explains.

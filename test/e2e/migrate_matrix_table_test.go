@@ -60,7 +60,7 @@ func TestMigrationMatrixToursCoverEveryOrderedPairOnce(t *testing.T) {
 		}
 		t.Logf("%s tours: %d pairs: %v", c.what, len(got), slices.Sorted(maps.Keys(got)))
 	}
-	readmeMatrixIsTheTours(t, append(slices.Clone(hostTours), ipvsTours...))
+	docsMatrixIsTheTours(t, append(slices.Clone(hostTours), ipvsTours...))
 	claim := vmClaim(strings.Split(vmMigrationModes, ","), vmMigrationTests, false)
 	for _, tr := range vmIPVSTours() {
 		for _, h := range tr.hops() {
@@ -71,12 +71,12 @@ func TestMigrationMatrixToursCoverEveryOrderedPairOnce(t *testing.T) {
 	}
 }
 
-// readmeMatrixIsTheTours checks the README's table of every pair of modes
+// docsMatrixIsTheTours checks docs/migration.md's table of every pair of modes
 // (from in rows, to in columns, each cell the tour that proves the pair,
 // "refused: TOUR" for a pair refused by design) against tours.
-func readmeMatrixIsTheTours(t *testing.T, tours []tour) {
+func docsMatrixIsTheTours(t *testing.T, tours []tour) {
 	t.Helper()
-	data, err := os.ReadFile("../../README.md")
+	data, err := os.ReadFile("../../docs/migration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +104,11 @@ func readmeMatrixIsTheTours(t *testing.T, tours []tour) {
 				cell, hop = refused, hop+"-refused"
 			}
 			if want := prover[hop]; cell != want && !(cell == "—" && cells[0] == to) {
-				t.Errorf("README: %s → %s says %q, but the tours prove it in %q (%s)", cells[0], to, cell, want, hop)
+				t.Errorf("docs/migration.md: %s → %s says %q, but the tours prove it in %q (%s)", cells[0], to, cell, want, hop)
 			}
 		}
 	}
 	if rows != 5 || len(cols) != 5 {
-		t.Errorf("README: the table of every pair of modes has %d rows and %d columns, want 5 and 5", rows, len(cols))
+		t.Errorf("docs/migration.md: the table of every pair of modes has %d rows and %d columns, want 5 and 5", rows, len(cols))
 	}
 }

@@ -143,7 +143,7 @@ const (
 )
 
 // unclaimed says, per mode, which features it does not claim and why: the
-// one place the suite's per-mode skips come from, and what the README's
+// one place the suite's per-mode skips come from, and what docs/features.md's
 // feature table says in the mode's column.
 var unclaimed = map[string]map[feature]string{
 	"userspace":          userspaceUnclaimed,

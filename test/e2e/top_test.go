@@ -21,7 +21,7 @@ import (
 var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)
 
 // kpTopCaptureDir, when set, is where the test writes what kp top showed
-// (the README's screen comes from there).
+// (docs/tools.md's screens come from there).
 const kpTopCaptureDir = "KP_TOP_CAPTURE_DIR"
 
 func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {

@@ -219,7 +219,7 @@ func TestTopologyHintsKeepTrafficInTheNodesZone(t *testing.T) {
 // documents: to the zone hints (this node's zone-a), and to every endpoint
 // once no endpoint is hinted for the zone either. The same again with
 // trafficDistribution PreferSameNode and no hints written, which kp hints
-// itself as the controller would (README footnote ¹).
+// itself as the controller would (docs/features.md, footnote ¹).
 func TestTopologyNodeHintsAndPreferSameNodeKeepTrafficOnTheNode(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		e := newEnv(t, m, 4)

@@ -77,7 +77,7 @@ const vmMigrationModes = "ipvs,nftables,iptables-nft,iptables-legacy,userspace"
 
 // TestIPVSModeInTheVM boots the 6.1 kernel (test/vm) and runs the suite's
 // Service-feature tests there with KP_E2E_MODES=ipvs: the ipvs column of
-// the README's feature table.
+// the feature table (docs/features.md).
 func TestIPVSModeInTheVM(t *testing.T) {
 	skipUnselected(t, modeIPVS)
 	t.Parallel() // the VM's CPU is mostly the host's second core
@@ -241,7 +241,7 @@ func runModesInVM(t *testing.T, modes string, tests []string, timeout time.Durat
 // and each (test, mode) pair passed by name — a Service test's subtest
 // TestX/<mode>, a migration's subtest from or to the mode
 // (TestX/TOUR/ipvs-to-nftables, TestX/kube-proxy-ipvs-to-nftables) — or was
-// skipped with the reason the unclaimed table (the README's column) gives
+// skipped with the reason the unclaimed table (the feature table's column, docs/features.md) gives
 // for that mode. Any other skip needs a reason from vmSkipReasons. With
 // KP_VM_E2E_RUN (a pattern of one's own) only the skips and failures are
 // checked: which tests it selects is unknown here.

@@ -109,7 +109,7 @@ func testMigrateCluster(t *testing.T, backend string) {
 		// connection attempts never DNATed in the node's conntrack
 		// (SYN_SENT, for two minutes): a new connection reusing one's
 		// source port would match it and pass DNAT. kp deletes them at its
-		// first sync (see the README's conntrack cleanup); kube-proxy, which
+		// first sync (see docs/conntrack.md); kube-proxy, which
 		// serves first here, does not, so the test does, before counting.
 		_, _ = n.Exec("conntrack", "-D", "-p", "tcp", "--orig-dst", netip.MustParseAddrPort(clusterIP).Addr().String(), "--state", "SYN_SENT")
 	}

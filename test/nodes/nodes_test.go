@@ -102,7 +102,7 @@ const (
 )
 
 func TestKpOnRealNodes(t *testing.T) {
-	// Teardown's duration, for the README: the first cleanup registered
+	// Teardown's duration, for docs/cluster.md: the first cleanup registered
 	// runs last.
 	var teardown time.Time
 	t.Cleanup(func() { t.Logf("cluster torn down in %v", time.Since(teardown).Round(100*time.Millisecond)) })
@@ -373,7 +373,7 @@ func TestKpOnRealNodes(t *testing.T) {
 
 	t.Run("a rolling update of kp loses no connection", func(t *testing.T) {
 		// A failed attempt carries each node's unestablished conntrack
-		// entries, taken at once (a known flake: see the README).
+		// entries, taken at once (a known flake: see docs/known-flakes.md).
 		viaClusterIP := connLoop(fromPodNS(clientNS), clusterIP, onNodes(c))
 		viaNodePort := connLoop(fromNode(n1), nodePort(n2), onNodes(c))
 		time.Sleep(2 * time.Second)

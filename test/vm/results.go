@@ -69,7 +69,7 @@ func decodeEvents(events []byte) (Results, error) {
 // SkipReasons returns for its name (nil: no skip is allowed); nothing
 // failed or was left unfinished. A named test that skipped with an
 // allowed reason is the claim's own exception (e2e: a mode that does not
-// claim a feature, with the reason the README's column gives).
+// claim a feature, with the reason the feature table's column gives (docs/features.md)).
 type Claim struct {
 	Pass        []string
 	SkipReasons func(test string) []string

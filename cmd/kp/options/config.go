@@ -309,6 +309,11 @@ func (m *fileMerge) unsupportedFields(kc *KubeProxyConfiguration) {
 func (m *fileMerge) networks(kc *KubeProxyConfiguration) {
 	if kc.ClusterCIDR != "" {
 		cidrs, err := parseClusterCIDRs(kc.ClusterCIDR)
+		if strings.Contains(kc.ClusterCIDR, PlaceholderClusterCIDR) {
+			err = errors.New("still manifests/configmap.yaml's placeholder: set the cluster's pod CIDR(s), comma-separated, " +
+				"in kp's ConfigMap (kube-system/kp in manifests/), key config.conf; kp migrate cluster --from-kube-proxy " +
+				"--print-config writes the ConfigMap from kube-proxy's")
+		}
 		if err != nil {
 			m.invalid("clusterCIDR", kc.ClusterCIDR, err)
 		}

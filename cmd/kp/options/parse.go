@@ -12,6 +12,10 @@ import (
 
 // parseClusterCIDRs parses upstream's --cluster-cidr: one CIDR, or a
 // comma-separated pair of one IPv4 and one IPv6 CIDR.
+// PlaceholderClusterCIDR is the clusterCIDR manifests/configmap.yaml ships,
+// for the operator to replace: kp refuses to start on it.
+const PlaceholderClusterCIDR = "CLUSTER-POD-CIDRS"
+
 func parseClusterCIDRs(s string) ([]netip.Prefix, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
