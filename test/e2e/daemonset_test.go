@@ -142,8 +142,13 @@ func TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning(t *testing.T) {
 			if err != nil {
 				t.Fatalf("kp's status through the emptyDir's socket: %v", err)
 			}
-			if status.Mode != m.proxyMode || (m.backend != "" && status.IPTablesBackend != m.backend) {
+			if status.Mode != m.proxyMode || (m.iptables() && status.IPTablesBackend != m.backend) {
 				t.Errorf("kp runs %s mode, iptables backend %q; want %s, %q", status.Mode, status.IPTablesBackend, m.proxyMode, m.backend)
+			}
+			// The ipvs mode's chains too are in the flavor detected
+			// (the status names the iptables mode's only).
+			if m.backend != "" && ruleLine(e.rules(), m.entryChain()) == "" {
+				t.Errorf("no %s chain in %s's iptables:\n%s", m.entryChain(), m.backend, e.rules())
 			}
 			for _, s := range status.Sysctls {
 				if s.Error != "" || s.Value != s.Want {
