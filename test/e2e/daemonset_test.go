@@ -457,8 +457,9 @@ func (p *dsPod) expand(c v1.Container, a string) string {
 
 // checkConfinement checks that the process pid runs as the proxy container
 // would: its bounding and effective capabilities exactly the add list, none
-// inheritable, no_new_privs, its root and /proc/sys read-only. It proves
-// the emulation happened, not kp.
+// inheritable, no_new_privs as allowPrivilegeEscalation says, /proc/sys
+// and (readOnlyRootFilesystem) its root read-only. It proves the emulation
+// happened, not kp.
 func (p *dsPod) checkConfinement(pid int) {
 	t := p.t
 	t.Helper()
@@ -494,14 +495,19 @@ func (p *dsPod) checkConfinement(pid int) {
 			t.Errorf("kp's %s = %s, want %016x", name, field(name), w)
 		}
 	}
-	if field("NoNewPrivs") != "1" {
-		t.Errorf("kp's NoNewPrivs = %s, want 1 (allowPrivilegeEscalation: false)", field("NoNewPrivs"))
+	sc := p.proxy.SecurityContext
+	if nnp := sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation; (field("NoNewPrivs") == "1") != nnp {
+		t.Errorf("kp's NoNewPrivs = %s; allowPrivilegeEscalation: %v", field("NoNewPrivs"), !nnp)
 	}
 	mounts, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mp := range []string{"/", "/proc/sys", "/tmp", filepath.Dir(p.kp)} {
+	readOnly := []string{"/proc/sys"}
+	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		readOnly = append(readOnly, "/", "/tmp", filepath.Dir(p.kp))
+	}
+	for _, mp := range readOnly {
 		if !readOnlyIn(string(mounts), mp) {
 			t.Errorf("%s is writable in kp's mount namespace", mp)
 		}
