@@ -11,23 +11,38 @@ import (
 // calling thread's namespace sees them.
 const sysctlDir = "/proc/sys/net/netfilter/"
 
-// EnableAccounting turns on per-flow packet and byte counters
-// (nf_conntrack_acct) and creation timestamps (nf_conntrack_timestamp) in
-// the calling process's network namespace, where kp runs, and logs what it
-// turned on. Both are per-namespace and only apply to entries created
-// afterwards. It cannot fail kp: a sysctl it cannot write (a read-only
-// /proc/sys in a container) is logged and flows simply lack counters.
+// AccountingSysctl is one sysctl EnableAccounting turns on (to 1).
+type AccountingSysctl struct {
+	Name string // dotted: net.netfilter.nf_conntrack_acct
+	What string // what flows lack without it
+}
+
+// AccountingSysctls are the sysctls EnableAccounting turns on: per-flow
+// packet and byte counters (nf_conntrack_acct) and creation timestamps
+// (nf_conntrack_timestamp). kp sysctl, the DaemonSet's privileged init
+// step, turns them on too, so that kp proxy in a container with a
+// read-only /proc/sys finds them on.
+func AccountingSysctls() []AccountingSysctl {
+	return []AccountingSysctl{
+		{"net.netfilter.nf_conntrack_acct", "per-flow packet and byte counters"},
+		{"net.netfilter.nf_conntrack_timestamp", "per-flow start times"},
+	}
+}
+
+// EnableAccounting turns on AccountingSysctls in the calling process's
+// network namespace, where kp runs, and logs what it turned on. Both are
+// per-namespace and only apply to entries created afterwards. It cannot
+// fail kp: a sysctl it cannot write (a read-only /proc/sys in a container
+// whose init step did not turn it on) is logged and flows simply lack
+// counters.
 func EnableAccounting(log *slog.Logger) {
-	for _, s := range []struct{ name, what string }{
-		{"nf_conntrack_acct", "per-flow packet and byte counters"},
-		{"nf_conntrack_timestamp", "per-flow start times"},
-	} {
-		changed, err := ensureSysctl(sysctlDir+s.name, "1")
+	for _, s := range AccountingSysctls() {
+		changed, err := ensureSysctl(sysctlDir+strings.TrimPrefix(s.Name, "net.netfilter."), "1")
 		switch {
 		case err != nil:
-			log.Info("cannot turn on conntrack "+s.what+"; flows will lack them", "sysctl", "net.netfilter."+s.name, "err", err)
+			log.Info("cannot turn on conntrack "+s.What+"; flows will lack them", "sysctl", s.Name, "err", err)
 		case changed:
-			log.Info("turned on conntrack "+s.what+" in kp's network namespace", "sysctl", "net.netfilter."+s.name+"=1")
+			log.Info("turned on conntrack "+s.What+" in kp's network namespace", "sysctl", s.Name+"=1")
 		}
 	}
 }

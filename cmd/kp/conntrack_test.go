@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kpproxy/kp/internal/sysctl"
 )
 
 // sysctlValues reads the fake /proc/sys's conntrack values, by short name.
@@ -131,6 +133,16 @@ func TestSysctlCommandSetsWhatProxyWouldAndExits(t *testing.T) {
 	got := sysctlValues(t, h.procSys)
 	if got["nf_conntrack_tcp_timeout_close_wait"] != "3600" || got["nf_conntrack_udp_timeout"] != "60" || got["nf_conntrack_max"] != "262144" {
 		t.Errorf("after kp sysctl: %v", got)
+	}
+	// Flow accounting, which kp proxy turns on itself when it can: the
+	// init step turns it on for a kp proxy whose /proc/sys is read-only.
+	for _, name := range []string{"net.netfilter.nf_conntrack_acct", "net.netfilter.nf_conntrack_timestamp"} {
+		if v, err := sysctl.Dir(h.procSys).Get(name); v != "1" || err != nil {
+			t.Errorf("after kp sysctl: %s = %q, %v; want 1", name, v, err)
+		}
+		if !strings.Contains(h.stderr.String(), `sysctl="`+name+`" old="0" new="1"`) {
+			t.Errorf("kp sysctl did not log turning on %s:\n%s", name, h.stderr.String())
+		}
 	}
 	if code := h.run("sysctl", "--conntrack-udp-timeout=500ms"); code != 1 ||
 		!strings.Contains(h.stderr.String(), "--conntrack-udp-timeout 500ms: must be 0 (leave the kernel's value) or at least 1s") {

@@ -444,6 +444,8 @@ func fakeProcSys(t *testing.T) string {
 		"net/netfilter/nf_conntrack_tcp_be_liberal":          "0",
 		"net/netfilter/nf_conntrack_udp_timeout":             "30",
 		"net/netfilter/nf_conntrack_udp_timeout_stream":      "120",
+		"net/netfilter/nf_conntrack_acct":                    "0",
+		"net/netfilter/nf_conntrack_timestamp":               "0",
 		"module/nf_conntrack/parameters/hashsize":            "65536",
 	}
 	for name, v := range files {

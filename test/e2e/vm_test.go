@@ -63,6 +63,14 @@ var vmCITests = []string{
 	"TestCleanupRemovesEveryKPRuleAndNothingElse",
 }
 
+// vmIPVSTests run in the ipvs boot besides vmCITests (or the whole list):
+// the ipvs column of what the host proves for its kernel modes only, one
+// world each. TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning:
+// the DaemonSet's two containers, as shipped, in ipvs mode.
+var vmIPVSTests = []string{
+	"TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning",
+}
+
 // vmMigrationTests are the migration tests whose ipvs rows run in the VM:
 // every ordered pair of kp's modes with ipvs (the matrix's ipvsTours;
 // KP_VM_E2E=all adds its hostTours, on the 6.1 kernel), upstream
@@ -81,7 +89,7 @@ const vmMigrationModes = "ipvs,nftables,iptables-nft,iptables-legacy,userspace"
 func TestIPVSModeInTheVM(t *testing.T) {
 	skipUnselected(t, modeIPVS)
 	t.Parallel() // the VM's CPU is mostly the host's second core
-	runModesInVM(t, "ipvs", vmTests(vmCITests, vmServiceTests), inVMTimeout())
+	runModesInVM(t, "ipvs", append(slices.Clone(vmTests(vmCITests, vmServiceTests)), vmIPVSTests...), inVMTimeout())
 }
 
 // TestIPVSMigrationsInTheVM runs, on the VM's kernel, the switches of kp

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -123,6 +124,12 @@ func goBuild(pkg string, static bool) (string, error) {
 // ModuleRoot is the directory holding the kp module's go.mod.
 func ModuleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if errors.Is(err, exec.ErrNotFound) {
+		// A test binary run without a Go toolchain (in the VM, where
+		// KP_TEST_BINDIR holds the binaries): go test's working folder is
+		// the package's, so the nearest go.mod above it, as go env finds.
+		return goModAbove()
+	}
 	if err != nil {
 		return "", fmt.Errorf("find module root: go env GOMOD: %w", err)
 	}
@@ -131,4 +138,21 @@ func ModuleRoot() (string, error) {
 		return "", fmt.Errorf("find module root: not inside a Go module")
 	}
 	return filepath.Dir(gomod), nil
+}
+
+func goModAbove() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("find module root: no go on the PATH and no go.mod above the working folder")
+		}
+		dir = parent
+	}
 }
