@@ -50,10 +50,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kpproxy/kp/proxy/statusapi"
 	"github.com/kpproxy/kp/test/netns"
@@ -72,7 +70,7 @@ var sysctlWarning = regexp.MustCompile(`(?mi)^(?:[WE]\d{4} .*sysctl|.*sysctl.*(?
 
 func TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning(t *testing.T) {
 	netns.Require(t, "setpriv", "unshare", "findmnt", "mount")
-	ds := shippedDaemonSet(t)
+	ds := shippedContainers(t)
 	t.Parallel()
 	for _, m := range selectedModes(t) {
 		if !slices.ContainsFunc(daemonSetModes, func(d mode) bool { return d.name == m.name }) {
@@ -181,29 +179,23 @@ type daemonSet struct {
 	configMap   *v1.ConfigMap
 }
 
-// shippedDaemonSet reads manifests/daemonset.yaml and configmap.yaml: the
-// init container sysctl, the proxy container kp, their volumes and the
-// ConfigMap the config volume names.
-func shippedDaemonSet(t *testing.T) daemonSet {
+// shippedContainers reads manifests/daemonset.yaml (shippedDaemonSet) and
+// configmap.yaml: the init container sysctl, the proxy container kp, their
+// volumes and the ConfigMap the config volume names.
+func shippedContainers(t *testing.T) daemonSet {
 	t.Helper()
-	read := func(name string) runtime.Object {
-		y, err := os.ReadFile(filepath.Join(manifestsDir(t), name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs := decodeAll(t, y)
-		if len(objs) != 1 {
-			t.Fatalf("manifests/%s holds %d objects, want 1", name, len(objs))
-		}
-		return objs[0]
+	ds := shippedDaemonSet(t)
+	y, err := os.ReadFile(filepath.Join(manifestsDir(t), "configmap.yaml"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	ds, ok := read("daemonset.yaml").(*appsv1.DaemonSet)
-	if !ok {
-		t.Fatalf("manifests/daemonset.yaml holds no DaemonSet")
+	objs := decodeAll(t, y)
+	cm, ok := (*v1.ConfigMap)(nil), false
+	if len(objs) == 1 {
+		cm, ok = objs[0].(*v1.ConfigMap)
 	}
-	cm, ok := read("configmap.yaml").(*v1.ConfigMap)
 	if !ok {
-		t.Fatalf("manifests/configmap.yaml holds no ConfigMap")
+		t.Fatalf("manifests/configmap.yaml holds %d objects, want one ConfigMap", len(objs))
 	}
 	spec := ds.Spec.Template.Spec
 	if !spec.HostNetwork {
