@@ -7,7 +7,9 @@ GO      ?= go
 BIN     := bin/kp
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The commit's date, not now: two builds of one commit are the same file.
+DATE    := $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
 
 # make install puts kp in $(DESTDIR)$(PREFIX)/bin with a kp-top link to it
 # (kp answers to that name as kp top).
