@@ -39,6 +39,7 @@ require (
 )
 
 require (
+	github.com/CycloneDX/cyclonedx-go v0.11.0 // indirect
 	github.com/atotto/clipboard v0.1.4 // indirect
 	github.com/aymanbagabas/go-udiff v0.4.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

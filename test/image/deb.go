@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -42,6 +43,44 @@ type debFile struct {
 	mode fs.FileMode
 	// link is a symbolic link's target.
 	link string
+}
+
+// DebPackage is one Debian package an image was assembled from, as apt-get
+// downloaded it.
+type DebPackage struct {
+	Name    string // iptables
+	Version string // 1.8.9-2, with its epoch if it has one (1:2.5.1-4)
+	Arch    string // amd64, arm64 or all
+	// SHA256 is the .deb's (hex), as Debian's Packages index lists it.
+	SHA256 string
+}
+
+// packages describes the packages of t, in the order of names.
+func (t *debTree) packages(names []string) ([]DebPackage, error) {
+	var out []DebPackage
+	for _, name := range names {
+		deb, ok := t.debs[name]
+		if !ok {
+			return nil, fmt.Errorf("debian package %s: no .deb beside %s", name, t.dir)
+		}
+		// apt-get download names files <name>_<version>_<arch>.deb, the
+		// version escaped (%3a for the epoch's colon).
+		fields := strings.Split(strings.TrimSuffix(filepath.Base(deb), ".deb"), "_")
+		if len(fields) != 3 || fields[0] != name {
+			return nil, fmt.Errorf("debian package %s: %s is not named <name>_<version>_<arch>.deb", name, deb)
+		}
+		version, err := url.PathUnescape(fields[1])
+		if err != nil {
+			return nil, fmt.Errorf("debian package %s: version in %s: %w", name, deb, err)
+		}
+		b, err := os.ReadFile(deb)
+		if err != nil {
+			return nil, fmt.Errorf("debian package %s: %w", name, err)
+		}
+		sum := sha256.Sum256(b)
+		out = append(out, DebPackage{Name: name, Version: version, Arch: fields[2], SHA256: hex.EncodeToString(sum[:])})
+	}
+	return out, nil
 }
 
 // debCacheDir is where fetched packages are kept between runs: $KP_IMAGE_CACHE,

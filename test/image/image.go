@@ -79,6 +79,9 @@ type Image struct {
 	// OCI writes OCI media types (manifest, configuration, layers) in
 	// place of Docker's: the release's OCI image index holds such images.
 	OCI bool
+	// Packages are the Debian packages the image's files come from, for a
+	// bill of materials; nothing of them is written but their files.
+	Packages []DebPackage
 }
 
 // Written reports one image of a tarball.

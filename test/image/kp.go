@@ -158,9 +158,14 @@ func KP(binary, ref string, opts ...KPOption) (Image, error) {
 	if err != nil {
 		return Image{}, fmt.Errorf("kp image: %w", err)
 	}
+	pkgs, err := tree.packages(KPPackages())
+	if err != nil {
+		return Image{}, fmt.Errorf("kp image: %w", err)
+	}
 	return Image{
-		Ref:  ref,
-		Arch: tree.arch,
+		Ref:      ref,
+		Arch:     tree.arch,
+		Packages: pkgs,
 		Layers: [][]Entry{userland, {
 			{Path: kpPath, Source: binary, Mode: 0o755},
 			Symlink(kpTopPath, "kp"),
