@@ -65,6 +65,23 @@ type Values struct {
 	Set, SetString, SetFile []string
 }
 
+// String is v as helm's flags.
+func (v Values) String() string {
+	var args []string
+	for _, f := range []struct {
+		flag string
+		vals []string
+	}{{"--set", v.Set}, {"--set-string", v.SetString}, {"--set-file", v.SetFile}} {
+		for _, s := range f.vals {
+			args = append(args, f.flag+" "+s)
+		}
+	}
+	if len(args) == 0 {
+		return "(the defaults)"
+	}
+	return strings.Join(args, " ")
+}
+
 // Map is v as the map helm renders with (over the chart's values.yaml).
 func (v Values) Map() (map[string]any, error) {
 	opts := values.Options{Values: v.Set, StringValues: v.SetString, FileValues: v.SetFile}

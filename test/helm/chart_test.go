@@ -268,7 +268,7 @@ func TestReadmeInstallSetsTheAPIServerAndClusterCIDR(t *testing.T) {
 	want := []string{"ConfigMap/kp data[config.conf].clusterCIDR", "ConfigMap/kp data[kubeconfig.conf].clusters[0].cluster.server",
 		"DaemonSet/kp spec.template.spec.containers[0].image", "DaemonSet/kp spec.template.spec.initContainers[0].image"}
 	if !slices.Equal(paths, want) {
-		t.Errorf("README.md's helm install (%v) changes:%s\nwant exactly: %v", v.Set, describe(got), want)
+		t.Errorf("README.md's helm install (%s) changes:%s\nwant exactly: %v", v, describe(got), want)
 	}
 }
 
