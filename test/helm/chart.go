@@ -10,9 +10,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
 	chartv2 "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
@@ -131,16 +135,45 @@ func Lint(dir string, vals map[string]any) error {
 	return fmt.Errorf("helm lint --strict %s: %s", dir, strings.Join(msgs, "; "))
 }
 
+// PackageOptions are what a release sets in the packaged chart; empty
+// fields leave the chart's own.
+type PackageOptions struct {
+	// Version and AppVersion replace Chart.yaml's (helm package --version
+	// --app-version); the image's tag defaults to AppVersion.
+	Version, AppVersion string
+	// ImageRepository and ImageDigest replace values.yaml's image
+	// defaults (the digest wins over the tag): a release pins the image it
+	// built.
+	ImageRepository, ImageDigest string
+	// ModTime is every file's time in the archive, so that the same chart
+	// gives the same bytes; zero keeps helm's (the files' times).
+	ModTime time.Time
+}
+
 // Package is helm package: the chart in dir archived into dest as
-// kp-VERSION.tgz, the archive's path returned. version and appVersion,
-// when set, replace Chart.yaml's (helm package --version --app-version):
-// a release sets both to its tag, and the image's tag follows appVersion.
-func Package(dir, dest, version, appVersion string) (string, error) {
+// kp-VERSION.tgz, with o's changes; it returns the archive's path.
+func Package(dir, dest string, o PackageOptions) (string, error) {
 	ch, err := loader.LoadDir(dir)
 	if err != nil {
 		return "", fmt.Errorf("load chart %s: %w", dir, err)
 	}
-	setVersions(ch, version, appVersion)
+	if o.Version != "" {
+		ch.Metadata.Version = o.Version
+	}
+	if o.AppVersion != "" {
+		ch.Metadata.AppVersion = o.AppVersion
+	}
+	if err := setImage(ch, o.ImageRepository, o.ImageDigest); err != nil {
+		return "", fmt.Errorf("package chart %s: %w", dir, err)
+	}
+	if !o.ModTime.IsZero() {
+		ch.ModTime, ch.SchemaModTime = o.ModTime, o.ModTime
+		for _, files := range [][]*common.File{ch.Raw, ch.Templates, ch.Files} {
+			for _, f := range files {
+				f.ModTime = o.ModTime
+			}
+		}
+	}
 	if err := os.MkdirAll(dest, 0o755); err != nil {
 		return "", err
 	}
@@ -151,11 +184,32 @@ func Package(dir, dest, version, appVersion string) (string, error) {
 	return path, nil
 }
 
-func setVersions(ch *chartv2.Chart, version, appVersion string) {
-	if version != "" {
-		ch.Metadata.Version = version
+// setImage writes repository and digest, when set, into the text of the
+// chart's values.yaml (the archive holds that text, comments and all) and
+// into its values.
+func setImage(ch *chartv2.Chart, repository, digest string) error {
+	for _, f := range ch.Raw {
+		if f.Name != chartutil.ValuesfileName {
+			continue
+		}
+		text := string(f.Data)
+		for _, kv := range [][2]string{{"repository", repository}, {"digest", digest}} {
+			if kv[1] == "" {
+				continue
+			}
+			re := regexp.MustCompile(`(?m)^  ` + kv[0] + `: .*$`)
+			if n := len(re.FindAllStringIndex(text, -1)); n != 1 {
+				return fmt.Errorf("values.yaml: %d lines \"  %s: ...\" under image:, want 1", n, kv[0])
+			}
+			text = re.ReplaceAllLiteralString(text, "  "+kv[0]+": "+strconv.Quote(kv[1]))
+			image, ok := ch.Values["image"].(map[string]any)
+			if !ok {
+				return errors.New("values.yaml: no image:")
+			}
+			image[kv[0]] = kv[1]
+		}
+		f.Data = []byte(text)
+		return nil
 	}
-	if appVersion != "" {
-		ch.Metadata.AppVersion = appVersion
-	}
+	return errors.New("no values.yaml")
 }

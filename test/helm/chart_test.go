@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 )
@@ -273,36 +275,60 @@ func TestReadmeInstallSetsTheAPIServerAndClusterCIDR(t *testing.T) {
 }
 
 // A packaged chart (helm package, what a release ships) renders as the
-// folder does with the release's version as the image tag, and holds only
-// the chart.
-func TestPackagedChartRendersWithTheReleasesImageTag(t *testing.T) {
-	path, err := Package(chartDir(), t.TempDir(), "0.2.0", "v0.2.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if filepath.Base(path) != "kp-0.2.0.tgz" {
-		t.Errorf("archive %s, want kp-0.2.0.tgz", path)
-	}
-	ch, err := loader.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, f := range ch.Raw {
-		names = append(names, f.Name)
-	}
-	for _, n := range names {
-		if !regexp.MustCompile(`^(Chart\.yaml|values\.yaml|values\.schema\.json|\.helmignore|README\.md|templates/[A-Za-z_]+\.(yaml|tpl|txt))$`).MatchString(n) {
-			t.Errorf("the archive holds %s", n)
-		}
-	}
-	text, err := Render(path, Namespace, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := decode(t, text)
-	want := render(t, Values{Set: []string{"image.tag=v0.2.0"}})
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("the packaged chart renders:%s", describe(changes(flatten(t, want), flatten(t, got))))
+// folder does with the release's version as the image tag, or its image
+// pinned by digest, holds only the chart, and is the same bytes when
+// packaged again with the same time.
+func TestPackagedChartCarriesTheRelease(t *testing.T) {
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	epoch := time.Unix(0, 0)
+	for _, tc := range []struct {
+		name string
+		o    PackageOptions
+		want Values
+	}{
+		{"version and appVersion", PackageOptions{Version: "0.2.0", AppVersion: "v0.2.0"}, Values{Set: []string{"image.tag=v0.2.0"}}},
+		{"the image pinned", PackageOptions{Version: "0.2.0", AppVersion: "v0.2.0", ImageRepository: "registry.example/kp", ImageDigest: digest, ModTime: epoch},
+			Values{Set: []string{"image.repository=registry.example/kp", "image.digest=" + digest}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, err := Package(chartDir(), t.TempDir(), tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if filepath.Base(path) != "kp-0.2.0.tgz" {
+				t.Errorf("archive %s, want kp-0.2.0.tgz", path)
+			}
+			ch, err := loader.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range ch.Raw {
+				if !regexp.MustCompile(`^(Chart\.yaml|values\.yaml|values\.schema\.json|\.helmignore|README\.md|templates/[A-Za-z_]+\.(yaml|tpl|txt))$`).MatchString(f.Name) {
+					t.Errorf("the archive holds %s", f.Name)
+				}
+				if !tc.o.ModTime.IsZero() && !f.ModTime.Equal(tc.o.ModTime) {
+					t.Errorf("%s in the archive: time %v, want %v", f.Name, f.ModTime, tc.o.ModTime)
+				}
+			}
+			text, err := Render(path, Namespace, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := decode(t, text), render(t, tc.want); !reflect.DeepEqual(got, want) {
+				t.Errorf("the packaged chart renders, against the folder with %s:%s", tc.want, describe(changes(flatten(t, want), flatten(t, got))))
+			}
+			if tc.o.ModTime.IsZero() {
+				return
+			}
+			again, err := Package(chartDir(), t.TempDir(), tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, _ := os.ReadFile(path)
+			b, _ := os.ReadFile(again)
+			if !bytes.Equal(a, b) {
+				t.Errorf("packaged twice with the same options and time: %d and %d bytes that differ", len(a), len(b))
+			}
+		})
 	}
 }

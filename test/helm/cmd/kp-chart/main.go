@@ -5,7 +5,8 @@
 //
 //	kp-chart template kp ./charts/kp --namespace kube-system --set apiServer=https://10.0.0.10:6443 --set clusterCIDR=10.244.0.0/16
 //	kp-chart lint ./charts/kp
-//	kp-chart package ./charts/kp -d dist --version 0.1.0 --app-version v0.1.0
+//	kp-chart package ./charts/kp -d dist --version 0.1.0 --app-version v0.1.0 \
+//	  --image-repository ghcr.io/kpproxy/kp --image-digest sha256:... --mod-time 1970-01-01T00:00:00Z
 //
 // As with helm, template's and lint's values come from --set, --set-string
 // and --set-file (repeated), the chart and files from the working
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/kpproxy/kp/test/helm"
 )
@@ -48,6 +50,9 @@ func run(args []string) error {
 	dest := fs.String("d", ".", "package: where to write the archive")
 	version := fs.String("version", "", "package: the chart's version (Chart.yaml's when empty)")
 	appVersion := fs.String("app-version", "", "package: the chart's appVersion, the image's default tag (Chart.yaml's when empty)")
+	imageRepo := fs.String("image-repository", "", "package: the image's repository in values.yaml (the chart's when empty)")
+	imageDigest := fs.String("image-digest", "", "package: the image's digest in values.yaml, sha256:... (none when empty)")
+	modTime := fs.String("mod-time", "", "package: every file's time in the archive, RFC 3339, for the same bytes from the same chart (the files' when empty)")
 	// helm takes flags after the positional arguments: parse them apart.
 	var pos []string
 	rest := args[1:]
@@ -78,7 +83,13 @@ func run(args []string) error {
 	case cmd == "lint" && len(pos) == 1:
 		return helm.Lint(pos[0], vals)
 	case cmd == "package" && len(pos) == 1:
-		path, err := helm.Package(pos[0], *dest, *version, *appVersion)
+		o := helm.PackageOptions{Version: *version, AppVersion: *appVersion, ImageRepository: *imageRepo, ImageDigest: *imageDigest}
+		if *modTime != "" {
+			if o.ModTime, err = time.Parse(time.RFC3339, *modTime); err != nil {
+				return fmt.Errorf("package: --mod-time: %w", err)
+			}
+		}
+		path, err := helm.Package(pos[0], *dest, o)
 		if err != nil {
 			return err
 		}
