@@ -3,7 +3,9 @@
 # default nftables mode talks netlink and needs no tool).
 # manifests/daemonset.yaml runs /usr/local/bin/kp from it.
 #
-#   docker build -t registry.example/kp:v0.1.0 --build-arg VERSION=v0.1.0 .
+#   docker build -t registry.example/kp:v0.1.0 --build-arg VERSION=v0.1.0 \
+#     --build-arg COMMIT=$(git rev-parse HEAD) \
+#     --build-arg DATE=$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ) .
 #
 # `make image` builds the same image without Docker or a registry
 # (test/image: KP), from the same Debian 12 packages; a test there checks the
@@ -17,8 +19,10 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
+# The commit's date (RFC 3339, UTC), as make build stamps it.
+ARG DATE=unknown
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
-      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT} -X main.date=${DATE}" \
       -o /out/kp ./cmd/kp
 
 FROM debian:12-slim

@@ -7,14 +7,16 @@ GO      ?= go
 BIN     := bin/kp
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The commit's date, not now: two builds of one commit are the same file.
+DATE    := $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
 
 # make install puts kp in $(DESTDIR)$(PREFIX)/bin with a kp-top link to it
 # (kp answers to that name as kp top).
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build image install test fuzz lint demo demo-down clean kube-bins test-images conformance-bins bench bench-vm conformance vm-kernel
+.PHONY: all build image release install test fuzz lint demo demo-down clean kube-bins test-images conformance-bins bench bench-vm conformance vm-kernel
 
 all: build
 
@@ -34,6 +36,21 @@ IMAGE       ?= kp.local/kp:$(VERSION)
 IMAGE_TAR   := bin/kp-image.tar
 image: build
 	$(GO) run ./test/image/cmd/kp-image -kp $(BIN) -ref $(IMAGE) -o $(IMAGE_TAR)
+
+# A release of the commit checked out, into DIST (default dist/): static kp
+# binaries for linux/amd64 and linux/arm64, the image for both as one OCI
+# image index tarball (as make image builds it, from each architecture's
+# Debian 12 packages), a CycloneDX SBOM of each, manifests/ rendered with
+# the image pinned to the index's digest (IMAGE_REPO@sha256:...), and
+# SHA256SUMS. Reproducible: the same commit, Go and Debian packages give
+# the same files. Refuses a checkout with uncommitted changes. See
+# docs/release.md; test/release builds one twice and compares.
+#
+#   make release VERSION=v0.1.0 [IMAGE_REPO=ghcr.io/kpproxy/kp]
+IMAGE_REPO ?= ghcr.io/kpproxy/kp
+DIST       ?= dist
+release:
+	$(GO) run ./test/release/cmd/kp-release -version '$(VERSION)' -image-repo '$(IMAGE_REPO)' -o '$(DIST)'
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin

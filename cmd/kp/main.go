@@ -32,10 +32,13 @@ import (
 	"github.com/kpproxy/kp/proxy/source"
 )
 
-// Set at build time by the Makefile with -ldflags -X.
+// Set at build time by the Makefile with -ldflags -X. date is the
+// commit's date (RFC 3339, UTC), so that two builds of one commit are the
+// same file.
 var (
 	version = "dev"
 	commit  = "dev"
+	date    = "unknown"
 )
 
 func main() {
@@ -51,8 +54,8 @@ type backendFactory func(cfg proxy.Config, log *slog.Logger) (proxy.Backend, err
 // app is what the commands share: output streams, the logger, and the seams
 // tests replace (host name, environment, backends, the proxy loop).
 type app struct {
-	stdout, stderr  io.Writer
-	version, commit string
+	stdout, stderr        io.Writer
+	version, commit, date string
 
 	hostname func() (string, error)
 	getenv   func(string) string
@@ -92,6 +95,7 @@ func newApp(stdout, stderr io.Writer) *app {
 		stderr:   stderr,
 		version:  v,
 		commit:   c,
+		date:     date,
 		hostname: os.Hostname,
 		getenv:   os.Getenv,
 		backends: map[proxy.Mode]backendFactory{

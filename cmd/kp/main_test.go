@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -22,6 +24,7 @@ import (
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/server"
 	"github.com/kpproxy/kp/proxy/source"
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // fakeBackend records what kp asked of a mode.
@@ -64,7 +67,7 @@ func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{nft: &fakeBackend{mode: proxy.ModeNFTables}, env: map[string]string{}}
 	h.a = newApp(&h.stdout, &h.stderr)
-	h.a.version, h.a.commit = "v9.9.9-test", "abc123"
+	h.a.version, h.a.commit, h.a.date = "v9.9.9-test", "abc123", "2026-11-20T10:00:00Z"
 	h.a.hostname = func() (string, error) { return " Node-A.Example ", nil }
 	h.a.getenv = func(k string) string { return h.env[k] }
 	h.a.backends = map[proxy.Mode]backendFactory{proxy.ModeNFTables: h.nft.factory()}
@@ -161,7 +164,7 @@ func TestVersionPrintsVersionCommitAndGo(t *testing.T) {
 	if code := h.run("version"); code != 0 {
 		t.Fatalf("exit %d: %s", code, h.stderr.String())
 	}
-	for _, want := range []string{"kp version v9.9.9-test", "git commit: abc123", "go version: go"} {
+	for _, want := range []string{"kp version v9.9.9-test", "git commit: abc123", "build date: 2026-11-20T10:00:00Z", "go version: go"} {
 		if !strings.Contains(h.stdout.String(), want) {
 			t.Errorf("version output lacks %q:\n%s", want, h.stdout.String())
 		}
@@ -192,6 +195,34 @@ func TestVersionFromGoInstallsModuleVersion(t *testing.T) {
 				t.Errorf("moduleVersion(%q, %q, %q) = %q, %q; want %q, %q", tc.version, tc.commit, tc.mod, v, c, tc.wantVersion, tc.wantCommit)
 			}
 		})
+	}
+}
+
+func TestVersionJSONIsTheBuildTheProxyReports(t *testing.T) {
+	h := newHarness(t)
+	if code := h.run("version", "-o", "json"); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr.String())
+	}
+	var got statusapi.Build
+	if err := json.Unmarshal(h.stdout.Bytes(), &got); err != nil {
+		t.Fatalf("kp version -o json: %v\n%s", err, h.stdout.String())
+	}
+	want := statusapi.Build{Version: "v9.9.9-test", Commit: "abc123", BuildDate: "2026-11-20T10:00:00Z",
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if got != want {
+		t.Errorf("kp version -o json = %+v, want %+v", got, want)
+	}
+	// kp proxy hands the same to the status API and kp_build_info.
+	h = newHarness(t)
+	if code := h.run("proxy", "--manifests", t.TempDir()); code != 0 {
+		t.Fatalf("kp proxy: exit %d: %s", code, h.stderr.String())
+	}
+	if h.opts.Build != want {
+		t.Errorf("kp proxy runs with build %+v, want %+v", h.opts.Build, want)
+	}
+	h = newHarness(t)
+	if code := h.run("version", "-o", "yaml"); code == 0 || !strings.Contains(h.stderr.String(), `--output "yaml": want text or json`) {
+		t.Errorf("kp version -o yaml: exit %d, stderr %q", code, h.stderr.String())
 	}
 }
 

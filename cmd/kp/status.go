@@ -88,6 +88,9 @@ func (a *app) status(ctx context.Context, o *statusOptions) error {
 
 func printStatus(w io.Writer, st *statusapi.Status) {
 	fmt.Fprintf(w, "node:     %s\nmode:     %s\nhealthy:  %v\nstarted:  %s\n", st.Node, st.Mode, st.Healthy, st.StartTime.Format(time.RFC3339))
+	if b := st.Build; b != nil {
+		fmt.Fprintf(w, "version:  %s (commit %s, built %s, %s %s)\n", b.Version, b.Commit, b.BuildDate, b.GoVersion, b.Platform)
+	}
 	fmt.Fprintf(w, "services: %d service ports, %d endpoints\n", st.ServicePorts, st.Endpoints)
 	fmt.Fprintf(w, "syncs:    %d succeeded (%d full), %d failed\n", st.Syncs.Succeeded, st.Syncs.Full, st.Syncs.Failed)
 	if st.LastSync != nil {

@@ -35,7 +35,8 @@ func serveSocket(t *testing.T, h http.Handler) string {
 func TestStatusReadsTheSocket(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+statusapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode(statusapi.Status{APIVersion: "kp/v1", Mode: "nftables", Node: "node-a", Healthy: true})
+		json.NewEncoder(w).Encode(statusapi.Status{APIVersion: "kp/v1", Mode: "nftables", Node: "node-a", Healthy: true,
+			Build: &statusapi.Build{Version: "v1.2.3", Commit: "abc123", BuildDate: "2026-11-20T10:00:00Z", GoVersion: "go1.26.0", Platform: "linux/arm64"}})
 	})
 	mux.HandleFunc("GET "+statusapi.InventoryPath, func(w http.ResponseWriter, _ *http.Request) {
 		json.NewEncoder(w).Encode(statusapi.Inventory{Node: "node-a", Programs: []statusapi.Program{{Owner: "kp", Mode: "nftables", Where: "nftables ip kp"}}})
@@ -46,6 +47,7 @@ func TestStatusReadsTheSocket(t *testing.T) {
 		want string
 	}{
 		{[]string{"status", "--status-socket", path}, "mode:     nftables"},
+		{[]string{"status", "--status-socket", path}, "version:  v1.2.3 (commit abc123, built 2026-11-20T10:00:00Z, go1.26.0 linux/arm64)"},
 		{[]string{"status", "--status-socket", path, "-o", "json"}, `"mode": "nftables"`},
 		{[]string{"status", "--status-socket", path, "--inventory", "-o", "json"}, `"where": "nftables ip kp"`},
 	} {

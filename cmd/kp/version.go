@@ -1,22 +1,50 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 func newVersionCommand(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:     "version",
-		Short:   "Print kp's version, git commit and Go version",
-		Example: `  kp version`,
-		Args:    cobra.NoArgs,
-		RunE:    func(cmd *cobra.Command, _ []string) error { return a.printVersion(true) },
+	var output string
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print kp's version, git commit, build date and Go version",
+		Example: `  kp version
+  kp version -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch output {
+			case "text":
+				return a.printVersion(true)
+			case "json":
+				return a.printVersionJSON()
+			}
+			return fmt.Errorf("--output %q: want text or json", output)
+		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, or json (the status API's build object)")
+	return cmd
+}
+
+// build is the kp binary that runs, as the status API and kp_build_info
+// report it.
+func (a *app) build() statusapi.Build {
+	return statusapi.Build{Version: a.version, Commit: a.commit, BuildDate: a.date,
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+}
+
+func (a *app) printVersionJSON() error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(a.build())
 }
 
 // printVersion prints kp's version: one line as upstream's --version
@@ -26,8 +54,8 @@ func (a *app) printVersion(full bool) error {
 		_, err := fmt.Fprintf(a.stdout, "kp %s\n", a.version)
 		return err
 	}
-	_, err := fmt.Fprintf(a.stdout, "kp version %s\ngit commit: %s\ngo version: %s %s/%s\n",
-		a.version, a.commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	_, err := fmt.Fprintf(a.stdout, "kp version %s\ngit commit: %s\nbuild date: %s\ngo version: %s %s/%s\n",
+		a.version, a.commit, a.date, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return err
 }
 

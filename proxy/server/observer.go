@@ -30,6 +30,10 @@ type RunOptions struct {
 	Sysctls []statusapi.Sysctl
 	// ModeChoice is how the mode was chosen, for the status API.
 	ModeChoice *statusapi.ModeChoice
+	// Build is the kp binary that runs, for the status API and the
+	// kp_build_info metric; an empty GoVersion or Platform is the running
+	// one's.
+	Build statusapi.Build
 	// Inventory lists what programs the node's Services in the kernel,
 	// served at /kp/v1/inventory; nil serves an empty list.
 	Inventory InventoryFunc

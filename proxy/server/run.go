@@ -367,10 +367,15 @@ func drain(backend proxy.Backend, grace time.Duration, log *slog.Logger) {
 func newObservers(backend proxy.Backend, nodeName string, syncPeriod time.Duration, opts RunOptions, clk clock.WithTicker) (*Metrics, *Health, *Status, error) {
 	metrics := NewMetrics(backend.Mode())
 	metrics.FollowMode(backend.Mode)
+	build := runningBuild(opts.Build)
+	if err := metrics.Registry().Register(buildInfo(build)); err != nil {
+		return nil, nil, nil, fmt.Errorf("register metrics: %w", err)
+	}
 	health := NewHealth(2*syncPeriod, clk)
 	status := NewStatus(backend, nodeName, health, clk)
 	status.SetSysctls(opts.Sysctls)
 	status.SetModeChoice(opts.ModeChoice)
+	status.SetBuild(build)
 	for _, c := range opts.Collectors {
 		if err := metrics.Registry().Register(c); err != nil {
 			return nil, nil, nil, fmt.Errorf("register metrics: %w", err)

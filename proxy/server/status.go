@@ -32,6 +32,14 @@ type Status struct {
 	counts    statusapi.SyncCounts
 	sysctls   []statusapi.Sysctl
 	choice    *statusapi.ModeChoice
+	build     *statusapi.Build
+}
+
+// SetBuild records the kp binary that runs.
+func (s *Status) SetBuild(b statusapi.Build) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.build = &b
 }
 
 // SetModeChoice records how the mode was chosen (nil: not said).
@@ -100,6 +108,10 @@ func (s *Status) Report() *statusapi.Status {
 		Now:        s.clk.Now(),
 		Syncs:      s.counts,
 		Sysctls:    append([]statusapi.Sysctl(nil), s.sysctls...),
+	}
+	if s.build != nil {
+		b := *s.build
+		r.Build = &b
 	}
 	if s.choice != nil {
 		c := *s.choice

@@ -68,6 +68,23 @@ type Status struct {
 	IPTablesBackend string `json:"iptablesBackend,omitempty"`
 	// Migration is the last mode switch asked for, absent when none.
 	Migration *Migration `json:"migration,omitempty"`
+
+	// Build is the kp binary that answers; absent from a kp that
+	// predates the field.
+	Build *Build `json:"build,omitempty"`
+}
+
+// Build identifies a kp binary: what `kp version -o json` prints, the
+// status report's build and the labels of the kp_build_info metric.
+// Version, Commit and BuildDate are stamped at build time (make build,
+// make release: -ldflags -X); BuildDate is the commit's date, not the
+// build's, so that two builds of one commit are the same file.
+type Build struct {
+	Version   string `json:"version"`   // v0.1.0, or git describe's output
+	Commit    string `json:"commit"`    // the full commit hash
+	BuildDate string `json:"buildDate"` // RFC 3339, UTC
+	GoVersion string `json:"goVersion"` // go1.26.0
+	Platform  string `json:"platform"`  // linux/amd64
 }
 
 // ModeChoice is how kp chose its mode: forced (a flag, the config file),

@@ -19,7 +19,7 @@ var knownLimits = map[string][]Limit{
 	"kp-userspace": {{
 		Failure: regexp.MustCompile(`(?i)client IP|source IP`),
 		Why: "the userspace proxy opens its own connection to the endpoint, which sees the node's address, " +
-			"not the client's (README's feature table, note ³)",
+			"not the client's (docs/features.md, note ³)",
 	}, {
 		// A pod's connection to another node's NodePort is short-circuited
 		// to the Service's endpoints (upstream's rule for pod traffic to

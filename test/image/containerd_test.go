@@ -145,3 +145,67 @@ func TestKPImageTarballLoadsIntoContainerd(t *testing.T) {
 		t.Errorf("ctr images check: the image is not complete:\n%s", out)
 	}
 }
+
+// The release's image index (both architectures, one OCI tarball) loads
+// into containerd for each platform, as a node of either architecture
+// would import it, under the reference and index digest it was written
+// with; each platform brings its own manifest, configuration and layers.
+func TestKPImageIndexLoadsIntoContainerdForEachPlatform(t *testing.T) {
+	const ref = "kp.local/kp:index-test"
+	imgs := map[string]Image{"amd64": kpImageFor(t, "amd64"), "arm64": kpImageFor(t, "arm64")}
+	dst := filepath.Join(t.TempDir(), "kp-image.oci.tar")
+	written, err := WriteIndex(dst, Index{Ref: ref, Images: []Image{imgs["amd64"], imgs["arm64"]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := privateContainerd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, arch := range []string{"amd64", "arm64"} {
+		t.Run(arch, func(t *testing.T) {
+			// A namespace per platform: each sees only what its import
+			// brought.
+			ctr := func(args ...string) string {
+				t.Helper()
+				out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "--namespace", "import-" + arch}, args...)...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, out)
+				}
+				return string(out)
+			}
+			ctr("images", "import", "--platform", "linux/"+arch, dst)
+			var line []string
+			for _, l := range strings.Split(ctr("images", "ls"), "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == ref {
+					line = f
+				}
+			}
+			// REF TYPE DIGEST SIZE PLATFORMS LABELS
+			if len(line) < 5 || line[2] != written.Digest.String() || line[1] != "application/vnd.oci.image.index.v1+json" {
+				t.Fatalf("ctr images ls: %q, want %s as an OCI index of digest %s", line, ref, written.Digest)
+			}
+			if !strings.Contains(line[len(line)-2]+line[len(line)-1], "linux/amd64,linux/arm64") {
+				t.Errorf("ctr images ls: platforms of %q, want linux/amd64,linux/arm64", line)
+			}
+			content := ctr("content", "ls", "-q")
+			manifest := written.Manifests[arch]
+			if !strings.Contains(content, manifest.String()) {
+				t.Errorf("the %s manifest %s is not in containerd after the import:\n%s", arch, manifest, content)
+			}
+			built, err := Build(imgs[arch])
+			if err != nil {
+				t.Fatal(err)
+			}
+			layers, err := built.Layers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range layers {
+				d, _ := l.Digest()
+				if !strings.Contains(content, d.String()) {
+					t.Errorf("the %s layer %s is not in containerd after the import", arch, d)
+				}
+			}
+		})
+	}
+}

@@ -26,7 +26,7 @@ func DebianLayer(whole, libs []string, opts ...KPOption) ([]Entry, error) {
 			return nil, fmt.Errorf("debian layer: %w", err)
 		}
 	}
-	tree, err := fetchDebs(o.cache, append(slices.Clone(whole), libs...))
+	tree, err := fetchDebs(o.cache, o.arch, append(slices.Clone(whole), libs...))
 	if err != nil {
 		return nil, fmt.Errorf("debian layer: %w", err)
 	}

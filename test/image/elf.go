@@ -9,12 +9,19 @@ import (
 	"path"
 )
 
-// libDirs are where the dynamic loader looks for a library with no path, in
-// its order: Debian's glibc has the multiarch directories built in, so the
-// image needs no /etc/ld.so.cache.
-var libDirs = []string{
-	"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
-	"/lib64", "/usr/lib64", "/lib", "/usr/lib",
+// multiarch is the GNU triplet Debian names each architecture's library
+// directories after.
+var multiarch = map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+// libDirs are where the dynamic loader of the Debian architecture arch
+// looks for a library with no path, in its order: Debian's glibc has the
+// multiarch directories built in, so the image needs no /etc/ld.so.cache.
+func libDirs(arch string) ([]string, error) {
+	triplet, ok := multiarch[arch]
+	if !ok {
+		return nil, fmt.Errorf("architecture %q: kp's images are built for amd64 and arm64", arch)
+	}
+	return []string{"/lib/" + triplet, "/usr/lib/" + triplet, "/lib64", "/usr/lib64", "/lib", "/usr/lib"}, nil
 }
 
 // elfDeps returns what the ELF file at host needs to start: its program
@@ -46,6 +53,24 @@ func elfDeps(host string) (interp string, needed []string, ok bool, err error) {
 	return interp, needed, true, nil
 }
 
+// elfMachines are the ELF machines of the Debian architectures.
+var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// elfFor checks that the ELF file at host is built for the Debian
+// architecture arch: a kp of the wrong architecture in an image would
+// fail only on the node, with "exec format error".
+func elfFor(host, arch string) error {
+	f, err := elf.Open(host)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if want, ok := elfMachines[arch]; !ok || f.Machine != want {
+		return fmt.Errorf("%s is built for %v, the image is %s", host, f.Machine, arch)
+	}
+	return nil
+}
+
 // isELF reports whether the file at host starts with the ELF magic number.
 func isELF(host string) bool {
 	f, err := os.Open(host)
@@ -64,6 +89,10 @@ func isELF(host string) bool {
 // result leaves roots out. A library found nowhere is an error naming who
 // needs it: an image without it would not start.
 func libraryClosure(t *debTree, roots map[string]string) ([]string, error) {
+	dirs, err := libDirs(t.arch)
+	if err != nil {
+		return nil, err
+	}
 	var (
 		out   []string
 		seen  = map[string]bool{}
@@ -109,7 +138,7 @@ func libraryClosure(t *debTree, roots map[string]string) ([]string, error) {
 		}
 		for _, lib := range needed {
 			found := false
-			for _, dir := range libDirs {
+			for _, dir := range dirs {
 				if _, ok := t.files[path.Join(dir, lib)]; ok {
 					if err := add(path.Join(dir, lib)); err != nil {
 						return nil, fmt.Errorf("%s needs %s: %w", p, lib, err)
@@ -119,7 +148,7 @@ func libraryClosure(t *debTree, roots map[string]string) ([]string, error) {
 				}
 			}
 			if !found {
-				return nil, fmt.Errorf("%s needs %s: in none of %v of the packages (add the package that has it)", p, lib, libDirs)
+				return nil, fmt.Errorf("%s needs %s: in none of %v of the packages (add the package that has it)", p, lib, dirs)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"io/fs"
@@ -72,6 +73,15 @@ type Image struct {
 	WorkingDir string
 	User       string
 	Labels     map[string]string
+	// Arch is the image's architecture, amd64 (the default) or arm64: its
+	// configuration says it, and its files must be built for it.
+	Arch string
+	// OCI writes OCI media types (manifest, configuration, layers) in
+	// place of Docker's: the release's OCI image index holds such images.
+	OCI bool
+	// Packages are the Debian packages the image's files come from, for a
+	// bill of materials; nothing of them is written but their files.
+	Packages []DebPackage
 }
 
 // Written reports one image of a tarball.
@@ -85,8 +95,12 @@ type Written struct {
 
 // Build assembles img in memory.
 func Build(img Image) (v1.Image, error) {
-	out := mutate.MediaType(empty.Image, types.DockerManifestSchema2)
-	out = mutate.ConfigMediaType(out, types.DockerConfigJSON)
+	manifestType, configType, layerType := types.DockerManifestSchema2, types.DockerConfigJSON, types.DockerLayer
+	if img.OCI {
+		manifestType, configType, layerType = types.OCIManifestSchema1, types.OCIConfigJSON, types.OCILayer
+	}
+	out := mutate.MediaType(empty.Image, manifestType)
+	out = mutate.ConfigMediaType(out, configType)
 	for i, entries := range img.Layers {
 		data, err := layerTar(entries)
 		if err != nil {
@@ -94,7 +108,7 @@ func Build(img Image) (v1.Image, error) {
 		}
 		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 			return io.NopCloser(bytes.NewReader(data)), nil
-		}, tarball.WithMediaType(types.DockerLayer))
+		}, tarball.WithMediaType(layerType))
 		if err != nil {
 			return nil, fmt.Errorf("image %s: layer %d: %w", img.Ref, i, err)
 		}
@@ -110,7 +124,7 @@ func Build(img Image) (v1.Image, error) {
 		return nil, fmt.Errorf("image %s: %w", img.Ref, err)
 	}
 	cfg = cfg.DeepCopy()
-	cfg.Architecture, cfg.OS = "amd64", "linux"
+	cfg.Architecture, cfg.OS = cmp.Or(img.Arch, "amd64"), "linux"
 	cfg.Created = v1.Time{Time: epoch}
 	cfg.Config.Entrypoint = img.Entrypoint
 	cfg.Config.Cmd = img.Cmd

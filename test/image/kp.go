@@ -89,16 +89,31 @@ const (
 	debianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
+// KPPackages names the Debian packages kp's image is assembled from.
+func KPPackages() []string {
+	names := make([]string, len(kpPackages))
+	for i, p := range kpPackages {
+		names[i] = p.Name
+	}
+	return names
+}
+
 // KPOption changes how KP assembles the image.
 type KPOption func(*kpOptions)
 
 type kpOptions struct {
 	cache string
+	arch  string
 }
 
 // WithCache keeps the downloaded Debian packages in dir instead of
 // $KP_IMAGE_CACHE or ~/.cache/kp-image.
 func WithCache(dir string) KPOption { return func(o *kpOptions) { o.cache = dir } }
+
+// WithArch builds the image for the architecture arch (amd64 or arm64,
+// Go's and Debian's name alike) from that architecture's Debian packages,
+// instead of the host's. The kp binary must be built for it.
+func WithArch(arch string) KPOption { return func(o *kpOptions) { o.arch = arch } }
 
 // KP is kp's container image, the same the Dockerfile builds, from the kp
 // binary at binary (build it static: CGO_ENABLED=0, as `make build` does):
@@ -132,20 +147,25 @@ func KP(binary, ref string, opts ...KPOption) (Image, error) {
 			return Image{}, fmt.Errorf("kp image: %w", err)
 		}
 	}
-	names := make([]string, len(kpPackages))
-	for i, p := range kpPackages {
-		names[i] = p.Name
-	}
-	tree, err := fetchDebs(o.cache, names)
+	tree, err := fetchDebs(o.cache, o.arch, KPPackages())
 	if err != nil {
+		return Image{}, fmt.Errorf("kp image: %w", err)
+	}
+	if err := elfFor(binary, tree.arch); err != nil {
 		return Image{}, fmt.Errorf("kp image: %w", err)
 	}
 	userland, err := kpUserland(tree, binary)
 	if err != nil {
 		return Image{}, fmt.Errorf("kp image: %w", err)
 	}
+	pkgs, err := tree.packages(KPPackages())
+	if err != nil {
+		return Image{}, fmt.Errorf("kp image: %w", err)
+	}
 	return Image{
-		Ref: ref,
+		Ref:      ref,
+		Arch:     tree.arch,
+		Packages: pkgs,
 		Layers: [][]Entry{userland, {
 			{Path: kpPath, Source: binary, Mode: 0o755},
 			Symlink(kpTopPath, "kp"),

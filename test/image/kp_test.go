@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -24,12 +25,22 @@ import (
 // testRef names kp's image in these tests.
 const testRef = "kp.local/kp:image-test"
 
-// kpBuild is what the tests share: one static kp binary, kp's image and its
-// tarball, each made at most once per test process in dir (removed by
-// TestMain).
+// kpBuild is what the tests share: per architecture, one static kp
+// binary and kp's image; the host's image's tarball. Each is made at most
+// once per test process in dir (removed by TestMain).
 var kpBuild struct {
 	dir string
 
+	mu   sync.Mutex
+	arch map[string]*archBuild
+
+	tarOnce sync.Once
+	tar     string
+	tarErr  error
+}
+
+// archBuild is kp's binary and image for one architecture.
+type archBuild struct {
 	binOnce sync.Once
 	bin     string
 	binErr  error
@@ -37,10 +48,18 @@ var kpBuild struct {
 	imgOnce sync.Once
 	img     Image
 	imgErr  error
+}
 
-	tarOnce sync.Once
-	tar     string
-	tarErr  error
+func archBuildOf(arch string) *archBuild {
+	kpBuild.mu.Lock()
+	defer kpBuild.mu.Unlock()
+	if kpBuild.arch == nil {
+		kpBuild.arch = map[string]*archBuild{}
+	}
+	if kpBuild.arch[arch] == nil {
+		kpBuild.arch[arch] = &archBuild{}
+	}
+	return kpBuild.arch[arch]
 }
 
 func TestMain(m *testing.M) {
@@ -66,43 +85,52 @@ func unavailable(t testing.TB, format string, args ...any) {
 	t.Skipf(format, args...)
 }
 
-// kpBinary is a static kp built from this repository, as `make build`
-// builds it.
-func kpBinary(t testing.TB) string {
+// kpBinary is a static kp built from this repository for the host, as
+// `make build` builds it.
+func kpBinary(t testing.TB) string { return kpBinaryFor(t, runtime.GOARCH) }
+
+// kpBinaryFor is kpBinary for the architecture arch (GOARCH).
+func kpBinaryFor(t testing.TB, arch string) string {
 	t.Helper()
-	kpBuild.binOnce.Do(func() {
+	b := archBuildOf(arch)
+	b.binOnce.Do(func() {
 		root, err := netns.ModuleRoot()
 		if err != nil {
-			kpBuild.binErr = err
+			b.binErr = err
 			return
 		}
-		kpBuild.bin = filepath.Join(kpBuild.dir, "kp")
-		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", kpBuild.bin, "./cmd/kp")
+		b.bin = filepath.Join(kpBuild.dir, "kp-"+arch)
+		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", b.bin, "./cmd/kp")
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			kpBuild.binErr = fmt.Errorf("go build ./cmd/kp: %w\n%s", err, out)
+			b.binErr = fmt.Errorf("GOARCH=%s go build ./cmd/kp: %w\n%s", arch, err, out)
 		}
 	})
-	if kpBuild.binErr != nil {
-		t.Fatal(kpBuild.binErr)
+	if b.binErr != nil {
+		t.Fatal(b.binErr)
 	}
-	return kpBuild.bin
+	return b.bin
 }
 
-// kpImage is KP's image of kpBinary. Without apt (or its lists, or the
-// network) the test is skipped, or fails under CI.
-func kpImage(t testing.TB) Image {
+// kpImage is KP's image of kpBinary for the host. Without apt (or its
+// lists, or the network) the test is skipped, or fails under CI.
+func kpImage(t testing.TB) Image { return kpImageFor(t, runtime.GOARCH) }
+
+// kpImageFor is kpImage for the architecture arch, from its Debian
+// packages.
+func kpImageFor(t testing.TB, arch string) Image {
 	t.Helper()
-	bin := kpBinary(t)
-	kpBuild.imgOnce.Do(func() { kpBuild.img, kpBuild.imgErr = KP(bin, testRef) })
-	if errors.Is(kpBuild.imgErr, ErrDownload) {
-		unavailable(t, "kp's image needs Debian packages: %v", kpBuild.imgErr)
+	bin := kpBinaryFor(t, arch)
+	b := archBuildOf(arch)
+	b.imgOnce.Do(func() { b.img, b.imgErr = KP(bin, testRef, WithArch(arch)) })
+	if errors.Is(b.imgErr, ErrDownload) {
+		unavailable(t, "kp's image needs Debian packages: %v", b.imgErr)
 	}
-	if kpBuild.imgErr != nil {
-		t.Fatal(kpBuild.imgErr)
+	if b.imgErr != nil {
+		t.Fatal(b.imgErr)
 	}
-	return kpBuild.img
+	return b.img
 }
 
 // kpTarball is kpImage written as a tarball.
@@ -244,42 +272,53 @@ func TestKPImageRunsKPProxyHelpByDefault(t *testing.T) {
 }
 
 func TestEveryELFFileInKPImageFindsItsLoaderAndLibraries(t *testing.T) {
-	files := imageFS(t, kpImage(t))
-	elfs := 0
-	for p, f := range files {
-		if f.hdr.Typeflag != tar.TypeReg || !bytes.HasPrefix(f.data, []byte(elf.ELFMAG)) {
-			continue
-		}
-		elfs++
-		ef, err := elf.NewFile(bytes.NewReader(f.data))
-		if err != nil {
-			t.Errorf("%s: %v", p, err)
-			continue
-		}
-		for _, prog := range ef.Progs {
-			if prog.Type != elf.PT_INTERP {
-				continue
+	for _, arch := range []string{"amd64", "arm64"} {
+		t.Run(arch, func(t *testing.T) {
+			files := imageFS(t, kpImageFor(t, arch))
+			dirs, err := libDirs(arch)
+			if err != nil {
+				t.Fatal(err)
 			}
-			b, _ := io.ReadAll(prog.Open())
-			if _, err := resolveIn(files, strings.TrimRight(string(b), "\x00")); err != nil {
-				t.Errorf("%s: dynamic loader: %v", p, err)
+			elfs := 0
+			for p, f := range files {
+				if f.hdr.Typeflag != tar.TypeReg || !bytes.HasPrefix(f.data, []byte(elf.ELFMAG)) {
+					continue
+				}
+				elfs++
+				ef, err := elf.NewFile(bytes.NewReader(f.data))
+				if err != nil {
+					t.Errorf("%s: %v", p, err)
+					continue
+				}
+				if ef.Machine != elfMachines[arch] {
+					t.Errorf("%s: built for %v in the %s image", p, ef.Machine, arch)
+				}
+				for _, prog := range ef.Progs {
+					if prog.Type != elf.PT_INTERP {
+						continue
+					}
+					b, _ := io.ReadAll(prog.Open())
+					if _, err := resolveIn(files, strings.TrimRight(string(b), "\x00")); err != nil {
+						t.Errorf("%s: dynamic loader: %v", p, err)
+					}
+				}
+				needed, err := ef.DynString(elf.DT_NEEDED)
+				if err != nil {
+					t.Errorf("%s: %v", p, err)
+				}
+				for _, lib := range needed {
+					if !slices.ContainsFunc(dirs, func(dir string) bool {
+						_, err := resolveIn(files, path.Join(dir, lib))
+						return err == nil
+					}) {
+						t.Errorf("%s needs %s: not in the image's library directories", p, lib)
+					}
+				}
 			}
-		}
-		needed, err := ef.DynString(elf.DT_NEEDED)
-		if err != nil {
-			t.Errorf("%s: %v", p, err)
-		}
-		for _, lib := range needed {
-			if !slices.ContainsFunc(libDirs, func(dir string) bool {
-				_, err := resolveIn(files, path.Join(dir, lib))
-				return err == nil
-			}) {
-				t.Errorf("%s needs %s: not in the image's library directories", p, lib)
+			if elfs < 10 {
+				t.Errorf("only %d ELF files in the image", elfs)
 			}
-		}
-	}
-	if elfs < 10 {
-		t.Errorf("only %d ELF files in the image", elfs)
+		})
 	}
 }
 
@@ -306,11 +345,7 @@ func TestALibraryMissingFromThePackagesIsAnErrorNamingWhoNeedsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range kpPackages {
-		names = append(names, p.Name)
-	}
-	tree, err := fetchDebs(cache, names)
+	tree, err := fetchDebs(cache, "", KPPackages())
 	if err != nil {
 		t.Fatal(err)
 	}
