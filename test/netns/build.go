@@ -15,8 +15,8 @@ import (
 // into: kp-test-bin-PID-RANDOM.
 const binDirPrefix = "kp-test-bin-"
 
-// build caches the binaries built for this test process, one per package.
-var build struct {
+// builds caches the binaries built for this test process, one per package.
+var builds struct {
 	mu   sync.Mutex
 	dir  string
 	bins map[string]*built
@@ -32,10 +32,10 @@ type built struct {
 // them. Call it from TestMain: os.Exit(netns.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
-	build.mu.Lock()
-	defer build.mu.Unlock()
-	if build.dir != "" {
-		os.RemoveAll(build.dir)
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.dir != "" {
+		os.RemoveAll(builds.dir)
 	}
 	return code
 }
@@ -44,36 +44,38 @@ func Main(m *testing.M) int {
 // the module root (for example "./cmd/kp" or "./test/echo"), once per test
 // process, and returns the binary's path.
 func Build(pkg string) (string, error) {
-	build.mu.Lock()
-	if build.bins == nil {
-		build.bins = map[string]*built{}
-	}
-	b := build.bins[pkg]
-	if b == nil {
-		b = &built{}
-		build.bins[pkg] = b
-	}
-	build.mu.Unlock()
+	return once(pkg, func() (string, error) { return goBuild("", pkg, false) })
+}
 
-	b.once.Do(func() { b.path, b.err = goBuild(pkg, false) })
-	return b.path, b.err
+// BuildNested is Build for a main package of one of the repository's
+// nested modules, whose dependencies stay out of kp's go.mod: module is
+// its folder from the repository's root ("test/helm"), pkg the package's
+// path in it ("./cmd/kp-chart").
+func BuildNested(module, pkg string) (string, error) {
+	return once("nested:"+module+":"+pkg, func() (string, error) { return goBuild(module, pkg, false) })
 }
 
 // BuildStatic is Build for binaries that go into container images: built
 // with CGO_ENABLED=0, so they need no C library, and named NAME-static.
 func BuildStatic(pkg string) (string, error) {
-	build.mu.Lock()
-	if build.bins == nil {
-		build.bins = map[string]*built{}
+	return once("static:"+pkg, func() (string, error) { return goBuild("", pkg, true) })
+}
+
+// once runs build the first time key is asked for, and returns its
+// answer every time.
+func once(key string, build func() (string, error)) (string, error) {
+	builds.mu.Lock()
+	if builds.bins == nil {
+		builds.bins = map[string]*built{}
 	}
-	b := build.bins["static:"+pkg]
+	b := builds.bins[key]
 	if b == nil {
 		b = &built{}
-		build.bins["static:"+pkg] = b
+		builds.bins[key] = b
 	}
-	build.mu.Unlock()
+	builds.mu.Unlock()
 
-	b.once.Do(func() { b.path, b.err = goBuild(pkg, true) })
+	b.once.Do(func() { b.path, b.err = build() })
 	return b.path, b.err
 }
 
@@ -83,7 +85,9 @@ func BuildStatic(pkg string) (string, error) {
 // minutes, so the host builds and the guest runs.
 const BinDirEnv = "KP_TEST_BINDIR"
 
-func goBuild(pkg string, static bool) (string, error) {
+// goBuild builds pkg of the kp module, or of the nested module in folder
+// module of the repository when set.
+func goBuild(module, pkg string, static bool) (string, error) {
 	if dir := os.Getenv(BinDirEnv); dir != "" {
 		p := filepath.Join(dir, filepath.Base(pkg))
 		if static {
@@ -97,13 +101,13 @@ func goBuild(pkg string, static bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	build.mu.Lock()
-	if build.dir == "" {
+	builds.mu.Lock()
+	if builds.dir == "" {
 		// The pid in the name lets SweepStale remove it if this run is killed.
-		build.dir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", binDirPrefix, os.Getpid()))
+		builds.dir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", binDirPrefix, os.Getpid()))
 	}
-	dir := build.dir
-	build.mu.Unlock()
+	dir := builds.dir
+	builds.mu.Unlock()
 	if err != nil {
 		return "", fmt.Errorf("build %s: %w", pkg, err)
 	}
@@ -114,7 +118,7 @@ func goBuild(pkg string, static bool) (string, error) {
 		cmd = exec.Command("go", "build", "-trimpath", "-o", out, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	}
-	cmd.Dir = root
+	cmd.Dir = filepath.Join(root, module)
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, msg)
 	}

@@ -120,6 +120,9 @@ func TestKpOnRealNodes(t *testing.T) {
 		echo, cluster.KPImage(t, kpBin, kpImage), cluster.KPImage(t, kpBin, kpImage2),
 	}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
+	// The chart's renderer (Helm's Go module), for the last subtest: built
+	// while the subtests before it run.
+	go cluster.KPChartBuild()
 	t.Cleanup(func() {
 		if t.Failed() {
 			dumpKP(t, c)
@@ -167,69 +170,10 @@ func TestKpOnRealNodes(t *testing.T) {
 		return func() (string, error) { return cluster.DialFrom(clientNS, "tcp", addr, 5*time.Second) }
 	}
 
-	t.Run("kp pods are ready, pass their probes and log no error", func(t *testing.T) {
-		pods := kpPods(t, c)
-		for _, p := range pods {
-			for _, cs := range p.Status.ContainerStatuses {
-				if !cs.Ready || cs.RestartCount != 0 {
-					t.Errorf("kp pod %s on %s: ready %v, restarts %d", p.Name, p.Spec.NodeName, cs.Ready, cs.RestartCount)
-				}
-			}
-			logs, err := c.Kubectl("logs", "-n", "kube-system", p.Name)
-			if err != nil {
-				t.Errorf("kubectl logs %s: %v\n%s", p.Name, err, logs)
-			}
-			// The check below means something only if kp logs levels:
-			// klog's text, an I, W or E before the date.
-			if !klogLine("I").MatchString(logs) {
-				t.Errorf("kp pod %s logged no INFO line; its logs:\n%s", p.Name, logs)
-			}
-			for _, l := range strings.Split(logs, "\n") {
-				if klogLine("E").MatchString(l) {
-					t.Errorf("kp pod %s on %s logged an error: %s", p.Name, p.Spec.NodeName, l)
-				}
-				// The init container set the sysctls; kp, without a
-				// writable /proc/sys, finds them in force.
-				if strings.Contains(l, "conntrack sysctl") {
-					t.Errorf("kp pod %s on %s: the proxy container had a sysctl to set: %s", p.Name, p.Spec.NodeName, l)
-				}
-			}
-			// The privileged init container (kp sysctl) set upstream's
-			// conntrack timeouts in the node's namespace.
-			initLogs, err := c.Kubectl("logs", "-n", "kube-system", p.Name, "-c", "sysctl")
-			if err != nil {
-				t.Errorf("kubectl logs %s -c sysctl: %v\n%s", p.Name, err, initLogs)
-			}
-			if got, err := c.Node(p.Spec.NodeName).Exec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"); err != nil ||
-				strings.TrimSpace(got) != "3600" {
-				t.Errorf("node %s: nf_conntrack_tcp_timeout_close_wait %q (%v), want 3600 from the init container; its logs:\n%s",
-					p.Spec.NodeName, got, err, initLogs)
-			}
-		}
-	})
+	t.Run("kp pods are ready, pass their probes and log no error", func(t *testing.T) { checkKPPods(t, c) })
 
 	t.Run("a Service answers from a pod on the other node and from the nodes", func(t *testing.T) {
-		want := webPods(t, c)
-		if len(want) != 2 || want[0].Spec.NodeName == want[1].Spec.NodeName {
-			t.Fatalf("web pods not one per node: %v", podsOnNodes(want))
-		}
-		names := podNames(want)
-		// From the client pod on node-2, the ClusterIP reaches both, one of
-		// them on node-1 (pod to pod across nodes, through kp's DNAT).
-		seen(t, "ClusterIP "+clusterIP+" from pod client on node-2", fromClient(clusterIP), names)
-		seen(t, "NodePort of node-1 from pod client on node-2", fromClient(nodePort(n1)), names)
-		for _, n := range c.Nodes {
-			seen(t, "ClusterIP from "+n.Name+" itself", func() (string, error) {
-				return n.Dial("tcp", clusterIP, 5*time.Second)
-			}, names)
-			other := n1
-			if n == n1 {
-				other = n2
-			}
-			seen(t, "NodePort of "+other.Name+" from "+n.Name, func() (string, error) {
-				return n.Dial("tcp", nodePort(other), 5*time.Second)
-			}, names)
-		}
+		checkServiceAnswers(t, c, fromClient, clusterIP, nodePort)
 	})
 
 	t.Run("scaling the Deployment up and down is followed", func(t *testing.T) {
@@ -397,9 +341,112 @@ func TestKpOnRealNodes(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("the Helm chart, installed as the README says, takes over the DaemonSet and Services answer", func(t *testing.T) {
+		// The README's helm install with this cluster's values, rendered
+		// through Helm's Go module and applied, over what kubectl apply -k
+		// applied: its objects are manifests/' own, so the DaemonSet rolls
+		// to the chart's image tag (the one it does not run now) and
+		// nothing else changes.
+		start := time.Now()
+		tag, image := "e2e", kpImage
+		if ds, err := c.Client().AppsV1().DaemonSets("kube-system").Get(ctx(t), "kp", metav1.GetOptions{}); err == nil &&
+			ds.Spec.Template.Spec.Containers[0].Image == kpImage {
+			tag, image = "e2e-2", kpImage2
+		}
+		manifest, err := c.KPChart(tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("chart rendered %v after the subtest's start (kp-chart built in the background)", time.Since(start).Round(100*time.Millisecond))
+		if out, err := c.Kubectl("apply", "-f", manifest); err != nil {
+			t.Fatalf("kubectl apply -f (charts/kp, the README's helm install with the test's values): %v\n%s", err, out)
+		}
+		waitKP(t, c, image)
+		t.Logf("the chart's kp Ready on every node %v after the subtest's start", time.Since(start).Round(100*time.Millisecond))
+		checkKPPods(t, c)
+		spreadWeb(t, c)
+		checkServiceAnswers(t, c, fromClient, clusterIP, nodePort)
+	})
 }
 
 // klogLine matches a klog text line of a severity (I, W, E).
 func klogLine(severity string) *regexp.Regexp {
 	return regexp.MustCompile(`(?m)^` + severity + `\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [^ ]+:\d+\] "`)
+}
+
+// checkKPPods checks that every kp pod is ready without a restart, logs
+// at INFO and never at ERROR, found the sysctls set by its init container,
+// which set upstream's conntrack timeouts in the node's namespace.
+func checkKPPods(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	pods := kpPods(t, c)
+	for _, p := range pods {
+		for _, cs := range p.Status.ContainerStatuses {
+			if !cs.Ready || cs.RestartCount != 0 {
+				t.Errorf("kp pod %s on %s: ready %v, restarts %d", p.Name, p.Spec.NodeName, cs.Ready, cs.RestartCount)
+			}
+		}
+		logs, err := c.Kubectl("logs", "-n", "kube-system", p.Name)
+		if err != nil {
+			t.Errorf("kubectl logs %s: %v\n%s", p.Name, err, logs)
+		}
+		// The check below means something only if kp logs levels:
+		// klog's text, an I, W or E before the date.
+		if !klogLine("I").MatchString(logs) {
+			t.Errorf("kp pod %s logged no INFO line; its logs:\n%s", p.Name, logs)
+		}
+		for _, l := range strings.Split(logs, "\n") {
+			if klogLine("E").MatchString(l) {
+				t.Errorf("kp pod %s on %s logged an error: %s", p.Name, p.Spec.NodeName, l)
+			}
+			// The init container set the sysctls; kp, without a
+			// writable /proc/sys, finds them in force.
+			if strings.Contains(l, "conntrack sysctl") {
+				t.Errorf("kp pod %s on %s: the proxy container had a sysctl to set: %s", p.Name, p.Spec.NodeName, l)
+			}
+		}
+		// The privileged init container (kp sysctl) set upstream's
+		// conntrack timeouts in the node's namespace.
+		initLogs, err := c.Kubectl("logs", "-n", "kube-system", p.Name, "-c", "sysctl")
+		if err != nil {
+			t.Errorf("kubectl logs %s -c sysctl: %v\n%s", p.Name, err, initLogs)
+		}
+		if got, err := c.Node(p.Spec.NodeName).Exec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"); err != nil ||
+			strings.TrimSpace(got) != "3600" {
+			t.Errorf("node %s: nf_conntrack_tcp_timeout_close_wait %q (%v), want 3600 from the init container; its logs:\n%s",
+				p.Spec.NodeName, got, err, initLogs)
+		}
+	}
+}
+
+// checkServiceAnswers checks that Service web answers with both its pods,
+// one on each node: through its ClusterIP and node-1's NodePort from pod
+// client on node-2, and from each node through the ClusterIP and the
+// other node's NodePort.
+func checkServiceAnswers(t *testing.T, c *cluster.Cluster, fromClient func(addr string) func() (string, error), clusterIP string,
+	nodePort func(n *cluster.Node) string) {
+	t.Helper()
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	want := webPods(t, c)
+	if len(want) != 2 || want[0].Spec.NodeName == want[1].Spec.NodeName {
+		t.Fatalf("web pods not one per node: %v", podsOnNodes(want))
+	}
+	names := podNames(want)
+	// From the client pod on node-2, the ClusterIP reaches both, one of
+	// them on node-1 (pod to pod across nodes, through kp's DNAT).
+	seen(t, "ClusterIP "+clusterIP+" from pod client on node-2", fromClient(clusterIP), names)
+	seen(t, "NodePort of node-1 from pod client on node-2", fromClient(nodePort(n1)), names)
+	for _, n := range c.Nodes {
+		seen(t, "ClusterIP from "+n.Name+" itself", func() (string, error) {
+			return n.Dial("tcp", clusterIP, 5*time.Second)
+		}, names)
+		other := n1
+		if n == n1 {
+			other = n2
+		}
+		seen(t, "NodePort of "+other.Name+" from "+n.Name, func() (string, error) {
+			return n.Dial("tcp", nodePort(other), 5*time.Second)
+		}, names)
+	}
 }

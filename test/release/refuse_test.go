@@ -65,18 +65,11 @@ func TestReleaseRefusesBeforeBuildingAnything(t *testing.T) {
 	}
 }
 
-// The Helm chart is not packaged yet: a release of a tree that has one
-// fails instead of shipping without it.
-func TestReleaseOfATreeWithAChartFailsUntilItIsPackaged(t *testing.T) {
-	root := t.TempDir()
-	r := &Release{Options: Options{Root: root}}
-	if err := r.chart(); err != nil {
-		t.Fatalf("no charts/: %v", err)
-	}
-	if err := os.MkdirAll(filepath.Join(root, "charts", "kp"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.chart(); err == nil || !strings.Contains(err.Error(), "charts/") {
-		t.Errorf("with charts/: %v, want an error naming it", err)
+// A tree without the Helm chart releases none (a release of an older
+// commit); with it, TestReleasePackagesTheChartPinnedToItsImage.
+func TestReleaseOfATreeWithoutAChartHasNone(t *testing.T) {
+	r := &Release{Options: Options{Root: t.TempDir()}}
+	if err := r.chart(context.Background()); err != nil || len(r.Files) != 0 {
+		t.Errorf("no charts/: %v, files %q, want no error and no file", err, r.Files)
 	}
 }

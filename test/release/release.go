@@ -10,6 +10,8 @@
 //	<each of the above>.cdx.json        its SBOM (CycloneDX 1.6 JSON)
 //	kp-manifests.yaml                   manifests/ rendered, the image pinned
 //	                                    to the index's digest
+//	kp-<version without v>.tgz          the Helm chart charts/kp, packaged,
+//	                                    the image pinned to the same digest
 //	SHA256SUMS                          every other file's SHA-256
 //
 // A release is reproducible: the same commit, Go toolchain and Debian
@@ -29,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,7 +178,7 @@ func Build(ctx context.Context, o Options) (*Release, error) {
 		return nil, err
 	}
 
-	if err := r.chart(); err != nil {
+	if err := r.chart(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.writeSums(); err != nil {
@@ -184,15 +187,39 @@ func Build(ctx context.Context, o Options) (*Release, error) {
 	return r, nil
 }
 
-// chart is where the Helm chart's package will go (charts/kp, built by
-// another change): packaged with its version and appVersion set to
-// r.Version and its image digest to r.Index.Digest, written as
-// kp-<version>.tgz, before the sums. Until then a release with a chart in
-// the tree fails rather than ship without it.
-func (r *Release) chart() error {
-	if _, err := os.Stat(filepath.Join(r.Root, "charts")); err == nil {
-		return errors.New("release: charts/ exists, and packaging the Helm chart is not written yet (test/release/release.go: chart)")
+// chartEpoch is every file's time in the chart's archive, as in the image's.
+const chartEpoch = "1970-01-01T00:00:00Z"
+
+// chart packages the Helm chart, charts/kp, as helm package does, into
+// kp-<version>.tgz (the release's version without its v: a chart's version
+// is SemVer): its appVersion the release's, its image pinned to the index's
+// digest in its values.yaml, every file's time the epoch. Helm's Go module
+// lives in test/helm, a module of its own, so its kp-chart does it (go run:
+// Go caches the executable). A tree without the chart releases none.
+func (r *Release) chart(ctx context.Context) error {
+	dir := filepath.Join(r.Root, "charts", "kp")
+	if _, err := os.Stat(filepath.Join(dir, "Chart.yaml")); errors.Is(err, fs.ErrNotExist) {
+		return nil
 	}
+	version := strings.TrimPrefix(r.Version, "v")
+	r.logf("chart kp-%s.tgz", version)
+	cmd := exec.CommandContext(ctx, "go", "run", "-buildvcs=false", "./cmd/kp-chart", "package", dir, "-d", r.Out,
+		"--version", version, "--app-version", r.Version, "--image-repository", r.ImageRepo,
+		"--image-digest", r.Index.Digest.String(), "--mod-time", chartEpoch)
+	cmd.Dir = filepath.Join(r.Root, "test", "helm")
+	// kp-chart runs here, whatever the binaries' GOARCH.
+	cmd.Env = append(os.Environ(), "GOOS=", "GOARCH=", "GOFLAGS=-mod=readonly")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("release: package the chart (test/helm: go run ./cmd/kp-chart package): %w\n%s", err, stderr.String())
+	}
+	name := "kp-" + version + ".tgz"
+	if got := strings.TrimSpace(string(out)); got != filepath.Join(r.Out, name) {
+		return fmt.Errorf("release: kp-chart package wrote %q, want %s", got, filepath.Join(r.Out, name))
+	}
+	r.Files = append(r.Files, name)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package release
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"debug/buildinfo"
@@ -124,7 +125,7 @@ func TestReleaseTwiceGivesTheSameFiles(t *testing.T) {
 
 func TestReleaseHoldsBinariesImageSBOMsManifestsAndSums(t *testing.T) {
 	r := sharedRelease(t)
-	want := []string{"SHA256SUMS", "kp-image.oci.tar", "kp-image.oci.tar.cdx.json", "kp-linux-amd64", "kp-linux-amd64.cdx.json",
+	want := []string{"SHA256SUMS", "kp-" + strings.TrimPrefix(testVersion, "v") + ".tgz", "kp-image.oci.tar", "kp-image.oci.tar.cdx.json", "kp-linux-amd64", "kp-linux-amd64.cdx.json",
 		"kp-linux-arm64", "kp-linux-arm64.cdx.json", "kp-manifests.yaml"}
 	entries, err := os.ReadDir(r.Out)
 	if err != nil {
@@ -238,6 +239,62 @@ func TestReleaseHoldsBinariesImageSBOMsManifestsAndSums(t *testing.T) {
 	}
 	if r.Image != DefaultImageRepo+"@"+r.Index.Digest.String() {
 		t.Errorf("pinned image %s, want %s@%s", r.Image, DefaultImageRepo, r.Index.Digest)
+	}
+}
+
+// The release's Helm chart is charts/kp packaged as helm package does:
+// the release's version (without its v) and appVersion in Chart.yaml, the
+// image pinned to the release's index in values.yaml, every file's time
+// the epoch. (test/helm's TestPackagedChartCarriesTheRelease renders such
+// an archive: the DaemonSet runs repository@digest.)
+func TestReleasePackagesTheChartPinnedToItsImage(t *testing.T) {
+	r := sharedRelease(t)
+	version := strings.TrimPrefix(testVersion, "v")
+	f, err := os.Open(filepath.Join(r.Out, "kp-"+version+".tgz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !h.ModTime.Equal(time.Unix(0, 0)) {
+			t.Errorf("%s: time %v, want the epoch", h.Name, h.ModTime)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name] = string(data)
+	}
+	for name, want := range map[string][]string{
+		"kp/Chart.yaml":  {"\nname: kp\n", "\nversion: " + version + "\n", "\nappVersion: " + testVersion + "\n"},
+		"kp/values.yaml": {"\n  repository: \"" + DefaultImageRepo + "\"\n", "\n  digest: \"" + r.Index.Digest.String() + "\"\n"},
+	} {
+		text, ok := files[name]
+		if !ok {
+			t.Errorf("the chart's archive has no %s; it has %d files", name, len(files))
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains("\n"+text, w) {
+				t.Errorf("%s lacks %q:\n%s", name, strings.TrimSpace(w), text)
+			}
+		}
+	}
+	if _, ok := files["kp/templates/daemonset.yaml"]; !ok {
+		t.Errorf("the chart's archive has no kp/templates/daemonset.yaml")
 	}
 }
 

@@ -1,7 +1,9 @@
 package fromkubeproxy
 
 import (
+	"flag"
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -198,5 +200,40 @@ func TestPrintConfigCarriesDetectLocalMode(t *testing.T) {
 				t.Errorf("config.conf names detectLocalMode: %v, want %v", !(tc.want.Mode != ""), tc.want.Mode != "")
 			}
 		})
+	}
+}
+
+// updateChartExample rewrites test/helm/testdata/print-config.yaml.
+var updateChartExample = flag.Bool("update-chart-example", false, "rewrite test/helm/testdata/print-config.yaml from --print-config's output")
+
+// chartExample is --print-config's output for a kubeadm cluster, kept
+// where the chart's tests read it: the chart's fromKubeProxy value takes
+// this output whole (test/helm, TestWholeFilesReplaceWhatTheValuesWrite),
+// so a change of what --print-config prints fails here first, with the
+// file to refresh.
+const chartExample = "../../../test/helm/testdata/print-config.yaml"
+
+func TestPrintConfigOutputIsTheChartsExample(t *testing.T) {
+	c := newTestCluster(t, node("node-1", "10.0.0.1", "10.244.0.0/24")).kubeadm("mode: iptables\nclusterCIDR: 10.244.0.0/16\noomScoreAdj: -999\n")
+	g, err := Generate(c.read(), proxy.Target{Mode: proxy.ModeNFTables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := g.ConfigMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *updateChartExample {
+		if err := os.WriteFile(chartExample, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(chartExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("--print-config prints, for kubeadm's kube-proxy:\n%s\n%s holds:\n%s\nRefresh it (go test -run %s ./cmd/kp/fromkubeproxy/ -args -update-chart-example) "+
+			"and run test/helm's tests: the chart's fromKubeProxy takes this output", got, chartExample, want, t.Name())
 	}
 }
