@@ -56,7 +56,7 @@ func (p *tcpProxy) serve() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		if err := checkRedirected(c); errors.Is(err, errNotRedirected) {
+		if err := p.b.ops.redirected(c); errors.Is(err, errNotRedirected) {
 			// Straight to the listener's port, not through a Service:
 			// the rules' filter would have refused it, but it is absent
 			// while an old proxy drains and before a new listener's port
