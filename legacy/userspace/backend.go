@@ -39,6 +39,10 @@ type Backend struct {
 	// fdLogged is when fdRefused last logged (unix nanoseconds).
 	listenerSockets atomic.Int64
 	fdLogged        atomic.Int64
+	// rulesRemoved: Cleanup has run, so no rule redirects to or filters
+	// for the listeners still open (a switch's drain); UDP opens no new
+	// session then (udpProxy.session).
+	rulesRemoved atomic.Bool
 
 	// mu guards the proxies, which Sync changes and Shutdown stops.
 	mu       sync.Mutex
@@ -236,8 +240,11 @@ func (b *Backend) expireLoop(ctx context.Context) {
 
 // Cleanup removes the redirects, whichever way they were written: the
 // kp-userspace tables and the KP-USERSPACE- chains of both iptables
-// flavors (the listeners die with the process).
+// flavors (the listeners die with the process, or with Shutdown after a
+// switch's drain). From here on the listeners open no new UDP session: with
+// the rules gone nothing refuses a datagram sent straight to a listener.
 func (b *Backend) Cleanup(ctx context.Context) error {
+	b.rulesRemoved.Store(true)
 	var errs []error
 	if err := cleanupNFT(&b.ops); err != nil {
 		errs = append(errs, fmt.Errorf("nftables: %w", err))

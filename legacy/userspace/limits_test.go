@@ -68,6 +68,9 @@ func loopbackTCPProxy(t *testing.T, cfg proxy.Config, ep netip.AddrPort) (*Backe
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test dials the listener itself, which only a redirect does in
+	// production: in a namespace where conntrack tracks, that is refused.
+	b.ops.redirected = func(*net.TCPConn) error { return nil }
 	p := &tcpProxy{name: proxy.ServicePortName{Port: "http"}, ln: ln, bal: newFamilyBalancers(time.Now), b: b,
 		log: b.log, close: make(chan struct{})}
 	p.bal.v4.update([]netip.AddrPort{ep}, 0)

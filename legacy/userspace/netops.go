@@ -26,17 +26,22 @@ type netOps struct {
 	inNS func(fn func() error) error
 	// routeDev names the interface the namespace routes a to.
 	routeDev func(a netip.Addr) (string, error)
+	// redirected asks conntrack whether an accepted connection came
+	// through a redirect (checkRedirected; the socket knows its own
+	// namespace).
+	redirected func(c *net.TCPConn) error
 }
 
 // hostOps opens everything in the process's own network namespace.
 func hostOps() netOps {
 	return netOps{
-		listenTCP: listenTCP,
-		listenUDP: listenUDP,
-		dial:      (&net.Dialer{}).DialContext,
-		nft:       func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
-		inNS:      func(fn func() error) error { return fn() },
-		routeDev:  routeDev,
+		listenTCP:  listenTCP,
+		listenUDP:  listenUDP,
+		dial:       (&net.Dialer{}).DialContext,
+		nft:        func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
+		inNS:       func(fn func() error) error { return fn() },
+		routeDev:   routeDev,
+		redirected: checkRedirected,
 	}
 }
 
@@ -77,6 +82,7 @@ func NamespaceOps(ns netns.NsHandle) Option {
 			err = nsenter.Run(ns, func() error { dev, err = routeDev(a); return err })
 			return dev, err
 		},
+		redirected: checkRedirected,
 	})
 }
 

@@ -231,6 +231,9 @@ func (b *Backend) writeRules(ctx context.Context, s *proxy.State, states map[pro
 	}
 	if len(changed) == len(fams) {
 		b.lastWrite = now
+		if len(errs) == 0 {
+			b.rulesRemoved.Store(false) // written again after a Cleanup: new UDP sessions are redirected ones
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -31,6 +31,9 @@ type stats struct {
 	// closed at the idle timeout.
 	refused    *prometheus.CounterVec
 	idleClosed *prometheus.CounterVec
+	// direct counts connections (TCP) and sessions (UDP) refused because
+	// no redirect of kp's brought them (origdst.go, udp.go).
+	direct *prometheus.CounterVec
 	// syncFailures counts failed writes of a family's redirect table.
 	syncFailures *prometheus.CounterVec
 	// refusedPorts are the service ports the last sync refused a listener
@@ -63,6 +66,10 @@ func newStats() *stats {
 			Name: "kp_userspace_refused_connections_total",
 			Help: "Connections reset at once (UDP: sessions not opened) because their service port held --userspace-max-connections already, or file descriptors were short (kp keeps a reserve of its own)",
 		}, []string{"protocol"}),
+		direct: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_direct_connections_refused_total",
+			Help: "Connections reset at once (TCP: conntrack says nothing redirected them) and sessions not opened (UDP: after the redirect rules were removed) because they came straight to a listener's port, not through a Service",
+		}, []string{"protocol"}),
 		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kp_userspace_idle_closed_total",
 			Help: "Connections (TCP) and sessions (UDP) ended by their idle timeout",
@@ -87,12 +94,13 @@ func newStats() *stats {
 	s.refused.WithLabelValues("TCP")
 	for _, p := range []string{"TCP", "UDP"} {
 		s.idleClosed.WithLabelValues(p)
+		s.direct.WithLabelValues(p)
 	}
 	return s
 }
 
 func (s *stats) collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.syncFailures,
+	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.direct, s.syncFailures,
 		s.refusedPorts, s.listenerBudget}
 }
 

@@ -56,6 +56,19 @@ func (p *tcpProxy) serve() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		if err := p.b.ops.redirected(c); errors.Is(err, errNotRedirected) {
+			// Straight to the listener's port, not through a Service:
+			// the rules' filter would have refused it, but it is absent
+			// while an old proxy drains and before a new listener's port
+			// is written. A reset, as the filter's.
+			p.b.stats.direct.WithLabelValues("TCP").Inc()
+			p.log.Debug("connection kp did not redirect; refused", "servicePort", p.name.String(), "client", c.RemoteAddr(), "to", c.LocalAddr())
+			c.SetLinger(0)
+			c.Close()
+			continue
+		} else if err != nil {
+			p.log.Debug("no original destination; let through", "servicePort", p.name.String(), "client", c.RemoteAddr(), "err", err)
+		}
 		if max := int64(p.b.cfg.UserspaceMaxConnections); max > 0 && p.open.Load() >= max {
 			// Over the cap: a reset at once, so the client fails fast
 			// (and retries elsewhere) instead of waiting on a backlog.

@@ -101,6 +101,18 @@ func (p *udpProxy) session(sock *net.UDPConn, client netip.AddrPort, local netip
 	if p.closed {
 		return nil
 	}
+	if p.b.rulesRemoved.Load() {
+		// The redirect rules, and the filter with them, are gone (a
+		// switch away drains this proxy). A datagram carries no
+		// conntrack lookup that would tell a redirected one from one sent
+		// straight to the listener's port, so no client gets a new
+		// session; the open ones are served on, as their conntrack
+		// entries still redirect their flows here until the conntrack
+		// cleaner moves them to the new mode. A flow whose session idled
+		// out before its conntrack entry did is dropped until then.
+		p.b.stats.direct.WithLabelValues("UDP").Inc()
+		return nil
+	}
 	bal := p.bal.forClient(local, func() bool { return p.b.inCluster(client.Addr()) })
 	ep, ok := bal.pick(client.Addr(), nil)
 	if !ok {
