@@ -55,16 +55,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// unavailable skips the test, or fails it under CI (CI set), where
-// everything it needs is installed.
-func unavailable(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // buildRelease builds a release of this checkout (changes not committed
 // included) into out.
 func buildRelease(t testing.TB, out string) (*Release, error) {
@@ -87,7 +77,7 @@ func sharedRelease(t testing.TB) *Release {
 		shared.took = time.Since(start)
 	})
 	if errors.Is(shared.err, image.ErrDownload) {
-		unavailable(t, "the release's image needs Debian packages: %v", shared.err)
+		netns.Unavailable(t, "the release's image needs Debian packages: %v", shared.err)
 	}
 	if shared.err != nil {
 		t.Fatal(shared.err)
@@ -332,7 +322,7 @@ func qemuUser(t *testing.T, arch string) string {
 	name := map[string]string{"arm64": "qemu-aarch64-static", "amd64": "qemu-x86_64-static"}[arch]
 	p, err := exec.LookPath(name)
 	if err != nil {
-		unavailable(t, "skipped: running the %s binary needs %s (apt-get install qemu-user-static)", arch, name)
+		netns.Unavailable(t, "skipped: running the %s binary needs %s (apt-get install qemu-user-static)", arch, name)
 	}
 	return p
 }

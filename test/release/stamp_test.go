@@ -20,7 +20,7 @@ func TestMakeBuildAndTheDockerfileStampTheCommitDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := exec.LookPath("make"); err != nil {
-		unavailable(t, "skipped: no make on the PATH")
+		netns.Unavailable(t, "skipped: no make on the PATH")
 	}
 	ct, err := exec.Command("git", "-C", root, "log", "-1", "--format=%ct").Output()
 	if err != nil {
