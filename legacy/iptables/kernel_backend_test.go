@@ -152,6 +152,30 @@ func TestKernelFullSyncRepairsHandEditsWithoutDuplicates(t *testing.T) {
 	}
 }
 
+// A node upgraded from a kp that jumped from filter INPUT to KP-SERVICES
+// (retiredJumps) loses that jump at the new kp's first sync, and keeps
+// every other jump.
+func TestKernelFirstSyncDeletesTheRetiredInputJump(t *testing.T) {
+	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
+		t.Run(string(fl), func(t *testing.T) {
+			ns := testNamespace(t)
+			c := newClock()
+			w := kernelWorld()
+			syncIn(t, ns, kernelBackend(t, fl, c), w.Next())
+			ff := flavorFamily{fl, proxy.IPv4}
+			good := saveIn(t, ns, ff, TableFilter)
+			if strings.Contains(good, "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KP-SERVICES") {
+				t.Fatalf("kp jumps from INPUT to KP-SERVICES:\n%s", good)
+			}
+			restoreIn(t, ns, ff, "*filter\n-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KP-SERVICES\nCOMMIT\n")
+			syncIn(t, ns, kernelBackend(t, fl, c), w.Next())
+			if got := saveIn(t, ns, ff, TableFilter); normalise(got) != normalise(good) {
+				t.Errorf("the retired jump stays:\n%s\nwant:\n%s", got, good)
+			}
+		})
+	}
+}
+
 func TestKernelRefusedBatchChangesNothingAndNamesTheService(t *testing.T) {
 	for _, fl := range []Flavor{FlavorNFT, FlavorLegacy} {
 		t.Run(string(fl), func(t *testing.T) {

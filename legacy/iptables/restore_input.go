@@ -178,6 +178,14 @@ func (b *Backend) planTable(t Table, f proxy.Family, bk *book, want []*Chain, wa
 				e.extra = append(e.extra, "-D "+j.from+" "+r.Spec)
 			}
 		}
+		for _, j := range retiredJumps {
+			if j.table != t {
+				continue
+			}
+			for _, r := range jumpRules(kernel[t], j) {
+				e.extra = append(e.extra, "-D "+j.from+" "+r.Spec)
+			}
+		}
 	}
 	return e
 }

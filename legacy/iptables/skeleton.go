@@ -32,12 +32,24 @@ func (j jump) line() string {
 
 const ctNew = "-m conntrack --ctstate NEW"
 
+// retiredJumps are jumps kp no longer writes: a full sync deletes them, so
+// a node upgraded from a kp that wrote them loses them at its first sync
+// (as upstream's iptablesCleanupOnlyChains).
+//
+// filter INPUT → KP-SERVICES: upstream's iptables mode has no such jump
+// (removed by kubernetes#95252), and kp's refused what another proxy of
+// the node serves as a local address ahead of this mode's DNAT: in a
+// switch to the ipvs mode, whose nat accept runs first, new connections
+// to a ClusterIP met "cluster IP: other ports" REJECT on their way in.
+var retiredJumps = []jump{
+	{TableFilter, "INPUT", chainServices, "kubernetes service portals", ctNew},
+}
+
 func (b *Backend) jumps(fam proxy.Family) []jump {
 	js := []jump{
 		{TableFilter, "INPUT", chainExternalServices, "kubernetes externally-visible service portals", ctNew},
 		{TableFilter, "FORWARD", chainExternalServices, "kubernetes externally-visible service portals", ctNew},
 		{TableFilter, "INPUT", chainNodePorts, "kubernetes health check service ports", ""},
-		{TableFilter, "INPUT", chainServices, "kubernetes service portals", ctNew},
 		{TableFilter, "FORWARD", chainServices, "kubernetes service portals", ctNew},
 		{TableFilter, "OUTPUT", chainServices, "kubernetes service portals", ctNew},
 		{TableFilter, "FORWARD", chainForward, "kubernetes forwarding rules", ""},
