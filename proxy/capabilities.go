@@ -22,6 +22,19 @@ type Triggerable interface {
 	SetTrigger(trigger func())
 }
 
+// DriftDetector is implemented by a Backend that notices when another
+// process changes the rules it wrote (an nft or iptables command, a
+// deleted IPVS virtual server): from the kernel's change events where the
+// mode has them (nftables), else by comparing the kernel with what it
+// wrote, every period (PollDrift). DetectDrift watches until ctx ends and
+// calls drifted for each change; the sync loop then runs a sync at once,
+// which repairs it (the backend makes that sync reconcile everything).
+// The periodic resync is not needed for it. It returns an error when it
+// cannot watch at all.
+type DriftDetector interface {
+	DetectDrift(ctx context.Context, drifted func(Drift)) error
+}
+
 // ActiveKeepingCleaner is implemented by a Backend whose rules carry
 // established connections after another mode took over (ipvs: the virtual
 // servers): CleanupKeepingActive removes the rest and reports how much it

@@ -31,6 +31,7 @@ type Metrics struct {
 	programming         *prometheus.HistogramVec
 	failures            prometheus.Counter
 	nftFailures         *prometheus.CounterVec
+	driftRepairs        *prometheus.CounterVec
 
 	serviceMetrics
 }
@@ -83,11 +84,15 @@ func NewMetrics(mode proxy.Mode) *Metrics {
 			Name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
 			Help: "Cumulative proxy nftables sync failures",
 		}, []string{"ip_family"}),
+		driftRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_rules_drift_repairs_total",
+			Help: "Syncs that repaired changes another process made to kp's rules, by the mode that ran",
+		}, []string{"mode"}),
 		serviceMetrics: newServiceMetrics(),
 	}
 	m.registry.MustRegister(
 		m.syncDuration, m.fullSyncDuration, m.partialSyncDuration,
-		m.lastSync, m.lastQueued, m.programming, m.failures,
+		m.lastSync, m.lastQueued, m.programming, m.failures, m.driftRepairs,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -101,6 +106,7 @@ func NewMetrics(mode proxy.Mode) *Metrics {
 		m.nftFailures.WithLabelValues(f)
 		m.syncDuration.WithLabelValues(f)
 	}
+	m.driftRepairs.WithLabelValues(string(mode))
 	return m
 }
 
@@ -139,6 +145,10 @@ func (m *Metrics) SyncFailed() {
 		m.nftFailures.WithLabelValues(f).Inc()
 	}
 }
+
+// DriftRepaired counts a sync of mode that repaired changes another
+// process made to kp's rules.
+func (m *Metrics) DriftRepaired(mode proxy.Mode) { m.driftRepairs.WithLabelValues(string(mode)).Inc() }
 
 // Queued records that a change queued a sync at t.
 func (m *Metrics) Queued(t time.Time) {

@@ -100,7 +100,8 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	defer stopHTTP()
 
 	s := &syncer{backend: backend, metrics: metrics, health: health, status: status, observers: opts.Observers,
-		serviceHealth: serviceHealth, clk: clk, log: log, releaseMemory: opts.releaseMemory}
+		serviceHealth: serviceHealth, clk: clk, log: log, releaseMemory: opts.releaseMemory,
+		drift: &driftRepairs{log: log, metrics: metrics, clk: clk}}
 	if s.releaseMemory == nil {
 		s.releaseMemory = func() { go debug.FreeOSMemory() }
 	}
@@ -146,6 +147,9 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	}
 	log.Info("sources synced; starting sync loop", "minSyncPeriod", cfg.MinSyncPeriod, "syncPeriod", syncPeriod)
 	wg.Go(func() { runner.Run(ctx) })
+	if d, ok := backend.(proxy.DriftDetector); ok {
+		wg.Go(func() { s.drift.watch(ctx, d, backend.Mode, runner.Trigger) })
+	}
 
 	select {
 	case <-ctx.Done():
@@ -185,6 +189,9 @@ type syncer struct {
 
 	// serviceHealth serves healthCheckNodePorts from each synced State.
 	serviceHealth *ServiceHealthServer
+	// drift holds the changes of kp's rules by others that the next sync
+	// repairs.
+	drift *driftRepairs
 
 	// releaseMemory gives a full sync's garbage back (RunOptions);
 	// listsDone puts back GOGC as it was before the initial lists (once,
@@ -210,10 +217,12 @@ func (s *syncer) sync(ctx context.Context) error {
 		}
 	}
 	s.listsDone()
+	drifts, driftSince := s.drift.take()
 	start := s.clk.Now()
 	err := s.backend.Sync(ctx, st)
 	end := s.clk.Now()
 	if err != nil {
+		s.drift.failed(drifts, driftSince)
 		s.lastFailed = true
 		s.metrics.SyncFailed()
 		err = fmt.Errorf("sync %s generation %d (%d service ports changed): %w",
@@ -226,6 +235,7 @@ func (s *syncer) sync(ctx context.Context) error {
 		full = r.LastSyncFull()
 	}
 	s.lastFailed = false
+	s.drift.synced(drifts, driftSince, end, s.backend.Mode())
 	s.metrics.SyncSucceeded(end.Sub(start), full, end)
 	s.metrics.Programmed(s.triggers, end)
 	clear(s.triggers)
