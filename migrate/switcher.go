@@ -85,6 +85,9 @@ type Switcher struct {
 	keepUntil  time.Time
 	kept       int
 	nextRetire time.Time
+	// swapped is closed when another backend becomes current (and
+	// replaced): the running mode's drift detector stops with its mode.
+	swapped chan struct{}
 }
 
 type switchRequest struct {
@@ -107,7 +110,7 @@ func NewSwitcher(cfg SwitcherConfig) *Switcher {
 			return VerifyServices(ctx, st, b, VerifyOptions{})
 		}
 	}
-	return &Switcher{cfg: cfg, cur: cfg.Initial, curTarget: cfg.InitialTarget}
+	return &Switcher{cfg: cfg, cur: cfg.Initial, curTarget: cfg.InitialTarget, swapped: make(chan struct{})}
 }
 
 // SetTrigger gives the Switcher the sync runner's Trigger, so a request
@@ -382,6 +385,8 @@ func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend,
 func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 	s.mu.Lock()
 	s.cur, s.curTarget = b, t
+	close(s.swapped)
+	s.swapped = make(chan struct{})
 	s.mu.Unlock()
 	if s.cfg.Switched != nil {
 		s.cfg.Switched(b)
@@ -391,6 +396,7 @@ func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 var (
 	_ proxy.Backend        = (*Switcher)(nil)
 	_ proxy.NodePortScoper = (*Switcher)(nil)
+	_ proxy.DriftDetector  = (*Switcher)(nil)
 )
 
 // SetFinished sets SwitcherConfig.Finished (kp knows its API client only
