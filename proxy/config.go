@@ -67,6 +67,12 @@ type Config struct {
 	SyncPeriod       time.Duration // periodic resync (upstream --sync-period)
 	MinSyncPeriod    time.Duration // upstream --min-sync-period
 	ConfigSyncPeriod time.Duration // upstream --config-sync-period; no effect (no informer cache)
+	// DriftCheckPeriod is how often the iptables, ipvs and userspace
+	// modes compare their rules in the kernel with what kp wrote, to
+	// repair what other processes changed (kp's --drift-check-period);
+	// the nftables mode hears of such changes from the kernel at once. 0
+	// turns drift repair off in every mode.
+	DriftCheckPeriod time.Duration
 
 	MetricsBindAddress string
 	HealthzBindAddress string

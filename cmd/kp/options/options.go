@@ -71,6 +71,7 @@ type Options struct {
 	iptablesSyncPeriod    time.Duration // upstream's older name for --sync-period
 	iptablesMinSyncPeriod time.Duration // upstream's older name for --min-sync-period
 	configSyncPeriod      time.Duration
+	driftCheckPeriod      time.Duration
 
 	metricsBindAddress string
 	profiling          bool
@@ -132,7 +133,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"The bit of the packet mark that flags packets for masquerade, in every mode. Must be within [0, 31].")
 
 	fs.DurationVar(&o.syncPeriod, "sync-period", defaultSyncPeriod,
-		"How often the kernel state is fully reconciled even when nothing changed. Must be greater than 0.")
+		"How often the kernel state is fully reconciled even when nothing changed. Must be greater than 0; "+
+			"a very large value (8760h) turns the periodic resync off, and drift repair (--drift-check-period) "+
+			"still repairs what other processes change.")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", defaultMinSyncPeriod,
 		"The minimum time between syncs; changes arriving faster are batched. 0 syncs every change at once.")
 	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", defaultSyncPeriod,
@@ -142,6 +145,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.configSyncPeriod, "config-sync-period", defaultConfigSyncPeriod,
 		"Upstream's informer resync period; accepted and without effect in kp, which keeps no informer cache "+
 			"(a resync re-delivers unchanged objects). Must be greater than 0.")
+
+	fs.DurationVar(&o.driftCheckPeriod, "drift-check-period", proxy.DefaultDriftCheckPeriod,
+		"kp only: how often the iptables, ipvs and userspace modes compare their rules in the kernel with what kp "+
+			"wrote, to repair at once what another process changed (the nftables mode hears of such changes from the "+
+			"kernel); each repair is logged and counted in kp_rules_drift_repairs_total. 0 turns drift repair off in every mode.")
 
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", defaultMetricsBindAddress,
 		"IP address and port of the metrics server ('0.0.0.0:10249' for all IPv4 interfaces). Empty or port 0 disables it.")
@@ -278,6 +286,7 @@ func (o *Options) applyDurations(m *flagMerge) {
 		{[]string{"sync-period", "iptables-sync-period"}, []time.Duration{o.syncPeriod, o.iptablesSyncPeriod}, &c.SyncPeriod, false},
 		{[]string{"min-sync-period", "iptables-min-sync-period"}, []time.Duration{o.minSyncPeriod, o.iptablesMinSyncPeriod}, &c.MinSyncPeriod, true},
 		{[]string{"config-sync-period"}, []time.Duration{o.configSyncPeriod}, &c.ConfigSyncPeriod, false},
+		{[]string{"drift-check-period"}, []time.Duration{o.driftCheckPeriod}, &c.DriftCheckPeriod, true},
 	}
 	for _, d := range durations {
 		for i, name := range d.flags {

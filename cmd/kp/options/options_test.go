@@ -35,6 +35,7 @@ func defaultsFor(dir string) proxy.Config {
 		SyncPeriod:              30 * time.Second,
 		MinSyncPeriod:           time.Second,
 		ConfigSyncPeriod:        15 * time.Minute,
+		DriftCheckPeriod:        500 * time.Millisecond,
 		MetricsBindAddress:      "127.0.0.1:10249",
 		HealthzBindAddress:      "0.0.0.0:10256",
 		StatusSocket:            "/run/kp/kp.sock",
@@ -137,6 +138,10 @@ func TestProxyFlagsBecomeConfig(t *testing.T) {
 			want: func(c *proxy.Config) {
 				c.SyncPeriod, c.MinSyncPeriod, c.ConfigSyncPeriod = time.Minute, 0, 5*time.Minute
 			}},
+		{name: "the periodic resync as good as off, drift checked every 2s", args: []string{"--sync-period", "8760h", "--drift-check-period", "2s"},
+			want: func(c *proxy.Config) { c.SyncPeriod, c.DriftCheckPeriod = 8760*time.Hour, 2*time.Second }},
+		{name: "drift repair off", args: []string{"--drift-check-period", "0"},
+			want: func(c *proxy.Config) { c.DriftCheckPeriod = 0 }},
 		{name: "kube-proxy's older sync flag names", args: []string{"--iptables-sync-period", "45s", "--iptables-min-sync-period", "2s"},
 			want: func(c *proxy.Config) { c.SyncPeriod, c.MinSyncPeriod = 45*time.Second, 2*time.Second }},
 		{name: "server addresses, empty disables", args: []string{"--metrics-bind-address", "0.0.0.0:10249", "--healthz-bind-address", ""},
@@ -233,6 +238,8 @@ func TestProxyFlagErrors(t *testing.T) {
 			`kp: --iptables-masquerade-bit "32": must be within [0, 31]`},
 		{"zero sync period", []string{"--sync-period", "0"},
 			`kp: --sync-period "0s": must be greater than 0`},
+		{"negative drift check period", []string{"--drift-check-period", "-1s"},
+			`kp: --drift-check-period "-1s": must not be negative`},
 		{"negative min sync period", []string{"--min-sync-period=-1s"},
 			`kp: --min-sync-period "-1s": must not be negative`},
 		{"min sync period above sync period", []string{"--min-sync-period", "1m"},

@@ -86,6 +86,7 @@ func DefaultSettings() Settings {
 			SyncPeriod:              defaultSyncPeriod,
 			MinSyncPeriod:           defaultMinSyncPeriod,
 			ConfigSyncPeriod:        defaultConfigSyncPeriod,
+			DriftCheckPeriod:        proxy.DefaultDriftCheckPeriod,
 			MetricsBindAddress:      defaultMetricsBindAddress,
 			HealthzBindAddress:      defaultHealthzBindAddress,
 			StatusSocket:            server.DefaultStatusSocket,

@@ -131,6 +131,7 @@ func (s Settings) kpOnly() []string {
 	add(c.Master != "", "--master")
 	add(len(c.ServiceCIDRs) > 0, "--service-cidrs")
 	add(c.IPTablesBackend != d.IPTablesBackend, "--iptables-backend")
+	add(c.DriftCheckPeriod != d.DriftCheckPeriod, "--drift-check-period")
 	add(c.UserspaceRedirect != d.UserspaceRedirect || c.UserspaceMaxConnections != d.UserspaceMaxConnections ||
 		c.UserspaceTCPIdleTimeout != d.UserspaceTCPIdleTimeout || c.UserspaceUDPIdleTimeout != d.UserspaceUDPIdleTimeout,
 		"--userspace-*")
