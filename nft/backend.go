@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables/expr"
@@ -58,6 +59,9 @@ type Backend struct {
 	stagedFrom int
 	// lastFullSync reports whether the last Sync re-rendered everything.
 	lastFullSync bool
+	// drifted: another process changed kp's tables (DetectDrift); the
+	// next Sync reads them again.
+	drifted atomic.Bool
 }
 
 // tableBookkeeping is kp's bookkeeping of one table: the record of what is in
@@ -132,11 +136,12 @@ func (b *Backend) LastSyncFull() bool { return b.lastFullSync }
 // Sync makes kp's tables match s in one transaction (a large full sync into
 // a table that does not exist yet goes in a few: see stager). After a successful
 // sync only s.Changed is rendered; a full reconcile happens at start, after
-// a failure, when the Node changed, and every fullSyncInterval, when the
-// kernel is read again so that whatever changed behind kp's back (another
-// tool, an operator's nft command) is repaired.
+// a failure, when the Node changed, when another process changed kp's
+// tables (DetectDrift), and every fullSyncInterval: the kernel is read
+// again so that whatever changed behind kp's back (another tool, an
+// operator's nft command) is repaired.
 func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
-	if b.tables != nil && b.now().Sub(b.lastFull) > fullSyncInterval {
+	if b.drifted.Swap(false) || b.tables != nil && b.now().Sub(b.lastFull) > fullSyncInterval {
 		b.tables = nil
 	}
 	full := b.tables == nil || s.NodeChanged

@@ -241,6 +241,12 @@ func (c *netlinkConn) batchSocket() (*netlink.Conn, error) {
 	// kernel's explanation when it has one.
 	_ = conn.SetOption(netlink.CapAcknowledge, true)
 	_ = conn.SetOption(netlink.ExtendedAcknowledge, true)
+	id, err := portID(conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	c.own.add(id)
 	c.batch = conn
 	return conn, nil
 }

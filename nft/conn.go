@@ -47,6 +47,9 @@ type netlinkConn struct {
 	batch  *netlink.Conn  // see batchSocket
 	reader *nftables.Conn // see readSocket
 	seq    uint32
+	// own are the port ids of the batch sockets, whose transactions the
+	// monitor knows for kp's own (monitor.go).
+	own ownPorts
 }
 
 // open is a connection for one read of the kernel's table (its buffers
