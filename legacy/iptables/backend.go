@@ -63,6 +63,8 @@ type Backend struct {
 	// iptables-restore refuses).
 	inject  map[proxy.ServicePortName]string
 	metrics *metrics
+	// drift is the drift check's state (drift.go); its mu is held by Sync.
+	drift driftState
 }
 
 // book is kp's record of one family: each service port's rendering, and
@@ -126,6 +128,12 @@ func WithInjectedRule(name proxy.ServicePortName, args string) Option {
 		}
 		b.inject[name] = args
 	}
+}
+
+// WithStamps replaces the reading of the tables' Stamps (tests with Fake
+// runners: an error makes every drift check read the tables).
+func WithStamps(fn func(Flavor, proxy.Family) (Stamp, error)) Option {
+	return func(b *Backend) { b.drift.stamp = fn }
 }
 
 // WithStaging sets the most chains of one staging restore (stage.go); 0
@@ -301,6 +309,8 @@ func (b *Backend) Sysctls() []proxy.Sysctl {
 // Cleanup removes every KP- chain and the jumps to them, from both
 // flavors and both families.
 func (b *Backend) Cleanup(ctx context.Context) error {
+	b.drift.mu.Lock()
+	defer b.drift.mu.Unlock()
 	b.books = nil
 	return b.cleanup(ctx, b.log)
 }

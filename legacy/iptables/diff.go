@@ -22,11 +22,13 @@ import (
 // chains whose contents differ from what kp last wrote: the changed
 // service ports' chains and the dispatch leaves that name them.
 func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
+	b.drift.mu.Lock()
+	defer b.drift.mu.Unlock()
 	if err := b.resolveFlavor(ctx); err != nil {
 		return err
 	}
 	b.checkLocalhost()
-	full := b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	full := b.drift.pending.Swap(false) || b.books == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
 	if full {
 		b.books = map[proxy.Family]*book{}
 	}
@@ -104,6 +106,7 @@ func (b *Backend) syncFamily(ctx context.Context, f proxy.Family, bk *book, s *p
 	}
 	data := in.buf.Bytes()
 	err := r.Restore(ctx, data)
+	defer func() { b.drift.wrote(r.Flavor(), f, err == nil) }()
 	// An iptables that refuses the hint, or crashes with it (iptables-nft
 	// 1.8.9 crashed once loading a 10,000-Service listing with it, though
 	// never on kp's own inputs), gets the input again without it, and no
@@ -150,23 +153,7 @@ func (b *Backend) renderInjected(f proxy.Family, sp *proxy.ServicePort, eps []pr
 
 // readKernel is iptables-save of the filter and nat tables.
 func (b *Backend) readKernel(ctx context.Context, r Runner) (map[Table]*Dump, error) {
-	out := map[Table]*Dump{}
-	for _, t := range []Table{TableFilter, TableNAT} {
-		data, err := r.Save(ctx, t, false)
-		if err != nil {
-			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
-		}
-		dumps, err := parseSave(data, true)
-		if err != nil {
-			return nil, fmt.Errorf("read the %s table (%s): %w", t, r.Family(), err)
-		}
-		if d := dumps[t]; d != nil {
-			out[t] = d
-		} else {
-			out[t] = &Dump{Table: t}
-		}
-	}
-	return out, nil
+	return readTables(ctx, r)
 }
 
 // sameShared reports whether two renderings of a service port add the same

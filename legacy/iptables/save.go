@@ -21,6 +21,9 @@ type Dump struct {
 	// Rules maps a chain to its rules in order; a chain without rules is
 	// absent.
 	Rules map[string][]SavedRule
+	// OwnRules counts the rules of each of kp's chains, which
+	// ParseSaveOthers leaves out of Rules (nil from ParseSave).
+	OwnRules map[string]int
 }
 
 // SavedRule is one "-A CHAIN ..." line of iptables-save.
@@ -75,6 +78,7 @@ func parseSave(data []byte, skipOwn bool) (map[Table]*Dump, error) {
 	for sc.Scan() {
 		lineNo++
 		if skipOwn && cur != nil && isOwnRule(sc.Bytes()) {
+			cur.OwnRules[string(ownRuleChain(sc.Bytes()))]++
 			continue
 		}
 		line := strings.TrimSpace(sc.Text())
@@ -97,6 +101,9 @@ func parseSave(data []byte, skipOwn bool) (map[Table]*Dump, error) {
 				return nil, fail("table %s appears twice", t)
 			}
 			cur = &Dump{Table: t, Policies: map[string]string{}, Rules: map[string][]SavedRule{}}
+			if skipOwn {
+				cur.OwnRules = map[string]int{}
+			}
 			declared = map[string]bool{}
 			dumps[t] = cur
 		case cur == nil:
@@ -141,6 +148,15 @@ func parseSave(data []byte, skipOwn bool) (map[Table]*Dump, error) {
 // of kp's chains, without allocating.
 func isOwnRule(raw []byte) bool {
 	return bytes.HasPrefix(bytes.TrimLeft(raw, " "), []byte("-A "+ownChainPrefix))
+}
+
+// ownRuleChain is the chain of an own rule line (isOwnRule).
+func ownRuleChain(raw []byte) []byte {
+	rest := bytes.TrimLeft(raw, " ")[len("-A "):]
+	if i := bytes.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 // parseRuleLine parses "[packets:bytes] -A CHAIN spec" (the counters only
