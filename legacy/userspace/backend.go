@@ -63,6 +63,8 @@ type Backend struct {
 	// last successful sync left them; nil after a failure (the next sync
 	// looks at every service port).
 	last map[proxy.ServicePortName]portState
+	// drift is the drift check's state (drift.go).
+	drift driftState
 }
 
 // proxyKey names one listener: a service port's internal or external

@@ -41,6 +41,11 @@ func (f *fakeRedirector) write(_ context.Context, _ proxy.Family, r Rules) error
 	return nil
 }
 
+func (f *fakeRedirector) stamp(proxy.Family) (stamp, error) { return stamp{}, nil }
+func (f *fakeRedirector) drifted(context.Context, proxy.Family, Rules) ([]string, error) {
+	return nil, nil
+}
+
 // loopbackOps opens listeners on 127.0.0.1 (a UDP listener as two
 // sockets, as listenUDP does on a dual-stack node).
 func loopbackOps() netOps {

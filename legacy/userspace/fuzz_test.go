@@ -113,3 +113,7 @@ func (d *dualRedirector) write(_ context.Context, f proxy.Family, r Rules) error
 	d.written[f] = r
 	return nil
 }
+func (d *dualRedirector) stamp(proxy.Family) (stamp, error) { return stamp{}, nil }
+func (d *dualRedirector) drifted(context.Context, proxy.Family, Rules) ([]string, error) {
+	return nil, nil
+}

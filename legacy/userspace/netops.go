@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/kpproxy/kp/internal/nftgen"
 	"github.com/kpproxy/kp/internal/nsenter"
 )
 
@@ -21,6 +22,8 @@ type netOps struct {
 	listenUDP func() ([]*net.UDPConn, error)
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	nft       func(opts ...nftables.ConnOption) (*nftables.Conn, error)
+	// nftGen opens a reader of the nftables ruleset's generation.
+	nftGen func() (*nftgen.Reader, error)
 	// inNS runs fn in the namespace (iptables binaries run in the calling
 	// thread's).
 	inNS func(fn func() error) error
@@ -39,6 +42,7 @@ func hostOps() netOps {
 		listenUDP:  listenUDP,
 		dial:       (&net.Dialer{}).DialContext,
 		nft:        func(opts ...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(opts...) },
+		nftGen:     func() (*nftgen.Reader, error) { return nftgen.Open(0) },
 		inNS:       func(fn func() error) error { return fn() },
 		routeDev:   routeDev,
 		redirected: checkRedirected,
@@ -77,7 +81,8 @@ func NamespaceOps(ns netns.NsHandle) Option {
 		nft: func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
 			return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(int(ns))}, opts...)...)
 		},
-		inNS: func(fn func() error) error { return nsenter.Run(ns, fn) },
+		nftGen: func() (*nftgen.Reader, error) { return nftgen.Open(int(ns)) },
+		inNS:   func(fn func() error) error { return nsenter.Run(ns, fn) },
 		routeDev: func(a netip.Addr) (dev string, err error) {
 			err = nsenter.Run(ns, func() error { dev, err = routeDev(a); return err })
 			return dev, err

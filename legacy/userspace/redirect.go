@@ -221,7 +221,9 @@ func (b *Backend) writeRules(ctx context.Context, s *proxy.State, states map[pro
 		b.lastRules = map[proxy.Family]Rules{}
 	}
 	for _, f := range changed {
-		if err := b.red.write(ctx, f, rules[f]); err != nil {
+		err := b.red.write(ctx, f, rules[f])
+		b.wroteRules(f, err == nil)
+		if err != nil {
 			b.stats.syncFailures.WithLabelValues(f.String()).Inc()
 			errs = append(errs, fmt.Errorf("write the %s redirects (%s): %w", b.red, f, err))
 			delete(b.lastRules, f) // unknown: rewrite next time

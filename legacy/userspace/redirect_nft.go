@@ -99,27 +99,29 @@ func nftSets(t *nftables.Table, f proxy.Family) map[string]*nftables.Set {
 // as data (planElements); the batch then declares the table, its chains
 // and sets (flushed), adds the nat rules, the filter rules, and last the
 // sets' elements.
-func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) error {
+func applyRules(conn *nftables.Conn, f proxy.Family, rules Rules) (*tableCounts, error) {
 	plan := planElements(rules)
 	w, err := declareTable(conn, f)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	n := w.natRules(rules.Redirects, plan.npRedirect)
 	n += w.filterRules(plan.npReject, rules.Drops)
 	w.listenerRules()
+	counts := &tableCounts{rules: w.rules, elems: map[string]int{}}
 	for _, name := range setOrder {
 		for _, es := range elemChunks(plan.elems[name]) {
 			if err := conn.SetAddElements(w.sets[name], es); err != nil {
-				return fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
+				return nil, fmt.Errorf("table %s %s: set %s: %w", familyName(f), TableName, name, err)
 			}
 		}
 		n += len(plan.elems[name])
+		counts.elems[name] = len(plan.elems[name])
 	}
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("write table %s %s (%d rules and elements): %w", familyName(f), TableName, n, err)
+		return nil, fmt.Errorf("write table %s %s (%d rules and elements): %w", familyName(f), TableName, n, err)
 	}
-	return nil
+	return counts, nil
 }
 
 // setOrder is the order the sets are declared and filled in.
@@ -193,13 +195,14 @@ type tableWriter struct {
 	t      *nftables.Table
 	chains map[string]*nftables.Chain
 	sets   map[string]*nftables.Set
+	rules  map[string]int // rules added, per chain
 }
 
 // declareTable adds the table and its chains and sets to the batch, each
 // flushed.
 func declareTable(conn *nftables.Conn, f proxy.Family) (*tableWriter, error) {
 	t := conn.AddTable(&nftables.Table{Name: TableName, Family: nftFamily(f)})
-	w := &tableWriter{conn: conn, f: f, t: t, chains: map[string]*nftables.Chain{}, sets: nftSets(t, f)}
+	w := &tableWriter{conn: conn, f: f, t: t, chains: map[string]*nftables.Chain{}, sets: nftSets(t, f), rules: map[string]int{}}
 	for _, cs := range chainSpecs {
 		policy := nftables.ChainPolicyAccept
 		c := conn.AddChain(&nftables.Chain{Name: cs.name, Table: t, Type: cs.typ, Hooknum: cs.hook,
@@ -227,6 +230,7 @@ var (
 func (w *tableWriter) add(chainNames []string, comment string, exprs []expr.Any) {
 	ud := userdata.AppendString(nil, userdata.TypeComment, comment)
 	for _, name := range chainNames {
+		w.rules[name]++
 		w.conn.AddRule(&nftables.Rule{Table: w.t, Chain: w.chains[name], Exprs: slices.Clone(exprs), UserData: ud})
 	}
 }

@@ -42,10 +42,20 @@ type redirector interface {
 	families() []proxy.Family
 	probe(ctx context.Context) error
 	write(ctx context.Context, f proxy.Family, rules Rules) error
+	// stamp is a cheap sign of change of f's rules in the kernel (drift.go):
+	// equal stamps mean nothing changed in between.
+	stamp(f proxy.Family) (stamp, error)
+	// drifted lists how f's rules in the kernel differ from rules, as the
+	// last write of f wrote them; none when they do not.
+	drifted(ctx context.Context, f proxy.Family, rules Rules) ([]string, error)
 }
 
-// nftRedirector is the table ip/ip6 kp-userspace.
-type nftRedirector struct{ ops *netOps }
+// nftRedirector is the table ip/ip6 kp-userspace; wrote records what its
+// writes put there, for the drift check.
+type nftRedirector struct {
+	ops   *netOps
+	wrote *nftWritten
+}
 
 func (r nftRedirector) String() string           { return RedirectNFTables }
 func (r nftRedirector) families() []proxy.Family { return []proxy.Family{proxy.IPv4, proxy.IPv6} }
@@ -88,7 +98,11 @@ func (r nftRedirector) write(_ context.Context, f proxy.Family, rules Rules) err
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	defer conn.CloseLasting()
-	return applyRules(conn, f, rules)
+	counts, err := applyRules(conn, f, rules)
+	if err == nil {
+		r.wrote.set(f, counts)
+	}
+	return err
 }
 
 // batchBuffers sizes the netlink socket for a transaction of ops
@@ -118,7 +132,7 @@ func cleanupNFT(ops *netOps) error {
 // chooseRedirector probes the redirect method the configuration asks
 // for; auto takes nftables when the kernel runs it, else iptables.
 func (b *Backend) chooseRedirector(ctx context.Context) (redirector, error) {
-	nft := nftRedirector{ops: &b.ops}
+	nft := nftRedirector{ops: &b.ops, wrote: &nftWritten{}}
 	ipt := &iptRedirector{cfg: b.cfg, log: b.log, ops: &b.ops}
 	switch b.cfg.UserspaceRedirect {
 	case RedirectNFTables:

@@ -40,6 +40,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	if b.red == nil {
 		return errors.New("the userspace proxy was not probed: no redirect method chosen")
 	}
+	if b.drift.pending.Swap(false) {
+		b.lastRules = nil // another process changed them: rewrite every family
+	}
 	if !b.expiring {
 		b.expiring = true
 		go b.expireLoop(ctx)
