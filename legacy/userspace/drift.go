@@ -219,4 +219,3 @@ func (r *iptRedirector) drifted(ctx context.Context, f proxy.Family, rules Rules
 	})
 	return diffs, err
 }
-
