@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kpproxy/kp/internal/sysctl"
@@ -52,6 +53,9 @@ type Backend struct {
 	drain        *graceful
 	counters     counterCache
 	stop         chan struct{}
+	// drifted: another process changed what kp wrote (drift.go); the
+	// next Sync is full.
+	drifted atomic.Bool
 }
 
 // Option configures New.

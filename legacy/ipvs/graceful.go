@@ -40,6 +40,12 @@ func (g *graceful) forget(k vsKey, d netip.AddrPort) { delete(g.since, drainKey{
 
 func (g *graceful) len() int { return len(g.since) }
 
+// has reports whether kp drains real server d of k.
+func (g *graceful) has(k vsKey, d netip.AddrPort) bool {
+	_, ok := g.since[drainKey{k, d}]
+	return ok
+}
+
 // check deletes the draining real servers that hold no connection any
 // more or were drained longer than the bound, and forgets those that are
 // gone or wanted again (weight back to 1).

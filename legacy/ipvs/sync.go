@@ -14,8 +14,8 @@ import (
 )
 
 // Sync makes the kernel match s. A full sync (the first, after a failure,
-// when the Node, its NodePort addresses or the service CIDRs changed, and
-// hourly) re-renders
+// when the Node, its NodePort addresses or the service CIDRs changed, after
+// another process changed kp's state (drift.go), and hourly) re-renders
 // every service port and reconciles every virtual server kp owns against
 // the kernel's; a partial sync re-renders s.Changed only and touches only
 // their virtual servers, real servers, addresses and set entries. Either
@@ -34,7 +34,7 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 		}
 	}
 	nodeAddrs := map[proxy.Family][]netip.Addr{}
-	full := b.written == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
+	full := b.drifted.Swap(false) || b.written == nil || s.NodeChanged || s.ServiceCIDRsChanged || b.now().Sub(b.lastFull) > fullSyncInterval
 	for _, f := range b.families {
 		nodeAddrs[f] = b.nodePortAddrs(f, s.Node, dummy)
 		if wr := b.written[f]; wr != nil && !slices.Equal(wr.nodeAddrs, nodeAddrs[f]) {
