@@ -56,12 +56,12 @@ func (w *chainRules) compare(kernel map[Table]*Dump) []string {
 			case !declared[k.name]:
 				diffs = append(diffs, fmt.Sprintf("%s %s: deleted", t, k.name))
 			case ruleCount(d, k.name) != n:
-				diffs = append(diffs, fmt.Sprintf("%s %s: %d rules, kp wrote %d", t, k.name, ruleCount(d, k.name), n))
+				diffs = append(diffs, fmt.Sprintf("%s %s: %s, kp wrote %d", t, k.name, Count(ruleCount(d, k.name), "rule"), n))
 			}
 		}
 		for _, j := range w.jumps {
 			if n := len(jumpRules(d, j)); j.table == t && n != 1 {
-				diffs = append(diffs, fmt.Sprintf("%s %s: %d jumps to %s, kp wrote 1", t, j.from, n, j.to))
+				diffs = append(diffs, fmt.Sprintf("%s %s: %s to %s, kp wrote 1", t, j.from, Count(n, "jump"), j.to))
 			}
 		}
 	}
@@ -70,6 +70,14 @@ func (w *chainRules) compare(kernel map[Table]*Dump) []string {
 		diffs = append(diffs[:5], fmt.Sprintf("and %d more", len(diffs)-5))
 	}
 	return diffs
+}
+
+// Count is n things, in words: "1 rule", "0 rules".
+func Count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // ruleCount is the number of rules of chain in d, whether ParseSave kept

@@ -165,7 +165,7 @@ func (r nftRedirector) drifted(_ context.Context, f proxy.Family, _ Rules) ([]st
 		case err != nil:
 			return nil, fmt.Errorf("read chain %s: %w", cs.name, err)
 		case len(rules) != want.rules[cs.name]:
-			diffs = append(diffs, fmt.Sprintf("chain %s: %d rules, kp wrote %d", cs.name, len(rules), want.rules[cs.name]))
+			diffs = append(diffs, fmt.Sprintf("chain %s: %s, kp wrote %d", cs.name, iptables.Count(len(rules), "rule"), want.rules[cs.name]))
 		}
 	}
 	for _, name := range setOrder {
@@ -182,7 +182,7 @@ func (r nftRedirector) drifted(_ context.Context, f proxy.Family, _ Rules) ([]st
 			return nil, fmt.Errorf("read set %s: %w", name, err)
 		}
 		if len(elems) != want.elems[name] {
-			diffs = append(diffs, fmt.Sprintf("set %s: %d elements, kp wrote %d", name, len(elems), want.elems[name]))
+			diffs = append(diffs, fmt.Sprintf("set %s: %s, kp wrote %d", name, iptables.Count(len(elems), "element"), want.elems[name]))
 		}
 	}
 	return diffs, nil

@@ -50,6 +50,7 @@ var vmServiceTests = []string{
 	"TestMetricsEndpointHasUpstreamMetricsWithSensibleValues",
 	"TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks",
 	"TestNodesOwnConnectionsToALocalClusterIPAreAnswered",
+	"TestRulesChangedByAnotherProcessAreRepairedWithinASecond",
 }
 
 // vmCITests are the ones a plain run (CI's) takes from vmServiceTests:
@@ -67,8 +68,13 @@ var vmCITests = []string{
 // the ipvs column of what the host proves for its kernel modes only, one
 // world each. TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning:
 // the DaemonSet's two containers, as shipped, in ipvs mode.
+// TestRulesChangedByAnotherProcessAreRepairedWithinASecond: drift repair,
+// whose check differs per mode (IPVS's is its own), while the kernel
+// modes' column of the VM's platform matrix takes it from
+// vmServiceTests (KP_VM_E2E=all).
 var vmIPVSTests = []string{
 	"TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning",
+	"TestRulesChangedByAnotherProcessAreRepairedWithinASecond",
 }
 
 // vmMigrationTests are the migration tests whose ipvs rows run in the VM:
