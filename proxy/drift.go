@@ -37,7 +37,8 @@ const driftCheckShare = 10
 
 // DriftCheck compares a mode's rules in the kernel with what kp last wrote:
 // nil when they match (or when there is nothing to compare yet), else what
-// drifted.
+// drifted. A check that finds a sync running skips its turn rather than
+// wait for it: its duration paces the next one, and must be its own.
 type DriftCheck func(ctx context.Context) (*Drift, error)
 
 // PollDrift runs check every period until ctx ends, and tells drifted of

@@ -17,7 +17,7 @@ import (
 
 // kernelBackend is a Backend of flavor fl (IPv4 and IPv6) for namespace
 // ns: every call must run inside it (inNS).
-func kernelBackend(t *testing.T, fl Flavor, c *clock, opts ...Option) *Backend {
+func kernelBackend(t testing.TB, fl Flavor, c *clock, opts ...Option) *Backend {
 	t.Helper()
 	cfg := testConfig()
 	cfg.IPTablesBackend = string(fl)

@@ -37,7 +37,9 @@ func (b *Backend) checkDrift(context.Context) (*proxy.Drift, error) {
 	if b.drifted.Load() {
 		return nil, nil // the next Sync repairs it; nothing new to say
 	}
-	b.mu.Lock()
+	if !b.mu.TryLock() {
+		return nil, nil // a sync or the drain runs: this check skips its turn (its wait would count as its cost)
+	}
 	defer b.mu.Unlock()
 	if b.written == nil || b.handle == nil {
 		return nil, nil // nothing synced, or the next sync is full anyway

@@ -54,7 +54,9 @@ func (b *Backend) checkDrift(ctx context.Context) (*proxy.Drift, error) {
 	if b.drift.pending.Load() || b.rulesRemoved.Load() {
 		return nil, nil // a repair is due already, or Cleanup removed them
 	}
-	b.mu.Lock()
+	if !b.mu.TryLock() {
+		return nil, nil // a sync runs: this check skips its turn (its wait would count as its cost)
+	}
 	defer b.mu.Unlock()
 	if b.red == nil || b.down {
 		return nil, nil
