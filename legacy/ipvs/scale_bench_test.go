@@ -229,3 +229,38 @@ func (t *timedIPSet) List(ctx context.Context) (map[string][]string, error) {
 	defer t.time(time.Now())
 	return t.IPSet.List(ctx)
 }
+
+// BenchmarkKernelDriftCheck is one drift check (drift.go) after a full
+// sync of N Services × 10: the virtual servers, the real servers of each
+// and kp-ipvs0's addresses read and compared, every period while kp runs.
+// In the VM, like BenchmarkKernelFullSync; test/bench/NOTES.md, "Drift
+// repair", records the runs.
+func BenchmarkKernelDriftCheck(b *testing.B) {
+	if testing.Short() {
+		b.Skip("short")
+	}
+	st := benchState(*benchServices)
+	var t benchTimers
+	node := netns.NewNamespace(b, "ipvsbench")
+	be := t.backend(b)
+	b.Cleanup(func() { _ = be.Shutdown(context.Background()) })
+	if err := t.sync(node, be, st); err != nil {
+		b.Fatal(err)
+	}
+	t = benchTimers{h: timedHandle{Handle: t.h.Handle}, l: timedLinks{Links: t.l.Links}, s: timedIPSet{IPSet: t.s.IPSet}}
+	err := netns.InNamespace(node, func() error {
+		for b.Loop() {
+			start := time.Now()
+			d, err := be.checkDrift(context.Background())
+			t.total += time.Since(start)
+			if d != nil || err != nil {
+				return fmt.Errorf("drift %v, %v", d, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t.report(b)
+}

@@ -112,9 +112,6 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	s.listsDone = sync.OnceFunc(lowerGC(gctune.InitialLists))
 	defer s.listsDone()
 	runner := NewRunner("sync-proxy-rules", s.sync, cfg.MinSyncPeriod, syncPeriod, clk).WithLogger(log)
-	if t, ok := backend.(proxy.Triggerable); ok {
-		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
-	}
 	s.tracker = proxy.NewChangeTracker(proxy.ChangeTrackerOptions{
 		NodeName:          nodeName,
 		Log:               log,
@@ -146,10 +143,7 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 		return nil
 	}
 	log.Info("sources synced; starting sync loop", "minSyncPeriod", cfg.MinSyncPeriod, "syncPeriod", syncPeriod)
-	wg.Go(func() { runner.Run(ctx) })
-	if d, ok := backend.(proxy.DriftDetector); ok {
-		wg.Go(func() { s.drift.watch(ctx, d, backend.Mode, runner.Trigger) })
-	}
+	s.runLoop(ctx, &wg, runner)
 
 	select {
 	case <-ctx.Done():
@@ -157,6 +151,19 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 		return nil
 	case err := <-errc:
 		return err
+	}
+}
+
+// runLoop starts the sync loop and what may ask it for a sync of its own:
+// a mode switch (proxy.Triggerable) and the backend's drift detector
+// (proxy.DriftDetector).
+func (s *syncer) runLoop(ctx context.Context, wg *sync.WaitGroup, runner *Runner) {
+	if t, ok := s.backend.(proxy.Triggerable); ok {
+		t.SetTrigger(runner.Trigger) // a mode switch asked for runs at the next sync
+	}
+	wg.Go(func() { runner.Run(ctx) })
+	if d, ok := s.backend.(proxy.DriftDetector); ok {
+		wg.Go(func() { s.drift.watch(ctx, d, s.backend.Mode, runner.Trigger) })
 	}
 }
 
