@@ -56,6 +56,9 @@ type Backend struct {
 	// drifted: another process changed what kp wrote (drift.go); the
 	// next Sync is full.
 	drifted atomic.Bool
+	// procTable is where the drift check reads the IPVS table in one read
+	// (table.go); "": through the IPVS socket (tests with fakes).
+	procTable string
 }
 
 // Option configures New.
@@ -76,6 +79,7 @@ func WithKernel(h Handle, l Links, s IPSet, runners ...iptables.Runner) Option {
 		b.runner = func(_ iptables.Flavor, f proxy.Family) iptables.Runner { return byFam[f] }
 		b.sysctl = func(string, string) error { return nil }
 		b.cleanupChains = nil
+		b.procTable = ""
 	}
 }
 
@@ -134,6 +138,7 @@ func New(cfg proxy.Config, log *slog.Logger, opts ...Option) (*Backend, error) {
 		now:        time.Now,
 		drainEvery: 5 * time.Second,
 		drain:      newGraceful(DefaultDrainBound),
+		procTable:  procIPVS,
 	}
 	if cfg.IPTablesBackend != "" {
 		fl, err := iptables.ParseFlavor(cfg.IPTablesBackend)

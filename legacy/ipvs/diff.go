@@ -49,6 +49,9 @@ func (o op) String() string {
 type kernelServer struct {
 	svc   *ipvs.Service
 	dests []*ipvs.Destination
+	// procTimeout: read from /proc/net/ip_vs, whose persistence timeout
+	// may be in jiffies (sameTimeout).
+	procTimeout bool
 }
 
 // diffServer compares the virtual server kp wants at key (nil: none) with

@@ -7,15 +7,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/moby/ipvs"
-
 	"github.com/kpproxy/kp/proxy"
 )
 
 // Drift repair (proxy.DriftDetector): IPVS sends no change events, so
-// every --drift-check-period kp reads the virtual servers (one dump), the
-// real servers of each of its own (one dump each) and kp-ipvs0's addresses,
-// and compares them with what it wrote: a virtual server deleted or
+// every --drift-check-period kp reads the IPVS table (every virtual server
+// with its real servers, in one read of /proc/net/ip_vs: table.go) and
+// kp-ipvs0's addresses, and compares them with what it wrote: a virtual server deleted or
 // changed (ipvsadm -D, -E), a real server deleted, reweighted or added, a
 // virtual server added on a Service address, a Service address deleted
 // from kp-ipvs0. Real servers kp drains itself (weight 0, graceful.go) are
@@ -44,15 +42,9 @@ func (b *Backend) checkDrift(context.Context) (*proxy.Drift, error) {
 	if b.written == nil || b.handle == nil {
 		return nil, nil // nothing synced, or the next sync is full anyway
 	}
-	servers, err := b.handle.GetServices()
+	kernel, err := b.readTable()
 	if err != nil {
-		return nil, fmt.Errorf("list IPVS virtual servers: %w", err)
-	}
-	kernel := map[vsKey]*ipvs.Service{}
-	for _, ks := range servers {
-		if k, ok := kernelKey(ks); ok {
-			kernel[k] = ks
-		}
+		return nil, err
 	}
 	var diffs []string
 	for _, f := range b.families {
@@ -60,12 +52,8 @@ func (b *Backend) checkDrift(context.Context) (*proxy.Drift, error) {
 		if wr == nil {
 			continue
 		}
-		for _, k := range sortedKeys(wr.servers) {
-			d, err := b.serverDrift(k, wr.servers[k], kernel[k])
-			if err != nil {
-				return nil, err
-			}
-			diffs = append(diffs, d...)
+		for k, vs := range wr.servers {
+			diffs = append(diffs, b.serverDrift(k, vs, kernel[k])...)
 		}
 		for k := range kernel {
 			if familyOf(k.Addr) == f && wr.servers[k] == nil && wr.addrs[k.Addr] > 0 && !b.excluded(k.Addr) {
@@ -91,39 +79,35 @@ func (b *Backend) checkDrift(context.Context) (*proxy.Drift, error) {
 
 // serverDrift compares one virtual server kp wrote with the kernel's (nil:
 // absent).
-func (b *Backend) serverDrift(k vsKey, vs *VirtualServer, ks *ipvs.Service) ([]string, error) {
+func (b *Backend) serverDrift(k vsKey, vs *VirtualServer, ks *kernelServer) []string {
 	if ks == nil {
-		return []string{fmt.Sprintf("virtual server %s: deleted", k)}, nil
+		return []string{fmt.Sprintf("virtual server %s: deleted", k)}
 	}
-	dests, err := b.handle.GetDestinations(ks)
-	if err != nil {
-		return nil, fmt.Errorf("read the real servers of %s: %w", k, err)
+	if ks.procTimeout && ks.svc.Flags&ipvsFlagPersistent != 0 && sameTimeout(ks.svc.Timeout, vs.Timeout) {
+		svc := *ks.svc
+		svc.Timeout = vs.Timeout
+		ks = &kernelServer{svc: &svc, dests: ks.dests}
 	}
-	weights := map[ipvsDest]int{}
-	for _, d := range dests {
-		weights[ipvsDest{k, destAddrPort(d)}] = d.Weight
+	weights := map[netip.AddrPort]int{}
+	for _, d := range ks.dests {
+		weights[destAddrPort(d)] = d.Weight
 	}
 	var diffs []string
-	for _, o := range diffServer(k, vs, &kernelServer{svc: ks, dests: dests}, vs.Owner) {
+	for _, o := range diffServer(k, vs, ks, vs.Owner) {
 		switch o.kind {
 		case opUpdateServer:
 			diffs = append(diffs, fmt.Sprintf("virtual server %s: scheduler or persistence changed", k))
 		case opAddDest:
 			diffs = append(diffs, fmt.Sprintf("virtual server %s: real server %s deleted", k, o.dest))
 		case opRestoreDest:
-			diffs = append(diffs, fmt.Sprintf("virtual server %s: real server %s at weight %d, kp wrote 1", k, o.dest, weights[ipvsDest{k, o.dest}]))
+			diffs = append(diffs, fmt.Sprintf("virtual server %s: real server %s at weight %d, kp wrote 1", k, o.dest, weights[o.dest]))
 		case opDrainDest, opDelDest:
-			if weights[ipvsDest{k, o.dest}] != 0 || !b.drain.has(k, o.dest) {
+			if weights[o.dest] != 0 || !b.drain.has(k, o.dest) {
 				diffs = append(diffs, fmt.Sprintf("virtual server %s: real server %s added", k, o.dest))
 			}
 		}
 	}
-	return diffs, nil
-}
-
-type ipvsDest struct {
-	key  vsKey
-	dest netip.AddrPort
+	return diffs
 }
 
 // addrDrift compares kp-ipvs0's addresses with the Service addresses kp

@@ -312,3 +312,48 @@ func TestKernelCleanupLeavesForeignIPVSIPSetsAndChains(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelDriftCheckReadsTheTableAndFindsADeletedVirtualServer: the
+// drift check reads the kernel's table (/proc/net/ip_vs) as kp wrote it,
+// persistence and IPv6 included, as no drift; ipvsadm -D of a virtual
+// server is one, and the sync after it puts it back.
+func TestKernelDriftCheckReadsTheTableAndFindsADeletedVirtualServer(t *testing.T) {
+	inVM(t)
+	w := newKWorld(t, 2)
+	b := newKernelBackend(t, kernelConfig("rr"), &recording{})
+	k := newKState()
+	k.add("web", "10.96.0.10", 80, 30080, w.podIPs...)
+	sticky := k.add("sticky", "10.96.0.11", 80, 0, w.podIPs[0])
+	k.Services[sticky].AffinityTimeout = 3 * time.Hour
+	w.in(func() error { return b.Probe(context.Background()) })
+	st := k.Next()
+	w.sync(b, st)
+	check := func() string {
+		t.Helper()
+		var what string
+		w.in(func() error {
+			d, err := b.checkDrift(context.Background())
+			if d != nil {
+				what = d.What
+			}
+			return err
+		})
+		return what
+	}
+	if d := check(); d != "" {
+		t.Fatalf("right after kp's sync: %s", d)
+	}
+	if out, err := netns.Exec(w.node, "ipvsadm", "-D", "-t", "10.96.0.10:80"); err != nil {
+		t.Fatalf("ipvsadm -D: %v\n%s", err, out)
+	}
+	if d := check(); d != "IPVS: virtual server tcp/10.96.0.10:80: deleted" {
+		t.Errorf("after ipvsadm -D: %q", d)
+	}
+	w.sync(b, st)
+	if d := check(); d != "" {
+		t.Errorf("after the repair: %s", d)
+	}
+	if _, err := w.askOnce("10.96.0.10:80"); err != nil {
+		t.Errorf("after the repair: %v", err)
+	}
+}

@@ -122,18 +122,18 @@ func TestDiffServerTouchesOnlyWhatChanged(t *testing.T) {
 	}{
 		{"new server", want, nil, []string{"add virtual server tcp/10.96.0.10:80",
 			"add real server tcp/10.96.0.10:80 -> 10.244.0.2:8080", "add real server tcp/10.96.0.10:80 -> 10.244.0.3:8080"}},
-		{"nothing changed", want, &kernelServer{svc, []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0), kdest("10.244.0.3:8080", 1, 3, 0)}}, nil},
-		{"an endpoint added", want, &kernelServer{svc, []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0)}},
+		{"nothing changed", want, &kernelServer{svc: svc, dests: []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0), kdest("10.244.0.3:8080", 1, 3, 0)}}, nil},
+		{"an endpoint added", want, &kernelServer{svc: svc, dests: []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0)}},
 			[]string{"add real server tcp/10.96.0.10:80 -> 10.244.0.3:8080"}},
-		{"a removed endpoint with connections drains, one without goes", want, &kernelServer{svc, []*ipvs.Destination{
+		{"a removed endpoint with connections drains, one without goes", want, &kernelServer{svc: svc, dests: []*ipvs.Destination{
 			kdest("10.244.0.2:8080", 1, 0, 0), kdest("10.244.0.3:8080", 1, 0, 0), kdest("10.244.0.4:8080", 1, 1, 0), kdest("10.244.0.5:8080", 1, 0, 0)}},
 			[]string{"drain real server tcp/10.96.0.10:80 -> 10.244.0.4:8080", "delete real server tcp/10.96.0.10:80 -> 10.244.0.5:8080"}},
-		{"a draining endpoint wanted again", want, &kernelServer{svc, []*ipvs.Destination{kdest("10.244.0.2:8080", 0, 2, 0), kdest("10.244.0.3:8080", 1, 0, 0)}},
+		{"a draining endpoint wanted again", want, &kernelServer{svc: svc, dests: []*ipvs.Destination{kdest("10.244.0.2:8080", 0, 2, 0), kdest("10.244.0.3:8080", 1, 0, 0)}},
 			[]string{"restore real server tcp/10.96.0.10:80 -> 10.244.0.2:8080"}},
 		{"the scheduler changed", &VirtualServer{Key: key, Scheduler: "sh", Dests: want.Dests},
-			&kernelServer{svc, []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0), kdest("10.244.0.3:8080", 1, 0, 0)}},
+			&kernelServer{svc: svc, dests: []*ipvs.Destination{kdest("10.244.0.2:8080", 1, 0, 0), kdest("10.244.0.3:8080", 1, 0, 0)}},
 			[]string{"update virtual server tcp/10.96.0.10:80"}},
-		{"the Service is gone", nil, &kernelServer{svc, nil}, []string{"delete virtual server tcp/10.96.0.10:80"}},
+		{"the Service is gone", nil, &kernelServer{svc: svc}, []string{"delete virtual server tcp/10.96.0.10:80"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
@@ -150,7 +150,7 @@ func TestDiffServerTouchesOnlyWhatChanged(t *testing.T) {
 func TestUDPRealServersAreDeletedAtOnce(t *testing.T) {
 	key := vsKey{Proto: v1.ProtocolUDP, Addr: netip.MustParseAddr("10.96.0.10"), Port: 53}
 	want := &VirtualServer{Key: key, Scheduler: "rr"}
-	ops := diffServer(key, want, &kernelServer{want.service(), []*ipvs.Destination{kdest("10.244.0.2:53", 1, 1, 1)}}, statetest.PortName("ns", "a", "", v1.ProtocolTCP))
+	ops := diffServer(key, want, &kernelServer{svc: want.service(), dests: []*ipvs.Destination{kdest("10.244.0.2:53", 1, 1, 1)}}, statetest.PortName("ns", "a", "", v1.ProtocolTCP))
 	if len(ops) != 1 || ops[0].kind != opDelDest {
 		t.Errorf("ops = %v, want one delete", ops)
 	}

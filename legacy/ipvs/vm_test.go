@@ -31,6 +31,7 @@ func TestVMRunsTheKernelTests(t *testing.T) {
 		"TestKernelOpenConnectionToARemovedEndpointKeepsWorkingUntilItCloses",
 		"TestKernelNetlinkErrorNamesTheServiceAndTheNextSyncReconciles",
 		"TestKernelCleanupLeavesForeignIPVSIPSetsAndChains",
+		"TestKernelDriftCheckReadsTheTableAndFindsADeletedVirtualServer",
 	}}) {
 		t.Errorf("in the VM: %v", e)
 	}
