@@ -14,13 +14,14 @@ import (
 
 // Stamp is a cheap sign of change of one flavor and family's tables: when
 // it has not moved since kp wrote them, nothing changed there, and a drift
-// check need not read them (iptables-save of a 10,000-Service table takes
-// seconds: test/bench/NOTES.md, "Drift repair"). iptables-legacy: the nat
-// and filter tables' entry counts and sizes, as the kernel reports them
-// (IPT_SO_GET_INFO, one getsockopt each). iptables-nft: the nftables
-// ruleset's generation, which moves at every transaction of anyone, kp's
-// included. A rule replaced by one of the same size leaves a legacy table's
-// stamp as it was.
+// check need not read them. iptables-legacy: the nat and filter tables'
+// entry counts and sizes, as the kernel reports them (IPT_SO_GET_INFO, one
+// getsockopt each). iptables-nft: the nftables ruleset's generation, which
+// moves at every transaction of anyone, kp's included. A rule replaced by
+// one of the same size leaves a legacy table's stamp as it was. At 10,000
+// Services × 10 endpoints reading the Stamp took 28 µs (legacy) and 0.15 ms
+// (nft), reading and comparing the tables 2.0 s and 8.1 s
+// (test/bench/NOTES.md, "Drift repair").
 type Stamp struct {
 	entries, size [2]uint32 // nat, filter (legacy)
 	gen           uint32    // nft

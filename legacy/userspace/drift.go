@@ -24,7 +24,9 @@ import (
 // kp-userspace table's chains' rule counts and sets' element counts
 // against those kp's last write made, or the KP-USERSPACE- chains
 // (iptables.OwnedDrift). A drift makes the next Sync rewrite every
-// family's rules.
+// family's rules. At 10,000 service ports a check costs 0.15 ms (nftables)
+// and 65 µs (iptables-legacy) while the stamp stands, 54 ms and 140 ms when
+// it moved (test/bench/NOTES.md, "Drift repair").
 
 // stamp is a redirector's cheap sign of change (one of the two is set).
 type stamp struct {
