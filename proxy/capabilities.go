@@ -15,6 +15,14 @@ type Shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
 
+// Drainer is implemented by a Backend that carries connections itself
+// (userspace) and must be told when a switch away removed its rules (kp
+// removes them with a backend of its own, not this one): from then on it
+// opens nothing new and hands its flows over to the mode that replaced it.
+type Drainer interface {
+	RulesRemoved()
+}
+
 // Triggerable is implemented by a Backend that asks for a sync of its own
 // (the mode switcher, when a switch is requested): the sync loop hands it
 // its trigger.
