@@ -189,7 +189,7 @@ func (p sparedPort) Redirects(f Flow) bool { return f.Reply.Src.Port() == uint16
 // to, and deletes them again once nothing spares them.
 func TestCleanerLeavesTheEntriesASparedPartyDeletesItself(t *testing.T) {
 	conn := &fakeConn{flows: []Flow{
-		flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.0.2.1:41234"), // redirected to the draining listener
+		flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.0.2.1:41234"),   // redirected to the draining listener
 		flow(ProtoUDP, "10.244.9.9:40001", "10.96.0.10:53", "10.244.1.99:5353"), // endpoint gone
 	}}
 	c := newTestCleaner(conn)
