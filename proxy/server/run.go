@@ -86,6 +86,7 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	if err != nil {
 		return err
 	}
+	status.SetSnapshot(cfg, opts.SnapshotFacts)
 	metrics.ObserveHealth(health)
 	serviceHealth := newServiceHealth(cfg, backend, health.Healthy, log)
 	defer serviceHealth.Close()
