@@ -16,11 +16,11 @@ import (
 // listingBackend lists rules and answers NodePorts on a CIDR.
 type listingBackend struct{ countingBackend }
 
-func (listingBackend) ListRules(context.Context) ([]proxy.RuleListing, error) {
+func (*listingBackend) ListRules(context.Context) ([]proxy.RuleListing, error) {
 	return []proxy.RuleListing{{Where: "nftables ip kp", Format: "nft", Text: "table ip kp {\n}\n"}}, nil
 }
 
-func (listingBackend) NodePortScope() ([]netip.Prefix, bool) {
+func (*listingBackend) NodePortScope() ([]netip.Prefix, bool) {
 	return []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, false
 }
 
