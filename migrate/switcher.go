@@ -392,6 +392,7 @@ func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 var (
 	_ proxy.Backend        = (*Switcher)(nil)
 	_ proxy.NodePortScoper = (*Switcher)(nil)
+	_ proxy.RuleLister     = (*Switcher)(nil)
 )
 
 // SetFinished sets SwitcherConfig.Finished (kp knows its API client only

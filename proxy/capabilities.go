@@ -122,3 +122,18 @@ type Sysctl struct {
 	Value string
 	Why   string // what goes wrong without it, for the log
 }
+
+// RuleLister is implemented by a Backend that can list its rules as the
+// mode's own tool lists them (nft list table, iptables-save), for kp
+// snapshot: an operator reads them, and kp explain shows them beside its
+// answer.
+type RuleLister interface {
+	ListRules(ctx context.Context) ([]RuleListing, error)
+}
+
+// RuleListing is one place a mode keeps its rules, as listed.
+type RuleListing struct {
+	Where  string // "nftables ip kp", "iptables-nft IPv4 nat"
+	Format string // nft, iptables-save
+	Text   string
+}

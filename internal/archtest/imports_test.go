@@ -101,6 +101,7 @@ var allowed = map[string][]string{
 	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
 	"conntrack":        {"proxy"},
 	"tui":              {"proxy", "proxy/statusapi", "conntrack"},
+	"explain":          {"proxy", "proxy/statusapi", "conntrack"},
 	"migrate":          {"proxy", "proxy/statusapi", "nft", "legacy/"},
 	"migrate/cluster":  {"proxy", "proxy/statusapi"},
 	"cmd/kp/options":   {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
