@@ -165,16 +165,18 @@ conformance: kube-bins
 # The fuzz targets: manifest bytes through the decoder, the change tracker
 # and each backend on its fake kernel (an incremental sync must equal a fresh
 # render of the same State: test/fuzzsync), the --config file, the status
-# API's requests, and the Node annotations kp and kp migrate cluster read.
+# API's requests, the Node annotations kp and kp migrate cluster read, and
+# the snapshot files kp explain reads.
 # `go test -fuzz` takes one target of one package at a time, so each runs
-# for FUZZTIME in turn (8 targets of 7 s: about a minute in all);
+# for FUZZTIME in turn (9 targets of 7 s: about a minute in all);
 # `make test` (and so CI) runs them all. A failing input is saved under the
 # package's testdata/fuzz/<FuzzName>/ and replayed by every later plain
 # `go test`, beside the committed seeds (go run ./test/fuzzsync/seedcorpus).
 FUZZTIME ?= 7s
 FUZZ_TARGETS = FuzzManifestToNFT:./nft/ FuzzManifestToIPTables:./legacy/iptables/ FuzzManifestToIPVS:./legacy/ipvs/ \
 	FuzzManifestToUserspace:./legacy/userspace/ FuzzConfigFile:./cmd/kp/options/ \
-	FuzzMigrationRequest:./proxy/server/ FuzzServicesQuery:./proxy/server/ FuzzNodeAnnotations:./migrate/
+	FuzzMigrationRequest:./proxy/server/ FuzzServicesQuery:./proxy/server/ FuzzNodeAnnotations:./migrate/ \
+	FuzzSnapshot:./explain/
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $${t%%:*} for $(FUZZTIME)"; \

@@ -156,6 +156,8 @@ type Cleaner struct {
 	// keepRedirected: see CleanerConfig.KeepRedirected; it follows the
 	// mode when kp switches modes (SetKeepRedirected).
 	keepRedirected atomic.Bool
+	// spared: see Spare.
+	spared atomic.Pointer[spared]
 
 	deleted *prometheus.CounterVec
 	errors  prometheus.Counter
@@ -184,6 +186,26 @@ type CleanerConfig struct {
 	// rule), of removed ones, and those the kernel confirmed to a Service
 	// address without NAT (before kp's first rule for it) are deleted.
 	KeepRedirected bool
+}
+
+// Spared is a party that deletes some entries itself: a userspace mode
+// that drains after a switch hands each UDP flow redirected to it over to
+// the new mode when the flow is idle (legacy/userspace/handover.go).
+type Spared interface {
+	// Redirects reports whether f is one of those entries.
+	Redirects(f Flow) bool
+}
+
+type spared struct{ Spared }
+
+// Spare makes the cleaner leave the entries s deletes itself; nil spares
+// none.
+func (c *Cleaner) Spare(s Spared) {
+	if s == nil {
+		c.spared.Store(nil)
+		return
+	}
+	c.spared.Store(&spared{s})
 }
 
 // SetKeepRedirected changes CleanerConfig.KeepRedirected, for a proxy
@@ -266,6 +288,9 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 			continue
 		}
 		if c.keepRedirected.Load() && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
+			continue
+		}
+		if sp := c.spared.Load(); sp != nil && sp.Redirects(f) {
 			continue
 		}
 		if err := conn.Delete(f); err != nil {

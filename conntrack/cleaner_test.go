@@ -179,6 +179,31 @@ func TestCleanerKeepingRedirectedEntriesDeletesOnlyTheUnNATedOnes(t *testing.T) 
 	}
 }
 
+// sparedPort spares the entries redirected to one listener port.
+type sparedPort uint16
+
+func (p sparedPort) Redirects(f Flow) bool { return f.Reply.Src.Port() == uint16(p) }
+
+// A draining userspace proxy hands its flows over itself: the cleaner,
+// whose mode no longer keeps redirected entries, leaves those it redirects
+// to, and deletes them again once nothing spares them.
+func TestCleanerLeavesTheEntriesASparedPartyDeletesItself(t *testing.T) {
+	conn := &fakeConn{flows: []Flow{
+		flow(ProtoUDP, "10.244.9.9:40000", "10.96.0.10:53", "10.0.2.1:41234"),   // redirected to the draining listener
+		flow(ProtoUDP, "10.244.9.9:40001", "10.96.0.10:53", "10.244.1.99:5353"), // endpoint gone
+	}}
+	c := newTestCleaner(conn)
+	c.Spare(sparedPort(41234))
+	if n, err := c.Clean(context.Background(), nil, testState()); err != nil || n != 1 || conn.deleted[0].Orig.Src.String() != "10.244.9.9:40001" {
+		t.Fatalf("Clean = %d, %v, deleted %v; want only the entry of the gone endpoint", n, err, conn.deleted)
+	}
+	c.Spare(nil)
+	conn.deleted = nil
+	if n, err := c.Clean(context.Background(), nil, testState()); err != nil || n != 2 {
+		t.Fatalf("Clean with nothing spared = %d, %v; want 2", n, err)
+	}
+}
+
 func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
 	conn := &fakeConn{
 		flows: []Flow{

@@ -107,6 +107,14 @@ func (ix *Index) lookup(f Flow) (target, bool) {
 	return target{}, false
 }
 
+// Lookup finds the Service port a packet of protocol proto (an IP
+// protocol number) addressed to dst belongs to, and which of its
+// addresses dst is: what kp explain starts from.
+func (ix *Index) Lookup(proto uint8, dst netip.AddrPort) (proxy.ServicePortName, Via, bool) {
+	t, ok := ix.lookup(Flow{Protocol: proto, Orig: Tuple{Dst: netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())}})
+	return t.name, t.via, ok
+}
+
 // Attribute returns the Service port and endpoint of f, or false when f
 // was not addressed to a Service.
 func (ix *Index) Attribute(f Flow) (Attribution, bool) {

@@ -33,9 +33,9 @@ type SwitcherConfig struct {
 	// Verify proves that b carries every Service of st; nil is
 	// VerifyServices with real sockets.
 	Verify func(ctx context.Context, st *proxy.State, b proxy.Backend) (*statusapi.Verification, error)
-	// Switched is told when a backend replaces another (what follows the
-	// mode, such as the conntrack cleaner, adapts).
-	Switched func(b proxy.Backend)
+	// Switched is told when backend b replaces old (what follows the
+	// mode, such as the conntrack cleaner, adapts; old may still drain).
+	Switched func(old, b proxy.Backend)
 	// Finished is told the outcome of every switch asked for (kp records
 	// it as an Event on its Node).
 	Finished func(m statusapi.Migration)
@@ -384,12 +384,13 @@ func (s *Switcher) verify(ctx context.Context, st *proxy.State, b proxy.Backend,
 
 func (s *Switcher) swap(b proxy.Backend, t proxy.Target) {
 	s.mu.Lock()
+	old := s.cur
 	s.cur, s.curTarget = b, t
 	close(s.swapped)
 	s.swapped = make(chan struct{})
 	s.mu.Unlock()
 	if s.cfg.Switched != nil {
-		s.cfg.Switched(b)
+		s.cfg.Switched(old, b)
 	}
 }
 
@@ -397,6 +398,7 @@ var (
 	_ proxy.Backend        = (*Switcher)(nil)
 	_ proxy.NodePortScoper = (*Switcher)(nil)
 	_ proxy.DriftDetector  = (*Switcher)(nil)
+	_ proxy.RuleLister     = (*Switcher)(nil)
 )
 
 // SetFinished sets SwitcherConfig.Finished (kp knows its API client only

@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 
 	"github.com/kpproxy/kp/proxy"
@@ -78,4 +79,13 @@ func (s *Switcher) Shutdown(ctx context.Context) error {
 		return d.Shutdown(ctx)
 	}
 	return nil
+}
+
+// ListRules lists the current backend's rules (proxy.RuleLister).
+func (s *Switcher) ListRules(ctx context.Context) ([]proxy.RuleListing, error) {
+	b, t := s.Current()
+	if rl, ok := b.(proxy.RuleLister); ok {
+		return rl.ListRules(ctx)
+	}
+	return nil, fmt.Errorf("the %s mode does not list its rules yet", t)
 }

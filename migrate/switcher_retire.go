@@ -99,6 +99,9 @@ func (s *Switcher) abandon(ctx context.Context, b proxy.Backend, log *slog.Logge
 // drain lets an old backend that proxies connections itself (userspace)
 // finish its open ones in the background.
 func (s *Switcher) drain(b proxy.Backend, log *slog.Logger) {
+	if d, ok := b.(proxy.Drainer); ok {
+		d.RulesRemoved()
+	}
 	d, ok := b.(proxy.Shutdowner)
 	if !ok {
 		return

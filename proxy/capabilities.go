@@ -15,6 +15,14 @@ type Shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
 
+// Drainer is implemented by a Backend that carries connections itself
+// (userspace) and must be told when a switch away removed its rules (kp
+// removes them with a backend of its own, not this one): from then on it
+// opens nothing new and hands its flows over to the mode that replaced it.
+type Drainer interface {
+	RulesRemoved()
+}
+
 // Triggerable is implemented by a Backend that asks for a sync of its own
 // (the mode switcher, when a switch is requested): the sync loop hands it
 // its trigger.
@@ -126,4 +134,19 @@ type Sysctl struct {
 	Name  string // dotted: net.ipv4.vs.conntrack
 	Value string
 	Why   string // what goes wrong without it, for the log
+}
+
+// RuleLister is implemented by a Backend that can list its rules as the
+// mode's own tool lists them (nft list table, iptables-save), for kp
+// snapshot: an operator reads them, and kp explain shows them beside its
+// answer.
+type RuleLister interface {
+	ListRules(ctx context.Context) ([]RuleListing, error)
+}
+
+// RuleListing is one place a mode keeps its rules, as listed.
+type RuleListing struct {
+	Where  string // "nftables ip kp", "iptables-nft IPv4 nat"
+	Format string // nft, iptables-save
+	Text   string
 }

@@ -190,7 +190,8 @@ DaemonSet can run kp with its arguments unchanged.`,
 	})
 	a.logOpts.AddFlags(root.PersistentFlags())
 
-	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a), newStatusCommand(a))
+	root.AddCommand(newProxyCommand(a), newCleanupCommand(a), newMigrateCommand(a), newSysctlCommand(a), newVersionCommand(a), newTopCommand(a), newFlowsCommand(a), newStatusCommand(a),
+		newExplainCommand(a), newSnapshotCommand(a))
 	// cobra's completion command (kp completion bash|zsh|fish|powershell),
 	// added now rather than at Execute, so that it is in the tree
 	// noteStarts wraps and its help ends like every other.

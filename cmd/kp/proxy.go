@@ -220,7 +220,8 @@ func (a *app) withPodCIDRs(ctx context.Context, s options.Settings, client kubec
 // DNAT entries to clean, but a UDP flow the kernel confirmed to a Service
 // address before kp had a rule for it blackholes there too).
 func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []proxy.Source) server.RunOptions {
-	opts := server.RunOptions{Backend: backend, Sources: sources, Log: a.log, Build: a.build()}
+	opts := server.RunOptions{Backend: backend, Sources: sources, Log: a.log, Build: a.build(),
+		SnapshotFacts: snapshotFacts(conntrack.Dialer{})}
 	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
 		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
 	opts.Observers = append(opts.Observers, cleaner)

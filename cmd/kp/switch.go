@@ -66,9 +66,13 @@ func (a *app) switcher(s options.Settings, backend proxy.Backend, observers []pr
 			return migrate.VerifyServices(ctx, st, b, migrate.VerifyOptions{NodePorts: migrate.NodePortScope{
 				CIDRs: bs.Config.NodePortAddresses, Primary: bs.Config.NodePortPrimary}})
 		},
-		Switched: func(b proxy.Backend) {
+		Switched: func(old, b proxy.Backend) {
 			if cleaner != nil {
 				cleaner.SetKeepRedirected(b.Mode() == proxy.ModeUserspace)
+				// A userspace mode that drains hands its UDP flows over
+				// itself (legacy/userspace/handover.go).
+				sp, _ := old.(conntrack.Spared)
+				cleaner.Spare(sp)
 			}
 		},
 	})

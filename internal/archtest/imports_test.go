@@ -96,9 +96,12 @@ var allowed = map[string][]string{
 	"nft":              {"proxy"},
 	"legacy/iptables":  {"proxy"},
 	"legacy/ipvs":      {"proxy", "legacy/iptables"},
-	"legacy/userspace": {"proxy", "legacy/iptables"},
+	// conntrack: a draining userspace proxy hands its UDP flows over by
+	// deleting their entries itself (legacy/userspace/handover.go).
+	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
 	"conntrack":        {"proxy"},
 	"tui":              {"proxy", "proxy/statusapi", "conntrack"},
+	"explain":          {"proxy", "proxy/statusapi", "conntrack"},
 	"migrate":          {"proxy", "proxy/statusapi", "nft", "legacy/"},
 	"migrate/cluster":  {"proxy", "proxy/statusapi"},
 	"cmd/kp/options":   {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},

@@ -100,6 +100,15 @@ func renderChains(in rulesInput) []*iptables.Chain {
 		r("externalIPs, local policy", "-m set --match-set %s dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT", set(setExternalIPLocal)),
 		r("externalIPs, local policy", "-m set --match-set %s dst,dst -m addrtype --dst-type LOCAL -j ACCEPT", set(setExternalIPLocal)),
 		r("NodePorts", "-m addrtype --dst-type LOCAL -j %s", chainNodePort),
+		// IPVS's NodePorts are left to IPVS, as its ClusterIPs below:
+		// upstream falls through here, but while a switch from kp's
+		// iptables mode has both modes' chains in one nat table, the
+		// iptables mode's DNAT after these would take them (a switch
+		// into ipvs failed its verify on a UDP NodePort, in the VM).
+		r("NodePorts", "-p tcp -m addrtype --dst-type LOCAL -m set --match-set %s dst -j ACCEPT", set(setNodePortTCP)),
+		r("NodePorts", "-p udp -m addrtype --dst-type LOCAL -m set --match-set %s dst -j ACCEPT", set(setNodePortUDP)),
+		r("NodePorts", "-p sctp -m addrtype --dst-type LOCAL -m set --match-set %s dst,dst -j ACCEPT", set(setNodePortSCTP)),
+		r("NodePorts", "-p sctp -m addrtype --dst-type LOCAL -m set --match-set %s dst,dst -j ACCEPT", set(setNodePortLocalSCTP)),
 		r("", "-m set --match-set %s dst,dst -j ACCEPT", set(setClusterIP)),
 		r("", "-m set --match-set %s dst,dst -j ACCEPT", set(setLoadBalancer)),
 	)

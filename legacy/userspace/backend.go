@@ -43,6 +43,9 @@ type Backend struct {
 	// for the listeners still open (a switch's drain); UDP opens no new
 	// session then (udpProxy.session).
 	rulesRemoved atomic.Bool
+	// handover is the drain's hand-over of UDP flows to the next mode,
+	// from Cleanup on (handover.go).
+	handover atomic.Pointer[handover]
 
 	// mu guards the proxies, which Sync changes and Shutdown stops.
 	mu       sync.Mutex
@@ -247,6 +250,7 @@ func (b *Backend) expireLoop(ctx context.Context) {
 // the rules gone nothing refuses a datagram sent straight to a listener.
 func (b *Backend) Cleanup(ctx context.Context) error {
 	b.rulesRemoved.Store(true)
+	defer b.RulesRemoved()
 	var errs []error
 	if err := cleanupNFT(&b.ops); err != nil {
 		errs = append(errs, fmt.Errorf("nftables: %w", err))
@@ -257,11 +261,24 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// RulesRemoved implements proxy.Drainer: the redirect rules are gone (a
+// switch away removed them, or Cleanup), so no new UDP session opens and
+// the open flows are handed over to the next mode (handover.go).
+func (b *Backend) RulesRemoved() {
+	b.rulesRemoved.Store(true)
+	if err := b.startHandover(); err != nil {
+		// The conntrack cleaner deletes the entries at Shutdown instead:
+		// a request with an endpoint then may lose its answer.
+		b.log.Warn("userspace drain: cannot hand over the UDP flows", "err", err)
+	}
+}
+
 // Shutdown stops accepting (listeners closed, so new connections to the
 // Services are refused), lets open connections finish until ctx ends,
 // then closes the rest. The redirect table stays, as the other modes' rules
 // stay when kp stops: a restarted kp takes over without a gap.
 func (b *Backend) Shutdown(ctx context.Context) error {
+	b.handOverAll()
 	b.mu.Lock()
 	b.down = true
 	for key, p := range b.proxies {

@@ -3,6 +3,7 @@ package userspace
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/test/netns"
 )
@@ -126,8 +128,9 @@ func TestKernelUDPListenersOpenNoNewSessionAfterCleanup(t *testing.T) {
 
 // After Cleanup (a switch away: the rules are gone, the listeners drain),
 // a datagram from a new client straight to a UDP listener gets no answer,
-// while a client whose session is open is still answered (its conntrack
-// entry still redirects it).
+// while a client whose session is open is still answered (by the proxy
+// while its conntrack entry redirects it, by the next mode once the drain
+// handed it over).
 func testUDPNoNewSessionAfterCleanup(t *testing.T, red redirectMethod) {
 	k := newKernelWorldWith(t, 1, red, proxy.Config{UserspaceUDPIdleTimeout: 30 * time.Second})
 	p0 := k.w.Pods()[0]
@@ -151,6 +154,12 @@ func testUDPNoNewSessionAfterCleanup(t *testing.T, red redirectMethod) {
 	}
 	askOpen("before Cleanup")
 	standInMode(t, k)
+	// The stand-in mode serves the Service, for the open flow once the
+	// drain hands it over (handover.go: at once when it is quiet).
+	rule := []string{"add", "rule", "inet", "standin", "prerouting", "ip", "daddr", "10.96.0.12", "udp", "dport", "53", "dnat", "ip", "to", p0.IP.String() + ":5353"}
+	if out, err := k.w.NFT(rule...); err != nil {
+		t.Fatalf("nft %v: %v\n%s", rule, err, out)
+	}
 	if err := k.b.Cleanup(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +217,65 @@ func standInMode(t *testing.T, k *kernelWorld) {
 	} {
 		if out, err := k.w.NFT(args...); err != nil {
 			t.Fatalf("nft %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// A datagram of a UDP flow that the drain handed over, which was redirected
+// before its conntrack entry went and so reached the listener after, is
+// sent on through the next mode from the client's own address: the client
+// gets its answer from the Service address (handover.go, reinject). The
+// flow is handed over by hand here, and its late datagram sent straight to
+// the listener from the client's port.
+func TestKernelUDPLateDatagramOfAHandedOverFlowIsAnsweredThroughTheNextMode(t *testing.T) {
+	k := newKernelWorldWith(t, 1, redirectMethods[0], proxy.Config{})
+	p0 := k.w.Pods()[0]
+	dns := k.add("dns", v1.ProtocolUDP, "10.96.0.12", 53, 0, p0.IP.String()+":5353")
+	k.sync()
+	ln := k.b.proxies[proxyKey{name: dns}]
+	standInMode(t, k)
+	for _, chain := range []string{"prerouting", "output"} {
+		rule := []string{"add", "rule", "inet", "standin", chain, "ip", "daddr", "10.96.0.12", "udp", "dport", "53", "dnat", "ip", "to", p0.IP.String() + ":5353"}
+		if out, err := k.w.NFT(rule...); err != nil {
+			t.Fatalf("nft %v: %v\n%s", rule, err, out)
+		}
+	}
+	if err := k.b.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var pc net.PacketConn
+	if err := netns.InNamespace(k.w.Client(), func() (err error) { pc, err = net.ListenPacket("udp4", ":0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	client := netip.AddrPortFrom(k.w.ClientIP(), uint16(pc.LocalAddr().(*net.UDPAddr).Port))
+	listener := netip.AddrPortFrom(k.w.NodeIP(), uint16(ln.port()))
+	h := k.b.handover.Load()
+	h.mu.Lock()
+	h.done[flowKey{client, listener.Port()}] = conntrack.Flow{Protocol: conntrack.ProtoUDP,
+		Orig:  conntrack.Tuple{Src: client, Dst: netip.MustParseAddrPort("10.96.0.12:53")},
+		Reply: conntrack.Tuple{Src: listener, Dst: client}}
+	h.mu.Unlock()
+	if _, err := pc.WriteTo([]byte("?\n"), net.UDPAddrFromAddrPort(listener)); err != nil {
+		t.Fatal(err)
+	}
+	_ = pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 512)
+	n, from, err := pc.ReadFrom(buf)
+	if err != nil {
+		t.Fatalf("the late datagram from %s got no answer: %v", client, err)
+	}
+	if got := from.(*net.UDPAddr).AddrPort(); got.String() != "10.96.0.12:53" || !strings.HasPrefix(string(buf[:n]), "pod-0 ") {
+		t.Errorf("the late datagram was answered %q from %s, want pod-0 from the Service address 10.96.0.12:53", buf[:n], got)
+	}
+	// The proxy counts after its send returned, maybe after the answer.
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got := testutil.ToFloat64(k.b.stats.handover.WithLabelValues("reinjected"))
+		if got == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kp_userspace_udp_handovers_total{result=reinjected} = %v, want 1", got)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/internal/nftgen"
 	"github.com/kpproxy/kp/internal/nsenter"
 )
@@ -33,6 +34,8 @@ type netOps struct {
 	// through a redirect (checkRedirected; the socket knows its own
 	// namespace).
 	redirected func(c *net.TCPConn) error
+	// conntrack opens the namespace's conntrack table (handover.go).
+	conntrack func() (conntrack.Conn, error)
 }
 
 // hostOps opens everything in the process's own network namespace.
@@ -46,6 +49,7 @@ func hostOps() netOps {
 		inNS:       func(fn func() error) error { return fn() },
 		routeDev:   routeDev,
 		redirected: checkRedirected,
+		conntrack:  conntrack.Dialer{}.Open,
 	}
 }
 
@@ -88,6 +92,7 @@ func NamespaceOps(ns netns.NsHandle) Option {
 			return dev, err
 		},
 		redirected: checkRedirected,
+		conntrack:  conntrack.Dialer{NetNS: int(ns)}.Open,
 	})
 }
 

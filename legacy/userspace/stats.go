@@ -36,6 +36,8 @@ type stats struct {
 	direct *prometheus.CounterVec
 	// syncFailures counts failed writes of a family's redirect table.
 	syncFailures *prometheus.CounterVec
+	// handover counts what a drain did with its UDP flows (handover.go).
+	handover *prometheus.CounterVec
 	// refusedPorts are the service ports the last sync refused a listener
 	// for want of file descriptors; listenerBudget the sockets the
 	// listeners may hold (fdbudget.go).
@@ -78,6 +80,10 @@ func newStats() *stats {
 			Name: "kp_userspace_sync_failures_total",
 			Help: "Syncs whose redirect table write failed",
 		}, []string{"ip_family"}),
+		handover: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kp_userspace_udp_handovers_total",
+			Help: "What a switch away from the userspace mode did with its UDP flows: handed_over (redirect entry deleted once the flow was idle), reinjected (a datagram that reached the listener after its flow was handed over, sent on through the new mode from the client's address), reinject_failed (such a datagram lost)",
+		}, []string{"result"}),
 		refusedPorts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kp_userspace_refused_service_ports",
 			Help: "Service ports the last sync gave no listener (their traffic is rejected) because the listeners' share of RLIMIT_NOFILE was spent; raise the limit",
@@ -92,6 +98,9 @@ func newStats() *stats {
 		s.syncFailures.WithLabelValues(f.String())
 	}
 	s.refused.WithLabelValues("TCP")
+	for _, r := range []string{"handed_over", "reinjected", "reinject_failed"} {
+		s.handover.WithLabelValues(r)
+	}
 	for _, p := range []string{"TCP", "UDP"} {
 		s.idleClosed.WithLabelValues(p)
 		s.direct.WithLabelValues(p)
@@ -101,7 +110,7 @@ func newStats() *stats {
 
 func (s *stats) collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.active, s.dialErrors, s.bytes, s.conns, s.refused, s.idleClosed, s.direct, s.syncFailures,
-		s.refusedPorts, s.listenerBudget}
+		s.handover, s.refusedPorts, s.listenerBudget}
 }
 
 // endpoint returns the counters of ref, creating them on first use.

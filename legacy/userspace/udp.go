@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
 )
 
@@ -45,6 +46,10 @@ type udpSession struct {
 	ep     netip.AddrPort
 	st     *endpointStats
 	last   atomic.Int64 // unix nanoseconds of the last datagram either way
+	// pending counts the client's datagrams sent to the endpoint and not
+	// answered yet (at least 0): a drain hands the flow over when an
+	// answer leaves none (handover.go).
+	pending atomic.Int64
 }
 
 func (p *udpProxy) port() int { return p.socks[0].LocalAddr().(*net.UDPAddr).Port }
@@ -76,11 +81,18 @@ func (p *udpProxy) serve(sock *net.UDPConn) {
 		if !ok {
 			continue
 		}
+		if p.b.rulesRemoved.Load() {
+			if f, ok := p.b.handedOver(flowKey{from, uint16(p.port())}); ok {
+				p.late(f, buf[:n])
+				continue
+			}
+		}
 		s := p.session(sock, from, local)
 		if s == nil {
 			continue // no endpoint for this traffic: dropped
 		}
 		s.last.Store(time.Now().UnixNano())
+		s.pending.Add(1)
 		if _, err := s.back.Write(buf[:n]); err != nil {
 			p.log.Debug("udp forward", "servicePort", p.name.String(), "endpoint", s.ep, "err", err)
 			continue
@@ -180,7 +192,25 @@ func (p *udpProxy) replies(s *udpSession) {
 		}
 		s.st.bytes.Add(uint64(n))
 		p.b.stats.bytes.WithLabelValues("UDP", "to_client").Add(float64(n))
+		if s.pending.Add(-1) <= 0 {
+			s.pending.Store(0)
+			if p.b.rulesRemoved.Load() {
+				p.b.handOver(flowKey{s.client, uint16(p.port())})
+			}
+		}
 	}
+}
+
+// late sends on a datagram of flow f that reached the listener after the
+// drain handed f over (handover.go).
+func (p *udpProxy) late(f conntrack.Flow, payload []byte) {
+	if err := p.b.reinject(f, payload); err != nil {
+		p.b.stats.handover.WithLabelValues("reinject_failed").Inc()
+		p.log.Warn("userspace drain: a datagram of a handed-over UDP flow is lost", "servicePort", p.name.String(),
+			"client", f.Orig.Src, "destination", f.Orig.Dst, "err", err)
+		return
+	}
+	p.b.stats.handover.WithLabelValues("reinjected").Inc()
 }
 
 // prune ends the sessions whose endpoint is not in valid: a UDP flow has no

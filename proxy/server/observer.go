@@ -37,6 +37,9 @@ type RunOptions struct {
 	// Inventory lists what programs the node's Services in the kernel,
 	// served at /kp/v1/inventory; nil serves an empty list.
 	Inventory InventoryFunc
+	// SnapshotFacts completes /kp/v1/snapshot (the node's addresses, the
+	// conntrack entries); nil leaves them out.
+	SnapshotFacts SnapshotFacts
 	// ShutdownGrace bounds how long a Backend that carries connections
 	// itself (proxy.Shutdowner: userspace, or the switcher while it runs
 	// userspace) lets them finish when Run returns; 0 is

@@ -82,7 +82,7 @@ func run(ctx context.Context, cfg proxy.Config, opts RunOptions, clk clock.WithT
 	defer cancel()
 	errc := make(chan error, len(sources)+2)
 
-	metrics, health, status, err := newObservers(backend, nodeName, syncPeriod, opts, clk)
+	metrics, health, status, err := newObservers(cfg, backend, nodeName, syncPeriod, opts, clk)
 	if err != nil {
 		return err
 	}
@@ -381,7 +381,7 @@ func drain(backend proxy.Backend, grace time.Duration, log *slog.Logger) {
 // newObservers builds what watches the sync loop: its metrics (with the
 // collectors opts adds), the health it reports on /healthz, and the status
 // API's record.
-func newObservers(backend proxy.Backend, nodeName string, syncPeriod time.Duration, opts RunOptions, clk clock.WithTicker) (*Metrics, *Health, *Status, error) {
+func newObservers(cfg proxy.Config, backend proxy.Backend, nodeName string, syncPeriod time.Duration, opts RunOptions, clk clock.WithTicker) (*Metrics, *Health, *Status, error) {
 	metrics := NewMetrics(backend.Mode())
 	metrics.FollowMode(backend.Mode)
 	build := runningBuild(opts.Build)
@@ -393,6 +393,7 @@ func newObservers(backend proxy.Backend, nodeName string, syncPeriod time.Durati
 	status.SetSysctls(opts.Sysctls)
 	status.SetModeChoice(opts.ModeChoice)
 	status.SetBuild(build)
+	status.SetSnapshot(cfg, opts.SnapshotFacts)
 	for _, c := range opts.Collectors {
 		if err := metrics.Registry().Register(c); err != nil {
 			return nil, nil, nil, fmt.Errorf("register metrics: %w", err)

@@ -33,6 +33,8 @@ type Status struct {
 	sysctls   []statusapi.Sysctl
 	choice    *statusapi.ModeChoice
 	build     *statusapi.Build
+	cfg       proxy.Config
+	facts     SnapshotFacts
 }
 
 // SetBuild records the kp binary that runs.
@@ -160,6 +162,7 @@ func (s *Status) ServicesReport(namespace, name string) *statusapi.Services {
 		r.SyncTime = last.Time
 	}
 	r.Node = statusapi.Node{Name: s.node, Zone: st.Node.Zone(), IPs: addrStrings(st.Node.IPs)}
+	r.ServiceCIDRs = prefixStrings(st.ServiceCIDRs)
 	var counters map[proxy.EndpointRef]proxy.EndpointCounter
 	if s.counters != nil {
 		var err error
@@ -210,6 +213,7 @@ func (s *Status) Handler() http.Handler {
 		q := r.URL.Query()
 		writeJSON(w, s.ServicesReport(q.Get("namespace"), q.Get("service")))
 	})
+	mux.HandleFunc("GET "+statusapi.SnapshotPath, s.serveSnapshot)
 	if m, ok := s.backend.(Migrator); ok {
 		mux.HandleFunc("GET "+statusapi.MigrationPath, func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, m.Migration())

@@ -27,6 +27,10 @@ func servicePortReport(sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.N
 		InternalTrafficPolicy:  policyName(sp.InternalPolicyLocal),
 		SessionAffinitySeconds: int64(sp.AffinityTimeout / time.Second),
 		Endpoints:              []statusapi.Endpoint{},
+
+		LoadBalancerSourceRanges: prefixStrings(sp.LoadBalancerSourceRanges),
+		HealthCheckNodePort:      sp.HealthCheckNodePort,
+		TrafficDistribution:      sp.TrafficDistribution,
 	}
 	usable := proxy.Selected(sp, eps, node)
 	for _, e := range eps {
@@ -35,6 +39,9 @@ func servicePortReport(sp *proxy.ServicePort, eps []proxy.Endpoint, node proxy.N
 			Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 			NodeName: e.NodeName(), Zone: e.Zone(),
 			Usable: usable[e.AddrPort()],
+		}
+		if e.Hints != nil {
+			re.Hints = &statusapi.EndpointHints{ForZones: e.Hints.ForZones, ForNodes: e.Hints.ForNodes}
 		}
 		if c, ok := counters[proxy.EndpointRef{ServicePort: sp.Name, Endpoint: e.AddrPort()}]; ok {
 			re.Counters = &statusapi.Counters{NewConnections: c.Packets, Bytes: c.Bytes, ActiveConnections: c.Active}
@@ -60,6 +67,17 @@ func addrStrings(addrs []netip.Addr) []string {
 	out := make([]string, len(addrs))
 	for i, a := range addrs {
 		out[i] = a.String()
+	}
+	return out
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
 	}
 	return out
 }

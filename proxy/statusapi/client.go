@@ -89,6 +89,12 @@ func (c *Client) RequestMigration(ctx context.Context, req MigrationRequest) (*M
 	return &m, nil
 }
 
+// Snapshot fetches /kp/v1/snapshot.
+func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
+	var s Snapshot
+	return &s, c.get(ctx, SnapshotPath, nil, &s)
+}
+
 // Inventory fetches /kp/v1/inventory.
 func (c *Client) Inventory(ctx context.Context) (*Inventory, error) {
 	var inv Inventory

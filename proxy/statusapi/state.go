@@ -25,6 +25,9 @@ func StateFromServices(r *Services) (*proxy.State, error) {
 	if st.Node.IPs, err = parseAddrs("node.ips", r.Node.IPs); err != nil {
 		return nil, err
 	}
+	if st.ServiceCIDRs, err = parsePrefixes("serviceCIDRs", r.ServiceCIDRs); err != nil {
+		return nil, err
+	}
 	if r.Node.Zone != "" {
 		st.Node.Labels = map[string]string{v1.LabelTopologyZone: r.Node.Zone}
 	}
@@ -38,6 +41,7 @@ func StateFromServices(r *Services) (*proxy.State, error) {
 			ExternalPolicyLocal: p.ExternalTrafficPolicy == "Local",
 			InternalPolicyLocal: p.InternalTrafficPolicy == "Local",
 			AffinityTimeout:     time.Duration(p.SessionAffinitySeconds) * time.Second,
+			HealthCheckNodePort: p.HealthCheckNodePort, TrafficDistribution: p.TrafficDistribution,
 		}
 		field := func(f string) string { return fmt.Sprintf("servicePorts[%d] (%s).%s", i, name, f) }
 		if sp.ClusterIPs, err = parseAddrs(field("clusterIPs"), p.ClusterIPs); err != nil {
@@ -49,14 +53,21 @@ func StateFromServices(r *Services) (*proxy.State, error) {
 		if sp.LoadBalancerIPs, err = parseAddrs(field("loadBalancerIPs"), p.LoadBalancerIPs); err != nil {
 			return nil, err
 		}
+		if sp.LoadBalancerSourceRanges, err = parsePrefixes(field("loadBalancerSourceRanges"), p.LoadBalancerSourceRanges); err != nil {
+			return nil, err
+		}
 		var eps []proxy.Endpoint
 		for j, e := range p.Endpoints {
 			ip, perr := netip.ParseAddr(e.IP)
 			if perr != nil {
 				return nil, fmt.Errorf("%s: %w", field(fmt.Sprintf("endpoints[%d].ip", j)), perr)
 			}
-			eps = append(eps, proxy.Endpoint{IP: ip, Port: e.Port, Ready: e.Ready, Serving: e.Serving,
-				Terminating: e.Terminating}.At(e.NodeName, e.Zone))
+			ep := proxy.Endpoint{IP: ip.Unmap(), Port: e.Port, Ready: e.Ready, Serving: e.Serving,
+				Terminating: e.Terminating}.At(e.NodeName, e.Zone)
+			if e.Hints != nil && (len(e.Hints.ForZones) > 0 || len(e.Hints.ForNodes) > 0) {
+				ep.Hints = &proxy.EndpointHints{ForZones: e.Hints.ForZones, ForNodes: e.Hints.ForNodes}
+			}
+			eps = append(eps, ep)
 		}
 		st.Services[name] = sp
 		st.Endpoints[name] = eps
@@ -71,7 +82,19 @@ func parseAddrs(field string, ss []string) ([]netip.Addr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
 		}
-		out = append(out, a)
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
+func parsePrefixes(field string, ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		out = append(out, p.Masked())
 	}
 	return out, nil
 }

@@ -149,6 +149,9 @@ type Services struct {
 	// backend has them but could not read them.
 	CountersError string        `json:"countersError,omitempty"`
 	ServicePorts  []ServicePort `json:"servicePorts"`
+	// ServiceCIDRs are the ranges ClusterIPs are allocated from (an
+	// unallocated address in them is dropped); absent when unknown.
+	ServiceCIDRs []string `json:"serviceCIDRs,omitempty"`
 }
 
 // Node is what kp knows about its node.
@@ -177,6 +180,11 @@ type ServicePort struct {
 	InternalTrafficPolicy string `json:"internalTrafficPolicy"` // Cluster or Local
 	// SessionAffinitySeconds is the ClientIP affinity timeout; 0 for None.
 	SessionAffinitySeconds int64 `json:"sessionAffinitySeconds,omitempty"`
+	// LoadBalancerSourceRanges, HealthCheckNodePort and
+	// TrafficDistribution are the Service's fields of those names.
+	LoadBalancerSourceRanges []string `json:"loadBalancerSourceRanges,omitempty"`
+	HealthCheckNodePort      int32    `json:"healthCheckNodePort,omitempty"`
+	TrafficDistribution      string   `json:"trafficDistribution,omitempty"`
 
 	Endpoints []Endpoint `json:"endpoints"`
 }
@@ -190,12 +198,21 @@ type Endpoint struct {
 	Terminating bool   `json:"terminating"`
 	NodeName    string `json:"nodeName,omitempty"`
 	Zone        string `json:"zone,omitempty"`
+	// Hints are the EndpointSlice's hints.forZones and hints.forNodes.
+	Hints *EndpointHints `json:"hints,omitempty"`
 	// Usable says the endpoint may receive new connections (kp's endpoint
 	// selection picked it).
 	Usable bool `json:"usable"`
 	// Counters are the new connections the backend sent to this endpoint
 	// since kp first programmed it; absent when the backend does not count.
 	Counters *Counters `json:"counters,omitempty"`
+}
+
+// EndpointHints are where the EndpointSlice controller wants an endpoint
+// used (topology-aware routing, trafficDistribution).
+type EndpointHints struct {
+	ForZones []string `json:"forZones,omitempty"`
+	ForNodes []string `json:"forNodes,omitempty"`
 }
 
 // Counters count the new connections sent to an endpoint: one packet per

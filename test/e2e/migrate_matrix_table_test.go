@@ -62,7 +62,7 @@ func TestMigrationMatrixToursCoverEveryOrderedPairOnce(t *testing.T) {
 	}
 	docsMatrixIsTheTours(t, append(slices.Clone(hostTours), ipvsTours...))
 	claim := vmClaim(strings.Split(vmMigrationModes, ","), vmMigrationTests, false)
-	for _, tr := range vmIPVSTours() {
+	for _, tr := range ipvsTours {
 		for _, h := range tr.hops() {
 			if name := "TestMigrateNodeEveryOrderedPairOfModesDropsNothing/" + tr.name + "/" + h; !slices.Contains(claim.Pass, name) {
 				t.Errorf("the VM's claim lacks %s", name)

@@ -66,25 +66,6 @@ var hostTours = []tour{
 // iptables flavor that already holds rules (kp's flags name none), so
 // coming from iptables-legacy it may choose legacy; expectOnly takes
 // either.
-// ciIPVSTours are what make test runs in the VM: a switch into ipvs and
-// back, the ipvs pairs that pass today. ipvsTours (every pair with ipvs)
-// run with KP_VM_E2E=all: iptables-nft → ipvs and iptables-legacy → ipvs
-// refuse new connections to ClusterIPs while both modes' rules are in one
-// iptables flavor (issue 32, open), and the two tours take 16-19 minutes
-// each under emulation on a loaded machine.
-var ciIPVSTours = []tour{
-	{name: "ipvs-ci", start: modeNFTables, steps: []tourStep{hop(modeIPVS), hop(modeNFTables)}},
-}
-
-// vmIPVSTours are the tours with ipvs this run has the VM prove:
-// ciIPVSTours, or ipvsTours with KP_VM_E2E=all.
-func vmIPVSTours() []tour {
-	if os.Getenv("KP_VM_E2E") == "all" {
-		return ipvsTours
-	}
-	return ciIPVSTours
-}
-
 var ipvsTours = []tour{
 	{name: "ipvs-1", start: modeNFTables, steps: []tourStep{hop(modeIPVS), hop(modeIPTablesLegacy), hop(modeIPVS), hop(modeUserspace)}},
 	{name: "ipvs-2", start: modeUserspace, steps: []tourStep{hop(modeIPVS), hop(modeIPTablesNFT), hop(modeIPVS), hop(modeNFTables)}},
@@ -132,7 +113,7 @@ func (tr tour) ipvs() bool {
 func TestMigrateNodeEveryOrderedPairOfModesDropsNothing(t *testing.T) {
 	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save")
 	t.Parallel()
-	for _, tr := range append(slices.Clone(hostTours), vmIPVSTours()...) {
+	for _, tr := range append(slices.Clone(hostTours), ipvsTours...) {
 		t.Run(tr.name, func(t *testing.T) {
 			if !tr.ipvs() && os.Getenv("KP_VM") == "1" && os.Getenv("KP_VM_E2E") != "all" {
 				t.Skip("proven on the host (KP_VM_E2E=all runs it on the VM's kernel too)")
@@ -283,9 +264,6 @@ func (w *tourWorld) hop(t *testing.T, i int, from, to mode) {
 		e.expectOnly(from.name)
 	}
 	tr := w.traffic(t)
-	if from.name == modeUserspace.name {
-		tr.knownUDPLoss = knownUserspaceUDPLoss
-	}
 	// Another two of the three at each step (the step before had i-1 or
 	// i-2).
 	apiPods := []*netns.Pod{w.pods[i%3], w.pods[(i+1)%3]}
@@ -331,18 +309,7 @@ func (w *tourWorld) hop(t *testing.T, i int, from, to mode) {
 			e.nothingToDo(to.name)
 		}
 	}
-	if tr.udpLossKnown && !t.Failed() {
-		t.Skipf("every other check passed; %d UDP requests lost: known bug (issue 32, open): %s", len(tr.failedUDP), knownUserspaceUDPLoss)
-	}
 }
-
-// knownUserspaceUDPLoss is the open bug of a switch out of userspace, seen
-// about one host run in three on host-2/userspace-to-nftables: right after
-// the switch the conntrack cleaner deletes the UDP flow's redirect entry
-// while the draining userspace proxy still answers a request, so the reply
-// leaves from the listener's address, not the ClusterIP, and the client
-// drops it.
-const knownUserspaceUDPLoss = "a switch out of userspace can lose a UDP request: the conntrack cleaner deletes the flow's redirect entry while the draining proxy still answers"
 
 // refused asks for a switch kp refuses by design, under traffic: the
 // command fails with the reason, and nothing changes.

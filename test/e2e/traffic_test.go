@@ -29,13 +29,6 @@ type traffic struct {
 	mu        sync.Mutex
 	udpAsked  int
 	failedUDP []string
-
-	// knownUDPLoss names an open bug that loses UDP requests on this
-	// traffic's flow: stop then logs the loss and sets udpLossKnown
-	// instead of failing, and the test skips at its end naming the bug
-	// (test/skips.allow lists it, so CI shows it in the skip ledger).
-	knownUDPLoss string
-	udpLossKnown bool
 }
 
 // flows says where a traffic's parts go: each loop from its namespace to
@@ -216,12 +209,7 @@ func (tr *traffic) stopSince(since time.Time, allowLongLivedLoss string) {
 	}
 	t.Logf("traffic: %d pings on the long-lived connection to %s, %d UDP requests on one flow (%d unanswered)",
 		len(pongs), from, tr.udpAsked, len(tr.failedUDP))
-	switch {
-	case len(tr.failedUDP) > 0 && tr.knownUDPLoss != "":
-		tr.udpLossKnown = true
-		t.Logf("%d of %d UDP requests on the flow were not answered (known bug: %s), first %s\n%s", len(tr.failedUDP), tr.udpAsked,
-			tr.knownUDPLoss, tr.failedUDP[0], strings.Join(tr.failedUDP, "\n"))
-	case len(tr.failedUDP) > 0:
+	if len(tr.failedUDP) > 0 {
 		t.Errorf("%d of %d UDP requests on the flow were not answered, first %s\n%s", len(tr.failedUDP), tr.udpAsked, tr.failedUDP[0], strings.Join(tr.failedUDP, "\n"))
 	}
 	switch {

@@ -289,12 +289,12 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 }
 
 // vmMigrationSubtests are the migration tests' subtests the VM proves:
-// the matrix's ipvs-ci tour (every tour with ipvs, and the host's, with
-// KP_VM_E2E=all) and each
+// the matrix's tours with ipvs (and the host's, with KP_VM_E2E=all) and
+// each
 // of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM).
 func vmMigrationSubtests() map[string][]string {
 	var tours []string
-	for _, tr := range append(slices.Clone(vmIPVSTours()), hostTours...) {
+	for _, tr := range append(slices.Clone(ipvsTours), hostTours...) {
 		if !tr.ipvs() && os.Getenv("KP_VM_E2E") != "all" {
 			continue
 		}
