@@ -86,16 +86,16 @@ func TestCoreReachesNoIOLibrary(t *testing.T) {
 // backends below it, migrate above the backends, cmd on top. A prefix
 // ending in "/" allows everything under it. internal/ is open to all.
 var allowed = map[string][]string{
-	"proxy":            {},
-	"proxy/proxytest":  {},
-	"proxy/statetest":  {"proxy"},
-	"proxy/statusapi":  {"proxy"},
-	"legacy":           {},
-	"proxy/source":     {"proxy"},
-	"proxy/server":     {"proxy", "proxy/statusapi"},
-	"nft":              {"proxy"},
-	"legacy/iptables":  {"proxy"},
-	"legacy/ipvs":      {"proxy", "legacy/iptables"},
+	"proxy":           {},
+	"proxy/proxytest": {},
+	"proxy/statetest": {"proxy"},
+	"proxy/statusapi": {"proxy"},
+	"legacy":          {},
+	"proxy/source":    {"proxy"},
+	"proxy/server":    {"proxy", "proxy/statusapi"},
+	"nft":             {"proxy"},
+	"legacy/iptables": {"proxy"},
+	"legacy/ipvs":     {"proxy", "legacy/iptables"},
 	// conntrack: a draining userspace proxy hands its UDP flows over by
 	// deleting their entries itself (legacy/userspace/handover.go).
 	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
