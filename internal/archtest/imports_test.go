@@ -86,25 +86,26 @@ func TestCoreReachesNoIOLibrary(t *testing.T) {
 // backends below it, migrate above the backends, cmd on top. A prefix
 // ending in "/" allows everything under it. internal/ is open to all.
 var allowed = map[string][]string{
-	"proxy":            {},
-	"proxy/proxytest":  {},
-	"proxy/statetest":  {"proxy"},
-	"proxy/statusapi":  {"proxy"},
-	"legacy":           {},
-	"proxy/source":     {"proxy"},
-	"proxy/server":     {"proxy", "proxy/statusapi"},
-	"nft":              {"proxy"},
-	"legacy/iptables":  {"proxy"},
-	"legacy/ipvs":      {"proxy", "legacy/iptables"},
+	"proxy":           {},
+	"proxy/proxytest": {},
+	"proxy/statetest": {"proxy"},
+	"proxy/statusapi": {"proxy"},
+	"legacy":          {},
+	"proxy/source":    {"proxy"},
+	"proxy/server":    {"proxy", "proxy/statusapi"},
+	"nft":             {"proxy"},
+	"legacy/iptables": {"proxy"},
+	"legacy/ipvs":     {"proxy", "legacy/iptables"},
 	// conntrack: a draining userspace proxy hands its UDP flows over by
 	// deleting their entries itself (legacy/userspace/handover.go).
 	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
 	"conntrack":        {"proxy"},
-	"tui":              {"proxy", "proxy/statusapi", "conntrack"},
-	"explain":          {"proxy", "proxy/statusapi", "conntrack"},
-	"migrate":          {"proxy", "proxy/statusapi", "nft", "legacy/"},
-	"migrate/cluster":  {"proxy", "proxy/statusapi"},
-	"cmd/kp/options":   {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
+	// explain: kp top's x opens kp explain's answer.
+	"tui":             {"proxy", "proxy/statusapi", "conntrack", "explain"},
+	"explain":         {"proxy", "proxy/statusapi", "conntrack"},
+	"migrate":         {"proxy", "proxy/statusapi", "nft", "legacy/"},
+	"migrate/cluster": {"proxy", "proxy/statusapi"},
+	"cmd/kp/options":  {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
 	// kp migrate cluster --from-kube-proxy's preflight and --print-config:
 	// kube-proxy's configuration through options' decoder and merge.
 	"cmd/kp/fromkubeproxy": {"proxy", "cmd/kp/options", "conntrack"},
