@@ -43,14 +43,9 @@ func (s *store) explainPorts(st *proxy.State, svcs *statusapi.Services, at time.
 		}
 		pw := explainPort(sp, st.Endpoints[k], st.Node)
 		s.why[k] = pw
-		cur := map[netip.AddrPort]uint64{}
-		for _, e := range p.Endpoints {
-			if a, err := netip.ParseAddr(e.IP); err == nil && e.Counters != nil {
-				cur[netip.AddrPortFrom(a.Unmap(), uint16(e.Port))] = e.Counters.NewConnections
-			}
-		}
-		if len(cur) != len(p.Endpoints) || pw.selection == "" {
-			continue // an endpoint not counted, or nothing to expect
+		cur, counted := counters(p, pw)
+		if !counted || pw.selection == "" {
+			continue // a chosen endpoint not counted, or nothing to expect
 		}
 		w := s.windows[k]
 		if w == nil || w.selection != pw.selection || !grew(w.base, cur) {
@@ -69,6 +64,28 @@ func (s *store) explainPorts(st *proxy.State, svcs *statusapi.Services, at time.
 		}
 	}
 	s.windows = windows
+}
+
+// counters are the new connections of p's endpoints that kp counts. A
+// backend counts the endpoints it programs, which leaves out those no
+// policy chooses (a not-ready one): shares can be told when every chosen
+// endpoint is counted.
+func counters(p statusapi.ServicePort, pw portWhy) (map[netip.AddrPort]uint64, bool) {
+	cur := map[netip.AddrPort]uint64{}
+	for _, e := range p.Endpoints {
+		a, err := netip.ParseAddr(e.IP)
+		if err != nil {
+			return nil, false
+		}
+		ap := netip.AddrPortFrom(a.Unmap(), uint16(e.Port))
+		switch {
+		case e.Counters != nil:
+			cur[ap] = e.Counters.NewConnections
+		case pw.eps[ap].expected != 0:
+			return nil, false
+		}
+	}
+	return cur, true
 }
 
 // grew reports whether cur holds the endpoints of base, each counter at

@@ -312,3 +312,15 @@ func TestExplainViewSaysWhyItCannotExplain(t *testing.T) {
 		t.Errorf("no error on screen:\n%s", s)
 	}
 }
+
+func TestSharesAreToldWithoutCountersOfEndpointsNoPolicyChooses(t *testing.T) {
+	// A backend counts only the endpoints it programs: web's terminating
+	// endpoint (never chosen while ready ones exist) has no counters.
+	m := New(Config{Refresh: 2 * time.Second})
+	send(t, m, snapshot(0, services(10, 10), flows()))
+	send(t, m, snapshot(2*time.Second, services(20, 30), flows()))
+	seen := m.s.seen[epKey{webKey(m), "10.244.1.7:8080"}]
+	if seen.k != 20 || seen.n != 30 {
+		t.Errorf("seen %d of %d, want 20 of 30", seen.k, seen.n)
+	}
+}
