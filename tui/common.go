@@ -34,6 +34,9 @@ type Styles struct {
 	Bar         lipgloss.Style
 	Key         lipgloss.Style
 	Title       lipgloss.Style
+	// Alert highlights what shows trouble: flows pinned to gone
+	// endpoints, UDP entries never answered, shares beyond chance.
+	Alert lipgloss.Style
 }
 
 // NewStyles returns the styles, coloured unless color is false.
@@ -47,6 +50,7 @@ func NewStyles(color bool) *Styles {
 		Bar:         lipgloss.NewStyle(),
 		Key:         lipgloss.NewStyle().Bold(true),
 		Title:       lipgloss.NewStyle().Bold(true),
+		Alert:       lipgloss.NewStyle().Bold(true),
 	}
 	if color {
 		s.Header = s.Header.Foreground(lipgloss.Color("12"))
@@ -55,6 +59,7 @@ func NewStyles(color bool) *Styles {
 		s.Bar = s.Bar.Foreground(lipgloss.Color("10"))
 		s.Key = s.Key.Foreground(lipgloss.Color("11"))
 		s.Title = s.Title.Foreground(lipgloss.Color("13"))
+		s.Alert = s.Alert.Foreground(lipgloss.Color("9"))
 	}
 	return s
 }
@@ -64,6 +69,9 @@ func NewStyles(color bool) *Styles {
 type KeyMap struct {
 	Up, Down, PageUp, PageDown, Top, Bottom  key.Binding
 	Enter, Back, Filter, Command, Help, Quit key.Binding
+	// Explain opens kp explain's answer for the Service port or flow
+	// under the cursor.
+	Explain key.Binding
 }
 
 // DefaultKeyMap is kp top's keymap.
@@ -81,6 +89,7 @@ func DefaultKeyMap() *KeyMap {
 		Command:  key.NewBinding(key.WithKeys(":"), key.WithHelp(":", "command (:svc, :flows, :q)")),
 		Help:     key.NewBinding(key.WithKeys("?"), key.WithHelp("?", "help")),
 		Quit:     key.NewBinding(key.WithKeys("q", "ctrl+c"), key.WithHelp("q", "quit")),
+		Explain:  key.NewBinding(key.WithKeys("x"), key.WithHelp("x", "explain (why it goes there)")),
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package tui is kp top: a live terminal view of a node's Services, their
-// endpoints' share of new connections, and the conntrack flows attributed
-// to them. It reads kp proxy's status API and the kernel's conntrack table
+// endpoints' share of new connections and why each is or is not chosen (kp
+// explain's reasons), and the conntrack flows attributed to them, with
+// those pinned to gone endpoints or never answered highlighted. It reads kp proxy's status API and the kernel's conntrack table
 // (through a Source) and never a backend's internals.
 //
 // The structure follows soft-serve's: one root tea.Model (Model) owns a

@@ -2,6 +2,7 @@ package tui
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"regexp"
 
@@ -14,6 +15,15 @@ type fakeSource struct {
 	svcs  *statusapi.Services
 	flows []conntrack.Flow
 	reads int
+	// snap answers Snapshot; nil is an error.
+	snap *statusapi.Snapshot
+}
+
+func (f *fakeSource) Snapshot(context.Context) (*statusapi.Snapshot, error) {
+	if f.snap == nil {
+		return nil, errors.New("no snapshot")
+	}
+	return f.snap, nil
 }
 
 func (f *fakeSource) Status(context.Context) (*statusapi.Status, error) {

@@ -113,12 +113,23 @@ func send(t *testing.T, m *Model, msg tea.Msg) tea.Cmd {
 		// ticks, which the tests send themselves.
 		return cmd
 	}
+	follow(t, m, cmd)
+	return cmd
+}
+
+// follow sends the navigation messages cmd answers with at once: a page
+// to open, and an explanation read from the Source.
+func follow(t *testing.T, m *Model, cmd tea.Cmd) {
+	t.Helper()
 	for _, next := range immediate(cmd) {
-		if _, ok := next.(showDetailMsg); ok {
+		switch next.(type) {
+		case showDetailMsg, explainedMsg:
 			send(t, m, next)
+		case showExplainMsg:
+			_, c := m.Update(next)
+			follow(t, m, c)
 		}
 	}
-	return cmd
 }
 
 // immediate runs cmd (and a batch's commands) and returns the messages

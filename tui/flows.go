@@ -12,6 +12,7 @@ const (
 	flowClient
 	flowVirtual
 	flowEndpoint
+	flowEPState
 	flowProto
 	flowState
 	flowAge
@@ -26,13 +27,15 @@ func flowColumns() []column {
 	return []column{
 		flowService:  {title: "SERVICE", min: 12},
 		flowClient:   {title: "CLIENT", min: 17},
-		flowVirtual:  {title: "VIRTUAL", min: 17, drop: 2},
+		flowVirtual:  {title: "VIRTUAL", min: 17, drop: 3},
 		flowEndpoint: {title: "ENDPOINT", min: 17},
-		flowProto:    {title: "PROTO", width: 5, drop: 4},
-		flowState:    {title: "STATE", width: 11},
-		flowAge:      {title: "AGE", width: 5, right: true},
-		flowPackets:  {title: "PKTS", width: 5, right: true, drop: 3},
-		flowBytes:    {title: "BYTES", width: 6, right: true, drop: 1},
+		// the endpoint's state: gone marks a flow pinned to a gone one
+		flowEPState: {title: "EP", width: 7, drop: 2},
+		flowProto:   {title: "PROTO", width: 5, drop: 4},
+		flowState:   {title: "STATE", width: 11},
+		flowAge:     {title: "AGE", width: 5, right: true},
+		flowPackets: {title: "PKTS", width: 5, right: true, drop: 3},
+		flowBytes:   {title: "BYTES", width: 6, right: true, drop: 1},
 	}
 }
 
@@ -41,6 +44,7 @@ func flowSorts() []sortKey {
 		sortBinding("N", "service", flowService),
 		sortBinding("C", "client", flowClient),
 		sortBinding("E", "endpoint", flowEndpoint),
+		sortBinding("W", "endpoint's state (gone first)", flowEPState),
 		sortBinding("S", "state", flowState),
 		sortBinding("A", "age", flowAge),
 		sortBinding("P", "packets", flowPackets),
@@ -50,7 +54,8 @@ func flowSorts() []sortKey {
 
 func newFlowsPage(c *Common, s *store) *flowsPage {
 	p := &flowsPage{tablePage{c: c, s: s, sorts: flowSorts(),
-		detailOf: func(r *row) spKey { return r.id.(flowRowID).sp }}}
+		detailOf:  func(r *row) spKey { return r.id.(flowRowID).sp },
+		explainOf: func(r *row) explainRequest { return flowPacket(r.id.(flowRowID)) }}}
 	p.t.cols = flowColumns()
 	return p
 }
@@ -76,26 +81,31 @@ func (p *flowsPage) refresh() {
 	p.t.setRows(rows)
 }
 
+// flowRow is a flow's line; one pinned to a gone endpoint, or a UDP
+// entry never answered, is highlighted (problems.go).
 func flowRow(r conntrack.FlowReport) row {
 	age, nage := ageOf(r.AgeSeconds)
 	pkts, npkts := countOrUnknown(r.Packets)
 	bytes, nbytes := countOrUnknown(r.Bytes)
 	k := reportKey(r)
 	nan := math.NaN()
+	gone, unreplied := troubled(r)
 	return row{
-		id: flowRowID{k, r.Client, r.Protocol, r.Frontend},
+		alert: gone || unreplied,
+		id:    flowRowID{k, r.Client, r.Protocol, r.Frontend},
 		cells: []string{
 			flowService:  k.String(),
 			flowClient:   r.Client,
 			flowVirtual:  r.Frontend,
 			flowEndpoint: r.Endpoint,
+			flowEPState:  r.EndpointState,
 			flowProto:    r.Protocol,
 			flowState:    r.State,
 			flowAge:      age,
 			flowPackets:  pkts,
 			flowBytes:    bytes,
 		},
-		nums: []float64{nan, nan, nan, nan, nan, nan, nage, npkts, nbytes},
+		nums: []float64{nan, nan, nan, nan, epRank(r.EndpointState), nan, nan, nage, npkts, nbytes},
 	}
 }
 
@@ -105,4 +115,19 @@ func (p *flowsPage) View() string {
 		waiting = "waiting for the conntrack table…"
 	}
 	return p.view(waiting, "(no flow matches the filter)", "(no flows to Services)")
+}
+
+// epRank sorts flows by their endpoint's state, the troubled first.
+func epRank(state string) float64 {
+	switch state {
+	case endpointGone:
+		return 0
+	case "none":
+		return 1
+	case "not-ready":
+		return 2
+	case "serving":
+		return 3
+	}
+	return 4
 }

@@ -18,12 +18,14 @@ func helpView(c *Common, from page) string {
 	}
 	var left, right []string
 	left = append(left, st.Title.Render("keys"))
-	for _, b := range []key.Binding{k.Help, k.Filter, k.Command, k.Enter, k.Back, k.Up, k.Down, k.PageUp, k.PageDown, k.Top, k.Bottom, k.Quit} {
+	for _, b := range []key.Binding{k.Help, k.Filter, k.Command, k.Enter, k.Explain, k.Back, k.Up, k.Down, k.PageUp, k.PageDown, k.Top, k.Bottom, k.Quit} {
 		left = append(left, line(b))
 	}
-	right = append(right, st.Title.Render("sort "+from.name()+" (again: reverse)"))
-	for _, s := range from.sortKeys() {
-		right = append(right, line(s.Binding))
+	if sorts := from.sortKeys(); len(sorts) > 0 {
+		right = append(right, st.Title.Render("sort "+from.name()+" (again: reverse)"))
+		for _, s := range sorts {
+			right = append(right, line(s.Binding))
+		}
 	}
 	right = append(right, "", st.Title.Render("commands"),
 		"  :svc     Services", "  :flows   conntrack flows", "  :q       quit",

@@ -118,6 +118,12 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		cmd = listen(m.cfg.Events)
 	case showDetailMsg:
 		m.show(append(m.stack, newDetailPage(m.c, m.s, msg.sp)))
+	case showExplainMsg:
+		cmd = m.explain(msg.req)
+	case explainedMsg:
+		if p, ok := m.current().(*explainPage); ok && p.req.packet == msg.packet {
+			p.answer(msg)
+		}
 	case tea.KeyPressMsg:
 		cmd = m.key(msg)
 	default:
@@ -127,6 +133,19 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	}
 	m.layout()
 	return m, cmd
+}
+
+// explain opens kp explain's answer for req (or reads it again, when
+// it is open) and reads it.
+func (m *Model) explain(req explainRequest) tea.Cmd {
+	if req.err != nil {
+		m.notice = fmt.Sprintf("cannot explain %s: %v", req.what, req.err)
+		return nil
+	}
+	if p, ok := m.current().(*explainPage); !ok || p.req.packet != req.packet {
+		m.show(append(m.stack, newExplainPage(m.c, req)))
+	}
+	return readExplanation(m.cfg.Source, req.packet, max(m.cfg.Refresh, 5*time.Second), m.cfg.Now)
 }
 
 // show switches to a page stack; a filter belongs to the page it was typed

@@ -36,16 +36,24 @@ type tablePage struct {
 	// detailOf names the Service port a row drills down to; nil when
 	// enter does nothing.
 	detailOf func(r *row) spKey
+	// explainOf is the packet kp explain answers for a row; nil when x
+	// does nothing.
+	explainOf func(r *row) explainRequest
 }
 
-// Update moves the cursor, sorts, and drills down on enter.
+// Update moves the cursor, sorts, drills down on enter and explains on x.
 func (p *tablePage) Update(msg tea.Msg) tea.Cmd {
 	km, ok := msg.(tea.KeyPressMsg)
-	if !ok || p.navigate(km) || p.detailOf == nil || !key.Matches(km, p.c.Keys.Enter) {
+	if !ok || p.navigate(km) {
 		return nil
 	}
-	if r := p.t.selected(); r != nil {
+	r := p.t.selected()
+	switch {
+	case r == nil:
+	case p.detailOf != nil && key.Matches(km, p.c.Keys.Enter):
 		return showDetail(p.detailOf(r))
+	case p.explainOf != nil && key.Matches(km, p.c.Keys.Explain):
+		return showExplain(p.explainOf(r))
 	}
 	return nil
 }

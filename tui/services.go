@@ -17,6 +17,7 @@ const (
 	svcEndpoints
 	svcConnRate
 	svcFlows
+	svcTrouble
 	svcByteRate
 )
 
@@ -25,6 +26,7 @@ type servicesPage struct{ tablePage }
 
 func newServicesPage(c *Common, s *store) *servicesPage {
 	p := &servicesPage{tablePage{c: c, s: s, detailOf: func(r *row) spKey { return r.id.(spKey) }}}
+	p.explainOf = func(r *row) explainRequest { return s.servicePacket(r.id.(spKey)) }
 	p.t.cols = []column{
 		svcName:      {title: "SERVICE", min: 14},
 		svcType:      {title: "TYPE", width: 9, drop: 2},
@@ -33,7 +35,9 @@ func newServicesPage(c *Common, s *store) *servicesPage {
 		svcEndpoints: {title: "READY", width: 5, right: true},
 		svcConnRate:  {title: "CONN/S", width: 6, right: true},
 		svcFlows:     {title: "FLOWS", width: 5, right: true},
-		svcByteRate:  {title: "BYTES/S", width: 7, right: true, drop: 1},
+		// flows pinned to gone endpoints / UDP entries never answered
+		svcTrouble:  {title: "GONE/UNR", width: 8, right: true},
+		svcByteRate: {title: "BYTES/S", width: 7, right: true, drop: 1},
 	}
 	p.sorts = []sortKey{
 		sortBinding("N", "name", svcName),
@@ -41,6 +45,7 @@ func newServicesPage(c *Common, s *store) *servicesPage {
 		sortBinding("R", "endpoints ready", svcEndpoints),
 		sortBinding("C", "new connections/s", svcConnRate),
 		sortBinding("F", "active flows", svcFlows),
+		sortBinding("G", "gone+unreplied flows", svcTrouble),
 		sortBinding("B", "bytes/s", svcByteRate),
 	}
 	return p
@@ -51,9 +56,9 @@ func (p *servicesPage) name() string { return "services" }
 func (p *servicesPage) refresh() {
 	var rows []row
 	if p.s.services != nil {
-		flows := p.s.activeFlows()
+		flows, problems := p.s.activeFlows(), p.s.problems()
 		for _, sp := range p.s.services.ServicePorts {
-			r := p.row(sp, flows)
+			r := p.row(sp, flows, problems[keyOf(sp)])
 			if p.keep(r.cells) {
 				rows = append(rows, r)
 			}
@@ -62,7 +67,9 @@ func (p *servicesPage) refresh() {
 	p.t.setRows(rows)
 }
 
-func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
+// row is a Service port's line; one with flows pinned to gone endpoints
+// or UDP entries never answered is highlighted.
+func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int, trouble flowProblems) row {
 	k := keyOf(sp)
 	ready := 0
 	for _, e := range sp.Endpoints {
@@ -83,14 +90,15 @@ func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
 	if sp.NodePort != 0 {
 		port += fmt.Sprintf(":%d", sp.NodePort)
 	}
-	nflows := float64(flows[k])
-	flowCell := fmt.Sprint(flows[k])
+	nflows, ntrouble := float64(flows[k]), float64(trouble.gone+trouble.unreplied)
+	flowCell, troubleCell := fmt.Sprint(flows[k]), fmt.Sprintf("%d/%d", trouble.gone, trouble.unreplied)
 	if p.s.flowsAt.IsZero() {
-		flowCell, nflows = unknown, math.NaN()
+		flowCell, nflows, troubleCell, ntrouble = unknown, math.NaN(), unknown, math.NaN()
 	}
 	nan := math.NaN()
 	return row{
-		id: k,
+		id:    k,
+		alert: trouble.gone > 0 || trouble.unreplied > 0,
 		cells: []string{
 			svcName:      k.String(),
 			svcType:      sp.Type,
@@ -99,9 +107,11 @@ func (p *servicesPage) row(sp statusapi.ServicePort, flows map[spKey]int) row {
 			svcEndpoints: fmt.Sprintf("%d/%d", ready, len(sp.Endpoints)),
 			svcConnRate:  rate(conn),
 			svcFlows:     flowCell,
+			svcTrouble:   troubleCell,
 			svcByteRate:  byteRate(bytes),
 		},
-		nums: []float64{nan, nan, nan, float64(sp.Port), float64(ready), orMinus(conn), orMinus(nflows), orMinus(bytes)},
+		nums: []float64{nan, nan, nan, float64(sp.Port), float64(ready), orMinus(conn), orMinus(nflows),
+			orMinus(ntrouble), orMinus(bytes)},
 	}
 }
 

@@ -22,6 +22,9 @@ type Source interface {
 	// WatchFlows streams conntrack events until ctx is done (nil) or the
 	// stream breaks (an error).
 	WatchFlows(ctx context.Context, events chan<- conntrack.Event) error
+	// Snapshot reads kp proxy's snapshot (GET /kp/v1/snapshot): what kp
+	// explain answers from, read when an explanation is asked for.
+	Snapshot(ctx context.Context) (*statusapi.Snapshot, error)
 }
 
 // tickMsg says it is time to read again.

@@ -33,7 +33,7 @@ func endpointAddr(e statusapi.Endpoint) string {
 	if err != nil {
 		return fmt.Sprintf("%s:%d", e.IP, e.Port)
 	}
-	return netip.AddrPortFrom(a, uint16(e.Port)).String()
+	return netip.AddrPortFrom(a.Unmap(), uint16(e.Port)).String()
 }
 
 // flowKey identifies a conntrack entry by its original tuple (and zone):
@@ -75,6 +75,12 @@ type store struct {
 	// bytesKnown says two dumps were compared: a Service port missing from
 	// bytesRate then had no bytes, rather than unknown ones.
 	bytesKnown bool
+
+	// why explains each Service port's endpoints (why.go); seen counts
+	// their shares since windows began (shares.go).
+	why     map[spKey]portWhy
+	windows map[spKey]*shareWindow
+	seen    map[epKey]seenShare
 
 	now time.Time
 }
@@ -146,6 +152,7 @@ func (s *store) applyServices(m snapshotMsg) {
 	s.prevConns = conns
 	s.status, s.services, s.statusErr, s.statusAt = m.Status, m.Services, nil, m.At
 	s.index = conntrack.NewIndex(st, s.local)
+	s.explainPorts(st, m.Services, m.At)
 }
 
 func (s *store) applyDump(m snapshotMsg) {
@@ -217,7 +224,15 @@ func (s *store) reports(only *spKey) []conntrack.FlowReport {
 	if only != nil {
 		keep = func(r conntrack.FlowReport) bool { return reportKey(r) == *only }
 	}
-	return conntrack.Reports(flows, s.index, s.now, keep)
+	reps := conntrack.Reports(flows, s.index, s.now, keep)
+	if s.proxied() {
+		for i := range reps {
+			if reps[i].EndpointState == endpointGone {
+				reps[i].EndpointState = "proxied"
+			}
+		}
+	}
+	return reps
 }
 
 func reportKey(r conntrack.FlowReport) spKey {
@@ -248,4 +263,14 @@ func (s *store) servicePort(k spKey) (statusapi.ServicePort, bool) {
 		}
 	}
 	return statusapi.ServicePort{}, false
+}
+
+// servicePacket is what kp top explains for a Service port of the last
+// good read (explain.go).
+func (s *store) servicePacket(k spKey) explainRequest {
+	sp, ok := s.servicePort(k)
+	if !ok {
+		return explainRequest{what: k.String(), err: fmt.Errorf("%s is not among kp proxy's Service ports (any more)", k)}
+	}
+	return servicePacket(sp, s.services.Node.IPs)
 }

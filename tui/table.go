@@ -27,6 +27,8 @@ type row struct {
 	cells []string
 	nums  []float64
 	id    any
+	// alert highlights the row: it shows something wrong.
+	alert bool
 }
 
 // table is a scrollable list of rows with a cursor, sortable by column.
@@ -222,8 +224,11 @@ func (t *table) View(st *Styles, width int, focused bool) string {
 			cells[j] = cell(t.rows[r].cells[i], widths[j], t.cols[i].right)
 		}
 		line := pad(strings.Join(cells, " "), width)
-		if focused && r == t.cursor {
+		switch {
+		case focused && r == t.cursor:
 			line = st.Selected.Render(line)
+		case t.rows[r].alert:
+			line = st.Alert.Render(line)
 		}
 		b.WriteString("\n" + line)
 		lines++

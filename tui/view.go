@@ -68,11 +68,7 @@ func (m *Model) header() []string {
 	}
 	lines := []string{st.Header.Render(top)}
 
-	crumb := m.current().name()
-	if d, ok := m.current().(*detailPage); ok {
-		crumb = "services › " + d.sp.String()
-	}
-	crumb = fmt.Sprintf("<%s>", crumb)
+	crumb := fmt.Sprintf("<%s>", m.crumb(len(m.stack)-1))
 	if m.filter != "" {
 		crumb += fmt.Sprintf("  filter /%s/", m.filter)
 	}
@@ -108,6 +104,19 @@ func (m *Model) header() []string {
 	return lines
 }
 
+// crumb names the page at stack[i], after the pages it was opened from.
+func (m *Model) crumb(i int) string {
+	switch p := m.stack[i].(type) {
+	case *detailPage:
+		return "services › " + p.sp.String()
+	case *explainPage:
+		if i > 0 {
+			return m.crumb(i-1) + " › " + p.name()
+		}
+	}
+	return m.stack[i].name()
+}
+
 func (m *Model) footer() string {
 	st := m.c.Styles
 	switch m.mode {
@@ -118,8 +127,13 @@ func (m *Model) footer() string {
 	}
 	hint := func(k, d string) string { return st.Key.Render(k) + " " + d }
 	parts := []string{hint("?", "help"), hint("/", "filter"), hint(":", "svc|flows")}
-	if _, ok := m.current().(*detailPage); !ok {
-		parts = append(parts, hint("enter", "detail"))
+	switch m.current().(type) {
+	case *detailPage:
+		parts = append(parts, hint("x", "explain"))
+	case *explainPage:
+		parts = append(parts, hint("x", "read again"))
+	default:
+		parts = append(parts, hint("enter", "detail"), hint("x", "explain"))
 	}
 	parts = append(parts, hint("esc", "back"), hint("q", "quit"))
 	return strings.Join(parts, "  ")

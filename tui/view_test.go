@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -31,14 +32,25 @@ func TestViewsMatchGoldenFiles(t *testing.T) {
 		{name: "nothing_reachable_at_start", w: 80, h: 24},
 		{name: "unhealthy_proxy_without_counters", w: 80, h: 24, msgs: []tea.Msg{unhealthy()}},
 		{name: "auto_mode_fell_back_to_iptables", w: 100, h: 8, msgs: []tea.Msg{fellBack()}},
+		// A flow pinned to a gone endpoint, a UDP entry never answered,
+		// and a share beyond chance.
+		{name: "services_trouble_100x12", w: 100, h: 12, msgs: []tea.Msg{snapshot(4*time.Second, services(40, 23, 5), trouble())}},
+		{name: "detail_trouble_120x30", w: 120, h: 30, keys: []string{"enter"},
+			msgs: []tea.Msg{snapshot(4*time.Second, services(40, 23, 5), trouble())}},
+		{name: "flows_trouble_140x24", w: 140, h: 24, keys: []string{":", "flows", "enter"},
+			msgs: []tea.Msg{snapshot(4*time.Second, services(40, 23, 5), trouble())}},
+		{name: "explain_service_100x40", w: 100, h: 40, keys: []string{"x"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var m *Model
-			if tc.name == "nothing_reachable_at_start" {
+			switch {
+			case tc.name == "nothing_reachable_at_start":
 				m = New(Config{Refresh: 2 * time.Second})
 				send(t, m, tea.WindowSizeMsg{Width: tc.w, Height: tc.h})
 				send(t, m, snapshotMsg{At: t0, StatusErr: errRefused, FlowsErr: errPermission})
-			} else {
+			case strings.HasPrefix(tc.name, "explain_"):
+				m, _ = explaining(t, tc.w, tc.h)
+			default:
 				m = newTestModel(t, tc.w, tc.h)
 			}
 			press(t, m, tc.keys...)

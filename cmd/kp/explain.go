@@ -120,15 +120,7 @@ func (a *app) liveSnapshot(ctx context.Context, node nodeFlags, timeout time.Dur
 	defer src.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	snap, err := src.client.Snapshot(ctx)
-	if err != nil {
-		return nil, src.apiHint(err)
-	}
-	if snap.Format != statusapi.SnapshotFormat {
-		return nil, fmt.Errorf("the kp proxy on %s answered no snapshot (format %q): is it an older kp? "+
-			"Its status API has no %s", node.statusSocket, snap.Format, statusapi.SnapshotPath)
-	}
-	return snap, nil
+	return src.Snapshot(ctx)
 }
 
 type snapshotOptions struct {

@@ -125,3 +125,17 @@ func (s *nodeSource) DumpFlows() ([]conntrack.Flow, error) {
 func (s *nodeSource) WatchFlows(ctx context.Context, events chan<- conntrack.Event) error {
 	return permissionHint(conntrack.Dialer{NetNS: s.fd}.Watch(ctx, events))
 }
+
+// Snapshot reads kp proxy's snapshot, for kp explain, kp snapshot and kp
+// top's explain view.
+func (s *nodeSource) Snapshot(ctx context.Context) (*statusapi.Snapshot, error) {
+	snap, err := s.client.Snapshot(ctx)
+	if err != nil {
+		return nil, s.apiHint(err)
+	}
+	if snap.Format != statusapi.SnapshotFormat {
+		return nil, fmt.Errorf("the kp proxy on %s answered no snapshot (format %q): is it an older kp? "+
+			"Its status API has no %s", s.socket, snap.Format, statusapi.SnapshotPath)
+	}
+	return snap, nil
+}

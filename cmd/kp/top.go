@@ -25,14 +25,18 @@ func newTopCommand(a *app) *cobra.Command {
 		Long: `kp top is a live terminal view of the node's Services (also run as kp-top).
 
 The start screen lists every Service port with its addresses, endpoints ready, new
-connections per second, active flows and bytes per second. enter opens a Service
-port: its endpoints with node, zone and state, each one's share of new connections
-over the last interval and since kp began counting it, and the Service's flows.
-:flows shows the node's conntrack table attributed to Services and endpoints.
+connections per second, active flows, GONE/UNR (flows pinned to endpoints that are
+gone / UDP entries never answered, the row highlighted) and bytes per second. enter
+opens a Service port: its endpoints with node, zone, hints and state, WHY each is or
+is not chosen (kp explain's reasons), EXPECT/SEEN (the share kp's selection gives it
+and the share seen since that selection; ! where they differ beyond chance), each
+one's share over the last interval and since kp began counting it, and the
+Service's flows. :flows shows the node's conntrack table attributed to Services and
+endpoints. x on a Service or a flow opens kp explain's answer for it.
 
 Keys as in k9s: ? help, / filter (a regular expression; esc clears), : command
-(:svc, :flows), enter drill down, esc back, q or ctrl-c quit; the help lists the
-sort keys of each view. NO_COLOR turns colours off.
+(:svc, :flows), enter drill down, x explain, esc back, q or ctrl-c quit; the help
+lists the sort keys of each view. NO_COLOR turns colours off.
 
 It reads kp proxy's status API (on its root-only socket, --status-socket) and the conntrack table
 of the network namespace it runs in, or the one given with --netns; when either

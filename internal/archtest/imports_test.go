@@ -100,11 +100,12 @@ var allowed = map[string][]string{
 	// deleting their entries itself (legacy/userspace/handover.go).
 	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
 	"conntrack":        {"proxy"},
-	"tui":              {"proxy", "proxy/statusapi", "conntrack"},
-	"explain":          {"proxy", "proxy/statusapi", "conntrack"},
-	"migrate":          {"proxy", "proxy/statusapi", "nft", "legacy/"},
-	"migrate/cluster":  {"proxy", "proxy/statusapi"},
-	"cmd/kp/options":   {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
+	// explain: kp top's x opens kp explain's answer.
+	"tui":             {"proxy", "proxy/statusapi", "conntrack", "explain"},
+	"explain":         {"proxy", "proxy/statusapi", "conntrack"},
+	"migrate":         {"proxy", "proxy/statusapi", "nft", "legacy/"},
+	"migrate/cluster": {"proxy", "proxy/statusapi"},
+	"cmd/kp/options":  {"proxy", "proxy/server", "proxy/source", "nft", "legacy/", "conntrack"},
 	// kp migrate cluster --from-kube-proxy's preflight and --print-config:
 	// kube-proxy's configuration through options' decoder and merge.
 	"cmd/kp/fromkubeproxy": {"proxy", "cmd/kp/options", "conntrack"},

@@ -119,8 +119,8 @@ func TestKpTopShowsServicesEndpointSharesAndLiveFlowsInATerminal(t *testing.T) {
 	}()
 	defer func() { close(stop); traffic.Wait() }()
 
-	// Columns from the right: … READY CONN/S FLOWS BYTES/S.
-	row := regexp.MustCompile(`(\d+)/(\d+)\s+(\S+)\s+(\d+)\s+(\S+)\s*$`)
+	// Columns from the right: … READY CONN/S FLOWS GONE/UNR BYTES/S.
+	row := regexp.MustCompile(`(\d+)/(\d+)\s+(\S+)\s+(\d+)\s+\d+/\d+\s+(\S+)\s*$`)
 	services := wait("the Services view shows rates and flows", func(s string) error {
 		http, dns := row.FindStringSubmatch(lineWith(s, "shop/cart:http")), row.FindStringSubmatch(lineWith(s, "shop/cart:dns"))
 		switch {
