@@ -32,6 +32,14 @@ type Model struct {
 	Conntrack []statusapi.ConntrackEntry
 	// ConntrackError says why Conntrack is missing or partial.
 	ConntrackError string
+	// IPTablesBackend is the iptables flavor (nft or legacy) of the modes
+	// that write iptables rules.
+	IPTablesBackend string
+	// Rules are the mode's rules as listed at the snapshot (RulesError
+	// says why they are missing): a RulePather takes handles and rule
+	// text from them.
+	Rules      []statusapi.RuleListing
+	RulesError string
 }
 
 // Facts are the settings and node facts behind masquerade and NodePorts.
@@ -112,7 +120,8 @@ func FromSnapshot(snap *statusapi.Snapshot) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: services: %w", err)
 	}
-	m := &Model{State: st, Mode: snap.Mode, Conntrack: snap.Conntrack, ConntrackError: snap.ConntrackError}
+	m := &Model{State: st, Mode: snap.Mode, Conntrack: snap.Conntrack, ConntrackError: snap.ConntrackError,
+		IPTablesBackend: snap.IPTablesBackend, Rules: snap.Rules, RulesError: snap.RulesError}
 	if snap.Build != nil {
 		m.Version = snap.Build.Version
 	}

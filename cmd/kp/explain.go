@@ -90,7 +90,7 @@ func (a *app) explain(ctx context.Context, o *explainOptions, p explain.Packet) 
 	if err != nil {
 		return err
 	}
-	e := explain.Explain(m, p, explain.Options{Version: a.version})
+	e := explain.Explain(m, p, explain.Options{Version: a.version, RulePaths: rulePathers})
 	if o.output == "json" {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")

@@ -1,0 +1,7 @@
+package main
+
+import "github.com/kpproxy/kp/explain"
+
+// rulePathers are the modes' RulePathers, by the mode name a snapshot
+// reports: each tells a packet's path through its mode's rules.
+var rulePathers = map[string]explain.RulePather{}
