@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// tracer arms the kernel's own trace of the rules in e's node for the
+// first packet from `from` (the zero Addr: any source, as for a packet of
+// the node itself, whose source routing picks) to dst over proto ("tcp" or
+// "udp"), calls send, disarms, and returns the steps the kernel reports
+// for kp's rules, named as the mode's RulePather names them.
+type tracer func(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error)
+
+// tracer is the mode's: nftables tracing for kp's tables, iptables TRACE
+// (iptables-nft) or rule counters (iptables-legacy) for its chains, and
+// for ipvs and userspace those of their rules plus the kernel's record of
+// the virtual server or listener the connection met.
+func (e *env) tracer() tracer {
+	switch {
+	case e.mode.ipvs:
+		return traceIPVS
+	case e.mode.userspace:
+		return traceUserspace
+	case e.mode.iptables():
+		return traceIPTables
+	}
+	return traceNFT
+}
+
+// A packet for every row of the feature table that changes a verdict: kp
+// explain's rule path for it (live, from the running proxy) is the one the
+// kernel's trace shows the packet took, step by step, and its verdict the
+// one the packet met (an answer, a refusal, or silence).
+func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		e := newEnv(t, m, 4)
+		pods := e.w.Pods()
+		client, clientNS := e.w.ClientIP(), e.w.Client()
+		const lbIP, extIP = "10.96.200.1", "10.96.201.1"
+
+		e.writeNodeInZone("zone-a")
+		svc := web(pods[0], pods[1])
+		svc.Type = v1.ServiceTypeLoadBalancer
+		svc.Ports[0].NodePort, svc.Ports[1].NodePort = 30080, 30053
+		svc.ExternalIPs, svc.LoadBalancerIPs = []string{extIP}, []string{lbIP}
+		svc.SourceRanges = []string{client.String() + "/32"}
+		http := func(name, ip string, eps ...Endpoint) Service {
+			return Service{Name: name, ClusterIPs: []string{ip}, Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080}},
+				Endpoints: eps}
+		}
+		local := http("local", "10.96.0.30", onNode(otherNode, endpoints(pods[3]))...)
+		local.Type, local.ExternalTrafficPolicy = v1.ServiceTypeNodePort, v1.ServiceExternalTrafficPolicyLocal
+		local.Ports[0].NodePort = 30081
+		zoned := func(p *netns.Pod, zone string) Endpoint {
+			return Endpoint{IP: p.IP.String(), NodeName: otherNode, Zone: zone, ZoneHints: []string{zone}}
+		}
+		affinity := http("affinity", "10.96.0.60", endpoints(pods[0], pods[1])...)
+		affinity.AffinitySeconds = 300
+		e.write("web.yaml", svc, http("empty", "10.96.0.20"), local,
+			http("terminating", "10.96.0.40", Terminating(pods[0].IP.String()), Terminating(pods[1].IP.String())),
+			http("zoned", "10.96.0.50", zoned(pods[0], "zone-a"), zoned(pods[1], "zone-b")),
+			affinity, http("hairpin", "10.96.0.70", endpoints(pods[2])...))
+		e.startKP("--service-cidrs", netns.ServiceCIDR.String())
+		e.answers(clientNS, "tcp", webTCP)
+		nodeIP := e.w.NodeIP().String()
+
+		cases := []struct {
+			name string
+			// ns sends from the address from (the zero Addr: the node's
+			// own, which routing picks).
+			ns    string
+			from  netip.Addr
+			proto string
+			dst   string
+			// before runs first: a connection that leaves state behind
+			// (an affinity entry).
+			before  func()
+			verdict explain.Verdict
+		}{
+			{name: "ClusterIP from outside the cluster", ns: clientNS, from: client, dst: webTCP, verdict: explain.VerdictDNAT},
+			{name: "ClusterIP from a pod", ns: pods[2].NS, from: pods[2].IP, dst: webTCP, verdict: explain.VerdictDNAT},
+			{name: "ClusterIP from the node", ns: e.w.Node(), dst: webTCP, verdict: explain.VerdictDNAT},
+			{name: "ClusterIP over UDP", ns: clientNS, from: client, proto: "udp", dst: webUDP, verdict: explain.VerdictDNAT},
+			{name: "NodePort", ns: clientNS, from: client, dst: hostPort(nodeIP, 30080), verdict: explain.VerdictDNAT},
+			{name: "externalIP", ns: clientNS, from: client, dst: extIP + ":80", verdict: explain.VerdictDNAT},
+			{name: "LoadBalancer IP inside its source ranges", ns: clientNS, from: client, dst: lbIP + ":80",
+				verdict: explain.VerdictDNAT},
+			{name: "LoadBalancer IP outside its source ranges", ns: pods[2].NS, from: pods[2].IP, dst: lbIP + ":80",
+				verdict: explain.VerdictDrop},
+			{name: "a port the ClusterIP lacks", ns: clientNS, from: client, dst: "10.96.0.10:81", verdict: explain.VerdictReject},
+			{name: "a Service without endpoints", ns: clientNS, from: client, dst: "10.96.0.20:80", verdict: explain.VerdictReject},
+			{name: "traffic policy Local without a local endpoint", ns: clientNS, from: client, dst: hostPort(nodeIP, 30081),
+				verdict: explain.VerdictDrop},
+			{name: "terminating endpoints as a fallback", ns: clientNS, from: client, dst: "10.96.0.40:80",
+				verdict: explain.VerdictDNAT},
+			{name: "topology hints", ns: clientNS, from: client, dst: "10.96.0.50:80", verdict: explain.VerdictDNAT},
+			{name: "ClientIP affinity", ns: clientNS, from: client, dst: "10.96.0.60:80", verdict: explain.VerdictDNAT,
+				before: func() { e.answers(clientNS, "tcp", "10.96.0.60:80") }},
+			{name: "hairpin", ns: pods[2].NS, from: pods[2].IP, dst: "10.96.0.70:80", verdict: explain.VerdictDNAT},
+			{name: "an unallocated ClusterIP", ns: clientNS, from: client, dst: "10.96.0.99:80", verdict: explain.VerdictDrop},
+			{name: "a node port no Service has", ns: clientNS, from: client, dst: hostPort(nodeIP, 30999),
+				verdict: explain.VerdictNotKPs},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				proto := tc.proto
+				if proto == "" {
+					proto = "tcp"
+				}
+				from := tc.from
+				if !from.IsValid() {
+					from = e.w.NodeIP()
+				}
+				if tc.before != nil {
+					tc.before()
+				}
+				x := e.explainJSON("", from.String(), tc.dst+"/"+proto)
+				if x.Verdict != tc.verdict {
+					t.Errorf("explain: %s (%s), want %s", x.Verdict, x.Why, tc.verdict)
+				}
+				if x.RulePath.Absent != "" || x.RulePath.Mode != m.proxyMode {
+					t.Fatalf("explain gives no %s rule path: mode %q, %s", m.proxyMode, x.RulePath.Mode, x.RulePath.Absent)
+				}
+				var reply string
+				var sendErr error
+				traced, err := e.tracer()(e, tc.from, netip.MustParseAddrPort(tc.dst), proto, func() {
+					reply, sendErr = e.w.Dial(tc.ns, proto, tc.dst, time.Second)
+				})
+				if err != nil {
+					t.Fatalf("trace: %v", err)
+				}
+				if d := pathDiff(x.RulePath, traced); d != "" {
+					t.Errorf("explain's rule path is not the kernel's trace: %s\nexplained:\n%s\ntraced:\n%s", d,
+						stepsText(x.RulePath.Steps), stepsText(traced))
+				}
+				if met := verdictMet(reply, sendErr); !sameOutcome(tc.verdict, met) {
+					t.Errorf("the packet met %s (%q, %v); explain said %s", met, reply, sendErr, tc.verdict)
+				}
+			})
+		}
+	})
+}
+
+// verdictMet is what a connection met, as its client sees it: an answer
+// (DNAT, or not kp's: something answered), a refusal, or silence.
+func verdictMet(reply string, err error) string {
+	switch {
+	case err == nil && reply != "":
+		return "an answer"
+	case isRefused(err):
+		return "a refusal"
+	case isTimeout(err):
+		return "silence"
+	}
+	return "an error"
+}
+
+// sameOutcome: DNAT is answered, reject refused, drop silent; a packet
+// that is not kp's meets whatever the node does with it (here: nothing
+// listens on the port, so a refusal).
+func sameOutcome(v explain.Verdict, met string) bool {
+	switch v {
+	case explain.VerdictDNAT:
+		return met == "an answer"
+	case explain.VerdictReject:
+		return met == "a refusal"
+	case explain.VerdictDrop:
+		return met == "silence"
+	}
+	return met == "a refusal" || met == "silence"
+}
+
+func stepsText(steps []explain.RuleStep) string {
+	var b strings.Builder
+	for _, s := range steps {
+		b.WriteString("  " + s.Where + ": " + s.Rule)
+		if s.Handle != 0 {
+			fmt.Fprintf(&b, " # handle %d", s.Handle)
+		}
+		if s.Element != "" {
+			b.WriteString(" [" + s.Element + "]")
+		}
+		b.WriteString(" -> " + s.Verdict + "\n")
+	}
+	return b.String()
+}
