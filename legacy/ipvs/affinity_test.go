@@ -8,8 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statetest"
 	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 )
 
 // ipvsConnSample is /proc/net/ip_vs_conn with, for client 10.244.2.99: a
