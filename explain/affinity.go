@@ -85,6 +85,10 @@ func (m *Model) PinnedEntries(sp proxy.ServicePortName, client netip.Addr) ([]pr
 			out = append(out, e)
 		}
 	}
+	if len(out) == 0 && m.AffinityError != "" {
+		// A partial listing: this client's entry may be among the unread.
+		return nil, m.Time, errors.New(m.AffinityError)
+	}
 	return out, m.Time, nil
 }
 

@@ -27,6 +27,7 @@ func TestExplainNamesTheEndpointAnAffinityEntryPinsTheClientTo(t *testing.T) {
 		name, dst, from string
 		entries         []proxy.AffinityEntry
 		notRead         string
+		partial         string // AffinityError of a listing that failed part way
 		pinnedTo        string
 		note            string // a part of PinnedNote
 	}{
@@ -47,11 +48,17 @@ func TestExplainNamesTheEndpointAnAffinityEntryPinsTheClientTo(t *testing.T) {
 		{name: "an entry of this address pins", dst: "10.0.0.5:30070", from: "10.244.1.99",
 			entries: []proxy.AffinityEntry{nodePortEntry}, pinnedTo: "10.244.1.10:8080"},
 		{name: "entries not read are said so", from: "10.244.1.99", notRead: "the ipvs mode cannot", note: "not read: the ipvs mode cannot"},
+		{name: "a partial listing without this client's entry is not read", from: "10.244.1.99",
+			entries: []proxy.AffinityEntry{pin(sticky, "10.244.1.98", "10.244.1.10:8080", time.Hour)}, partial: "nft: EINTR", note: "not read: nft: EINTR"},
+		{name: "a partial listing with this client's entry pins", from: "10.244.1.99",
+			entries:  []proxy.AffinityEntry{pin(sticky, "10.244.1.99", "10.244.1.10:8080", time.Hour)},
+			partial:  "nft: EINTR",
+			pinnedTo: "10.244.1.10:8080"},
 		{name: "without --from there is no client to look up", note: "give --from"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := model(facts, svc{sticky, eps})
-			m.Time, m.Affinity, m.AffinityRead, m.AffinityError = at, tc.entries, tc.notRead == "", tc.notRead
+			m.Time, m.Affinity, m.AffinityRead, m.AffinityError = at, tc.entries, tc.notRead == "", tc.notRead+tc.partial
 			dst := tc.dst
 			if dst == "" {
 				dst = "10.96.0.70:80"

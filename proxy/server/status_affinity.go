@@ -10,7 +10,8 @@ import (
 
 // affinityEntries lists the backend's ClientIP affinity entries for the
 // snapshot: [] when it has none, nil (not read) with the reason when it
-// cannot list them or has not synced.
+// cannot list them (the switcher's current mode may not) or has not
+// synced; those listed before a failure, with the failure.
 func affinityEntries(ctx context.Context, b proxy.Backend, st *proxy.State, mode string) ([]statusapi.AffinityEntry, string) {
 	al, ok := b.(proxy.AffinityLister)
 	switch {
@@ -30,7 +31,10 @@ func affinityEntries(ctx context.Context, b proxy.Backend, st *proxy.State, mode
 		}
 		out = append(out, x)
 	}
-	if err != nil {
+	switch {
+	case err != nil && len(out) == 0:
+		return nil, err.Error()
+	case err != nil:
 		return out, err.Error()
 	}
 	return out, ""
