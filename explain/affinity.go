@@ -60,6 +60,12 @@ func affinityEntry(st *proxy.State, x statusapi.AffinityEntry) (proxy.AffinityEn
 	if e.Endpoint, err = netip.ParseAddrPort(x.Endpoint); err != nil {
 		return e, fmt.Errorf("endpoint: %w", err)
 	}
+	switch x.Traffic {
+	case "", proxy.AffinityInternal, proxy.AffinityExternal:
+		e.Traffic = x.Traffic
+	default:
+		return e, fmt.Errorf("traffic %s: want internal, external or none", proxy.QuoteBounded(x.Traffic))
+	}
 	if x.Frontend != "" {
 		if e.Frontend, err = netip.ParseAddrPort(x.Frontend); err != nil {
 			return e, fmt.Errorf("frontend: %w", err)
@@ -113,11 +119,18 @@ func explainAffinity(e *Explanation, m *Model, sp *proxy.ServicePort, p Packet, 
 		a.PinnedNote = "whether this client is pinned was not read: " + err.Error()
 		return nil
 	}
+	traffic := proxy.AffinityExternal
+	if e.Address.Kind == KindClusterIP {
+		traffic = proxy.AffinityInternal
+	}
 	var best *proxy.AffinityEntry
 	var stale []string
 	for i, x := range entries {
 		if x.Frontend.IsValid() && x.Frontend != p.Dst {
 			continue // another address's entry (ipvs: per virtual server)
+		}
+		if x.Traffic != "" && x.Traffic != traffic {
+			continue // the other traffic's (userspace: per listener)
 		}
 		if i := endpointIndex(e.Endpoints, x.Endpoint); i < 0 || !e.Endpoints[i].Eligible {
 			stale = append(stale, x.Endpoint.String())

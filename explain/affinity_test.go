@@ -23,6 +23,8 @@ func TestExplainNamesTheEndpointAnAffinityEntryPinsTheClientTo(t *testing.T) {
 	eps := []proxy.Endpoint{ready("10.244.1.10", "node-a"), ready("10.244.2.10", "node-b"), ep("10.244.3.10", "node-c", "", false, false, false)}
 	nodePortEntry := pin(sticky, "10.244.1.99", "10.244.1.10:8080", time.Hour)
 	nodePortEntry.Frontend = netip.MustParseAddrPort("10.0.0.5:30070")
+	internal, external := pin(sticky, "10.244.1.99", "10.244.1.10:8080", time.Hour), pin(sticky, "10.244.1.99", "10.244.2.10:8080", time.Hour)
+	internal.Traffic, external.Traffic = proxy.AffinityInternal, proxy.AffinityExternal
 	for _, tc := range []struct {
 		name, dst, from string
 		entries         []proxy.AffinityEntry
@@ -47,6 +49,12 @@ func TestExplainNamesTheEndpointAnAffinityEntryPinsTheClientTo(t *testing.T) {
 			entries: []proxy.AffinityEntry{nodePortEntry}, note: "no affinity entry"},
 		{name: "an entry of this address pins", dst: "10.0.0.5:30070", from: "10.244.1.99",
 			entries: []proxy.AffinityEntry{nodePortEntry}, pinnedTo: "10.244.1.10:8080"},
+		{name: "userspace: the ClusterIP listener's entry pins the ClusterIP", from: "10.244.1.99",
+			entries: []proxy.AffinityEntry{internal, external}, pinnedTo: "10.244.1.10:8080"},
+		{name: "userspace: the external listener's entry pins the NodePort", dst: "10.0.0.5:30070", from: "10.244.1.99",
+			entries: []proxy.AffinityEntry{internal, external}, pinnedTo: "10.244.2.10:8080"},
+		{name: "userspace: the ClusterIP listener's entry does not pin the NodePort", dst: "10.0.0.5:30070", from: "10.244.1.99",
+			entries: []proxy.AffinityEntry{internal}, note: "no affinity entry"},
 		{name: "entries not read are said so", from: "10.244.1.99", notRead: "the ipvs mode cannot", note: "not read: the ipvs mode cannot"},
 		{name: "a partial listing without this client's entry is not read", from: "10.244.1.99",
 			entries: []proxy.AffinityEntry{pin(sticky, "10.244.1.98", "10.244.1.10:8080", time.Hour)}, partial: "nft: EINTR", note: "not read: nft: EINTR"},

@@ -163,6 +163,12 @@ type AffinityLister interface {
 	ListAffinity(ctx context.Context, s *State) ([]AffinityEntry, error)
 }
 
+// AffinityEntry.Traffic values.
+const (
+	AffinityInternal = "internal"
+	AffinityExternal = "external"
+)
+
 // AffinityEntry is one client pinned to one endpoint of a service port.
 type AffinityEntry struct {
 	ServicePort ServicePortName
@@ -172,6 +178,11 @@ type AffinityEntry struct {
 	// the modes that keep one per address (ipvs: a template per virtual
 	// server); zero where one entry holds for all of the port's addresses.
 	Frontend netip.AddrPort
+	// Traffic is the port's traffic the entry holds for, in the modes that
+	// remember clients apart by it (userspace: a listener each):
+	// AffinityInternal (ClusterIPs) or AffinityExternal (NodePort,
+	// external and LoadBalancer addresses); "" for all of it.
+	Traffic string
 	// Expires is what is left of the entry's life: the client's next new
 	// connection within it goes to Endpoint (and renews it).
 	Expires time.Duration

@@ -22,10 +22,15 @@ func (b *Backend) ListAffinity(ctx context.Context, _ *proxy.State) ([]proxy.Aff
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
+		traffic := proxy.AffinityInternal
+		if key.external {
+			traffic = proxy.AffinityExternal
+		}
 		fb := p.balancers()
 		for _, bal := range []*balancer{fb.v4, fb.v6, fb.clusterV4, fb.clusterV6} {
 			for _, e := range bal.pinned() {
-				out = append(out, proxy.AffinityEntry{ServicePort: key.name, Client: e.client.Unmap(), Endpoint: e.endpoint, Expires: e.left})
+				out = append(out, proxy.AffinityEntry{ServicePort: key.name, Client: e.client.Unmap(), Endpoint: e.endpoint,
+					Traffic: traffic, Expires: e.left})
 			}
 		}
 	}

@@ -33,8 +33,7 @@ func TestKernelAffinityEntryNamesTheEndpointThatAnswered(t *testing.T) {
 		t.Fatalf("affinity entries %+v, want one, of %s to %s (%s)", entries, k.w.ClientIP(), answered, name)
 	}
 	e := entries[0]
-	if e.ServicePort != web || e.Client != k.w.ClientIP() || e.Endpoint.String() != answered || e.Expires <= 55*time.Minute || e.Expires > time.Hour {
+	if e.ServicePort != web || e.Traffic != proxy.AffinityInternal || e.Client != k.w.ClientIP() || e.Endpoint.String() != answered || e.Expires <= 55*time.Minute || e.Expires > time.Hour {
 		t.Errorf("entry %+v, want %s pinned to %s (%s, which answered) for about an hour", e, k.w.ClientIP(), answered, name)
 	}
-	var _ proxy.AffinityLister = k.b
 }

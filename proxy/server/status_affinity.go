@@ -25,7 +25,7 @@ func affinityEntries(ctx context.Context, b proxy.Backend, st *proxy.State, mode
 	for _, e := range entries {
 		x := statusapi.AffinityEntry{Namespace: e.ServicePort.Namespace, Name: e.ServicePort.Name, PortName: e.ServicePort.Port,
 			Protocol: string(e.ServicePort.Protocol), Client: e.Client.String(), Endpoint: e.Endpoint.String(),
-			ExpiresSeconds: int64(math.Ceil(e.Expires.Seconds()))}
+			Traffic: e.Traffic, ExpiresSeconds: int64(math.Ceil(e.Expires.Seconds()))}
 		if e.Frontend.IsValid() {
 			x.Frontend = e.Frontend.String()
 		}
