@@ -50,10 +50,15 @@ func explainServicePort(e *Explanation, m *Model, p Packet, sp *proxy.ServicePor
 		}
 		e.Endpoints = append(e.Endpoints, x)
 	}
+	var pinned *Endpoint
 	if sp.AffinityTimeout > 0 {
-		explainAffinity(e, sp, p, o.Affinity)
+		pinned = explainAffinity(e, m, sp, p, o.Affinity)
 	}
 	switch {
+	case pinned != nil:
+		e.Verdict = VerdictDNAT
+		e.Why = fmt.Sprintf("DNAT to %s: this client's ClientIP affinity entry pins it there%s (without it: one of %d endpoint(s) "+
+			"of the %s policy at random, then kept)", pinned.Address, untilText(e.Affinity), len(eligible), e.Policy)
 	case len(eligible) > 0:
 		e.Verdict = VerdictDNAT
 		e.Why = fmt.Sprintf("DNAT to one of %d endpoint(s) of the %s policy, each new connection picked at random", len(eligible), e.Policy)
@@ -170,22 +175,6 @@ func policyOf(sp *proxy.ServicePort, external bool, src Source) (local bool, why
 			"which reaches every endpoint"
 	}
 	return true, "externalTrafficPolicy Local: this node's endpoints only, keeping the client's address"
-}
-
-func explainAffinity(e *Explanation, sp *proxy.ServicePort, p Packet, r AffinityReader) {
-	e.Affinity = &Affinity{TimeoutSeconds: int64(sp.AffinityTimeout.Seconds())}
-	switch {
-	case !p.Src.IsValid():
-		e.Affinity.PinnedNote = "ClientIP affinity: a client goes back to its last endpoint while its entry lives; give --from to name the client"
-	case r == nil:
-		e.Affinity.PinnedNote = "ClientIP affinity: whether this client is pinned is kernel state, not in the model: not read"
-	default:
-		if ep, until, ok := r.Pinned(sp.Name, p.Src); ok {
-			e.Affinity.PinnedTo = fmt.Sprintf("%s until %s", ep, until)
-		} else {
-			e.Affinity.PinnedNote = "this client has no affinity entry: the pick is random, then kept"
-		}
-	}
 }
 
 // masquerade decides, for a packet that is DNATed, whether its source is

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/proxy"
@@ -19,12 +20,13 @@ type RulePather interface {
 	RulePath(m *Model, p Packet, e *Explanation) RulePath
 }
 
-// AffinityReader is implemented by what can read the kernel's session
-// affinity state (an nftables dynamic set, the iptables recent module's
-// table, IPVS persistence): the endpoint client is pinned to and until
-// when ("" when none).
+// AffinityReader reads the mode's ClientIP session affinity entries (an
+// nftables dynamic set, the iptables recent module's lists, IPVS
+// persistence templates, the userspace balancers): client's entries for
+// service port sp, and when the Expires of each was measured. An error
+// says they are not known. A Model is one (its snapshot's entries).
 type AffinityReader interface {
-	Pinned(sp proxy.ServicePortName, client netip.Addr) (endpoint netip.AddrPort, until string, ok bool)
+	PinnedEntries(sp proxy.ServicePortName, client netip.Addr) (entries []proxy.AffinityEntry, at time.Time, err error)
 }
 
 // Options are what Explain takes besides the model and the packet.
@@ -32,8 +34,8 @@ type Options struct {
 	// RulePaths holds a RulePather per mode name; a mode without one
 	// gets a RulePath whose Absent says so.
 	RulePaths map[string]RulePather
-	// Affinity reads pinned clients; nil: not read (live kernel state a
-	// snapshot does not hold).
+	// Affinity reads pinned clients; nil: the Model's own entries (the
+	// snapshot's).
 	Affinity AffinityReader
 	// Version is the explaining kp's version, noted when it differs from
 	// the snapshot's.

@@ -109,6 +109,9 @@ type Endpoint struct {
 	// Hairpin: the client is this endpoint, so a connection it gets is
 	// masqueraded (the reply must come back through the node).
 	Hairpin bool `json:"hairpin,omitempty"`
+	// Pinned: the client's ClientIP affinity entry sends its new
+	// connections here (Probability 1) while the entry lives.
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // Masquerade says whether the packet's source is rewritten to the node's.
@@ -122,10 +125,15 @@ type Masquerade struct {
 // Affinity is ClientIP session affinity.
 type Affinity struct {
 	TimeoutSeconds int64 `json:"timeoutSeconds"`
-	// PinnedTo is the endpoint the client's affinity entry sends it to,
-	// with the entry's expiry; empty when not read (PinnedNote says why).
-	PinnedTo   string `json:"pinnedTo,omitempty"`
-	PinnedNote string `json:"pinnedNote,omitempty"`
+	// PinnedTo is the endpoint the client's affinity entry sends it to
+	// ("10.244.1.10:8080"), until PinnedUntil (RFC 3339; "" when the
+	// entries' time is not known), PinnedSecondsLeft after the entries
+	// were read; empty when the client has no entry or it was not read
+	// (PinnedNote says which).
+	PinnedTo          string `json:"pinnedTo,omitempty"`
+	PinnedUntil       string `json:"pinnedUntil,omitempty"`
+	PinnedSecondsLeft int64  `json:"pinnedSecondsLeft,omitempty"`
+	PinnedNote        string `json:"pinnedNote,omitempty"`
 }
 
 // SourceRange is the LoadBalancer's loadBalancerSourceRanges check.

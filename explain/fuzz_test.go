@@ -17,7 +17,12 @@ func FuzzSnapshot(f *testing.F) {
 		`"protocol":"SCTP","endpoints":[{"ip":"10.0.0.1","port":70000}]}],"serviceCIDRs":["10.96.0.0/0"]},"proxy":{"nodePortIPs":["::"]}}`))
 	f.Add([]byte(`{"format":"kp-snapshot/v1","services":{"generation":1,"servicePorts":[{"loadBalancerIPs":["1.2.3.4"],` +
 		`"loadBalancerSourceRanges":["0.0.0.0/0"],"externalTrafficPolicy":"Local","sessionAffinitySeconds":-5}]}}`))
-	packets := [][2]string{{"10.96.0.10:80", "10.244.1.99"}, {"10.0.0.5:30080/udp", ""}, {"1.2.3.4:0/sctp", "1.2.3.5:9"},
+	f.Add([]byte(`{"format":"kp-snapshot/v1","services":{"generation":1,"servicePorts":[{"namespace":"a","name":"b","protocol":"TCP",` +
+		`"clusterIPs":["10.96.0.10"],"port":80,"sessionAffinitySeconds":10,"endpoints":[{"ip":"10.0.0.1","port":80,"ready":true}]}]},` +
+		`"affinity":[{"namespace":"a","name":"b","protocol":"TCP","client":"10.244.1.99","endpoint":"10.0.0.1:80","frontend":"x",` +
+		`"expiresSeconds":-9223372036854775808},{"namespace":"a","name":"b","protocol":"TCP","client":"10.244.1.99",` +
+		`"endpoint":"10.0.0.1:80","traffic":"external","expiresSeconds":9223372036854775807},{"name":"c","client":"::ffff:10.244.1.99","endpoint":"[::]:0"}],"affinityError":"x"}`))
+	packets := [][2]string{{"10.96.0.10:80", "10.244.1.99"}, {"10.96.0.10:80", "10.244.1.99:4000"}, {"10.0.0.5:30080/udp", ""}, {"1.2.3.4:0/sctp", "1.2.3.5:9"},
 		{"[fd00::10]:80", ""}, {"10.96.0.1:65535/sctp", "10.96.0.1"}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		snap, err := ReadSnapshot(strings.NewReader(string(data)))

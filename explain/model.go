@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"time"
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statusapi"
@@ -40,6 +41,15 @@ type Model struct {
 	// text from them.
 	Rules      []statusapi.RuleListing
 	RulesError string
+	// Time is when the snapshot was taken (zero when unknown).
+	Time time.Time
+	// Affinity are the mode's ClientIP affinity entries at Time, read
+	// when AffinityRead; AffinityError says why they are missing or
+	// partial, affinitySkipped which of the snapshot's were unusable.
+	Affinity        []proxy.AffinityEntry
+	AffinityRead    bool
+	AffinityError   string
+	affinitySkipped []string
 }
 
 // Facts are the settings and node facts behind masquerade and NodePorts.
@@ -121,7 +131,8 @@ func FromSnapshot(snap *statusapi.Snapshot) (*Model, error) {
 		return nil, fmt.Errorf("snapshot: services: %w", err)
 	}
 	m := &Model{State: st, Mode: snap.Mode, Conntrack: snap.Conntrack, ConntrackError: snap.ConntrackError,
-		IPTablesBackend: snap.IPTablesBackend, Rules: snap.Rules, RulesError: snap.RulesError}
+		IPTablesBackend: snap.IPTablesBackend, Rules: snap.Rules, RulesError: snap.RulesError, Time: snap.Time}
+	m.readAffinity(snap)
 	if snap.Build != nil {
 		m.Version = snap.Build.Version
 	}

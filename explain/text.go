@@ -63,6 +63,9 @@ func writeEndpoints(w io.Writer, eps []Endpoint) error {
 		if x.Eligible {
 			chosen, share = "yes", fmt.Sprintf("%.0f%%", x.Probability*100)
 		}
+		if x.Pinned {
+			chosen = "pinned"
+		}
 		why := x.Detail
 		if x.Hairpin {
 			why += "; hairpin: the client itself"
@@ -80,7 +83,7 @@ func writeTail(w io.Writer, e *Explanation) error {
 	if a := e.Affinity; a != nil {
 		fmt.Fprintf(&b, "affinity:   ClientIP, %ds", a.TimeoutSeconds)
 		if a.PinnedTo != "" {
-			fmt.Fprintf(&b, "; pinned to %s", a.PinnedTo)
+			fmt.Fprintf(&b, "; this client is pinned to %s%s", a.PinnedTo, untilText(a))
 		}
 		if a.PinnedNote != "" {
 			fmt.Fprintf(&b, "; %s", a.PinnedNote)

@@ -89,3 +89,13 @@ func (s *Switcher) ListRules(ctx context.Context) ([]proxy.RuleListing, error) {
 	}
 	return nil, fmt.Errorf("the %s mode does not list its rules yet", t)
 }
+
+// ListAffinity lists the current backend's session affinity entries
+// (proxy.AffinityLister).
+func (s *Switcher) ListAffinity(ctx context.Context, st *proxy.State) ([]proxy.AffinityEntry, error) {
+	b, t := s.Current()
+	if al, ok := b.(proxy.AffinityLister); ok {
+		return al.ListAffinity(ctx, st)
+	}
+	return nil, fmt.Errorf("the %s mode does not list its session affinity entries", t)
+}

@@ -33,6 +33,10 @@ type Conn interface {
 	// kp's table of family f, by key (keyID); nil when there is no such
 	// map.
 	ElementCounters(f family, set string) (map[string]Counter, error)
+	// TimedElements returns the elements of the named set in kp's table of
+	// family f with what is left of each one's life (affinity.go); nil
+	// when there is no such set.
+	TimedElements(f family, set string) ([]TimedElement, error)
 }
 
 // Counter is a named counter's value.

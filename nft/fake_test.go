@@ -362,3 +362,7 @@ func (f *Fake) Dump() string {
 	}
 	return sb.String()
 }
+
+// TimedElements reports no element: the kernel fills the sets with
+// timeouts (affinity), not kp.
+func (f *Fake) TimedElements(family, string) ([]TimedElement, error) { return nil, nil }

@@ -127,6 +127,7 @@ func (nullConn) DNATCounters(family, []string) (map[string]map[netip.AddrPort]Co
 	return nil, nil
 }
 func (nullConn) ElementCounters(family, string) (map[string]Counter, error) { return nil, nil }
+func (nullConn) TimedElements(family, string) ([]TimedElement, error)       { return nil, nil }
 
 // BenchmarkEndpointChangeKernel is one endpoint change (a partial sync)
 // with -bench.services Services of 10 endpoints in a real table: kp's time

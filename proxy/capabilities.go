@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/netip"
+	"time"
 )
 
 // The optional capabilities of a Backend, each a small interface that a
@@ -149,4 +150,40 @@ type RuleListing struct {
 	Where  string // "nftables ip kp", "iptables-nft IPv4 nat"
 	Format string // nft, iptables-save
 	Text   string
+}
+
+// AffinityLister is implemented by a Backend that can list its ClientIP
+// session affinity entries (nftables: the endpoints' dynamic sets;
+// iptables: the recent module's lists; ipvs: the persistence templates;
+// userspace: its balancers' memory), for kp snapshot and kp explain: which
+// endpoint a client is pinned to, and for how long. Only s's service
+// ports are listed: s is the State the backend last synced, by whose names
+// the entries are told apart.
+type AffinityLister interface {
+	ListAffinity(ctx context.Context, s *State) ([]AffinityEntry, error)
+}
+
+// AffinityEntry.Traffic values.
+const (
+	AffinityInternal = "internal"
+	AffinityExternal = "external"
+)
+
+// AffinityEntry is one client pinned to one endpoint of a service port.
+type AffinityEntry struct {
+	ServicePort ServicePortName
+	Client      netip.Addr
+	Endpoint    netip.AddrPort
+	// Frontend is the Service address and port the entry holds for, in
+	// the modes that keep one per address (ipvs: a template per virtual
+	// server); zero where one entry holds for all of the port's addresses.
+	Frontend netip.AddrPort
+	// Traffic is the port's traffic the entry holds for, in the modes that
+	// remember clients apart by it (userspace: a listener each):
+	// AffinityInternal (ClusterIPs) or AffinityExternal (NodePort,
+	// external and LoadBalancer addresses); "" for all of it.
+	Traffic string
+	// Expires is what is left of the entry's life: the client's next new
+	// connection within it goes to Endpoint (and renews it).
+	Expires time.Duration
 }

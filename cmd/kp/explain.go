@@ -36,7 +36,8 @@ applies; every endpoint, chosen or not, with why (ready, serving-terminating fal
 ready, another zone's or node's hint, not on this node under traffic policy Local); the
 outcome (DNAT to one of N, each with its share, reject with a TCP reset or ICMP port
 unreachable, or drop, as for a source outside loadBalancerSourceRanges); whether the
-source is masqueraded and why; and the conntrack entries this flow already has.
+source is masqueraded and why; with ClientIP affinity, the entry that pins --from's client
+to an endpoint, until when; and the conntrack entries this flow already has.
 
 --from names the client (a pod's address, the node's, or one outside the cluster): the
 traffic policy and masquerade depend on it. Without it the usual client is assumed (a pod
@@ -139,8 +140,9 @@ func newSnapshotCommand(a *app) *cobra.Command {
 endpoints as last synced, the Node and the Service CIDRs, the settings behind masquerade
 and NodePorts (detect-local, --nodeport-addresses and the addresses they give), the mode,
 its rules as its own tool lists them (nftables: nft -a list table ip kp, when the nft CLI
-is installed; iptables: kp's chains in iptables-save -c), and the conntrack entries
-addressed to a Service. The file is JSON, format kp-snapshot/v1, with the kp version that
+is installed; iptables: kp's chains in iptables-save -c), the conntrack entries
+addressed to a Service, and the mode's ClientIP affinity entries (which client is pinned
+to which endpoint). The file is JSON, format kp-snapshot/v1, with the kp version that
 took it, written 0600: it names every Service and endpoint of the cluster.`,
 		Example: `  kp snapshot -o /tmp/node-a.kpsnap.json
   kubectl exec -n kube-system <kp pod> -- kp snapshot -o - > node-a.kpsnap.json`,
@@ -203,9 +205,10 @@ func summarizeSnapshot(w io.Writer, path string, s *statusapi.Snapshot) {
 	for _, sp := range s.Services.ServicePorts {
 		eps += len(sp.Endpoints)
 	}
-	fmt.Fprintf(w, "wrote %s: %s mode, %d service ports, %d endpoints, %d rule listings, %d conntrack entries\n",
-		path, s.Mode, len(s.Services.ServicePorts), eps, len(s.Rules), len(s.Conntrack))
-	for _, e := range []struct{ what, err string }{{"rules", s.RulesError}, {"conntrack", s.ConntrackError}, {"node facts", s.Proxy.Error}} {
+	fmt.Fprintf(w, "wrote %s: %s mode, %d service ports, %d endpoints, %d rule listings, %d conntrack entries, %d affinity entries\n",
+		path, s.Mode, len(s.Services.ServicePorts), eps, len(s.Rules), len(s.Conntrack), len(s.Affinity))
+	for _, e := range []struct{ what, err string }{{"rules", s.RulesError}, {"conntrack", s.ConntrackError}, {"affinity", s.AffinityError},
+		{"node facts", s.Proxy.Error}} {
 		if e.err != "" {
 			fmt.Fprintf(w, "  %s: %s\n", e.what, e.err)
 		}

@@ -32,6 +32,7 @@ func TestVMRunsTheKernelTests(t *testing.T) {
 		"TestKernelNetlinkErrorNamesTheServiceAndTheNextSyncReconciles",
 		"TestKernelCleanupLeavesForeignIPVSIPSetsAndChains",
 		"TestKernelDriftCheckReadsTheTableAndFindsADeletedVirtualServer",
+		"TestKernelAffinityEntryNamesTheEndpointThatAnswered",
 	}}) {
 		t.Errorf("in the VM: %v", e)
 	}

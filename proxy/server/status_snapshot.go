@@ -54,6 +54,7 @@ func (s *Status) Snapshot(ctx context.Context) *statusapi.Snapshot {
 	} else {
 		snap.RulesError = "the " + rep.Mode + " mode does not list its rules yet"
 	}
+	snap.Affinity, snap.AffinityError = affinityEntries(ctx, s.backend, st, rep.Mode)
 	if facts != nil {
 		facts(ctx, st, snap)
 	}

@@ -37,6 +37,12 @@ type Snapshot struct {
 	// missing or incomplete.
 	Conntrack      []ConntrackEntry `json:"conntrack,omitempty"`
 	ConntrackError string           `json:"conntrackError,omitempty"`
+	// Affinity are the mode's ClientIP session affinity entries (which
+	// client is pinned to which endpoint, how long still); AffinityError
+	// says why they are missing or incomplete. Affinity is null when they
+	// were not read (a snapshot of an older kp), [] when read and none.
+	Affinity      []AffinityEntry `json:"affinity"`
+	AffinityError string          `json:"affinityError,omitempty"`
 }
 
 // ProxyFacts are the settings and node facts behind kp's masquerade and

@@ -26,6 +26,7 @@ var vmServiceTests = []string{
 	"TestDualStackClusterIPAnswersOverIPv6",
 	"TestRestartLosesNoConnections",
 	"TestSessionAffinityClientIPKeepsEachClientOnOneEndpoint",
+	"TestExplainNamesTheEndpointAnAffinityEntryPinsTheClientTo",
 	"TestExternalTrafficPolicyLocalKeepsTheClientIPAndUsesOnlyLocalEndpoints",
 	"TestExternalTrafficPolicyClusterMasqueradesOutsideClients",
 	"TestInternalTrafficPolicyLocalUsesOnlyThisNodesEndpoints",
