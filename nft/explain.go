@@ -340,7 +340,10 @@ func resolveStep(f family, v *objects, listed map[string][]listedRule, s walkSte
 		return st
 	}
 	if lr, ok := listed[s.chain]; ok && len(lr) == len(v.chains[s.chain].Rules) {
-		st.Rule, st.Handle = lr[s.index].text, lr[s.index].handle
+		st.Handle = lr[s.index].handle
+		if lr[s.index].text != "" {
+			st.Rule = lr[s.index].text
+		}
 	} else {
 		mismatched[s.chain] = true
 	}
@@ -364,10 +367,20 @@ var (
 // why in note, when there is none.
 func listedChains(m *explain.Model, f family) (map[string][]listedRule, string) {
 	for _, l := range m.Rules {
-		if l.Format != "nft" {
+		if l.Format != "nft" && l.Format != ListingFormatNetlink {
 			continue
 		}
 		if chains := parseListing(l, f); chains != nil {
+			if l.Format == ListingFormatNetlink {
+				// Handles only: the rule text is kp's description of
+				// the kernel's expressions, kp's own rendering reads
+				// better.
+				for _, rules := range chains {
+					for i := range rules {
+						rules[i].text = ""
+					}
+				}
+			}
 			return chains, ""
 		}
 	}

@@ -256,3 +256,22 @@ func TestRulePathTakesHandlesFromTheListing(t *testing.T) {
 		t.Errorf("services step %+v, note %q: listed with 2 rules of 4, want kp's text and the chain noted", s, rp.Note)
 	}
 }
+
+// A listing read through netlink (no nft CLI) gives the handles; the rule
+// text stays kp's own.
+func TestRulePathTakesOnlyHandlesFromANetlinkListing(t *testing.T) {
+	m := explainWorld()
+	m.Rules = []statusapi.RuleListing{{Where: "nftables ip kp", Format: ListingFormatNetlink, Text: `# read through netlink
+table ip kp {
+	chain nat-prerouting {
+		type nat hook 0 priority -100;
+		jump services # handle 40
+	}
+}
+`}}
+	_, rp := explainPath(t, m, "10.96.0.10:80", "192.168.7.9")
+	i := slices.IndexFunc(rp.Steps, func(s explain.RuleStep) bool { return s.Where == "ip kp nat-prerouting" })
+	if i < 0 || rp.Steps[i].Handle != 40 || rp.Steps[i].Rule != "jump services" {
+		t.Errorf("steps %+v: want nat-prerouting's handle 40 from the netlink listing", rp.Steps)
+	}
+}

@@ -143,8 +143,9 @@ func newSnapshotCommand(a *app) *cobra.Command {
 --snapshot on any machine, or to attach to a bug report: every service port with its
 endpoints as last synced, the Node and the Service CIDRs, the settings behind masquerade
 and NodePorts (detect-local, --nodeport-addresses and the addresses they give), the mode,
-its rules as its own tool lists them (nftables: nft -a list table ip kp, when the nft CLI
-is installed; iptables: kp's chains in iptables-save -c), and the conntrack entries
+its rules as its own tool lists them (nftables: nft -a list table ip kp, or, without the
+nft CLI, read through netlink with their rule handles; iptables: kp's chains in
+iptables-save -c), and the conntrack entries
 addressed to a Service. The file is JSON, format kp-snapshot/v1, with the kp version that
 took it, written 0600: it names every Service and endpoint of the cluster.`,
 		Example: `  kp snapshot -o /tmp/node-a.kpsnap.json
