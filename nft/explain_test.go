@@ -196,12 +196,16 @@ func TestRulePathPerFeature(t *testing.T) {
 }
 
 // Where the path after the random pick depends on it (a pick of the client
-// itself meets the hairpin rule), the first alternative is shown and the
-// note says so; without a listing, rules are kp's own text, without handles.
+// itself meets the hairpin rule), the pick's step still names every
+// alternative, the path goes on as most of them do, and the note says so; without a listing, rules are kp's own text, without handles.
 func TestRulePathNotesWhatItCannotKnow(t *testing.T) {
 	_, rp := explainPath(t, explainWorld(), "10.96.0.10:80", "10.244.1.10")
-	if !strings.Contains(rp.Note, "depends on what it picks: shown for the pick 10.244.1.10:8080") {
+	if !strings.Contains(rp.Note, "depends on what it picks: shown as 1 of its 2 alternatives go on (the pick 10.244.1.10:8080)") {
 		t.Errorf("note %q: want the hairpin pick's divergence", rp.Note)
+	}
+	if got := pathOf(rp); !slices.Contains(got, "endpoint-dnat: one of: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080") ||
+		!slices.Contains(got, "nat-postrouting: jump mark-for-masquerade") {
+		t.Errorf("path %q: want the pick's alternatives, then the hairpin pick's way on", got)
 	}
 	if !strings.Contains(rp.Note, "no listing of table ip kp") {
 		t.Errorf("note %q: want the missing listing said", rp.Note)
