@@ -197,7 +197,8 @@ func TestRulePathPerFeature(t *testing.T) {
 
 // Where the path after the random pick depends on it (a pick of the client
 // itself meets the hairpin rule), the pick's step still names every
-// alternative, the path goes on as most of them do, and the note says so; without a listing, rules are kp's own text, without handles.
+// alternative, the path goes on as most of them do, and the note says so;
+// without a listing, rules are kp's own text, without handles.
 func TestRulePathNotesWhatItCannotKnow(t *testing.T) {
 	_, rp := explainPath(t, explainWorld(), "10.96.0.10:80", "10.244.1.10")
 	if !strings.Contains(rp.Note, "depends on what it picks: shown as 1 of its 2 alternatives go on (the pick 10.244.1.10:8080)") {
