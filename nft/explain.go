@@ -407,7 +407,7 @@ type listedRule struct {
 var (
 	listedTable = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
 	listedChain = regexp.MustCompile(`^chain (.+?) \{`)
-	listedRule_ = regexp.MustCompile(`^(.*) # handle (\d+)$`)
+	listedRuleLine = regexp.MustCompile(`^(.*) # handle (\d+)$`)
 )
 
 // listedChains reads family f's table of kp from the Model's listings
@@ -466,7 +466,7 @@ func parseListing(l statusapi.RuleListing, f family) map[string][]listedRule {
 		case line == "}":
 			chain = ""
 		default:
-			if r := listedRule_.FindStringSubmatch(line); r != nil {
+			if r := listedRuleLine.FindStringSubmatch(line); r != nil {
 				h, _ := strconv.ParseUint(r[2], 10, 64)
 				chains[chain] = append(chains[chain], listedRule{text: r[1], handle: h})
 			}
