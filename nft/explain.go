@@ -405,8 +405,8 @@ type listedRule struct {
 }
 
 var (
-	listedTable = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
-	listedChain = regexp.MustCompile(`^chain (.+?) \{`)
+	listedTable    = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
+	listedChain    = regexp.MustCompile(`^chain (.+?) \{`)
 	listedRuleLine = regexp.MustCompile(`^(.*) # handle (\d+)$`)
 )
 
