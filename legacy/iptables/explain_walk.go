@@ -58,7 +58,9 @@ func newWalkPacket(m *explain.Model, p explain.Packet, e *explain.Explanation) w
 	return pk
 }
 
-func (pk *walkPacket) isLocal(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(pk.local, a) }
+func (pk *walkPacket) isLocal(a netip.Addr) bool {
+	return a.IsLoopback() || slices.Contains(pk.local, a)
+}
 
 // outcome is how a rule or chain leaves the walk.
 type outcome int
