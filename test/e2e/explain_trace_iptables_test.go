@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -110,60 +111,86 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 	time.Sleep(700 * time.Millisecond)
 	_ = mon.Process.Signal(syscall.SIGTERM)
 	_ = mon.Wait()
+	if os.Getenv("KP_E2E_TRACE_LOG") != "" {
+		e.t.Logf("xtables-monitor --trace:\n%s", out.String())
+	}
 	return parseXtablesTrace(out.String())
 }
 
 // parseXtablesTrace reads xtables-monitor --trace's lines of the first
 // traced packet, e.g.
 //
-//	TRACE: 2 a1aa9a08 nat:KP-SERVICES:rule:0x5:JUMP:KP-SVC-X  -4 -t nat -A KP-SERVICES … -j KP-SVC-X
+//	PACKET: 2 470d892b IN=kpbr0 … SRC=10.100.1.10 DST=203.0.113.99 … ID=39728 DF SPORT=33784 DPORT=80 SYN
+//	 TRACE: 2 470d892b nat:KP-SERVICES:rule:0x5:JUMP:KP-SVC-X  -4 -t nat -A KP-SERVICES … -j KP-SVC-X
 //
-// keeping the rules of kp's chains and the jumps into them.
+// keeping the rules of kp's chains and the jumps into them. The trace id
+// is not the packet's for its whole path (a packet the bridge passes up,
+// br_netfilter, gets another from the FORWARD hook on), so the packet is
+// told by what DNAT leaves alone: its source, source port and IP ID.
 func parseXtablesTrace(text string) ([]explain.RuleStep, error) {
 	var steps []explain.RuleStep
-	id := ""
+	var first string
+	ids := map[string]bool{}
 	// A line may run into the next event's (the monitor ends a line
 	// when the next begins): one event a line.
 	text = strings.NewReplacer("TRACE: ", "\nTRACE: ", "PACKET: ", "\nPACKET: ").Replace(text)
 	sc := bufio.NewScanner(strings.NewReader(text))
 	for sc.Scan() {
-		for _, ev := range []string{strings.TrimSpace(sc.Text())} {
-			f := strings.Fields(ev)
-			if len(f) < 4 || (f[0] != "PACKET:" && f[0] != "TRACE:") {
-				continue
-			}
-			if id == "" {
-				id = f[2]
-			}
-			if f[2] != id || f[0] != "TRACE:" {
-				continue
-			}
-			// f[3]: TABLE:CHAIN:rule:HANDLE:VERDICT[:TARGET]
-			p := strings.SplitN(f[3], ":", 6)
-			if len(p) < 5 || p[2] != "rule" {
-				continue // a chain's return or policy: no rule
-			}
-			table, chain, verdict := p[0], p[1], p[4]
-			tgt := ""
-			if len(p) == 6 {
-				tgt = p[5]
-			}
-			if !strings.HasPrefix(chain, "KP-") && !strings.HasPrefix(tgt, "KP-") {
-				continue
-			}
-			handle, _ := strconv.ParseUint(strings.TrimPrefix(p[3], "0x"), 16, 64)
-			rule := ""
-			if i := strings.Index(ev, " -A "); i >= 0 {
-				rule = strings.TrimSpace(ev[i+1:])
-			}
-			steps = append(steps, explain.RuleStep{Where: table + " " + chain, Rule: rule, Handle: handle,
-				Verdict: traceVerdict(verdict, tgt, rule)})
+		ev := strings.TrimSpace(sc.Text())
+		f := strings.Fields(ev)
+		if len(f) < 4 {
+			continue
 		}
+		if f[0] == "PACKET:" {
+			key := packetKey(f)
+			if first == "" {
+				first = key
+			}
+			if key == first {
+				ids[f[2]] = true
+			}
+			continue
+		}
+		if f[0] != "TRACE:" || !ids[f[2]] {
+			continue
+		}
+		// f[3]: TABLE:CHAIN:rule:HANDLE:VERDICT[:TARGET]
+		p := strings.SplitN(f[3], ":", 6)
+		if len(p) < 5 || p[2] != "rule" {
+			continue // a chain's return or policy: no rule
+		}
+		table, chain, verdict := p[0], p[1], p[4]
+		tgt := ""
+		if len(p) == 6 {
+			tgt = p[5]
+		}
+		if !strings.HasPrefix(chain, "KP-") && !strings.HasPrefix(tgt, "KP-") {
+			continue
+		}
+		handle, _ := strconv.ParseUint(strings.TrimPrefix(p[3], "0x"), 16, 64)
+		rule := ""
+		if i := strings.Index(ev, " -A "); i >= 0 {
+			rule = strings.TrimSpace(ev[i+1:])
+		}
+		steps = append(steps, explain.RuleStep{Where: table + " " + chain, Rule: rule, Handle: handle,
+			Verdict: traceVerdict(verdict, tgt, rule)})
 	}
-	if id == "" {
+	if first == "" {
 		return nil, fmt.Errorf("xtables-monitor saw no traced packet:\n%s", text)
 	}
 	return steps, nil
+}
+
+// packetKey is what of a PACKET line no hook of kp's changes before
+// POSTROUTING's SNAT: SRC=, SPORT= and (IPv4) ID=.
+func packetKey(f []string) string {
+	var k []string
+	for _, w := range f {
+		if strings.HasPrefix(w, "SRC=") || strings.HasPrefix(w, "SPORT=") || strings.HasPrefix(w, "ID=") {
+			k = append(k, w)
+		}
+	}
+	return strings.Join(k, " ")
 }
 
 // traceVerdict spells the kernel's verdict as explain does: the jump or
@@ -177,7 +204,7 @@ func traceVerdict(verdict, tgt, rule string) string {
 		return "goto " + tgt
 	case "CONTINUE":
 		return "continue"
-	case "RETURN":
+	case "RETURN", "0xfffffffb": // NFT_RETURN, which xtables-monitor prints as a number
 		return "return"
 	}
 	if v := terminalVerdict(rule); v != "" {
