@@ -33,11 +33,17 @@ import (
 // rules of kp's that packet matched, in the order the kernel evaluated
 // them.
 func traceIPTables(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
-	switch e.mode.backend {
-	case "nft":
+	switch {
+	case e.mode.backend == "nft" && dst.Addr().Is4():
 		return traceXtablesMonitor(e, from, dst, proto, send)
-	case "legacy":
-		return traceCounters(e, from, dst, proto, send)
+	case e.mode.backend == "nft":
+		// xtables-monitor 1.8.9 cannot print an IPv6 rule with a
+		// protocol match ("unsupported layer 4 protocol value", then it
+		// exits), and every rule of kp's service chains has one:
+		// iptables-nft's counters are the record for IPv6.
+		return traceCounters(e, from, dst, proto, send, "ip6tables-nft")
+	case e.mode.backend == "legacy":
+		return traceCounters(e, from, dst, proto, send, iptFamily(dst)+"-legacy")
 	}
 	return nil, fmt.Errorf("mode %s has no iptables backend to trace", e.mode.name)
 }
@@ -252,8 +258,7 @@ func terminalVerdict(spec string) string {
 // walked in evaluation order (the hooks in the order a packet meets them,
 // each built-in chain's jumps into kp's chains, each chain's rules in
 // order, into every chain a counted rule jumps to).
-func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
-	bin := iptFamily(dst) + "-legacy"
+func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func(), bin string) ([]explain.RuleStep, error) {
 	// The flow's packets other than its first: its replies and what
 	// the node answers for it (a REJECT's reset or ICMP error, whose
 	// protocol is not the flow's but whose connection is).
@@ -280,7 +285,32 @@ func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, se
 		}
 		saved[t] = parseCounted(out)
 	}
-	return walkCounted(saved), nil
+	local, err := nodeAddrs(e)
+	if err != nil {
+		return nil, err
+	}
+	isLocal := func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(local, a) }
+	return walkCounted(saved, counterPath{fromNode: isLocal(from), dst: dst.Addr(), local: isLocal}), nil
+}
+
+// nodeAddrs are the node namespace's addresses.
+func nodeAddrs(e *env) ([]netip.Addr, error) {
+	out, err := e.w.Exec(e.w.Node(), "ip", "-o", "addr", "show")
+	if err != nil {
+		return nil, fmt.Errorf("the node's addresses: %w", err)
+	}
+	var as []netip.Addr
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" || f[i] == "inet6" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					as = append(as, p.Addr())
+				}
+			}
+		}
+	}
+	return as, nil
 }
 
 // countedRule is one rule of iptables-save -c.
@@ -308,16 +338,22 @@ func parseCounted(save string) map[string][]countedRule {
 	return out
 }
 
-// iptHooks are the built-in chains kp jumps from, in the order one packet
-// meets them: arriving (nat PREROUTING, then filter FORWARD and nat
-// POSTROUTING, or filter INPUT) or the node's own (nat OUTPUT, filter
-// OUTPUT, nat POSTROUTING, and filter INPUT when it goes to the node's own
-// address through lo); no packet meets two of them out of this order.
-var iptHooks = [][2]string{{"nat", "PREROUTING"}, {"nat", "OUTPUT"}, {"filter", "OUTPUT"}, {"filter", "FORWARD"},
-	{"nat", "POSTROUTING"}, {"filter", "INPUT"}}
+// counterPath is where the counted packet went, which tells the hooks it
+// met (the kernel's hook graph): a packet of the node's own meets nat
+// OUTPUT, filter OUTPUT and nat POSTROUTING, then filter INPUT when it
+// goes to the node's own address (through lo); a packet that arrives meets
+// nat PREROUTING, then filter INPUT when its destination (after DNAT) is
+// the node's, else filter FORWARD and nat POSTROUTING. Another packet's
+// counts in a hook this one did not meet (an IPv6 neighbour solicitation
+// through filter INPUT's jumps, which match every packet) are not read.
+type counterPath struct {
+	fromNode bool
+	dst      netip.Addr
+	local    func(netip.Addr) bool
+}
 
 // walkCounted orders the counted rules as the kernel evaluated them.
-func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
+func walkCounted(saved map[string]map[string][]countedRule, cp counterPath) []explain.RuleStep {
 	var steps []explain.RuleStep
 	var call func(table, chain string) string
 	// call walks chain's counted rules; it returns "" (fell through or
@@ -365,10 +401,30 @@ func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
 		}
 		return ""
 	}
-	for _, h := range iptHooks {
-		if call(h[0], h[1]) == "stop" {
-			break
+	dst := cp.dst
+	hook := func(table, chain string) bool {
+		out := call(table, chain)
+		for _, st := range steps {
+			if to, ok := strings.CutPrefix(st.Verdict, "dnat to "); ok {
+				if ap, err := netip.ParseAddrPort(to); err == nil {
+					dst = ap.Addr()
+				} else if a, err := netip.ParseAddr(to); err == nil {
+					dst = a
+				}
+			}
 		}
+		return out != "stop"
+	}
+	switch {
+	case cp.fromNode:
+		if hook("nat", "OUTPUT") && hook("filter", "OUTPUT") && hook("nat", "POSTROUTING") && cp.local(dst) {
+			hook("filter", "INPUT")
+		}
+	case !hook("nat", "PREROUTING"):
+	case cp.local(dst):
+		hook("filter", "INPUT")
+	case hook("filter", "FORWARD"):
+		hook("nat", "POSTROUTING")
 	}
 	return steps
 }
@@ -418,7 +474,7 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 		http := []Port{{Name: "http", Port: 80, TargetPort: 8080}}
 		svc := web(pods...)
 		svc.Type, svc.Ports[0].NodePort, svc.ExternalIPs = v1.ServiceTypeNodePort, 30080, []string{"203.0.113.10"}
-		one := Service{Name: "one", ClusterIPs: []string{"10.96.0.11"}, Ports: http, Endpoints: endpoints(pods[1])}
+		one := Service{Name: "one", ClusterIPs: []string{"10.96.0.11", "fd00:96::11"}, Ports: http, Endpoints: endpoints(pods[1])}
 		empty := Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: http}
 		elsewhere := endpoints(pods[0])
 		for i := range elsewhere {
@@ -433,7 +489,15 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			LoadBalancerIPs: []string{"203.0.113.40"}, SourceRanges: []string{client.String() + "/32"}}
 		sticky := Service{Name: "sticky", ClusterIPs: []string{"10.96.0.50"}, Ports: http, Endpoints: endpoints(pods...),
 			AffinitySeconds: 600}
-		e.write("services.yaml", svc, one, empty, local, fw, sticky)
+		// Enough ClusterIPs that kp splits its dispatch chains into
+		// tries (KP-SVCS-…, KP-FSVCS-…; legacy/iptables/dispatch.go): the
+		// path walks them.
+		services := []any{svc, one, empty, local, fw, sticky}
+		for i := range 20 {
+			services = append(services, Service{Name: fmt.Sprintf("filler-%d", i), ClusterIPs: []string{fmt.Sprintf("10.96.2.%d", i+1)},
+				Ports: http, Endpoints: endpoints(pods[1])})
+		}
+		e.write("services.yaml", services...)
 		e.startKP("--service-cidrs", netns.ServiceCIDR.String()+","+netns.ServiceCIDR6.String())
 		// External and LoadBalancer addresses outside the Service CIDR,
 		// which the client routes through the node as a router would.
@@ -446,21 +510,25 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			name, ns string
 			from     netip.Addr
 			dst      string
+			// through is a chain the trace must pass (the case's point).
+			through string
 		}{
-			{"ClusterIP from off the node, masqueraded", e.w.Client(), client, "10.96.0.11:80"},
-			{"ClusterIP from a pod, not masqueraded", pods[0].NS, pod, "10.96.0.11:80"},
-			{"ClusterIP from the node", e.w.Node(), node, "10.96.0.11:80"},
-			{"ClusterIP from a pod that is an endpoint: hairpin", pods[0].NS, pod, webTCP},
-			{"NodePort", e.w.Client(), client, nodePort(30080)},
-			{"externalIP", e.w.Client(), client, "203.0.113.10:80"},
-			{"LoadBalancer, source range allows", e.w.Client(), client, "203.0.113.40:80"},
-			{"LoadBalancer, source range refuses", pods[0].NS, pod, "203.0.113.40:80"},
-			{"no endpoints: rejected", e.w.Client(), client, "10.96.0.20:80"},
-			{"NodePort, Local policy without a local endpoint: dropped", e.w.Client(), client, nodePort(30090)},
-			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81"},
-			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80"},
-			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80"},
-			{"no Service", pods[0].NS, pod, "203.0.113.99:80"},
+			{"ClusterIP from off the node, masqueraded", e.w.Client(), client, "10.96.0.11:80", ""},
+			{"ClusterIP from a pod, not masqueraded", pods[0].NS, pod, "10.96.0.11:80", ""},
+			{"ClusterIP from the node", e.w.Node(), node, "10.96.0.11:80", ""},
+			{"IPv6 ClusterIP from off the node", e.w.Client(), e.w.ClientIP6(), "[fd00:96::11]:80", ""},
+			{"a filler's ClusterIP, through the dispatch trie", e.w.Client(), client, "10.96.2.7:80", "nat KP-SVCS-"},
+			{"ClusterIP from a pod that is an endpoint: hairpin", pods[0].NS, pod, webTCP, ""},
+			{"NodePort", e.w.Client(), client, nodePort(30080), ""},
+			{"externalIP", e.w.Client(), client, "203.0.113.10:80", ""},
+			{"LoadBalancer, source range allows", e.w.Client(), client, "203.0.113.40:80", ""},
+			{"LoadBalancer, source range refuses", pods[0].NS, pod, "203.0.113.40:80", ""},
+			{"no endpoints: rejected", e.w.Client(), client, "10.96.0.20:80", ""},
+			{"NodePort, Local policy without a local endpoint: dropped", e.w.Client(), client, nodePort(30090), ""},
+			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81", ""},
+			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80", ""},
+			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80", ""},
+			{"no Service", pods[0].NS, pod, "203.0.113.99:80", ""},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -489,6 +557,9 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 				}
 				if d := pathDiffIPT(x.RulePath, steps); d != "" {
 					t.Errorf("kp explain's rule path is not the kernel's (%s): %s", x.Verdict, d)
+				}
+				if tc.through != "" && !slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return strings.HasPrefix(s.Where, tc.through) }) {
+					t.Errorf("the trace never passes %s…: the case does not test what it says", tc.through)
 				}
 			})
 		}
