@@ -89,6 +89,7 @@ type choice struct {
 	at       int
 	verdicts []string
 	chains   []string
+	rules    []string
 }
 
 // walkAll walks pk through every hook, once per alternative of a random
@@ -107,6 +108,7 @@ func (rs *ruleSet) walkAll(pk walkPacket) []explain.RuleStep {
 	pick := first.steps[c.at]
 	pick.Verdict = "one of: " + strings.Join(c.verdicts, " | ")
 	pick.Element = strings.Join(c.chains, " | ")
+	pick.Rule = strings.Join(c.rules, " | ")
 	out = append(out, pick)
 	var tails [][]explain.RuleStep
 	for _, w := range walks {
@@ -296,9 +298,10 @@ func (w *pathWalk) call(t Table, name string) outcome {
 			}
 			if w.choice == nil {
 				ch := &choice{at: len(w.steps)}
-				for _, r := range c.Rules[i : end+1] {
-					tgt, _ := target(r.Args)
+				for j := i; j <= end; j++ {
+					tgt, _ := target(c.Rules[j].Args)
 					ch.verdicts, ch.chains = append(ch.verdicts, "jump "+tgt), append(ch.chains, tgt)
+					ch.rules = append(ch.rules, w.rs.ruleText(k, c, j))
 				}
 				w.choice = ch
 				i += min(w.choose, end-i)
