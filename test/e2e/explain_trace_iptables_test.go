@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -504,6 +506,10 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 		if out, err := e.w.Exec(e.w.Client(), "ip", "route", "add", "203.0.113.0/24", "via", e.w.NodeIP().String()); err != nil {
 			t.Fatalf("%v\n%s", err, out)
 		}
+		snapFile := filepath.Join(t.TempDir(), "node.kpsnap.json")
+		if _, stderr, code := e.runKP("snapshot", "-o", snapFile, "--status-socket", e.socket); code != 0 {
+			t.Fatalf("kp snapshot: exit %d\n%s", code, stderr)
+		}
 		node, pod := e.w.NodeIP(), pods[0].IP
 		nodePort := func(p uint16) string { return netip.AddrPortFrom(node, p).String() }
 		cases := []struct {
@@ -557,6 +563,19 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 				}
 				if d := pathDiffIPT(x.RulePath, steps); d != "" {
 					t.Errorf("kp explain's rule path is not the kernel's (%s): %s", x.Verdict, d)
+				}
+				// iptables-legacy-save prints the rules as the snapshot
+				// listed them: each traced rule is a predicted step's text.
+				for _, st := range steps {
+					if m.backend == "legacy" && !slices.ContainsFunc(x.RulePath.Steps, func(p explain.RuleStep) bool {
+						return slices.Contains(strings.Split(p.Rule, " | "), st.Rule)
+					}) {
+						t.Errorf("the traced rule %q is no predicted step's text", st.Rule)
+					}
+				}
+				// Offline, from the snapshot's file, the path is the same.
+				if off := e.explainJSON(snapFile, tc.from.String(), tc.dst); !reflect.DeepEqual(off.RulePath, x.RulePath) {
+					t.Errorf("from the snapshot, the path is\n%+v\nlive\n%+v", off.RulePath, x.RulePath)
 				}
 				if tc.through != "" && !slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return strings.HasPrefix(s.Where, tc.through) }) {
 					t.Errorf("the trace never passes %s…: the case does not test what it says", tc.through)
