@@ -223,7 +223,8 @@ func traceVerdict(verdict, tgt, rule string) string {
 }
 
 // terminalVerdict is the verdict of a rule's terminal target ("" for
-// others): "dnat to A:P", "masquerade", "reject", "drop", "accept".
+// others): "dnat to A:P", "redirect to :P", "masquerade", "reject",
+// "drop", "accept", "return".
 func terminalVerdict(spec string) string {
 	f := strings.Fields(spec)
 	for i := 0; i+1 < len(f); i++ {
@@ -240,6 +241,13 @@ func terminalVerdict(spec string) string {
 			return "dnat"
 		case "MASQUERADE":
 			return "masquerade"
+		case "REDIRECT": // the userspace mode's redirects, nftables trace style
+			for k := i + 2; k+1 < len(f); k++ {
+				if f[k] == "--to-ports" {
+					return "redirect to :" + f[k+1]
+				}
+			}
+			return "redirect"
 		case "REJECT", "DROP", "ACCEPT", "RETURN":
 			return strings.ToLower(f[i+1])
 		}
