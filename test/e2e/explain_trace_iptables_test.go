@@ -502,7 +502,9 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 		// Enough ClusterIPs that kp splits its dispatch chains into
 		// tries (KP-SVCS-…, KP-FSVCS-…; legacy/iptables/dispatch.go): the
 		// path walks them.
-		services := []any{svc, one, empty, local, fw, sticky}
+		terminating := Service{Name: "terminating", ClusterIPs: []string{"10.96.0.60"}, Ports: http,
+			Endpoints: []Endpoint{{IP: pods[1].IP.String(), NodeName: nodeName, Ready: Bool(false), Serving: Bool(true), Terminating: Bool(true)}}}
+		services := []any{svc, one, empty, local, fw, sticky, terminating}
 		for i := range 20 {
 			services = append(services, Service{Name: fmt.Sprintf("filler-%d", i), ClusterIPs: []string{fmt.Sprintf("10.96.2.%d", i+1)},
 				Ports: http, Endpoints: endpoints(pods[1])})
@@ -542,6 +544,10 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81", ""},
 			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80", ""},
 			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80", ""},
+			// The case before set the client's entry (KP-SEP-'s --set):
+			// now the --rcheck rule picks, one of the same alternatives.
+			{"ClientIP affinity, the client pinned", e.w.Client(), client, "10.96.0.50:80", ""},
+			{"only a terminating endpoint: the serving fallback", e.w.Client(), client, "10.96.0.60:80", ""},
 			{"no Service", pods[0].NS, pod, "203.0.113.99:80", ""},
 		}
 		for _, tc := range cases {
