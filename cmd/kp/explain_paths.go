@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/nft"
 )
 
@@ -9,4 +10,5 @@ import (
 // reports: each tells a packet's path through its mode's rules.
 var rulePathers = map[string]explain.RulePather{
 	"nftables": nft.RulePather{},
+	"iptables": iptables.RulePather{},
 }
