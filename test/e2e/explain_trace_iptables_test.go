@@ -472,7 +472,7 @@ func specTarget(spec string) (string, bool) {
 // kp explain's rule path is the one the kernel walks, in the iptables
 // mode with either backend: for each case a real first packet is traced
 // (traceIPTables) and compared with the path kp explain -o json predicted
-// for it (pathDiffIPT); a random endpoint choice accepts any of its
+// for it (pathDiff); a random endpoint choice accepts any of its
 // alternatives.
 func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
@@ -516,10 +516,6 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 		if out, err := e.w.Exec(e.w.Client(), "ip", "route", "add", "203.0.113.0/24", "via", e.w.NodeIP().String()); err != nil {
 			t.Fatalf("%v\n%s", err, out)
 		}
-		snapFile := filepath.Join(t.TempDir(), "node.kpsnap.json")
-		if _, stderr, code := e.runKP("snapshot", "-o", snapFile, "--status-socket", e.socket); code != 0 {
-			t.Fatalf("kp snapshot: exit %d\n%s", code, stderr)
-		}
 		node, pod := e.w.NodeIP(), pods[0].IP
 		nodePort := func(p uint16) string { return netip.AddrPortFrom(node, p).String() }
 		cases := []struct {
@@ -559,6 +555,12 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 				defer sent.Wait()
 				dst := netip.MustParseAddrPort(tc.dst)
 				x := e.explainJSON("", tc.from.String(), tc.dst)
+				// A snapshot of this moment (the affinity entries a case
+				// before left are in it, as in the live answer).
+				snapFile := filepath.Join(t.TempDir(), "node.kpsnap.json")
+				if _, stderr, code := e.runKP("snapshot", "-o", snapFile, "--status-socket", e.socket); code != 0 {
+					t.Fatalf("kp snapshot: exit %d\n%s", code, stderr)
+				}
 				if len(x.RulePath.Steps) == 0 {
 					t.Fatalf("kp explain predicts no rule path: %s", x.RulePath.Absent)
 				}
@@ -575,7 +577,7 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 				if len(steps) == 0 {
 					t.Fatalf("the kernel's trace shows no rule of kp's for %s from %s", tc.dst, tc.from)
 				}
-				if d := pathDiffIPT(x.RulePath, steps); d != "" {
+				if d := pathDiff(x.RulePath, steps); d != "" {
 					t.Errorf("kp explain's rule path is not the kernel's (%s): %s", x.Verdict, d)
 				}
 				// iptables-legacy-save prints the rules as the snapshot

@@ -222,52 +222,6 @@ func parseTrace(lines []string, tables []string) ([]explain.RuleStep, error) {
 	return steps, nil
 }
 
-// pathDiff compares a predicted rule path with a traced one: equal in
-// length and, step by step, in Where and Verdict (a predicted "one of: a |
-// b" accepts any of them), and in Handle when both have one. "" when they
-// agree; else both paths, side by side.
-func pathDiff(predicted explain.RulePath, traced []explain.RuleStep) string {
-	want := predicted.Steps
-	same := len(want) == len(traced)
-	for i := 0; same && i < len(want); i++ {
-		same = stepMatches(want[i], traced[i])
-	}
-	if same {
-		return ""
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "predicted %d steps, the kernel traced %d:\n", len(want), len(traced))
-	for i := range max(len(want), len(traced)) {
-		mark := "  "
-		if i >= len(want) || i >= len(traced) || !stepMatches(want[i], traced[i]) {
-			mark = "≠ "
-		}
-		fmt.Fprintf(&b, "%s%2d predicted: %s\n     traced:    %s\n", mark, i, stepAt(want, i), stepAt(traced, i))
-	}
-	if predicted.Absent != "" || predicted.Note != "" {
-		fmt.Fprintf(&b, "(absent: %q; note: %q)\n", predicted.Absent, predicted.Note)
-	}
-	return b.String()
-}
-
-func stepMatches(want, got explain.RuleStep) bool {
-	if want.Where != got.Where || want.Handle != 0 && got.Handle != 0 && want.Handle != got.Handle {
-		return false
-	}
-	if alts, ok := strings.CutPrefix(want.Verdict, "one of: "); ok {
-		return slices.Contains(strings.Split(alts, " | "), got.Verdict)
-	}
-	return want.Verdict == got.Verdict
-}
-
-func stepAt(steps []explain.RuleStep, i int) string {
-	if i >= len(steps) {
-		return "-"
-	}
-	s := steps[i]
-	return fmt.Sprintf("%s: %s # handle %d (verdict %s)", s.Where, s.Rule, s.Handle, s.Verdict)
-}
-
 // kp explain's rule path for nftables is the kernel's: for each feature
 // that changes a verdict, one real packet is traced through kp's table
 // (nft monitor trace) and its rule events are the steps kp explain

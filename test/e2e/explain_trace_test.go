@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,10 +12,10 @@ import (
 )
 
 // tracer arms the kernel's own trace of the rules in e's node for the
-// first packet from `from` (the zero Addr: any source, as for a packet of
-// the node itself, whose source routing picks) to dst over proto ("tcp" or
-// "udp"), calls send, disarms, and returns the steps the kernel reports
-// for kp's rules, named as the mode's RulePather names them.
+// first packet from `from` to dst over proto ("tcp" or "udp"), calls send,
+// disarms, and returns the steps the kernel reports for kp's rules, named
+// as the mode's RulePather names them. The traced connection need not
+// complete (iptables-legacy's tracer holds its replies back).
 type tracer func(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error)
 
 // tracer is the mode's: nftables tracing for kp's tables, iptables TRACE
@@ -75,8 +73,7 @@ func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
 
 		cases := []struct {
 			name string
-			// ns sends from the address from (the zero Addr: the node's
-			// own, which routing picks).
+			// ns sends from the address from.
 			ns    string
 			from  netip.Addr
 			proto string
@@ -88,7 +85,7 @@ func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
 		}{
 			{name: "ClusterIP from outside the cluster", ns: clientNS, from: client, dst: webTCP, verdict: explain.VerdictDNAT},
 			{name: "ClusterIP from a pod", ns: pods[2].NS, from: pods[2].IP, dst: webTCP, verdict: explain.VerdictDNAT},
-			{name: "ClusterIP from the node", ns: e.w.Node(), dst: webTCP, verdict: explain.VerdictDNAT},
+			{name: "ClusterIP from the node", ns: e.w.Node(), from: e.w.NodeIP(), dst: webTCP, verdict: explain.VerdictDNAT},
 			{name: "ClusterIP over UDP", ns: clientNS, from: client, proto: "udp", dst: webUDP, verdict: explain.VerdictDNAT},
 			{name: "NodePort", ns: clientNS, from: client, dst: hostPort(nodeIP, 30080), verdict: explain.VerdictDNAT},
 			{name: "externalIP", ns: clientNS, from: client, dst: extIP + ":80", verdict: explain.VerdictDNAT},
@@ -116,34 +113,30 @@ func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
 				if proto == "" {
 					proto = "tcp"
 				}
-				from := tc.from
-				if !from.IsValid() {
-					from = e.w.NodeIP()
-				}
 				if tc.before != nil {
 					tc.before()
 				}
-				x := e.explainJSON("", from.String(), tc.dst+"/"+proto)
+				x := e.explainJSON("", tc.from.String(), tc.dst+"/"+proto)
 				if x.Verdict != tc.verdict {
 					t.Errorf("explain: %s (%s), want %s", x.Verdict, x.Why, tc.verdict)
 				}
 				if x.RulePath.Absent != "" || x.RulePath.Mode != m.proxyMode {
 					t.Fatalf("explain gives no %s rule path: mode %q, %s", m.proxyMode, x.RulePath.Mode, x.RulePath.Absent)
 				}
-				var reply string
-				var sendErr error
 				traced, err := e.tracer()(e, tc.from, netip.MustParseAddrPort(tc.dst), proto, func() {
-					reply, sendErr = e.w.Dial(tc.ns, proto, tc.dst, time.Second)
+					_, _ = e.w.Dial(tc.ns, proto, tc.dst, 900*time.Millisecond)
 				})
 				if err != nil {
 					t.Fatalf("trace: %v", err)
 				}
 				if d := pathDiff(x.RulePath, traced); d != "" {
-					t.Errorf("explain's rule path is not the kernel's trace: %s\nexplained:\n%s\ntraced:\n%s", d,
-						stepsText(x.RulePath.Steps), stepsText(traced))
+					t.Errorf("explain's rule path is not the kernel's trace: %s", d)
 				}
-				if met := verdictMet(reply, sendErr); !sameOutcome(tc.verdict, met) {
-					t.Errorf("the packet met %s (%q, %v); explain said %s", met, reply, sendErr, tc.verdict)
+				// The verdict, from the client's side, on a connection of
+				// its own (the traced one may have been held back).
+				reply, err := e.w.Dial(tc.ns, proto, tc.dst, time.Second)
+				if met := verdictMet(reply, err); !sameOutcome(tc.verdict, met) {
+					t.Errorf("the packet met %s (%q, %v); explain said %s", met, reply, err, tc.verdict)
 				}
 			})
 		}
@@ -177,19 +170,4 @@ func sameOutcome(v explain.Verdict, met string) bool {
 		return met == "silence"
 	}
 	return met == "a refusal" || met == "silence"
-}
-
-func stepsText(steps []explain.RuleStep) string {
-	var b strings.Builder
-	for _, s := range steps {
-		b.WriteString("  " + s.Where + ": " + s.Rule)
-		if s.Handle != 0 {
-			fmt.Fprintf(&b, " # handle %d", s.Handle)
-		}
-		if s.Element != "" {
-			b.WriteString(" [" + s.Element + "]")
-		}
-		b.WriteString(" -> " + s.Verdict + "\n")
-	}
-	return b.String()
 }

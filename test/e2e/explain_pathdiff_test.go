@@ -9,14 +9,14 @@ import (
 	"github.com/kpproxy/kp/explain"
 )
 
-// pathDiffIPT compares a predicted rule path with the kernel's trace: ""
+// pathDiff compares a predicted rule path with the kernel's trace: ""
 // when they agree, else both paths side by side. They agree when, step by
 // step, Where and Verdict are equal, and Handle when both have one. A
 // predicted "one of: A | B" verdict accepts any alternative and picks the
 // branch; after it, a step whose Where and Verdict list one value per
 // alternative ("W1 | W2", "-" where that alternative has no step) is
 // compared by the branch picked.
-func pathDiffIPT(predicted explain.RulePath, traced []explain.RuleStep) string {
+func pathDiff(predicted explain.RulePath, traced []explain.RuleStep) string {
 	branch := -1
 	j := 0
 	var why string
@@ -76,7 +76,7 @@ func pathDiffIPT(predicted explain.RulePath, traced []explain.RuleStep) string {
 	return b.String()
 }
 
-// pathDiffIPT takes any alternative of a random choice, then holds the
+// pathDiff takes any alternative of a random choice, then holds the
 // trace to that alternative's branch; a step more, a step less or another
 // verdict is a difference.
 func TestPathDiffIPTFollowsTheBranchTheKernelTook(t *testing.T) {
@@ -106,7 +106,7 @@ func TestPathDiffIPTFollowsTheBranchTheKernelTook(t *testing.T) {
 		{"another handle", otherHandle, false},
 		{"a choice not offered", []explain.RuleStep{step("nat KP-SVC-X", "jump KP-SEP-C"), b[1], b[2]}, false},
 	} {
-		if d := pathDiffIPT(predicted, tc.traced); (d == "") != tc.agree {
+		if d := pathDiff(predicted, tc.traced); (d == "") != tc.agree {
 			t.Errorf("%s: agree %t, want %t: %s", tc.name, d == "", tc.agree, d)
 		}
 	}
