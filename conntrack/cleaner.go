@@ -263,6 +263,11 @@ func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 		}
 	})
 	n, err := c.Clean(ctx, prev, cur)
+	if err != nil && ctx.Err() != nil {
+		// kp is shutting down (or the sync was abandoned): not a failure.
+		c.log.Info("conntrack cleanup stopped", "generation", cur.Generation, "deleted", n, "why", context.Cause(ctx))
+		return
+	}
 	if err != nil {
 		c.errors.Inc()
 		c.log.Error("conntrack cleanup failed; the next sync retries", "generation", cur.Generation, "deleted", n, "err", err)
