@@ -1,7 +1,14 @@
 package main
 
-import "github.com/kpproxy/kp/explain"
+import (
+	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/legacy/ipvs"
+	"github.com/kpproxy/kp/legacy/userspace"
+)
 
 // rulePathers are the modes' RulePathers, by the mode name a snapshot
 // reports: each tells a packet's path through its mode's rules.
-var rulePathers = map[string]explain.RulePather{}
+var rulePathers = map[string]explain.RulePather{
+	"ipvs":      ipvs.RulePather{},
+	"userspace": userspace.RulePather{},
+}
