@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/legacy/iptables"
 	"github.com/kpproxy/kp/legacy/ipvs"
 	"github.com/kpproxy/kp/legacy/userspace"
 )
@@ -9,6 +10,7 @@ import (
 // rulePathers are the modes' RulePathers, by the mode name a snapshot
 // reports: each tells a packet's path through its mode's rules.
 var rulePathers = map[string]explain.RulePather{
+	"iptables":  iptables.RulePather{},
 	"ipvs":      ipvs.RulePather{},
 	"userspace": userspace.RulePather{},
 }

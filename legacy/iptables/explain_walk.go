@@ -1,0 +1,545 @@
+package iptables
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kpproxy/kp/explain"
+)
+
+// The packet's walk through a ruleSet, as the kernel's xtables evaluate
+// it for a connection's first packet: per hook the built-in chain's jumps
+// into kp's chains in order, rule by rule, a user chain returning to its
+// caller (or, reached by -g, to its caller's caller). It reads the matches
+// kp's own rules use (render, skeleton, dispatch), nothing else.
+
+// walkPacket is what the rules match on, with what they change (the
+// destination by DNAT, the mark).
+type walkPacket struct {
+	src, dst netip.Addr
+	// srcKnown is false without --from: -s matches then follow pod.
+	srcKnown bool
+	pod      bool // from a pod, as detect-local tells (CIDR or interface)
+	fromNode bool
+	proto    string
+	dport    uint16
+	mark     uint32
+	dnated   bool
+	local    []netip.Addr
+	// localCIDRs are detect-local's ranges, which -s of an unknown
+	// source matches as pod does.
+	localCIDRs []netip.Prefix
+	// pinned is the KP-SEP- chain the client's affinity entry names
+	// ("" when none is known).
+	pinned string
+}
+
+func newWalkPacket(m *explain.Model, p explain.Packet, e *explain.Explanation) walkPacket {
+	pk := walkPacket{src: p.Src, dst: p.Dst.Addr(), srcKnown: p.Src.IsValid(), fromNode: e.Source.Node,
+		pod: e.Source.Pod != nil && *e.Source.Pod, proto: strings.ToLower(string(p.Protocol)), dport: p.Dst.Port(),
+		local: slices.Concat(m.Facts.LocalAddrs, m.Facts.NodePortIPs), localCIDRs: m.Facts.LocalCIDRs}
+	if e.Affinity != nil && e.Affinity.PinnedTo != "" && e.Service != nil {
+		ep, _, _ := strings.Cut(e.Affinity.PinnedTo, " ")
+		ap, err := netip.ParseAddrPort(ep)
+		for name, sp := range m.State.Services {
+			if err != nil || name.Namespace != e.Service.Namespace || name.Name != e.Service.Name || name.Port != e.Service.PortName ||
+				string(name.Protocol) != e.Service.Protocol {
+				continue
+			}
+			for _, x := range m.State.Endpoints[name] {
+				if x.AddrPort() == ap {
+					pk.pinned = sepChainName(sp, x)
+				}
+			}
+		}
+	}
+	return pk
+}
+
+func (pk *walkPacket) isLocal(a netip.Addr) bool {
+	return a.IsLoopback() || slices.Contains(pk.local, a)
+}
+
+// outcome is how a rule or chain leaves the walk.
+type outcome int
+
+const (
+	next   outcome = iota // on to the next rule
+	ret                   // back to the calling chain
+	accept                // the hook is done with the walkPacket (ACCEPT, DNAT, MASQUERADE)
+	stop                  // dropped or rejected: the walk ends
+)
+
+// pathWalk is one walk of the packet; at a random choice it takes alternative
+// choose.
+type pathWalk struct {
+	rs     *ruleSet
+	pk     walkPacket
+	steps  []explain.RuleStep
+	choose int
+	// choice is the first random choice met: its step's index and each
+	// alternative's verdict and next chain.
+	choice *choice
+	done   bool
+}
+
+type choice struct {
+	at       int
+	verdicts []string
+	chains   []string
+}
+
+// walkAll walks pk through every hook, once per alternative of a random
+// choice, and merges the walks (RulePather's doc says how).
+func (rs *ruleSet) walkAll(pk walkPacket) []explain.RuleStep {
+	first := rs.walk(pk, 0)
+	if first.choice == nil {
+		return first.steps
+	}
+	c := first.choice
+	walks := []*pathWalk{first}
+	for i := 1; i < len(c.verdicts); i++ {
+		walks = append(walks, rs.walk(pk, i))
+	}
+	out := slices.Clone(first.steps[:c.at])
+	pick := first.steps[c.at]
+	pick.Verdict = "one of: " + strings.Join(c.verdicts, " | ")
+	pick.Element = strings.Join(c.chains, " | ")
+	out = append(out, pick)
+	var tails [][]explain.RuleStep
+	for _, w := range walks {
+		tails = append(tails, w.steps[c.at+1:])
+	}
+	for _, col := range alignBranches(tails) {
+		var wheres, verdicts, rules []string
+		var shared *explain.RuleStep
+		for _, s := range col {
+			if s == nil {
+				wheres, verdicts, rules = append(wheres, "-"), append(verdicts, "-"), append(rules, "-")
+				continue
+			}
+			shared = s
+			wheres, verdicts, rules = append(wheres, s.Where), append(verdicts, s.Verdict), append(rules, s.Rule)
+		}
+		if allSame(wheres) && allSame(verdicts) && allSame(rules) {
+			out = append(out, *shared)
+			continue
+		}
+		out = append(out, explain.RuleStep{Where: strings.Join(wheres, " | "), Verdict: strings.Join(verdicts, " | "),
+			Rule: strings.Join(rules, " | ")})
+	}
+	return out
+}
+
+// alignBranches lines the alternatives' steps up in columns (one step or
+// nil per alternative), the steps they share in one column where the
+// order allows (a longest common subsequence with the columns so far),
+// so that a reader sees where the paths part and meet again.
+func alignBranches(tails [][]explain.RuleStep) [][]*explain.RuleStep {
+	n := len(tails)
+	key := func(s *explain.RuleStep) string { return s.Where + "\x00" + s.Verdict + "\x00" + s.Rule }
+	var cols [][]*explain.RuleStep
+	for i := range tails[0] {
+		col := make([]*explain.RuleStep, n)
+		col[0] = &tails[0][i]
+		cols = append(cols, col)
+	}
+	for b := 1; b < n; b++ {
+		t := tails[b]
+		colKey := func(c []*explain.RuleStep) string {
+			for _, s := range c {
+				if s != nil {
+					return key(s)
+				}
+			}
+			return ""
+		}
+		// lcs[i][j]: common length of cols[i:] and t[j:].
+		lcs := make([][]int, len(cols)+1)
+		for i := range lcs {
+			lcs[i] = make([]int, len(t)+1)
+		}
+		for i := len(cols) - 1; i >= 0; i-- {
+			for j := len(t) - 1; j >= 0; j-- {
+				if colKey(cols[i]) == key(&t[j]) {
+					lcs[i][j] = lcs[i+1][j+1] + 1
+				} else {
+					lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+				}
+			}
+		}
+		var merged [][]*explain.RuleStep
+		i, j := 0, 0
+		for i < len(cols) || j < len(t) {
+			switch {
+			case i < len(cols) && j < len(t) && colKey(cols[i]) == key(&t[j]):
+				cols[i][b] = &t[j]
+				merged = append(merged, cols[i])
+				i, j = i+1, j+1
+			case j == len(t) || i < len(cols) && lcs[i+1][j] >= lcs[i][j+1]:
+				merged = append(merged, cols[i])
+				i++
+			default:
+				col := make([]*explain.RuleStep, n)
+				col[b] = &t[j]
+				merged = append(merged, col)
+				j++
+			}
+		}
+		cols = merged
+	}
+	// Neighbouring columns no alternative has a step in both of are one
+	// column: "SEP-A dnat | SEP-B dnat" rather than two half-empty ones.
+	var out [][]*explain.RuleStep
+	for _, c := range cols {
+		if k := len(out) - 1; k >= 0 && disjoint(out[k], c) {
+			for b, s := range c {
+				if s != nil {
+					out[k][b] = s
+				}
+			}
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func disjoint(a, b []*explain.RuleStep) bool {
+	for i := range a {
+		if a[i] != nil && b[i] != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func allSame(ss []string) bool {
+	for _, s := range ss[1:] {
+		if s != ss[0] {
+			return false
+		}
+	}
+	return true
+}
+
+func (rs *ruleSet) walk(pk walkPacket, choose int) *pathWalk {
+	w := &pathWalk{rs: rs, pk: pk, choose: choose}
+	if pk.fromNode {
+		w.hooks(hook{TableNAT, "OUTPUT"}, hook{TableFilter, "OUTPUT"}, hook{TableNAT, "POSTROUTING"})
+		// The node's walkPacket to one of its own addresses comes back in
+		// through lo: filter INPUT sees it; nat PREROUTING does not (its
+		// connection's NAT is set up already).
+		if w.pk.isLocal(w.pk.dst) {
+			w.hooks(hook{TableFilter, "INPUT"})
+		}
+		return w
+	}
+	w.hooks(hook{TableNAT, "PREROUTING"})
+	if w.pk.isLocal(w.pk.dst) {
+		w.hooks(hook{TableFilter, "INPUT"})
+	} else {
+		w.hooks(hook{TableFilter, "FORWARD"}, hook{TableNAT, "POSTROUTING"})
+	}
+	return w
+}
+
+type hook struct {
+	table Table
+	chain string
+}
+
+// hooks runs the built-in chains' jumps into kp's chains, in order.
+func (w *pathWalk) hooks(hs ...hook) {
+	for _, h := range hs {
+		if w.done {
+			return
+		}
+		k := chainKey{h.table, h.chain}
+		for _, j := range w.rs.builtinOrder(k) {
+			if !w.matches(j.extra) {
+				continue
+			}
+			w.step(h.table, h.chain, w.rs.jumpText(k, j), "jump "+j.to)
+			out := w.call(h.table, j.to)
+			if out == stop {
+				w.done = true
+			}
+			if out == accept || out == stop {
+				break
+			}
+		}
+	}
+}
+
+func (w *pathWalk) step(t Table, chain, rule, verdict string) {
+	w.steps = append(w.steps, explain.RuleStep{Where: string(t) + " " + chain, Rule: rule, Verdict: verdict})
+}
+
+// call runs chain name of table t.
+func (w *pathWalk) call(t Table, name string) outcome {
+	k := chainKey{t, name}
+	c := w.rs.chains[k]
+	if c == nil {
+		return next
+	}
+	for i := 0; i < len(c.Rules); i++ {
+		args := c.Rules[i].Args
+		if hasWord(args, "statistic") {
+			// A random choice: this rule or one of the statistic rules
+			// after it, or the first rule after them.
+			end := i
+			for end < len(c.Rules)-1 && hasWord(c.Rules[end].Args, "statistic") {
+				end++
+			}
+			if w.choice == nil {
+				ch := &choice{at: len(w.steps)}
+				for _, r := range c.Rules[i : end+1] {
+					tgt, _ := target(r.Args)
+					ch.verdicts, ch.chains = append(ch.verdicts, "jump "+tgt), append(ch.chains, tgt)
+				}
+				w.choice = ch
+				i += min(w.choose, end-i)
+			}
+			args = c.Rules[i].Args
+		} else if !w.matches(args) {
+			continue
+		}
+		out := w.apply(t, k, c, i, args)
+		if out != next {
+			if out == ret {
+				return next
+			}
+			return out
+		}
+	}
+	return next
+}
+
+// apply takes rule i's target, the rule having matched.
+func (w *pathWalk) apply(t Table, k chainKey, c *Chain, i int, args string) outcome {
+	text := w.rs.ruleText(k, c, i)
+	tgt, goTo := target(args)
+	f := fields(args)
+	switch {
+	case tgt == "":
+		w.step(t, k.name, text, "continue")
+		return next
+	case w.rs.chains[chainKey{t, tgt}] != nil || strings.HasPrefix(tgt, ownChainPrefix):
+		if goTo {
+			w.step(t, k.name, text, "goto "+tgt)
+			if out := w.call(t, tgt); out == accept || out == stop {
+				return out
+			}
+			return ret
+		}
+		w.step(t, k.name, text, "jump "+tgt)
+		if out := w.call(t, tgt); out == accept || out == stop {
+			return out
+		}
+		return next
+	case tgt == "RETURN":
+		w.step(t, k.name, text, "return")
+		return ret
+	case tgt == "ACCEPT":
+		w.step(t, k.name, text, "accept")
+		return accept
+	case tgt == "DROP" || tgt == "REJECT":
+		w.step(t, k.name, text, strings.ToLower(tgt))
+		return stop
+	case tgt == "DNAT":
+		to := option(f, "--to-destination")
+		if ap, err := netip.ParseAddrPort(to); err == nil {
+			w.pk.dst, w.pk.dnated = ap.Addr(), true
+		}
+		w.step(t, k.name, text, "dnat to "+to)
+		return accept
+	case tgt == "MASQUERADE":
+		w.step(t, k.name, text, "masquerade")
+		return accept
+	case tgt == "MARK":
+		if v, err := strconv.ParseUint(option(f, "--or-mark"), 0, 32); err == nil {
+			w.pk.mark |= uint32(v)
+		}
+		if v, err := strconv.ParseUint(option(f, "--xor-mark"), 0, 32); err == nil {
+			w.pk.mark ^= uint32(v)
+		}
+		w.step(t, k.name, text, "continue")
+		return next
+	}
+	w.step(t, k.name, text, "continue")
+	return next
+}
+
+// matches evaluates a rule's matches (the part before -j or -g) against
+// the walkPacket.
+func (w *pathWalk) matches(args string) bool {
+	f := fields(args)
+	pk := &w.pk
+	neg := false
+	for i := 0; i < len(f); i++ {
+		tok := f[i]
+		if tok == "!" {
+			neg = true
+			continue
+		}
+		if tok == "-j" || tok == "-g" {
+			return true
+		}
+		val := ""
+		if i+1 < len(f) {
+			val = f[i+1]
+		}
+		ok, known := true, true
+		switch tok {
+		case "-s":
+			ok = w.srcIn(val)
+		case "-d":
+			ok = inRange(pk.dst, val)
+		case "-p":
+			ok = val == pk.proto
+		case "--dport":
+			ok = portIn(pk.dport, val)
+		case "-i":
+			ok = pk.pod
+		case "--ctstate":
+			ok = slices.Contains(strings.Split(val, ","), "NEW") || pk.dnated && slices.Contains(strings.Split(val, ","), "DNAT")
+		case "--dst-type":
+			ok = pk.isLocal(pk.dst)
+		case "--src-type":
+			ok = pk.fromNode
+		case "--mark":
+			v, m, _ := strings.Cut(val, "/")
+			vv, _ := strconv.ParseUint(v, 0, 32)
+			mm, err := strconv.ParseUint(m, 0, 32)
+			if err != nil {
+				mm = 0xffffffff
+			}
+			ok = pk.mark&uint32(mm) == uint32(vv)
+		case "--name":
+			// -m recent: --rcheck matches the client's entry, --set
+			// always matches.
+			ok = !slices.Contains(f, "--rcheck") || pk.pinned == val
+		default:
+			known = false
+		}
+		if known {
+			i++
+			if ok == neg {
+				return false
+			}
+		}
+		neg = false
+	}
+	return true
+}
+
+// srcIn matches the source against -s's value; without --from, a pod's
+// range matches as detect-local said, an endpoint's address (hairpin)
+// does not, and any other range (a source range) is assumed to allow it,
+// as explain does.
+func (w *pathWalk) srcIn(val string) bool {
+	if w.pk.srcKnown {
+		return inRange(w.pk.src, val)
+	}
+	p, err := netip.ParsePrefix(val)
+	switch {
+	case err == nil && slices.Contains(w.pk.localCIDRs, p.Masked()):
+		return w.pk.pod
+	case err != nil || p.IsSingleIP():
+		return false // an endpoint's own address: the hairpin match
+	}
+	return true
+}
+
+// inRange matches a against "ADDR", "ADDR/BITS" or "ADDR/MASK" (the
+// dispatch tries' "-d 0.0.0.8/0.0.0.12").
+func inRange(a netip.Addr, val string) bool {
+	addr, mask, hasMask := strings.Cut(val, "/")
+	v, err := netip.ParseAddr(addr)
+	if err != nil || v.Is4() != a.Is4() {
+		return false
+	}
+	if !hasMask {
+		return v == a
+	}
+	if bits, err := strconv.Atoi(mask); err == nil {
+		p, err := v.Prefix(bits)
+		return err == nil && p.Contains(a)
+	}
+	m, err := netip.ParseAddr(mask)
+	if err != nil {
+		return false
+	}
+	ab, vb, mb := a.AsSlice(), v.AsSlice(), m.AsSlice()
+	for i := range mb {
+		if ab[i]&mb[i] != vb[i]&mb[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func portIn(p uint16, val string) bool {
+	lo, hi, isRange := strings.Cut(val, ":")
+	l, err := strconv.Atoi(lo)
+	if err != nil {
+		return false
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.Atoi(hi); err != nil {
+			return false
+		}
+	}
+	return int(p) >= l && int(p) <= h
+}
+
+// target is the rule's -j or -g target.
+func target(args string) (string, bool) {
+	f := fields(args)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "-j" || f[i] == "-g" {
+			return f[i+1], f[i] == "-g"
+		}
+	}
+	return "", false
+}
+
+func option(f []string, name string) string {
+	if i := slices.Index(f, name); i >= 0 && i+1 < len(f) {
+		return f[i+1]
+	}
+	return ""
+}
+
+func hasWord(args, w string) bool { return slices.Contains(fields(args), w) }
+
+// fields splits args as iptables-restore does: on spaces outside double
+// quotes (a comment).
+func fields(args string) []string {
+	var out []string
+	var cur strings.Builder
+	quoted, in := false, false
+	for _, r := range args {
+		switch {
+		case r == '"':
+			quoted, in = !quoted, true
+		case r == ' ' && !quoted:
+			if in {
+				out = append(out, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteRune(r)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, cur.String())
+	}
+	return out
+}

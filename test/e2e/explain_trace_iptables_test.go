@@ -1,0 +1,443 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/test/netns"
+)
+
+// The iptables tracer: what the kernel says a first packet met of kp's
+// iptables chains (any KP- chain: the iptables mode's, the ipvs mode's
+// KP-IPVS-, the userspace mode's KP-USERSPACE- redirects), as
+// explain.RuleSteps named as the RulePathers name them: Where "nat
+// KP-SERVICES", Verdict "jump KP-SVC-…", "dnat to A:P", "masquerade".
+
+// traceIPTables arms the kernel's record for the first packet from `from`
+// to dst (proto "tcp" or "udp") in e's node namespace, calls send (which
+// sends it and must not wait for an answer), disarms, and returns the
+// rules of kp's that packet matched, in the order the kernel evaluated
+// them.
+func traceIPTables(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
+	switch e.mode.backend {
+	case "nft":
+		return traceXtablesMonitor(e, from, dst, proto, send)
+	case "legacy":
+		return traceCounters(e, from, dst, proto, send)
+	}
+	return nil, fmt.Errorf("mode %s has no iptables backend to trace", e.mode.name)
+}
+
+// iptFamily is "iptables" or "ip6tables" for the destination's family.
+func iptFamily(dst netip.AddrPort) string {
+	if dst.Addr().Is4() {
+		return "iptables"
+	}
+	return "ip6tables"
+}
+
+// flowMatch matches the flow's original direction: its first packet and
+// its retransmissions (TCP: the SYN only).
+func flowMatch(from netip.Addr, dst netip.AddrPort, proto string) []string {
+	m := []string{"-s", from.String(), "-d", dst.Addr().String(), "-p", proto, "-m", proto, "--dport", strconv.Itoa(int(dst.Port()))}
+	if proto == "tcp" {
+		m = append(m, "--syn")
+	}
+	return append(m, "-m", "comment", "--comment", "kp e2e trace")
+}
+
+// testRules inserts rules of the test's own into the node namespace and
+// returns their removal; each is "TABLE CHAIN" with its spec.
+func testRules(e *env, bin string, rules map[[2]string][]string) (func(), error) {
+	var added [][]string
+	undo := func() {
+		for _, r := range added {
+			if out, err := e.w.Exec(e.w.Node(), append([]string{bin, "-t", r[0], "-D", r[1]}, r[2:]...)...); err != nil {
+				e.t.Logf("remove the trace's rule: %v\n%s", err, out)
+			}
+		}
+	}
+	for where, spec := range rules {
+		if out, err := e.w.Exec(e.w.Node(), append([]string{bin, "-t", where[0], "-I", where[1], "1"}, spec...)...); err != nil {
+			undo()
+			return nil, fmt.Errorf("%v\n%s", err, out)
+		}
+		added = append(added, append([]string{where[0], where[1]}, spec...))
+	}
+	return undo, nil
+}
+
+// traceXtablesMonitor is iptables-nft's own trace: TRACE rules of the
+// test's, in raw PREROUTING (packets that arrive) and raw OUTPUT (the
+// node's own), matching that flow only, set the packet's nftrace bit;
+// xtables-monitor --trace prints every rule the traced packet matches.
+// Only the first traced packet (its trace id) is kept.
+func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
+	bin := iptFamily(dst) + "-nft"
+	trace := append(flowMatch(from, dst, proto), "-j", "TRACE")
+	undo, err := testRules(e, bin, map[[2]string][]string{{"raw", "PREROUTING"}: trace, {"raw", "OUTPUT"}: trace})
+	if err != nil {
+		return nil, fmt.Errorf("arm the trace: %w", err)
+	}
+	defer undo()
+	mon := exec.Command("ip", "netns", "exec", e.w.Node(), "xtables-monitor", "--trace")
+	if !dst.Addr().Is4() {
+		mon.Args = append(mon.Args, "-6")
+	} else {
+		mon.Args = append(mon.Args, "-4")
+	}
+	var out bytes.Buffer
+	mon.Stdout, mon.Stderr = &out, &out
+	if err := mon.Start(); err != nil {
+		return nil, fmt.Errorf("xtables-monitor: %w", err)
+	}
+	// xtables-monitor subscribes at once but says nothing until an
+	// event: give it a moment before the packet.
+	time.Sleep(500 * time.Millisecond)
+	send()
+	time.Sleep(700 * time.Millisecond)
+	_ = mon.Process.Signal(syscall.SIGTERM)
+	_ = mon.Wait()
+	return parseXtablesTrace(out.String())
+}
+
+// parseXtablesTrace reads xtables-monitor --trace's lines of the first
+// traced packet, e.g.
+//
+//	TRACE: 2 a1aa9a08 nat:KP-SERVICES:rule:0x5:JUMP:KP-SVC-X  -4 -t nat -A KP-SERVICES … -j KP-SVC-X
+//
+// keeping the rules of kp's chains and the jumps into them.
+func parseXtablesTrace(text string) ([]explain.RuleStep, error) {
+	var steps []explain.RuleStep
+	id := ""
+	// A line may run into the next event's (the monitor ends a line
+	// when the next begins): one event a line.
+	text = strings.NewReplacer("TRACE: ", "\nTRACE: ", "PACKET: ", "\nPACKET: ").Replace(text)
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		for _, ev := range []string{strings.TrimSpace(sc.Text())} {
+			f := strings.Fields(ev)
+			if len(f) < 4 || (f[0] != "PACKET:" && f[0] != "TRACE:") {
+				continue
+			}
+			if id == "" {
+				id = f[2]
+			}
+			if f[2] != id || f[0] != "TRACE:" {
+				continue
+			}
+			// f[3]: TABLE:CHAIN:rule:HANDLE:VERDICT[:TARGET]
+			p := strings.SplitN(f[3], ":", 6)
+			if len(p) < 5 || p[2] != "rule" {
+				continue // a chain's return or policy: no rule
+			}
+			table, chain, verdict := p[0], p[1], p[4]
+			tgt := ""
+			if len(p) == 6 {
+				tgt = p[5]
+			}
+			if !strings.HasPrefix(chain, "KP-") && !strings.HasPrefix(tgt, "KP-") {
+				continue
+			}
+			handle, _ := strconv.ParseUint(strings.TrimPrefix(p[3], "0x"), 16, 64)
+			rule := ""
+			if i := strings.Index(ev, " -A "); i >= 0 {
+				rule = strings.TrimSpace(ev[i+1:])
+			}
+			steps = append(steps, explain.RuleStep{Where: table + " " + chain, Rule: rule, Handle: handle,
+				Verdict: traceVerdict(verdict, tgt, rule)})
+		}
+	}
+	if id == "" {
+		return nil, fmt.Errorf("xtables-monitor saw no traced packet:\n%s", text)
+	}
+	return steps, nil
+}
+
+// traceVerdict spells the kernel's verdict as explain does: the jump or
+// goto with its chain, and a terminal verdict by the target that gave it
+// (an iptables DNAT, MASQUERADE or REJECT ends in accept or drop).
+func traceVerdict(verdict, tgt, rule string) string {
+	switch verdict {
+	case "JUMP":
+		return "jump " + tgt
+	case "GOTO":
+		return "goto " + tgt
+	case "CONTINUE":
+		return "continue"
+	case "RETURN":
+		return "return"
+	}
+	if v := terminalVerdict(rule); v != "" {
+		return v
+	}
+	return strings.ToLower(verdict)
+}
+
+// terminalVerdict is the verdict of a rule's terminal target ("" for
+// others): "dnat to A:P", "masquerade", "reject", "drop", "accept".
+func terminalVerdict(spec string) string {
+	f := strings.Fields(spec)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] != "-j" {
+			continue
+		}
+		switch f[i+1] {
+		case "DNAT":
+			for k := i + 2; k+1 < len(f); k++ {
+				if f[k] == "--to-destination" {
+					return "dnat to " + f[k+1]
+				}
+			}
+			return "dnat"
+		case "MASQUERADE":
+			return "masquerade"
+		case "REJECT", "DROP", "ACCEPT", "RETURN":
+			return strings.ToLower(f[i+1])
+		}
+	}
+	return ""
+}
+
+// traceCounters is iptables-legacy's record: the rules' packet counters.
+// Why not TRACE: iptables-legacy's TRACE logs through nf_log, which a
+// network namespace other than the initial one gets only with the global
+// sysctl net.netfilter.nf_log_all_netns=1, a setting of the root
+// namespace the tests may not touch. So: zero the counters of the node's
+// nat and filter tables (the namespace is the test's), keep the flow's
+// replies from counting (a mangle rule of the test's drops the flow's
+// reply direction while the trace runs: a reply would move KP-FORWARD's
+// ESTABLISHED rule and the jumps without a state match), send the one
+// packet, and read iptables-legacy-save -c: the rules that counted it,
+// walked in evaluation order (the hooks in the order a packet meets them,
+// each built-in chain's jumps into kp's chains, each chain's rules in
+// order, into every chain a counted rule jumps to).
+func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
+	bin := iptFamily(dst) + "-legacy"
+	replies := []string{"-p", proto, "-m", "conntrack", "--ctdir", "REPLY", "--ctorigsrc", from.String(),
+		"--ctorigdst", dst.Addr().String(), "--ctorigdstport", strconv.Itoa(int(dst.Port())),
+		"-m", "comment", "--comment", "kp e2e trace", "-j", "DROP"}
+	undo, err := testRules(e, bin, map[[2]string][]string{{"mangle", "PREROUTING"}: replies, {"mangle", "OUTPUT"}: replies})
+	if err != nil {
+		return nil, fmt.Errorf("hold the replies back: %w", err)
+	}
+	defer undo()
+	for _, t := range []string{"nat", "filter"} {
+		if out, err := e.w.Exec(e.w.Node(), bin, "-t", t, "-Z"); err != nil {
+			return nil, fmt.Errorf("zero the %s counters: %w\n%s", t, err, out)
+		}
+	}
+	send()
+	time.Sleep(300 * time.Millisecond)
+	saved := map[string]map[string][]countedRule{}
+	for _, t := range []string{"nat", "filter"} {
+		out, err := e.w.Exec(e.w.Node(), bin+"-save", "-c", "-t", t)
+		if err != nil {
+			return nil, fmt.Errorf("%s-save: %w\n%s", bin, err, out)
+		}
+		saved[t] = parseCounted(out)
+	}
+	return walkCounted(saved), nil
+}
+
+// countedRule is one rule of iptables-save -c.
+type countedRule struct {
+	packets uint64
+	spec    string // after "-A CHAIN "
+}
+
+func parseCounted(save string) map[string][]countedRule {
+	out := map[string][]countedRule{}
+	for _, line := range strings.Split(save, "\n") {
+		if !strings.HasPrefix(line, "[") {
+			continue
+		}
+		end := strings.IndexByte(line, ']')
+		pk, _, _ := strings.Cut(line[1:end], ":")
+		n, _ := strconv.ParseUint(pk, 10, 64)
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line[end+1:]), "-A ")
+		if !ok {
+			continue
+		}
+		chain, spec, _ := strings.Cut(rest, " ")
+		out[chain] = append(out[chain], countedRule{packets: n, spec: spec})
+	}
+	return out
+}
+
+// iptHooks are the built-in chains kp jumps from, in the order one packet
+// meets them: arriving (nat PREROUTING, then filter FORWARD and nat
+// POSTROUTING, or filter INPUT) or the node's own (nat OUTPUT, filter
+// OUTPUT, nat POSTROUTING, and filter INPUT when it goes to the node's own
+// address through lo); no packet meets two of them out of this order.
+var iptHooks = [][2]string{{"nat", "PREROUTING"}, {"nat", "OUTPUT"}, {"filter", "OUTPUT"}, {"filter", "FORWARD"},
+	{"nat", "POSTROUTING"}, {"filter", "INPUT"}}
+
+// walkCounted orders the counted rules as the kernel evaluated them.
+func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
+	var steps []explain.RuleStep
+	var call func(table, chain string) string
+	// call walks chain's counted rules; it returns "" (fell through or
+	// returned), "accept" (the hook is done) or "stop".
+	call = func(table, chain string) string {
+		for _, r := range saved[table][chain] {
+			if r.packets == 0 {
+				continue
+			}
+			tgt, goTo := specTarget(r.spec)
+			builtin := !strings.HasPrefix(chain, "KP-")
+			if builtin && !strings.HasPrefix(tgt, "KP-") {
+				continue // not kp's
+			}
+			st := explain.RuleStep{Where: table + " " + chain, Rule: "-A " + chain + " " + r.spec}
+			switch v := terminalVerdict(r.spec); {
+			case strings.HasPrefix(tgt, "KP-"):
+				st.Verdict = "jump " + tgt
+				if goTo {
+					st.Verdict = "goto " + tgt
+				}
+				steps = append(steps, st)
+				if out := call(table, tgt); out != "" {
+					return out
+				}
+				if goTo {
+					return ""
+				}
+			case v == "return":
+				st.Verdict = v
+				steps = append(steps, st)
+				return ""
+			case v == "drop" || v == "reject":
+				st.Verdict = v
+				steps = append(steps, st)
+				return "stop"
+			case v != "":
+				st.Verdict = v
+				steps = append(steps, st)
+				return "accept"
+			default:
+				st.Verdict = "continue"
+				steps = append(steps, st)
+			}
+		}
+		return ""
+	}
+	for _, h := range iptHooks {
+		if call(h[0], h[1]) == "stop" {
+			break
+		}
+	}
+	return steps
+}
+
+// specTarget is the rule's -j or -g target.
+func specTarget(spec string) (string, bool) {
+	f := strings.Fields(spec)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "-j" || f[i] == "-g" {
+			return f[i+1], f[i] == "-g"
+		}
+	}
+	return "", false
+}
+
+// kp explain's rule path is the one the kernel walks, in the iptables
+// mode with either backend: for each case a real first packet is traced
+// (traceIPTables) and compared with the path kp explain -o json predicted
+// for it (pathDiffIPT); a random endpoint choice accepts any of its
+// alternatives.
+func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		if !m.iptables() {
+			t.Skipf("%s: not the iptables mode", m.name)
+		}
+		e := newEnv(t, m, 2)
+		pods := e.w.Pods()
+		http := []Port{{Name: "http", Port: 80, TargetPort: 8080}}
+		svc := web(pods...)
+		svc.Type, svc.Ports[0].NodePort, svc.ExternalIPs = v1.ServiceTypeNodePort, 30080, []string{"203.0.113.10"}
+		one := Service{Name: "one", ClusterIPs: []string{"10.96.0.11"}, Ports: http, Endpoints: endpoints(pods[1])}
+		empty := Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: http}
+		elsewhere := endpoints(pods[0])
+		for i := range elsewhere {
+			elsewhere[i].NodeName = "node-b"
+		}
+		local := Service{Name: "local", Type: v1.ServiceTypeNodePort, ClusterIPs: []string{"10.96.0.30"},
+			Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30090}}, Endpoints: elsewhere,
+			ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyLocal}
+		client := e.w.ClientIP()
+		fw := Service{Name: "fw", Type: v1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.40"},
+			Ports: []Port{{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30100}}, Endpoints: endpoints(pods...),
+			LoadBalancerIPs: []string{"203.0.113.40"}, SourceRanges: []string{client.String() + "/32"}}
+		sticky := Service{Name: "sticky", ClusterIPs: []string{"10.96.0.50"}, Ports: http, Endpoints: endpoints(pods...),
+			AffinitySeconds: 600}
+		e.write("services.yaml", svc, one, empty, local, fw, sticky)
+		e.startKP("--service-cidrs", netns.ServiceCIDR.String()+","+netns.ServiceCIDR6.String())
+		// External and LoadBalancer addresses outside the Service CIDR,
+		// which the client routes through the node as a router would.
+		if out, err := e.w.Exec(e.w.Client(), "ip", "route", "add", "203.0.113.0/24", "via", e.w.NodeIP().String()); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		node, pod := e.w.NodeIP(), pods[0].IP
+		nodePort := func(p uint16) string { return netip.AddrPortFrom(node, p).String() }
+		cases := []struct {
+			name, ns string
+			from     netip.Addr
+			dst      string
+		}{
+			{"ClusterIP from off the node, masqueraded", e.w.Client(), client, "10.96.0.11:80"},
+			{"ClusterIP from a pod, not masqueraded", pods[0].NS, pod, "10.96.0.11:80"},
+			{"ClusterIP from the node", e.w.Node(), node, "10.96.0.11:80"},
+			{"ClusterIP from a pod that is an endpoint: hairpin", pods[0].NS, pod, webTCP},
+			{"NodePort", e.w.Client(), client, nodePort(30080)},
+			{"externalIP", e.w.Client(), client, "203.0.113.10:80"},
+			{"LoadBalancer, source range allows", e.w.Client(), client, "203.0.113.40:80"},
+			{"LoadBalancer, source range refuses", pods[0].NS, pod, "203.0.113.40:80"},
+			{"no endpoints: rejected", e.w.Client(), client, "10.96.0.20:80"},
+			{"NodePort, Local policy without a local endpoint: dropped", e.w.Client(), client, nodePort(30090)},
+			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81"},
+			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80"},
+			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80"},
+			{"no Service", pods[0].NS, pod, "203.0.113.99:80"},
+		}
+		var sent sync.WaitGroup
+		defer sent.Wait()
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				dst := netip.MustParseAddrPort(tc.dst)
+				x := e.explainJSON("", tc.from.String(), tc.dst)
+				if len(x.RulePath.Steps) == 0 {
+					t.Fatalf("kp explain predicts no rule path: %s", x.RulePath.Absent)
+				}
+				steps, err := traceIPTables(e, tc.from, dst, "tcp", func() {
+					sent.Add(1)
+					go func() {
+						defer sent.Done()
+						_, _ = netns.Dial(tc.ns, "tcp", tc.dst, 2*time.Second)
+					}()
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(steps) == 0 {
+					t.Fatalf("the kernel's trace shows no rule of kp's for %s from %s", tc.dst, tc.from)
+				}
+				if d := pathDiffIPT(x.RulePath, steps); d != "" {
+					t.Errorf("kp explain's rule path is not the kernel's (%s): %s", x.Verdict, d)
+				}
+			})
+		}
+	})
+}
