@@ -141,6 +141,10 @@ type RulePath struct {
 	Steps []RuleStep `json:"steps,omitempty"`
 	// Absent says why Steps is empty.
 	Absent string `json:"absent,omitempty"`
+	// Note says what the path assumed or could not know (no listing to
+	// take handles from, the client assumed without --from, a path that
+	// depends on the random pick).
+	Note string `json:"note,omitempty"`
 }
 
 // RuleStep is one rule (or map element) the packet meets.

@@ -87,18 +87,7 @@ func writeTail(w io.Writer, e *Explanation) error {
 		}
 		b.WriteString("\n")
 	}
-	if len(e.RulePath.Steps) > 0 {
-		fmt.Fprintf(&b, "rules (%s):\n", e.RulePath.Mode)
-		for _, s := range e.RulePath.Steps {
-			fmt.Fprintf(&b, "  %s: %s", s.Where, s.Rule)
-			if s.Element != "" {
-				fmt.Fprintf(&b, " [element %s]", s.Element)
-			}
-			b.WriteString("\n")
-		}
-	} else if e.RulePath.Absent != "" {
-		fmt.Fprintf(&b, "rules:      %s\n", e.RulePath.Absent)
-	}
+	writeRulePath(&b, &e.RulePath)
 	switch {
 	case len(e.Conntrack) > 0:
 		b.WriteString("conntrack:\n")
@@ -145,4 +134,29 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// writeRulePath prints the path as the kernel's trace words it: where,
+// the rule (with its handle), the element it matched, the verdict.
+func writeRulePath(b *strings.Builder, rp *RulePath) {
+	if len(rp.Steps) == 0 {
+		if rp.Absent != "" {
+			fmt.Fprintf(b, "rules:      %s\n", rp.Absent)
+		}
+		return
+	}
+	fmt.Fprintf(b, "rules (%s), the first packet's path:\n", rp.Mode)
+	for _, s := range rp.Steps {
+		fmt.Fprintf(b, "  %s: %s", s.Where, s.Rule)
+		if s.Handle != 0 {
+			fmt.Fprintf(b, " # handle %d", s.Handle)
+		}
+		fmt.Fprintf(b, " (verdict %s)\n", s.Verdict)
+		if s.Element != "" {
+			fmt.Fprintf(b, "      element %s\n", s.Element)
+		}
+	}
+	if rp.Note != "" {
+		fmt.Fprintf(b, "  note: %s\n", rp.Note)
+	}
 }

@@ -1,0 +1,422 @@
+package nft
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kpproxy/kp/explain"
+	"github.com/kpproxy/kp/proxy"
+	"github.com/kpproxy/kp/proxy/statusapi"
+)
+
+// RulePather tells a packet's path through the nftables mode's rules
+// (explain.RulePather). It renders the Model's State into the objects a
+// full sync writes, with the sync's own constructors (skeleton,
+// renderInto), and walks the packet through them expression by expression
+// (explain_walk.go): a chain name, a rule or a verdict cannot drift from
+// what kp writes. Rule text and handles come from the snapshot's `nft -a
+// list table` when it has one. Where the kernel picks at random (an
+// endpoint slot, an affinity rule), every alternative is walked and the
+// step that differs says "one of: ...".
+type RulePather struct{}
+
+// maxAlternatives bounds the random alternatives walked (a Service's
+// endpoints, at most).
+const maxAlternatives = 4096
+
+func (RulePather) RulePath(m *explain.Model, p explain.Packet, e *explain.Explanation) explain.RulePath {
+	rp := explain.RulePath{Mode: string(proxy.ModeNFTables)}
+	f := familyIPv4
+	if p.Dst.Addr().Is6() {
+		f = familyIPv6
+	}
+	v, err := desiredTable(m, f)
+	if err != nil {
+		rp.Absent = "the path through kp's nftables rules could not be rendered: " + err.Error()
+		return rp
+	}
+	var notes []string
+	src, iif, note := walkSource(m, p, e, f)
+	if note != "" {
+		notes = append(notes, note)
+	}
+	pinAffinity(m, e, v, src)
+	fromNode := e.Source.Node
+	local := func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(m.Facts.LocalAddrs, a) }
+	proto := proxy.ProtocolNumber(p.Protocol)
+	srcPort := p.SrcPort
+	if srcPort == 0 {
+		srcPort = 40000
+	}
+	walks, truncated, err := walkAll(func() *walker {
+		return &walker{v: v, f: f, local: local,
+			pkt: newWalkPacket(f, netip.AddrPortFrom(src, srcPort), p.Dst, proto, iif)}
+	}, fromNode)
+	if err != nil {
+		rp.Absent = "the path through kp's nftables rules could not be walked: " + err.Error()
+		return rp
+	}
+	if truncated {
+		notes = append(notes, fmt.Sprintf("only the first %d random choices are walked", maxAlternatives))
+	}
+	listed, listNote := listedChains(m, f)
+	if listNote != "" {
+		notes = append(notes, listNote)
+	}
+	alts := make([][]explain.RuleStep, len(walks))
+	mismatched := map[string]bool{}
+	for i, w := range walks {
+		for _, s := range w.steps {
+			alts[i] = append(alts[i], resolveStep(f, v, listed, s, mismatched))
+		}
+		if got := walkVerdict(w.outcome); got != e.Verdict {
+			notes = append(notes, fmt.Sprintf("kp's rules, walked, give %s where its model says %s: kp explain disagrees "+
+				"with itself, please report it", got, e.Verdict))
+			break
+		}
+	}
+	for _, c := range sortedKeys(mismatched) {
+		notes = append(notes, fmt.Sprintf("the listing's chain %s differs from what kp writes for this model (listed at "+
+			"another sync?): its rules are shown as kp renders them, without handles", c))
+	}
+	var diverged string
+	rp.Steps, diverged = mergeAlternatives(alts)
+	if diverged != "" {
+		notes = append(notes, diverged)
+	}
+	rp.Note = strings.Join(notes, "; ")
+	return rp
+}
+
+func walkVerdict(outcome string) explain.Verdict {
+	switch outcome {
+	case "dnat":
+		return explain.VerdictDNAT
+	case "reject":
+		return explain.VerdictReject
+	case "drop":
+		return explain.VerdictDrop
+	}
+	return explain.VerdictNotKPs
+}
+
+// desiredTable is family f's table as a full sync renders m's State: the
+// skeleton, then every service port in name order, a shared element
+// going to the first port that renders it (elementOwners), and the
+// hairpin element of every endpoint's pod. The endpoint slots are this
+// rendering's own: which slot an endpoint has in the kernel depends on the
+// syncs before, and no path does.
+func desiredTable(m *explain.Model, f family) (*objects, error) {
+	b, err := newBackend(modelConfig(m), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		return nil, err
+	}
+	s := m.State
+	npIPs := m.Facts.NodePortIPs
+	if len(npIPs) == 0 {
+		npIPs = s.Node.IPs
+	}
+	v := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.LocalCIDRs()),
+		proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
+	names := make([]proxy.ServicePortName, 0, len(s.Services))
+	for name := range s.Services {
+		names = append(names, name)
+	}
+	slices.SortFunc(names, compareNames)
+	slots, one := newSlotTable(), newObjects()
+	for _, name := range names {
+		b.renderInto(one, f, slots, s.Services[name], s.Endpoints[name], s.Node)
+		v.mergeWithoutElements(one)
+		for set, es := range one.elements {
+			for k, e := range es {
+				if _, taken := v.elementMap(set)[k]; !taken || unshared(set) {
+					v.putElement(set, k, e)
+				}
+			}
+		}
+		for _, a := range one.pods {
+			v.addElement(setHairpin, hairpinElement(a))
+		}
+	}
+	return v, nil
+}
+
+// modelConfig is the part of kp's Config the rules depend on, from the
+// Model's facts. The masquerade mark is the default bit's: the path does
+// not depend on it, and a listing shows the real one.
+func modelConfig(m *explain.Model) proxy.Config {
+	cfg := proxy.Config{ClusterCIDRs: m.Facts.LocalCIDRs, MasqueradeAll: m.Facts.MasqueradeAll, MasqueradeBit: 14}
+	switch {
+	case m.Facts.LocalInterface != "" && m.Facts.LocalInterfacePrefix:
+		cfg.DetectLocal = proxy.DetectLocal{Mode: proxy.LocalModeInterfaceNamePrefix, InterfaceNamePrefix: m.Facts.LocalInterface}
+	case m.Facts.LocalInterface != "":
+		cfg.DetectLocal = proxy.DetectLocal{Mode: proxy.LocalModeBridgeInterface, BridgeInterface: m.Facts.LocalInterface}
+	}
+	return cfg
+}
+
+// walkSource is the packet's source address and input interface: --from,
+// or, without it, an address of the kind of client the explanation
+// assumed (a pod's, in the local CIDR; an outside client's, inside the
+// LoadBalancer's source ranges when it has any). In the interface
+// detect-local modes only a packet the explanation calls a pod's comes in
+// on the pods' interface.
+func walkSource(m *explain.Model, p explain.Packet, e *explain.Explanation, f family) (netip.Addr, string, string) {
+	pod := e.Source.Pod != nil && *e.Source.Pod
+	iif, note := "", ""
+	if name := m.Facts.LocalInterface; name != "" {
+		switch {
+		case pod && m.Facts.LocalInterfacePrefix:
+			iif = name + "0"
+		case pod:
+			iif = name
+		case e.Source.Pod == nil && !e.Source.Node:
+			note = "kp tells pods' traffic by its interface: the path shown is for a packet that does not arrive on " + name
+		}
+	}
+	if p.Src.IsValid() {
+		return p.Src, iif, note
+	}
+	local := func(a netip.Addr) bool {
+		return slices.Contains(m.Facts.LocalAddrs, a) ||
+			slices.ContainsFunc(m.Facts.LocalCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
+	}
+	var src netip.Addr
+	switch cidrs := proxy.FilterPrefixes(f.pf, m.Facts.LocalCIDRs); {
+	case pod && len(cidrs) > 0:
+		src = firstFree(cidrs[0], func(a netip.Addr) bool { return slices.Contains(m.Facts.LocalAddrs, a) })
+	case e.Firewall != nil && len(e.Firewall.Ranges) > 0:
+		if r, err := netip.ParsePrefix(e.Firewall.Ranges[0]); err == nil {
+			src = firstFree(r, local)
+		}
+	}
+	if !src.IsValid() {
+		src = netip.MustParseAddr("203.0.113.1")
+		if f.v6 {
+			src = netip.MustParseAddr("2001:db8::1")
+		}
+	}
+	what := "a client outside the cluster"
+	if pod {
+		what = "a pod"
+	}
+	return src, iif, joinNotes(note, fmt.Sprintf("no --from: the path is for a packet from %s (%s)", src, what))
+}
+
+// firstFree is the first address of p (after its network address) that
+// taken does not refuse, or none.
+func firstFree(p netip.Prefix, taken func(netip.Addr) bool) netip.Addr {
+	a := p.Masked().Addr().Next()
+	for i := 0; i < 16 && a.IsValid() && p.Contains(a); i, a = i+1, a.Next() {
+		if !taken(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+func joinNotes(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// pinAffinity puts the client in the affinity set of the endpoint the
+// explanation says it is pinned to.
+func pinAffinity(m *explain.Model, e *explain.Explanation, v *objects, src netip.Addr) {
+	if e.Affinity == nil || e.Affinity.PinnedTo == "" || e.Service == nil {
+		return
+	}
+	pinned, err := netip.ParseAddrPort(strings.Fields(e.Affinity.PinnedTo)[0])
+	if err != nil {
+		return
+	}
+	for name, sp := range m.State.Services {
+		if name.Namespace != e.Service.Namespace || name.Name != e.Service.Name || name.Port != e.Service.PortName ||
+			string(name.Protocol) != e.Service.Protocol {
+			continue
+		}
+		for _, ep := range m.State.Endpoints[name] {
+			if ep.AddrPort() == pinned {
+				v.addElement(affinitySetName(sp, ep), Element{Key: addrKey(src), KeyText: src.String()})
+			}
+		}
+	}
+}
+
+// walkAll walks every random alternative: a walk that made more choices
+// than it was given is walked again for each alternative of the next one.
+func walkAll(newWalker func() *walker, fromNode bool) (walks []*walker, truncated bool, err error) {
+	var rec func(choices []uint32) error
+	rec = func(choices []uint32) error {
+		if len(walks) >= maxAlternatives {
+			truncated = true
+			return nil
+		}
+		w := newWalker()
+		w.choices = choices
+		w.run(fromNode)
+		if w.err != nil {
+			return w.err
+		}
+		if len(w.widths) == len(choices) {
+			walks = append(walks, w)
+			return nil
+		}
+		for c := range w.widths[len(choices)] {
+			if err := rec(append(slices.Clone(choices), c)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walks, truncated, rec(nil)
+}
+
+// mergeAlternatives makes one path of the random alternatives' paths: a
+// step they all take is kept; a step where they differ (the same chain,
+// another verdict or rule) becomes one step whose Verdict is "one of: a |
+// b". Paths that differ in length or chains after the choice (a pick of
+// the client itself meets the hairpin rule) cannot be one: the first is
+// shown, and diverged says so.
+func mergeAlternatives(alts [][]explain.RuleStep) (steps []explain.RuleStep, diverged string) {
+	if len(alts) == 0 {
+		return nil, ""
+	}
+	first := alts[0]
+	for _, a := range alts[1:] {
+		if len(a) != len(first) || !slices.EqualFunc(a, first, func(x, y explain.RuleStep) bool { return x.Where == y.Where }) {
+			return first, fmt.Sprintf("the path after the random choice depends on what it picks: shown for %s",
+				lastDNAT(first))
+		}
+	}
+	for i := range first {
+		s := first[i]
+		var rules, verdicts, elements []string
+		for _, a := range alts {
+			rules, verdicts, elements = addUnique(rules, a[i].Rule), addUnique(verdicts, a[i].Verdict), addUnique(elements, a[i].Element)
+			if a[i].Handle != s.Handle {
+				s.Handle = 0
+			}
+		}
+		s.Rule, s.Element = strings.Join(rules, " | "), strings.Join(elements, " | ")
+		if len(verdicts) > 1 {
+			s.Verdict = "one of: " + strings.Join(verdicts, " | ")
+		}
+		steps = append(steps, s)
+	}
+	return steps, ""
+}
+
+func addUnique(list []string, s string) []string {
+	if s == "" || slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}
+
+func lastDNAT(steps []explain.RuleStep) string {
+	for i := len(steps) - 1; i >= 0; i-- {
+		if strings.HasPrefix(steps[i].Verdict, "dnat to ") {
+			return "the pick " + strings.TrimPrefix(steps[i].Verdict, "dnat to ")
+		}
+	}
+	return "the first alternative"
+}
+
+// resolveStep is s as a RuleStep: the rule's listed text and handle when
+// the listing's chain has as many rules as kp renders (else kp's own
+// text, and the chain noted in mismatched).
+func resolveStep(f family, v *objects, listed map[string][]listedRule, s walkStep, mismatched map[string]bool) explain.RuleStep {
+	st := explain.RuleStep{Where: f.name + " " + TableName + " " + s.chain, Rule: s.rule.String(), Verdict: s.verdict, Element: s.element}
+	if listed == nil {
+		return st
+	}
+	if lr, ok := listed[s.chain]; ok && len(lr) == len(v.chains[s.chain].Rules) {
+		st.Rule, st.Handle = lr[s.index].text, lr[s.index].handle
+	} else {
+		mismatched[s.chain] = true
+	}
+	return st
+}
+
+// listedRule is one rule of `nft -a list table`: its text and handle.
+type listedRule struct {
+	text   string
+	handle uint64
+}
+
+var (
+	listedTable = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
+	listedChain = regexp.MustCompile(`^chain (.+?) \{`)
+	listedRule_ = regexp.MustCompile(`^(.*) # handle (\d+)$`)
+)
+
+// listedChains reads family f's table of kp from the Model's listings
+// (`nft -a list table`): each chain's rules with their handles. Nil, with
+// why in note, when there is none.
+func listedChains(m *explain.Model, f family) (map[string][]listedRule, string) {
+	for _, l := range m.Rules {
+		if l.Format != "nft" {
+			continue
+		}
+		if chains := parseListing(l, f); chains != nil {
+			return chains, ""
+		}
+	}
+	why := "the snapshot has no listing of table " + f.name + " " + TableName
+	if m.RulesError != "" {
+		why += " (" + m.RulesError + ")"
+	}
+	return nil, why + ": rule text is kp's own rendering, without handles; a pick chain's slots are this rendering's"
+}
+
+// parseListing reads one `nft -a list table` listing if it is f's table
+// of kp: "chain NAME {" blocks and their "RULE # handle N" lines (sets and
+// maps, whose lines are no chain's, are skipped).
+func parseListing(l statusapi.RuleListing, f family) map[string][]listedRule {
+	var chains map[string][]listedRule
+	chain := ""
+	for _, line := range strings.Split(l.Text, "\n") {
+		line = strings.TrimSpace(line)
+		if t := listedTable.FindStringSubmatch(line); t != nil {
+			if t[1] != f.name || t[2] != TableName {
+				return nil
+			}
+			chains = map[string][]listedRule{}
+			continue
+		}
+		if chains == nil {
+			continue
+		}
+		switch {
+		case chain == "":
+			if c := listedChain.FindStringSubmatch(line); c != nil {
+				chain = unquote(c[1])
+				chains[chain] = []listedRule{}
+			}
+		case line == "}":
+			chain = ""
+		default:
+			if r := listedRule_.FindStringSubmatch(line); r != nil {
+				h, _ := strconv.ParseUint(r[2], 10, 64)
+				chains[chain] = append(chains[chain], listedRule{text: r[1], handle: h})
+			}
+		}
+	}
+	return chains
+}
+
+func unquote(s string) string {
+	if u, err := strconv.Unquote(s); err == nil {
+		return u
+	}
+	return s
+}
