@@ -55,6 +55,16 @@ func (b *Backend) ListRules(ctx context.Context) ([]proxy.RuleListing, error) {
 			delete(table, k)
 		}
 	}
+	// /proc prints persistence timeouts in jiffies: the seconds come from
+	// one netlink dump of the virtual servers (without their real
+	// servers, which is what makes netlink slow at scale).
+	if svcs, err := b.handle.GetServices(); err == nil {
+		for _, s := range svcs {
+			if k, ok := kernelKey(s); ok && table[k] != nil && table[k].procTimeout {
+				table[k].svc.Timeout, table[k].procTimeout = s.Timeout, false
+			}
+		}
+	}
 	out := []proxy.RuleListing{
 		{Where: "ipvs virtual servers", Format: ListingFormatIPVS, Text: ListVirtualServers(table)},
 		{Where: "ipset KP-", Format: ListingFormatIPSet, Text: listSets(sets)},
@@ -97,8 +107,8 @@ func ListVirtualServers(table map[vsKey]*kernelServer) string {
 }
 
 // persistence is the server's persistence timeout in seconds. Read from
-// /proc it may be in jiffies (sameTimeout): then the HZ that gives whole
-// seconds is taken, from the largest.
+// /proc only (netlink failed) it may be in jiffies (sameTimeout): then the
+// largest HZ that gives whole seconds is guessed.
 func (ks *kernelServer) persistence() uint32 {
 	t := ks.svc.Timeout
 	if !ks.procTimeout {
