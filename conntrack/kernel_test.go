@@ -1,4 +1,4 @@
-package conntrack
+package conntrack_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpproxy/kp/conntrack"
 	"github.com/kpproxy/kp/nft"
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/proxytest"
@@ -95,9 +96,9 @@ func exchange(c net.Conn) (string, error) {
 	return name, nil
 }
 
-func (k *kernelWorld) dump(t *testing.T) []Flow {
+func (k *kernelWorld) dump(t *testing.T) []conntrack.Flow {
 	t.Helper()
-	conn, err := Dialer{NetNS: k.fd}.Open()
+	conn, err := conntrack.Dialer{NetNS: k.fd}.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,21 +124,21 @@ func (k *kernelWorld) localAddrs(t *testing.T) []netip.Addr {
 }
 
 // flowFrom finds the flow whose original source is src.
-func flowFrom(flows []Flow, src netip.AddrPort) (Flow, bool) {
+func flowFrom(flows []conntrack.Flow, src netip.AddrPort) (conntrack.Flow, bool) {
 	for _, f := range flows {
 		if f.Orig.Src == src {
 			return f, true
 		}
 	}
-	return Flow{}, false
+	return conntrack.Flow{}, false
 }
 
 func TestKernelDumpAttributesARealUDPFlowWithCounters(t *testing.T) {
 	k := newKernelWorld(t, 1)
 	pod := k.w.Pods()[0]
 	if err := netns.InNamespace(k.w.Node(), func() error {
-		EnableAccounting(slog.New(slog.DiscardHandler))
-		if !AccountingEnabled() {
+		conntrack.EnableAccounting(slog.New(slog.DiscardHandler))
+		if !conntrack.AccountingEnabled() {
 			return fmt.Errorf("nf_conntrack_acct still off")
 		}
 		return nil
@@ -156,9 +157,9 @@ func TestKernelDumpAttributesARealUDPFlowWithCounters(t *testing.T) {
 	if !ok {
 		t.Fatalf("no conntrack entry from %s in the node namespace", src)
 	}
-	a, ok := NewIndex(st, k.localAddrs(t)).Attribute(f)
+	a, ok := conntrack.NewIndex(st, k.localAddrs(t)).Attribute(f)
 	wantEP := netip.AddrPortFrom(pod.IP, uint16(k.w.UDPPorts()[0]))
-	if !ok || a.ServicePort != k.name || a.Via != ViaClusterIP || a.Endpoint != wantEP || !a.Known {
+	if !ok || a.ServicePort != k.name || a.Via != conntrack.ViaClusterIP || a.Endpoint != wantEP || !a.Known {
 		t.Errorf("attribution %+v, want %s via ClusterIP to %s", a, k.name, wantEP)
 	}
 	if f.State() != "ASSURED" && f.State() != "REPLIED" {
@@ -178,9 +179,9 @@ func TestKernelEventsStreamNewAndDestroyedFlows(t *testing.T) {
 	k.sync(t, pods[0])
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	events := make(chan Event, 64)
+	events := make(chan conntrack.Event, 64)
 	watchErr := make(chan error, 1)
-	go func() { watchErr <- Dialer{NetNS: k.fd}.Watch(ctx, events) }()
+	go func() { watchErr <- conntrack.Dialer{NetNS: k.fd}.Watch(ctx, events) }()
 
 	// Events flow only once the subscription is in place: retry the first
 	// exchange on fresh sockets until one shows up as new.
@@ -197,7 +198,7 @@ wait:
 		for {
 			select {
 			case e := <-events:
-				if e.Type == EventNew && e.Flow.Orig.Src == src {
+				if e.Type == conntrack.EventNew && e.Flow.Orig.Src == src {
 					break wait
 				}
 				continue
@@ -213,8 +214,8 @@ wait:
 	// stream reports as destroyed.
 	prev := k.sync(t, pods[0])
 	cur := k.sync(t, pods[1])
-	cleaner := NewCleaner(CleanerConfig{
-		Dial:       Dialer{NetNS: k.fd}.Open,
+	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{
+		Dial:       conntrack.Dialer{NetNS: k.fd}.Open,
 		LocalAddrs: func() ([]netip.Addr, error) { return k.localAddrs(t), nil },
 	})
 	n, err := cleaner.Clean(context.Background(), prev, cur)
@@ -224,7 +225,7 @@ wait:
 	for {
 		select {
 		case e := <-events:
-			if e.Type == EventDestroy && e.Flow.Orig.Src == src {
+			if e.Type == conntrack.EventDestroy && e.Flow.Orig.Src == src {
 				// And the same socket now reaches the new endpoint.
 				if name, err := exchange(c); err != nil || name != pods[1].Name {
 					t.Errorf("after cleanup: %q, %v; want %s", name, err, pods[1].Name)
@@ -285,8 +286,8 @@ func TestKernelTCPAttemptBeforeItsServiceDoesNotBlockItsSourcePort(t *testing.T)
 	if err := k.backend.Sync(context.Background(), withWeb); err != nil {
 		t.Fatal(err)
 	}
-	cleaner := NewCleaner(CleanerConfig{
-		Dial:       Dialer{NetNS: k.fd}.Open,
+	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{
+		Dial:       conntrack.Dialer{NetNS: k.fd}.Open,
 		LocalAddrs: func() ([]netip.Addr, error) { return k.localAddrs(t), nil },
 	})
 	if n, err := cleaner.Clean(context.Background(), empty, withWeb); err != nil || n != 1 {

@@ -81,9 +81,9 @@ func (RulePather) RulePath(m *explain.Model, p explain.Packet, e *explain.Explan
 			break
 		}
 	}
-	for _, c := range sortedKeys(mismatched) {
-		notes = append(notes, fmt.Sprintf("the listing's chain %s differs from what kp writes for this model (listed at "+
-			"another sync?): its rules are shown as kp renders them, without handles", c))
+	if len(mismatched) > 0 {
+		notes = append(notes, fmt.Sprintf("the listing's %s differ from what kp writes for this model (listed at another sync?): "+
+			"their rules are shown as kp renders them, without handles", "chain "+strings.Join(sortedKeys(mismatched), ", chain ")))
 	}
 	var diverged string
 	rp.Steps, diverged = mergeAlternatives(alts)

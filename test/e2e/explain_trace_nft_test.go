@@ -274,7 +274,8 @@ func stepAt(steps []explain.RuleStep, i int) string {
 // externalIP and a LoadBalancer IP inside its source ranges; drop outside
 // them; reject without endpoints, drop under traffic policy Local without
 // a local endpoint; the terminating fallback, topology hints, ClientIP
-// affinity, hairpin; drop for an unallocated ClusterIP, reject for a port
+// affinity, hairpin; an endpoint on the node itself (input, and from the
+// node out and back in through loopback); drop for an unallocated ClusterIP, reject for a port
 // the ClusterIP lacks (TCP and UDP); and a packet that is no Service's.
 func TestNFTRulePathIsTheKernelsTrace(t *testing.T) {
 	m := modeNFTables
@@ -312,6 +313,7 @@ func TestNFTRulePathIsTheKernelsTrace(t *testing.T) {
 				{IP: pods[1].IP.String(), NodeName: "node-b", Zone: "zone-b", ZoneHints: []string{"zone-b"}}}},
 		{Name: "sticky", ClusterIPs: []string{"10.96.0.70"}, Ports: http, AffinitySeconds: 600, Endpoints: v4(pods[0], pods[1])},
 		{Name: "self", ClusterIPs: []string{"10.96.0.80"}, Ports: http, Endpoints: v4(pods[2])},
+		{Name: "host", ClusterIPs: []string{"10.96.0.90"}, Ports: http, Endpoints: []Endpoint{{IP: node.String(), NodeName: nodeName}}},
 		{Name: "dns", ClusterIPs: []string{"10.96.0.53"}, Ports: []Port{{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353}},
 			Endpoints: v4(pods[0], pods[1])},
 	}
@@ -344,6 +346,8 @@ func TestNFTRulePathIsTheKernelsTrace(t *testing.T) {
 		{"topology hints", e.w.Client(), client, "10.96.0.60:80", explain.VerdictDNAT},
 		{"ClientIP affinity", e.w.Client(), client, "10.96.0.70:80", explain.VerdictDNAT},
 		{"hairpin", pods[2].NS, pod, "10.96.0.80:80", explain.VerdictDNAT},
+		{"an endpoint on the node itself: input", e.w.Client(), client, "10.96.0.90:80", explain.VerdictDNAT},
+		{"from the node to an endpoint on it: back in through loopback", e.w.Node(), node, "10.96.0.90:80", explain.VerdictDNAT},
 		{"UDP ClusterIP", pods[2].NS, pod, "10.96.0.53:53/udp", explain.VerdictDNAT},
 		{"unallocated ClusterIP", e.w.Client(), client, "10.96.0.99:80", explain.VerdictDrop},
 		{"a port the ClusterIP lacks", e.w.Client(), client, "10.96.0.10:81", explain.VerdictReject},
