@@ -122,7 +122,9 @@ func modelBackend(m *explain.Model) *Backend {
 // rule's text only, never the path.
 const defaultMasqueradeBit = 14
 
-// listedRules parses the Model's iptables-save listings of family fam.
+// listedRules reads the Model's iptables-save listings of family fam,
+// rule lines only: a listing keeps kp's lines (ListRules), so the
+// built-in chains it jumps from are not declared in it.
 func listedRules(m *explain.Model, fam proxy.Family) map[chainKey][]string {
 	var out map[chainKey][]string
 	for _, l := range m.Rules {
@@ -130,18 +132,22 @@ func listedRules(m *explain.Model, fam proxy.Family) map[chainKey][]string {
 		if l.Format != "iptables-save" || len(f) != 3 || f[1] != fam.String() {
 			continue
 		}
-		dumps, err := ParseSave([]byte(l.Text))
-		if err != nil {
-			continue
-		}
-		if out == nil {
-			out = map[chainKey][]string{}
-		}
-		for t, d := range dumps {
-			for chain, rules := range d.Rules {
-				for _, r := range rules {
-					out[chainKey{t, chain}] = append(out[chainKey{t, chain}], r.Spec)
+		table := Table("")
+		for _, line := range strings.Split(l.Text, "\n") {
+			line = strings.TrimSpace(line)
+			switch {
+			case strings.HasPrefix(line, "*"):
+				table = Table(line[1:])
+			case line == "" || line[0] == '#' || line[0] == ':' || line == "COMMIT" || table == "":
+			default:
+				r, chain, err := parseRuleLine(line)
+				if err != nil {
+					continue
 				}
+				if out == nil {
+					out = map[chainKey][]string{}
+				}
+				out[chainKey{table, chain}] = append(out[chainKey{table, chain}], r.Spec)
 			}
 		}
 	}

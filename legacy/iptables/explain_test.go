@@ -232,7 +232,6 @@ func TestRulePathAffinityAndListing(t *testing.T) {
 	m := pathModel(map[*proxy.ServicePort][]proxy.Endpoint{sticky: eps})
 	svc, sep1 := svcChainName(sticky), sepChainName(sticky, eps[1])
 	m.Rules = []statusapi.RuleListing{{Where: "iptables-nft IPv4 nat", Format: "iptables-save", Text: `*nat
-:PREROUTING ACCEPT [0:0]
 :KP-SERVICES - [0:0]
 [7:420] -A PREROUTING -m comment --comment "kubernetes service portals" -j KP-SERVICES
 -A KP-SERVICES -d 10.96.0.50/32 -p tcp -m comment --comment "default/sticky cluster IP" -m tcp --dport 80 -j ` + svc + `

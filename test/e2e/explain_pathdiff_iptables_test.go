@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"testing"
 
 	"github.com/kpproxy/kp/explain"
 )
@@ -73,4 +74,40 @@ func pathDiffIPT(predicted explain.RulePath, traced []explain.RuleStep) string {
 		fmt.Fprintf(&b, "  %s: %s    (%s)\n", s.Where, s.Verdict, s.Rule)
 	}
 	return b.String()
+}
+
+// pathDiffIPT takes any alternative of a random choice, then holds the
+// trace to that alternative's branch; a step more, a step less or another
+// verdict is a difference.
+func TestPathDiffIPTFollowsTheBranchTheKernelTook(t *testing.T) {
+	predicted := explain.RulePath{Steps: []explain.RuleStep{
+		{Where: "nat KP-SVC-X", Verdict: "one of: jump KP-SEP-A | jump KP-SEP-B"},
+		{Where: "nat KP-SEP-A | -", Verdict: "jump KP-MARK-MASQ | -"},
+		{Where: "nat KP-SEP-A | nat KP-SEP-B", Verdict: "dnat to 10.0.0.1:80 | dnat to 10.0.0.2:80"},
+		{Where: "nat POSTROUTING", Verdict: "jump KP-POSTROUTING", Handle: 7},
+	}}
+	step := func(where, verdict string) explain.RuleStep { return explain.RuleStep{Where: where, Verdict: verdict} }
+	a := []explain.RuleStep{step("nat KP-SVC-X", "jump KP-SEP-A"), step("nat KP-SEP-A", "jump KP-MARK-MASQ"),
+		step("nat KP-SEP-A", "dnat to 10.0.0.1:80"), step("nat POSTROUTING", "jump KP-POSTROUTING")}
+	b := []explain.RuleStep{step("nat KP-SVC-X", "jump KP-SEP-B"), step("nat KP-SEP-B", "dnat to 10.0.0.2:80"),
+		step("nat POSTROUTING", "jump KP-POSTROUTING")}
+	otherHandle := slices.Clone(b)
+	otherHandle[2].Handle = 8
+	for _, tc := range []struct {
+		name   string
+		traced []explain.RuleStep
+		agree  bool
+	}{
+		{"branch A", a, true},
+		{"branch B", b, true},
+		{"branch B with A's steps", []explain.RuleStep{b[0], a[1], a[2], a[3]}, false},
+		{"a step short", a[:3], false},
+		{"a step more", append(slices.Clone(b), step("nat KP-POSTROUTING", "return")), false},
+		{"another handle", otherHandle, false},
+		{"a choice not offered", []explain.RuleStep{step("nat KP-SVC-X", "jump KP-SEP-C"), b[1], b[2]}, false},
+	} {
+		if d := pathDiffIPT(predicted, tc.traced); (d == "") != tc.agree {
+			t.Errorf("%s: agree %t, want %t: %s", tc.name, d == "", tc.agree, d)
+		}
+	}
 }

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,60 +112,86 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 	time.Sleep(700 * time.Millisecond)
 	_ = mon.Process.Signal(syscall.SIGTERM)
 	_ = mon.Wait()
+	if os.Getenv("KP_E2E_TRACE_LOG") != "" {
+		e.t.Logf("xtables-monitor --trace:\n%s", out.String())
+	}
 	return parseXtablesTrace(out.String())
 }
 
 // parseXtablesTrace reads xtables-monitor --trace's lines of the first
 // traced packet, e.g.
 //
-//	TRACE: 2 a1aa9a08 nat:KP-SERVICES:rule:0x5:JUMP:KP-SVC-X  -4 -t nat -A KP-SERVICES … -j KP-SVC-X
+//	PACKET: 2 470d892b IN=kpbr0 … SRC=10.100.1.10 DST=203.0.113.99 … ID=39728 DF SPORT=33784 DPORT=80 SYN
+//	 TRACE: 2 470d892b nat:KP-SERVICES:rule:0x5:JUMP:KP-SVC-X  -4 -t nat -A KP-SERVICES … -j KP-SVC-X
 //
-// keeping the rules of kp's chains and the jumps into them.
+// keeping the rules of kp's chains and the jumps into them. The trace id
+// is not the packet's for its whole path (a packet the bridge passes up,
+// br_netfilter, gets another from the FORWARD hook on), so the packet is
+// told by what DNAT leaves alone: its source, source port and IP ID.
 func parseXtablesTrace(text string) ([]explain.RuleStep, error) {
 	var steps []explain.RuleStep
-	id := ""
+	var first string
+	ids := map[string]bool{}
 	// A line may run into the next event's (the monitor ends a line
 	// when the next begins): one event a line.
 	text = strings.NewReplacer("TRACE: ", "\nTRACE: ", "PACKET: ", "\nPACKET: ").Replace(text)
 	sc := bufio.NewScanner(strings.NewReader(text))
 	for sc.Scan() {
-		for _, ev := range []string{strings.TrimSpace(sc.Text())} {
-			f := strings.Fields(ev)
-			if len(f) < 4 || (f[0] != "PACKET:" && f[0] != "TRACE:") {
-				continue
-			}
-			if id == "" {
-				id = f[2]
-			}
-			if f[2] != id || f[0] != "TRACE:" {
-				continue
-			}
-			// f[3]: TABLE:CHAIN:rule:HANDLE:VERDICT[:TARGET]
-			p := strings.SplitN(f[3], ":", 6)
-			if len(p) < 5 || p[2] != "rule" {
-				continue // a chain's return or policy: no rule
-			}
-			table, chain, verdict := p[0], p[1], p[4]
-			tgt := ""
-			if len(p) == 6 {
-				tgt = p[5]
-			}
-			if !strings.HasPrefix(chain, "KP-") && !strings.HasPrefix(tgt, "KP-") {
-				continue
-			}
-			handle, _ := strconv.ParseUint(strings.TrimPrefix(p[3], "0x"), 16, 64)
-			rule := ""
-			if i := strings.Index(ev, " -A "); i >= 0 {
-				rule = strings.TrimSpace(ev[i+1:])
-			}
-			steps = append(steps, explain.RuleStep{Where: table + " " + chain, Rule: rule, Handle: handle,
-				Verdict: traceVerdict(verdict, tgt, rule)})
+		ev := strings.TrimSpace(sc.Text())
+		f := strings.Fields(ev)
+		if len(f) < 4 {
+			continue
 		}
+		if f[0] == "PACKET:" {
+			key := packetKey(f)
+			if first == "" {
+				first = key
+			}
+			if key == first {
+				ids[f[2]] = true
+			}
+			continue
+		}
+		if f[0] != "TRACE:" || !ids[f[2]] {
+			continue
+		}
+		// f[3]: TABLE:CHAIN:rule:HANDLE:VERDICT[:TARGET]
+		p := strings.SplitN(f[3], ":", 6)
+		if len(p) < 5 || p[2] != "rule" {
+			continue // a chain's return or policy: no rule
+		}
+		table, chain, verdict := p[0], p[1], p[4]
+		tgt := ""
+		if len(p) == 6 {
+			tgt = p[5]
+		}
+		if !strings.HasPrefix(chain, "KP-") && !strings.HasPrefix(tgt, "KP-") {
+			continue
+		}
+		handle, _ := strconv.ParseUint(strings.TrimPrefix(p[3], "0x"), 16, 64)
+		rule := ""
+		if i := strings.Index(ev, " -A "); i >= 0 {
+			rule = strings.TrimSpace(ev[i+1:])
+		}
+		steps = append(steps, explain.RuleStep{Where: table + " " + chain, Rule: rule, Handle: handle,
+			Verdict: traceVerdict(verdict, tgt, rule)})
 	}
-	if id == "" {
+	if first == "" {
 		return nil, fmt.Errorf("xtables-monitor saw no traced packet:\n%s", text)
 	}
 	return steps, nil
+}
+
+// packetKey is what of a PACKET line no hook of kp's changes before
+// POSTROUTING's SNAT: SRC=, SPORT= and (IPv4) ID=.
+func packetKey(f []string) string {
+	var k []string
+	for _, w := range f {
+		if strings.HasPrefix(w, "SRC=") || strings.HasPrefix(w, "SPORT=") || strings.HasPrefix(w, "ID=") {
+			k = append(k, w)
+		}
+	}
+	return strings.Join(k, " ")
 }
 
 // traceVerdict spells the kernel's verdict as explain does: the jump or
@@ -177,7 +205,7 @@ func traceVerdict(verdict, tgt, rule string) string {
 		return "goto " + tgt
 	case "CONTINUE":
 		return "continue"
-	case "RETURN":
+	case "RETURN", "0xfffffffb": // NFT_RETURN, which xtables-monitor prints as a number
 		return "return"
 	}
 	if v := terminalVerdict(rule); v != "" {
@@ -226,7 +254,10 @@ func terminalVerdict(spec string) string {
 // order, into every chain a counted rule jumps to).
 func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
 	bin := iptFamily(dst) + "-legacy"
-	replies := []string{"-p", proto, "-m", "conntrack", "--ctdir", "REPLY", "--ctorigsrc", from.String(),
+	// The flow's packets other than its first: its replies and what
+	// the node answers for it (a REJECT's reset or ICMP error, whose
+	// protocol is not the flow's but whose connection is).
+	replies := []string{"-m", "conntrack", "--ctdir", "REPLY", "--ctproto", proto, "--ctorigsrc", from.String(),
 		"--ctorigdst", dst.Addr().String(), "--ctorigdstport", strconv.Itoa(int(dst.Port())),
 		"-m", "comment", "--comment", "kp e2e trace", "-j", "DROP"}
 	undo, err := testRules(e, bin, map[[2]string][]string{{"mangle", "PREROUTING"}: replies, {"mangle", "OUTPUT"}: replies})
@@ -293,7 +324,7 @@ func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
 	// returned), "accept" (the hook is done) or "stop".
 	call = func(table, chain string) string {
 		for _, r := range saved[table][chain] {
-			if r.packets == 0 {
+			if r.packets == 0 || !firstPacketCan(r.spec) {
 				continue
 			}
 			tgt, goTo := specTarget(r.spec)
@@ -340,6 +371,25 @@ func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
 		}
 	}
 	return steps
+}
+
+// firstPacketCan reports whether a connection's first packet can match
+// spec: not when spec asks for a state only later packets have
+// (ESTABLISHED, RELATED, INVALID). Such a rule's counter moved for
+// another packet of the flow, one the mangle rules could not hold back
+// (an ICMP error a router sends back about it, say).
+func firstPacketCan(spec string) bool {
+	f := strings.Fields(spec)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] != "--ctstate" || i > 0 && f[i-1] == "!" {
+			continue
+		}
+		states := strings.Split(f[i+1], ",")
+		if !slices.Contains(states, "NEW") && !slices.Contains(states, "DNAT") && !slices.Contains(states, "SNAT") {
+			return false
+		}
+	}
+	return true
 }
 
 // specTarget is the rule's -j or -g target.
@@ -412,10 +462,13 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80"},
 			{"no Service", pods[0].NS, pod, "203.0.113.99:80"},
 		}
-		var sent sync.WaitGroup
-		defer sent.Wait()
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
+				// The client gives up before TCP's first retransmission
+				// (1 s), and the next case waits for it: a SYN sent
+				// again would count in the next case's counters.
+				var sent sync.WaitGroup
+				defer sent.Wait()
 				dst := netip.MustParseAddrPort(tc.dst)
 				x := e.explainJSON("", tc.from.String(), tc.dst)
 				if len(x.RulePath.Steps) == 0 {
@@ -425,7 +478,7 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 					sent.Add(1)
 					go func() {
 						defer sent.Done()
-						_, _ = netns.Dial(tc.ns, "tcp", tc.dst, 2*time.Second)
+						_, _ = netns.Dial(tc.ns, "tcp", tc.dst, 900*time.Millisecond)
 					}()
 				})
 				if err != nil {
