@@ -33,8 +33,12 @@ import (
 func traceIPVS(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
 	var before, after []ipvsConn
 	var readErr error
+	bin := iptFamily(dst) + "-" + e.mode.backend
 	steps, err := traceIPTables(e, from, dst, proto, func() {
 		before, readErr = ipvsConns(e)
+		if e.mode.backend == "nft" && readErr == nil {
+			readErr = zeroCounters(e, bin)
+		}
 		send()
 		time.Sleep(200 * time.Millisecond) // send does not wait for the answer
 		if readErr == nil {
@@ -47,6 +51,11 @@ func traceIPVS(e *env, from netip.Addr, dst netip.AddrPort, proto string, send f
 	if readErr != nil {
 		return nil, readErr
 	}
+	if e.mode.backend == "nft" {
+		if steps, err = withReturns(e, bin, steps); err != nil {
+			return nil, err
+		}
+	}
 	step, ok, err := ipvsStep(e, from, dst, proto, before, after)
 	if err != nil || !ok {
 		return steps, err
@@ -58,6 +67,57 @@ func traceIPVS(e *env, from netip.Addr, dst netip.AddrPort, proto string, send f
 		at = len(steps)
 	}
 	return slices.Insert(steps, at, step), nil
+}
+
+func zeroCounters(e *env, bin string) error {
+	for _, t := range []string{"nat", "filter"} {
+		if out, err := e.w.Exec(e.w.Node(), bin, "-t", t, "-Z"); err != nil {
+			return fmt.Errorf("zero the %s counters: %w\n%s", t, err, out)
+		}
+	}
+	return nil
+}
+
+// withReturns adds the -j RETURN rules the packet matched to an
+// iptables-nft trace: a kernel before 6.2 (the VM's 6.1) reports such a
+// rule as a chain's return event without its handle, which xtables-monitor
+// prints as it prints the end of a chain. The rules' counters (zeroed
+// before the packet) tell which RETURN rule of a chain the trace entered
+// matched; its step goes after the chain's (and the chains it called)
+// steps, where the packet went back to the caller.
+func withReturns(e *env, bin string, steps []explain.RuleStep) ([]explain.RuleStep, error) {
+	counted := map[string]map[string][]countedRule{}
+	for _, t := range []string{"nat", "filter"} {
+		out, err := e.w.Exec(e.w.Node(), bin+"-save", "-c", "-t", t)
+		if err != nil {
+			return nil, fmt.Errorf("%s-save: %w\n%s", bin, err, out)
+		}
+		counted[t] = parseCounted(out)
+	}
+	for j := 0; j < len(steps); j++ {
+		chain, ok := strings.CutPrefix(steps[j].Verdict, "jump ")
+		if !ok {
+			continue
+		}
+		table, _, _ := strings.Cut(steps[j].Where, " ")
+		where := table + " " + chain
+		var ret *countedRule
+		for i, r := range counted[table][chain] {
+			if tgt, _ := specTarget(r.spec); tgt == "RETURN" && r.packets > 0 {
+				ret = &counted[table][chain][i]
+				break
+			}
+		}
+		k := j + 1
+		for k < len(steps) && steps[k].Where != steps[j].Where && strings.Contains(steps[k].Where, " KP-") {
+			k++
+		}
+		if ret == nil || slices.ContainsFunc(steps[j+1:k], func(s explain.RuleStep) bool { return s.Where == where && s.Verdict == "return" }) {
+			continue
+		}
+		steps = slices.Insert(steps, k, explain.RuleStep{Where: where, Rule: "-A " + chain + " " + ret.spec, Verdict: "return"})
+	}
+	return steps, nil
 }
 
 // ipvsConn is a line of ipvsadm -Lnc: a connection IPVS made.
@@ -113,8 +173,13 @@ func ipvsStep(e *env, from netip.Addr, dst netip.AddrPort, proto string, before,
 	if strings.Contains(out, "->") && strings.Count(out, "->") > 1 {
 		return step, false, fmt.Errorf("IPVS made no connection from %s to %s though the virtual server has real servers:\n%s", from, dst, out)
 	}
-	step.Rule, step.Verdict = strings.TrimSpace(out), "reject"
+	step.Rule, step.Verdict = "no real server: "+lastLine(out), "reject"
 	return step, true, nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(strings.Fields(lines[len(lines)-1]), " ")
 }
 
 // traceUserspace traces the redirect rules (traceNFT, or traceIPTables
