@@ -107,14 +107,32 @@ func modelBackend(m *explain.Model) *Backend {
 	case f.LocalInterface != "":
 		cfg.DetectLocal = proxy.DetectLocal{Mode: proxy.LocalModeBridgeInterface, BridgeInterface: f.LocalInterface}
 	}
-	// NodePorts answer where the snapshot says: each of those addresses
-	// as a --nodeport-addresses CIDR of its own.
-	for _, a := range f.NodePortIPs {
-		cfg.NodePortAddresses = append(cfg.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
+	// NodePorts answer where the snapshot says. On every address the
+	// node has (upstream's iptables default), kp's rule matches any local
+	// destination; else each of those addresses is a --nodeport-addresses
+	// CIDR of its own, as "primary" and CIDRs render them.
+	if !everyAddr(f) {
+		for _, a := range f.NodePortIPs {
+			cfg.NodePortAddresses = append(cfg.NodePortAddresses, netip.PrefixFrom(a, a.BitLen()))
+		}
 	}
 	mark, _ := cfg.MasqueradeMark()
 	return &Backend{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), masqMark: mark,
 		warnedPrimary: map[proxy.Family]bool{}, localAddrs: func() ([]netip.Addr, error) { return f.NodePortIPs, nil }}
+}
+
+// everyAddr reports whether NodePorts answer on every address of the
+// node NodePorts can answer on (not loopback, link-local or multicast).
+func everyAddr(f explain.Facts) bool {
+	if len(f.NodePortIPs) == 0 {
+		return true
+	}
+	for _, a := range f.LocalAddrs {
+		if !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsMulticast() && !slices.Contains(f.NodePortIPs, a) {
+			return false
+		}
+	}
+	return true
 }
 
 // defaultMasqueradeBit is upstream's --iptables-masquerade-bit default,
@@ -191,11 +209,16 @@ func (rs *ruleSet) jumpText(k chainKey, j jump) string {
 	return "-A " + j.from + strings.TrimPrefix(j.line(), "-I "+j.from+" 1")
 }
 
-// ruleText is rule i of chain k as listed, when the listing's chain has
-// the rules kp renders; else as kp writes it.
+// ruleText is rule i of chain k as listed, when the listing's rule i is
+// that rule (its target and comment: iptables-save spells the matches its
+// own way); else as kp writes it.
 func (rs *ruleSet) ruleText(k chainKey, c *Chain, i int) string {
-	if specs := rs.listed[k]; len(specs) == len(c.Rules) {
-		return "-A " + k.name + " " + specs[i]
+	r := c.Rules[i]
+	if specs := rs.listed[k]; i < len(specs) {
+		tgt, _ := target(r.Args)
+		if RuleTarget(specs[i]) == tgt && strings.Contains(specs[i], r.Comment) {
+			return "-A " + k.name + " " + specs[i]
+		}
 	}
-	return c.Rules[i].line(k.name)
+	return r.line(k.name)
 }

@@ -264,3 +264,27 @@ nat ` + sep1 + `: dnat to 10.244.2.10:8080
 		t.Errorf("the pinned client's step is %q, want the --rcheck rule", r)
 	}
 }
+
+// Without the client's affinity entry (kp explain reads none), its
+// --rcheck rules are part of the choice: the alternatives are the
+// endpoints, whichever rule picks them.
+func TestRulePathAffinityUnknownIsAChoice(t *testing.T) {
+	sticky := pathPort("sticky", "10.96.0.50", v1.ProtocolTCP, 80, func(sp *proxy.ServicePort) { sp.AffinityTimeout = 3 * time.Hour })
+	eps := []proxy.Endpoint{pathEP("10.244.1.10", "node-a"), pathEP("10.244.2.10", "node-b")}
+	m := pathModel(map[*proxy.ServicePort][]proxy.Endpoint{sticky: eps})
+	svc, sep0, sep1 := svcChainName(sticky), sepChainName(sticky, eps[0]), sepChainName(sticky, eps[1])
+	rp := explainPath(t, m, "192.168.1.1", "10.96.0.50:80")
+	want := `nat PREROUTING: jump KP-SERVICES
+nat KP-SERVICES: jump ` + svc + `
+nat ` + svc + `: jump KP-MARK-MASQ
+nat KP-MARK-MASQ: continue
+nat ` + svc + `: one of: jump ` + sep0 + ` | jump ` + sep1 + `
+nat ` + sep0 + ` | nat ` + sep1 + `: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080
+`
+	if got := pathLines(rp.Steps); !strings.HasPrefix(got, want) {
+		t.Fatalf("got\n%s\nwant first\n%s", got, want)
+	}
+	if r := rp.Steps[4].Rule; strings.Count(r, "--rcheck") != 2 || strings.Count(r, " | ") != 3 {
+		t.Errorf("the choice's rules are %q; want both --rcheck rules and both random ones", r)
+	}
+}

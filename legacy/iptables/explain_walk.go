@@ -89,6 +89,7 @@ type choice struct {
 	at       int
 	verdicts []string
 	chains   []string
+	rules    []string
 }
 
 // walkAll walks pk through every hook, once per alternative of a random
@@ -107,6 +108,7 @@ func (rs *ruleSet) walkAll(pk walkPacket) []explain.RuleStep {
 	pick := first.steps[c.at]
 	pick.Verdict = "one of: " + strings.Join(c.verdicts, " | ")
 	pick.Element = strings.Join(c.chains, " | ")
+	pick.Rule = strings.Join(c.rules, " | ")
 	out = append(out, pick)
 	var tails [][]explain.RuleStep
 	for _, w := range walks {
@@ -287,24 +289,18 @@ func (w *pathWalk) call(t Table, name string) outcome {
 	}
 	for i := 0; i < len(c.Rules); i++ {
 		args := c.Rules[i].Args
-		if hasWord(args, "statistic") {
-			// A random choice: this rule or one of the statistic rules
-			// after it, or the first rule after them.
-			end := i
-			for end < len(c.Rules)-1 && hasWord(c.Rules[end].Args, "statistic") {
-				end++
-			}
-			if w.choice == nil {
-				ch := &choice{at: len(w.steps)}
-				for _, r := range c.Rules[i : end+1] {
-					tgt, _ := target(r.Args)
-					ch.verdicts, ch.chains = append(ch.verdicts, "jump "+tgt), append(ch.chains, tgt)
+		if w.random(args) {
+			var out outcome
+			i, out = w.choose1(t, k, c, i)
+			if out != next {
+				if out == ret {
+					return next
 				}
-				w.choice = ch
-				i += min(w.choose, end-i)
+				return out
 			}
-			args = c.Rules[i].Args
-		} else if !w.matches(args) {
+			continue
+		}
+		if !w.matches(args) {
 			continue
 		}
 		out := w.apply(t, k, c, i, args)
@@ -316,6 +312,49 @@ func (w *pathWalk) call(t Table, name string) outcome {
 		}
 	}
 	return next
+}
+
+// random reports whether a rule starts a choice the model cannot make: a
+// statistic rule (the random pick), or, with ClientIP affinity and the
+// client's entry unknown, a --rcheck rule (the entry's pick, else the
+// random one).
+func (w *pathWalk) random(args string) bool {
+	return hasWord(args, "statistic") || w.pk.pinned == "" && hasWord(args, "--rcheck")
+}
+
+// choose1 takes the choice that starts at rule i: the rules up to the
+// first that is no choice, one of which matches. Each next chain they
+// name is an alternative (an endpoint's KP-SEP-, whichever rule names
+// it); the walk takes alternative w.choose at the first choice it meets.
+// It returns the group's last rule and the outcome of the one taken.
+func (w *pathWalk) choose1(t Table, k chainKey, c *Chain, i int) (int, outcome) {
+	end := i
+	for end < len(c.Rules)-1 && w.random(c.Rules[end].Args) {
+		end++
+	}
+	var texts, chains []string
+	var firsts []int // the first rule naming each alternative
+	for j := i; j <= end; j++ {
+		texts = append(texts, w.rs.ruleText(k, c, j))
+		if tgt, _ := target(c.Rules[j].Args); !slices.Contains(chains, tgt) {
+			chains, firsts = append(chains, tgt), append(firsts, j)
+		}
+	}
+	pick := firsts[0]
+	if len(firsts) > 1 && w.choice == nil {
+		ch := &choice{at: len(w.steps), chains: chains, rules: texts}
+		for _, tgt := range chains {
+			ch.verdicts = append(ch.verdicts, "jump "+tgt)
+		}
+		w.choice = ch
+		pick = firsts[min(w.choose, len(firsts)-1)]
+	}
+	at := len(w.steps)
+	out := w.apply(t, k, c, pick, c.Rules[pick].Args)
+	if len(texts) > 1 {
+		w.steps[at].Rule = strings.Join(texts, " | ") // which of them matched is the kernel's state
+	}
+	return end, out
 }
 
 // apply takes rule i's target, the rule having matched.

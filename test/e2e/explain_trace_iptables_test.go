@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,11 +35,17 @@ import (
 // rules of kp's that packet matched, in the order the kernel evaluated
 // them.
 func traceIPTables(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
-	switch e.mode.backend {
-	case "nft":
+	switch {
+	case e.mode.backend == "nft" && dst.Addr().Is4():
 		return traceXtablesMonitor(e, from, dst, proto, send)
-	case "legacy":
-		return traceCounters(e, from, dst, proto, send)
+	case e.mode.backend == "nft":
+		// xtables-monitor 1.8.9 cannot print an IPv6 rule with a
+		// protocol match ("unsupported layer 4 protocol value", then it
+		// exits), and every rule of kp's service chains has one:
+		// iptables-nft's counters are the record for IPv6.
+		return traceCounters(e, from, dst, proto, send, "ip6tables-nft")
+	case e.mode.backend == "legacy":
+		return traceCounters(e, from, dst, proto, send, iptFamily(dst)+"-legacy")
 	}
 	return nil, fmt.Errorf("mode %s has no iptables backend to trace", e.mode.name)
 }
@@ -215,7 +223,8 @@ func traceVerdict(verdict, tgt, rule string) string {
 }
 
 // terminalVerdict is the verdict of a rule's terminal target ("" for
-// others): "dnat to A:P", "masquerade", "reject", "drop", "accept".
+// others): "dnat to A:P", "redirect to :P", "masquerade", "reject",
+// "drop", "accept", "return".
 func terminalVerdict(spec string) string {
 	f := strings.Fields(spec)
 	for i := 0; i+1 < len(f); i++ {
@@ -232,6 +241,13 @@ func terminalVerdict(spec string) string {
 			return "dnat"
 		case "MASQUERADE":
 			return "masquerade"
+		case "REDIRECT": // the userspace mode's redirects, nftables trace style
+			for k := i + 2; k+1 < len(f); k++ {
+				if f[k] == "--to-ports" {
+					return "redirect to :" + f[k+1]
+				}
+			}
+			return "redirect"
 		case "REJECT", "DROP", "ACCEPT", "RETURN":
 			return strings.ToLower(f[i+1])
 		}
@@ -252,8 +268,7 @@ func terminalVerdict(spec string) string {
 // walked in evaluation order (the hooks in the order a packet meets them,
 // each built-in chain's jumps into kp's chains, each chain's rules in
 // order, into every chain a counted rule jumps to).
-func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func()) ([]explain.RuleStep, error) {
-	bin := iptFamily(dst) + "-legacy"
+func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, send func(), bin string) ([]explain.RuleStep, error) {
 	// The flow's packets other than its first: its replies and what
 	// the node answers for it (a REJECT's reset or ICMP error, whose
 	// protocol is not the flow's but whose connection is).
@@ -280,7 +295,32 @@ func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, se
 		}
 		saved[t] = parseCounted(out)
 	}
-	return walkCounted(saved), nil
+	local, err := nodeAddrs(e)
+	if err != nil {
+		return nil, err
+	}
+	isLocal := func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(local, a) }
+	return walkCounted(saved, counterPath{fromNode: isLocal(from), dst: dst.Addr(), local: isLocal}), nil
+}
+
+// nodeAddrs are the node namespace's addresses.
+func nodeAddrs(e *env) ([]netip.Addr, error) {
+	out, err := e.w.Exec(e.w.Node(), "ip", "-o", "addr", "show")
+	if err != nil {
+		return nil, fmt.Errorf("the node's addresses: %w", err)
+	}
+	var as []netip.Addr
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" || f[i] == "inet6" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					as = append(as, p.Addr())
+				}
+			}
+		}
+	}
+	return as, nil
 }
 
 // countedRule is one rule of iptables-save -c.
@@ -308,16 +348,22 @@ func parseCounted(save string) map[string][]countedRule {
 	return out
 }
 
-// iptHooks are the built-in chains kp jumps from, in the order one packet
-// meets them: arriving (nat PREROUTING, then filter FORWARD and nat
-// POSTROUTING, or filter INPUT) or the node's own (nat OUTPUT, filter
-// OUTPUT, nat POSTROUTING, and filter INPUT when it goes to the node's own
-// address through lo); no packet meets two of them out of this order.
-var iptHooks = [][2]string{{"nat", "PREROUTING"}, {"nat", "OUTPUT"}, {"filter", "OUTPUT"}, {"filter", "FORWARD"},
-	{"nat", "POSTROUTING"}, {"filter", "INPUT"}}
+// counterPath is where the counted packet went, which tells the hooks it
+// met (the kernel's hook graph): a packet of the node's own meets nat
+// OUTPUT, filter OUTPUT and nat POSTROUTING, then filter INPUT when it
+// goes to the node's own address (through lo); a packet that arrives meets
+// nat PREROUTING, then filter INPUT when its destination (after DNAT) is
+// the node's, else filter FORWARD and nat POSTROUTING. Another packet's
+// counts in a hook this one did not meet (an IPv6 neighbour solicitation
+// through filter INPUT's jumps, which match every packet) are not read.
+type counterPath struct {
+	fromNode bool
+	dst      netip.Addr
+	local    func(netip.Addr) bool
+}
 
 // walkCounted orders the counted rules as the kernel evaluated them.
-func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
+func walkCounted(saved map[string]map[string][]countedRule, cp counterPath) []explain.RuleStep {
 	var steps []explain.RuleStep
 	var call func(table, chain string) string
 	// call walks chain's counted rules; it returns "" (fell through or
@@ -365,10 +411,30 @@ func walkCounted(saved map[string]map[string][]countedRule) []explain.RuleStep {
 		}
 		return ""
 	}
-	for _, h := range iptHooks {
-		if call(h[0], h[1]) == "stop" {
-			break
+	dst := cp.dst
+	hook := func(table, chain string) bool {
+		out := call(table, chain)
+		for _, st := range steps {
+			if to, ok := strings.CutPrefix(st.Verdict, "dnat to "); ok {
+				if ap, err := netip.ParseAddrPort(to); err == nil {
+					dst = ap.Addr()
+				} else if a, err := netip.ParseAddr(to); err == nil {
+					dst = a
+				}
+			}
 		}
+		return out != "stop"
+	}
+	switch {
+	case cp.fromNode:
+		if hook("nat", "OUTPUT") && hook("filter", "OUTPUT") && hook("nat", "POSTROUTING") && cp.local(dst) {
+			hook("filter", "INPUT")
+		}
+	case !hook("nat", "PREROUTING"):
+	case cp.local(dst):
+		hook("filter", "INPUT")
+	case hook("filter", "FORWARD"):
+		hook("nat", "POSTROUTING")
 	}
 	return steps
 }
@@ -418,7 +484,7 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 		http := []Port{{Name: "http", Port: 80, TargetPort: 8080}}
 		svc := web(pods...)
 		svc.Type, svc.Ports[0].NodePort, svc.ExternalIPs = v1.ServiceTypeNodePort, 30080, []string{"203.0.113.10"}
-		one := Service{Name: "one", ClusterIPs: []string{"10.96.0.11"}, Ports: http, Endpoints: endpoints(pods[1])}
+		one := Service{Name: "one", ClusterIPs: []string{"10.96.0.11", "fd00:96::11"}, Ports: http, Endpoints: endpoints(pods[1])}
 		empty := Service{Name: "empty", ClusterIPs: []string{"10.96.0.20"}, Ports: http}
 		elsewhere := endpoints(pods[0])
 		for i := range elsewhere {
@@ -433,12 +499,26 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			LoadBalancerIPs: []string{"203.0.113.40"}, SourceRanges: []string{client.String() + "/32"}}
 		sticky := Service{Name: "sticky", ClusterIPs: []string{"10.96.0.50"}, Ports: http, Endpoints: endpoints(pods...),
 			AffinitySeconds: 600}
-		e.write("services.yaml", svc, one, empty, local, fw, sticky)
+		// Enough ClusterIPs that kp splits its dispatch chains into
+		// tries (KP-SVCS-…, KP-FSVCS-…; legacy/iptables/dispatch.go): the
+		// path walks them.
+		terminating := Service{Name: "terminating", ClusterIPs: []string{"10.96.0.60"}, Ports: http,
+			Endpoints: []Endpoint{{IP: pods[1].IP.String(), NodeName: nodeName, Ready: Bool(false), Serving: Bool(true), Terminating: Bool(true)}}}
+		services := []any{svc, one, empty, local, fw, sticky, terminating}
+		for i := range 20 {
+			services = append(services, Service{Name: fmt.Sprintf("filler-%d", i), ClusterIPs: []string{fmt.Sprintf("10.96.2.%d", i+1)},
+				Ports: http, Endpoints: endpoints(pods[1])})
+		}
+		e.write("services.yaml", services...)
 		e.startKP("--service-cidrs", netns.ServiceCIDR.String()+","+netns.ServiceCIDR6.String())
 		// External and LoadBalancer addresses outside the Service CIDR,
 		// which the client routes through the node as a router would.
 		if out, err := e.w.Exec(e.w.Client(), "ip", "route", "add", "203.0.113.0/24", "via", e.w.NodeIP().String()); err != nil {
 			t.Fatalf("%v\n%s", err, out)
+		}
+		snapFile := filepath.Join(t.TempDir(), "node.kpsnap.json")
+		if _, stderr, code := e.runKP("snapshot", "-o", snapFile, "--status-socket", e.socket); code != 0 {
+			t.Fatalf("kp snapshot: exit %d\n%s", code, stderr)
 		}
 		node, pod := e.w.NodeIP(), pods[0].IP
 		nodePort := func(p uint16) string { return netip.AddrPortFrom(node, p).String() }
@@ -446,21 +526,29 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			name, ns string
 			from     netip.Addr
 			dst      string
+			// through is a chain the trace must pass (the case's point).
+			through string
 		}{
-			{"ClusterIP from off the node, masqueraded", e.w.Client(), client, "10.96.0.11:80"},
-			{"ClusterIP from a pod, not masqueraded", pods[0].NS, pod, "10.96.0.11:80"},
-			{"ClusterIP from the node", e.w.Node(), node, "10.96.0.11:80"},
-			{"ClusterIP from a pod that is an endpoint: hairpin", pods[0].NS, pod, webTCP},
-			{"NodePort", e.w.Client(), client, nodePort(30080)},
-			{"externalIP", e.w.Client(), client, "203.0.113.10:80"},
-			{"LoadBalancer, source range allows", e.w.Client(), client, "203.0.113.40:80"},
-			{"LoadBalancer, source range refuses", pods[0].NS, pod, "203.0.113.40:80"},
-			{"no endpoints: rejected", e.w.Client(), client, "10.96.0.20:80"},
-			{"NodePort, Local policy without a local endpoint: dropped", e.w.Client(), client, nodePort(30090)},
-			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81"},
-			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80"},
-			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80"},
-			{"no Service", pods[0].NS, pod, "203.0.113.99:80"},
+			{"ClusterIP from off the node, masqueraded", e.w.Client(), client, "10.96.0.11:80", ""},
+			{"ClusterIP from a pod, not masqueraded", pods[0].NS, pod, "10.96.0.11:80", ""},
+			{"ClusterIP from the node", e.w.Node(), node, "10.96.0.11:80", ""},
+			{"IPv6 ClusterIP from off the node", e.w.Client(), e.w.ClientIP6(), "[fd00:96::11]:80", ""},
+			{"a filler's ClusterIP, through the dispatch trie", e.w.Client(), client, "10.96.2.7:80", "nat KP-SVCS-"},
+			{"ClusterIP from a pod that is an endpoint: hairpin", pods[0].NS, pod, webTCP, ""},
+			{"NodePort", e.w.Client(), client, nodePort(30080), ""},
+			{"externalIP", e.w.Client(), client, "203.0.113.10:80", ""},
+			{"LoadBalancer, source range allows", e.w.Client(), client, "203.0.113.40:80", ""},
+			{"LoadBalancer, source range refuses", pods[0].NS, pod, "203.0.113.40:80", ""},
+			{"no endpoints: rejected", e.w.Client(), client, "10.96.0.20:80", ""},
+			{"NodePort, Local policy without a local endpoint: dropped", e.w.Client(), client, nodePort(30090), ""},
+			{"a port the ClusterIP lacks: rejected", e.w.Client(), client, "10.96.0.11:81", ""},
+			{"unallocated ClusterIP: dropped", e.w.Client(), client, "10.96.0.99:80", ""},
+			{"ClientIP affinity", e.w.Client(), client, "10.96.0.50:80", ""},
+			// The case before set the client's entry (KP-SEP-'s --set):
+			// now the --rcheck rule picks, one of the same alternatives.
+			{"ClientIP affinity, the client pinned", e.w.Client(), client, "10.96.0.50:80", ""},
+			{"only a terminating endpoint: the serving fallback", e.w.Client(), client, "10.96.0.60:80", ""},
+			{"no Service", pods[0].NS, pod, "203.0.113.99:80", ""},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -489,6 +577,22 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 				}
 				if d := pathDiffIPT(x.RulePath, steps); d != "" {
 					t.Errorf("kp explain's rule path is not the kernel's (%s): %s", x.Verdict, d)
+				}
+				// iptables-legacy-save prints the rules as the snapshot
+				// listed them: each traced rule is a predicted step's text.
+				for _, st := range steps {
+					if m.backend == "legacy" && !slices.ContainsFunc(x.RulePath.Steps, func(p explain.RuleStep) bool {
+						return slices.Contains(strings.Split(p.Rule, " | "), st.Rule)
+					}) {
+						t.Errorf("the traced rule %q is no predicted step's text", st.Rule)
+					}
+				}
+				// Offline, from the snapshot's file, the path is the same.
+				if off := e.explainJSON(snapFile, tc.from.String(), tc.dst); !reflect.DeepEqual(off.RulePath, x.RulePath) {
+					t.Errorf("from the snapshot, the path is\n%+v\nlive\n%+v", off.RulePath, x.RulePath)
+				}
+				if tc.through != "" && !slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return strings.HasPrefix(s.Where, tc.through) }) {
+					t.Errorf("the trace never passes %s…: the case does not test what it says", tc.through)
 				}
 			})
 		}

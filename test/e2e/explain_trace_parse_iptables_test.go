@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -48,7 +49,8 @@ PACKET: 2 11111111 IN=kpbr0 SRC=10.100.1.10 DST=203.0.113.99 LEN=60 ID=39999 DF 
 
 // The counters' walk: hooks in order, into the chains counted rules jump
 // to, stopping at a terminal verdict; a rule only a later packet of the
-// flow can match (ESTABLISHED) does not count, nor other programs' rules.
+// flow can match (ESTABLISHED) does not count, nor other programs' rules,
+// nor a hook the packet did not meet (INPUT, for a forwarded packet).
 func TestWalkCountedFollowsEvaluationOrder(t *testing.T) {
 	nat := parseCounted(`*nat
 [0:0] -A PREROUTING -j OTHER
@@ -70,9 +72,12 @@ COMMIT
 [1:60] -A KP-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 [1:60] -A KP-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT
 [1:60] -A FORWARD -m conntrack --ctstate NEW -j KP-SERVICES
+[1:60] -A INPUT -j KP-NODEPORTS
 COMMIT
 `)
-	steps := walkCounted(map[string]map[string][]countedRule{"nat": nat, "filter": filter})
+	local := func(a netip.Addr) bool { return a == netip.MustParseAddr("10.100.2.1") }
+	steps := walkCounted(map[string]map[string][]countedRule{"nat": nat, "filter": filter},
+		counterPath{dst: netip.MustParseAddr("10.96.0.11"), local: local})
 	want := `nat PREROUTING: jump KP-SERVICES
 nat KP-SERVICES: jump KP-SVC-X
 nat KP-SVC-X: jump KP-MARK-MASQ
