@@ -176,7 +176,7 @@ FUZZTIME ?= 7s
 FUZZ_TARGETS = FuzzManifestToNFT:./nft/ FuzzManifestToIPTables:./legacy/iptables/ FuzzManifestToIPVS:./legacy/ipvs/ \
 	FuzzManifestToUserspace:./legacy/userspace/ FuzzConfigFile:./cmd/kp/options/ \
 	FuzzMigrationRequest:./proxy/server/ FuzzServicesQuery:./proxy/server/ FuzzNodeAnnotations:./migrate/ \
-	FuzzSnapshot:./explain/
+	FuzzSnapshot:./explain/ FuzzRulePath:./nft/
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $${t%%:*} for $(FUZZTIME)"; \

@@ -283,36 +283,84 @@ func walkAll(newWalker func() *walker, fromNode bool) (walks []*walker, truncate
 // mergeAlternatives makes one path of the random alternatives' paths: a
 // step they all take is kept; a step where they differ (the same chain,
 // another verdict or rule) becomes one step whose Verdict is "one of: a |
-// b". Paths that differ in length or chains after the choice (a pick of
-// the client itself meets the hairpin rule) cannot be one: the first is
-// shown, and diverged says so.
+// b". Where the paths go on differently after such a step (a pick of the
+// client itself meets the hairpin rule, a pick of a node address goes to
+// input), the path goes on as most alternatives do, and diverged says so.
 func mergeAlternatives(alts [][]explain.RuleStep) (steps []explain.RuleStep, diverged string) {
 	if len(alts) == 0 {
 		return nil, ""
 	}
-	first := alts[0]
-	for _, a := range alts[1:] {
-		if len(a) != len(first) || !slices.EqualFunc(a, first, func(x, y explain.RuleStep) bool { return x.Where == y.Where }) {
-			return first, fmt.Sprintf("the path after the random choice depends on what it picks: shown for %s",
-				lastDNAT(first))
-		}
-	}
-	for i := range first {
-		s := first[i]
-		var rules, verdicts, elements []string
+	rep := alts[mostCommonTail(alts)]
+	for i := range rep {
+		same, sameChain := true, true
 		for _, a := range alts {
-			rules, verdicts, elements = addUnique(rules, a[i].Rule), addUnique(verdicts, a[i].Verdict), addUnique(elements, a[i].Element)
-			if a[i].Handle != s.Handle {
-				s.Handle = 0
+			if i >= len(a) || a[i].Where != rep[i].Where {
+				sameChain = false
+			} else if a[i] != rep[i] {
+				same = false
 			}
 		}
-		s.Rule, s.Element = strings.Join(rules, " | "), strings.Join(elements, " | ")
-		if len(verdicts) > 1 {
-			s.Verdict = "one of: " + strings.Join(verdicts, " | ")
+		switch {
+		case same && sameChain:
+			steps = append(steps, rep[i])
+			continue
+		case sameChain && !slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return strings.HasPrefix(s.Verdict, "one of: ") }):
+			steps = append(steps, mergeStep(alts, i))
+			continue
 		}
-		steps = append(steps, s)
+		n := 0
+		for _, a := range alts {
+			if slices.Equal(a[min(i, len(a)):], rep[i:]) {
+				n++
+			}
+		}
+		return append(steps, rep[i:]...), fmt.Sprintf("the path after the random choice depends on what it picks: "+
+			"shown as %d of its %d alternatives go on (%s)", n, len(alts), lastDNAT(rep))
 	}
 	return steps, ""
+}
+
+// mergeStep is the alternatives' i-th steps, of one chain, as one step:
+// their rules, elements and verdicts ("one of: a | b").
+func mergeStep(alts [][]explain.RuleStep, i int) explain.RuleStep {
+	s := alts[0][i]
+	var rules, verdicts, elements []string
+	for _, a := range alts {
+		rules, verdicts, elements = addUnique(rules, a[i].Rule), addUnique(verdicts, a[i].Verdict), addUnique(elements, a[i].Element)
+		if a[i].Handle != s.Handle {
+			s.Handle = 0
+		}
+	}
+	s.Rule, s.Element = strings.Join(rules, " | "), strings.Join(elements, " | ")
+	if len(verdicts) > 1 {
+		s.Verdict = "one of: " + strings.Join(verdicts, " | ")
+	}
+	return s
+}
+
+// mostCommonTail is the index of an alternative whose chains and
+// verdicts most alternatives share (the first such).
+func mostCommonTail(alts [][]explain.RuleStep) int {
+	shape := func(a []explain.RuleStep) string {
+		var b strings.Builder
+		for _, s := range a {
+			if !strings.HasPrefix(s.Verdict, "dnat to ") {
+				b.WriteString(s.Where + "\x00" + s.Verdict + "\x00")
+			}
+		}
+		return b.String()
+	}
+	count := map[string]int{}
+	for _, a := range alts {
+		count[shape(a)]++
+	}
+	best := 0
+	for i, a := range alts {
+		if count[shape(a)] > count[shape(alts[best])] {
+			best = i
+		}
+	}
+	return best
 }
 
 func addUnique(list []string, s string) []string {
@@ -340,7 +388,10 @@ func resolveStep(f family, v *objects, listed map[string][]listedRule, s walkSte
 		return st
 	}
 	if lr, ok := listed[s.chain]; ok && len(lr) == len(v.chains[s.chain].Rules) {
-		st.Rule, st.Handle = lr[s.index].text, lr[s.index].handle
+		st.Handle = lr[s.index].handle
+		if lr[s.index].text != "" {
+			st.Rule = lr[s.index].text
+		}
 	} else {
 		mismatched[s.chain] = true
 	}
@@ -354,9 +405,9 @@ type listedRule struct {
 }
 
 var (
-	listedTable = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
-	listedChain = regexp.MustCompile(`^chain (.+?) \{`)
-	listedRule_ = regexp.MustCompile(`^(.*) # handle (\d+)$`)
+	listedTable    = regexp.MustCompile(`^table (ip6?) (\S+) \{`)
+	listedChain    = regexp.MustCompile(`^chain (.+?) \{`)
+	listedRuleLine = regexp.MustCompile(`^(.*) # handle (\d+)$`)
 )
 
 // listedChains reads family f's table of kp from the Model's listings
@@ -364,10 +415,20 @@ var (
 // why in note, when there is none.
 func listedChains(m *explain.Model, f family) (map[string][]listedRule, string) {
 	for _, l := range m.Rules {
-		if l.Format != "nft" {
+		if l.Format != "nft" && l.Format != ListingFormatNetlink {
 			continue
 		}
 		if chains := parseListing(l, f); chains != nil {
+			if l.Format == ListingFormatNetlink {
+				// Handles only: the rule text is kp's description of
+				// the kernel's expressions, kp's own rendering reads
+				// better.
+				for _, rules := range chains {
+					for i := range rules {
+						rules[i].text = ""
+					}
+				}
+			}
 			return chains, ""
 		}
 	}
@@ -405,7 +466,7 @@ func parseListing(l statusapi.RuleListing, f family) map[string][]listedRule {
 		case line == "}":
 			chain = ""
 		default:
-			if r := listedRule_.FindStringSubmatch(line); r != nil {
+			if r := listedRuleLine.FindStringSubmatch(line); r != nil {
 				h, _ := strconv.ParseUint(r[2], 10, 64)
 				chains[chain] = append(chains[chain], listedRule{text: r[1], handle: h})
 			}

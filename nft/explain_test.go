@@ -196,12 +196,17 @@ func TestRulePathPerFeature(t *testing.T) {
 }
 
 // Where the path after the random pick depends on it (a pick of the client
-// itself meets the hairpin rule), the first alternative is shown and the
-// note says so; without a listing, rules are kp's own text, without handles.
+// itself meets the hairpin rule), the pick's step still names every
+// alternative, the path goes on as most of them do, and the note says so;
+// without a listing, rules are kp's own text, without handles.
 func TestRulePathNotesWhatItCannotKnow(t *testing.T) {
 	_, rp := explainPath(t, explainWorld(), "10.96.0.10:80", "10.244.1.10")
-	if !strings.Contains(rp.Note, "depends on what it picks: shown for the pick 10.244.1.10:8080") {
+	if !strings.Contains(rp.Note, "depends on what it picks: shown as 1 of its 2 alternatives go on (the pick 10.244.1.10:8080)") {
 		t.Errorf("note %q: want the hairpin pick's divergence", rp.Note)
+	}
+	if got := pathOf(rp); !slices.Contains(got, "endpoint-dnat: one of: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080") ||
+		!slices.Contains(got, "nat-postrouting: jump mark-for-masquerade") {
+		t.Errorf("path %q: want the pick's alternatives, then the hairpin pick's way on", got)
 	}
 	if !strings.Contains(rp.Note, "no listing of table ip kp") {
 		t.Errorf("note %q: want the missing listing said", rp.Note)
@@ -254,5 +259,24 @@ func TestRulePathTakesHandlesFromTheListing(t *testing.T) {
 	}
 	if s := byWhere["ip kp services"]; s.Handle != 0 || !strings.Contains(rp.Note, "chain services differ") {
 		t.Errorf("services step %+v, note %q: listed with 2 rules of 4, want kp's text and the chain noted", s, rp.Note)
+	}
+}
+
+// A listing read through netlink (no nft CLI) gives the handles; the rule
+// text stays kp's own.
+func TestRulePathTakesOnlyHandlesFromANetlinkListing(t *testing.T) {
+	m := explainWorld()
+	m.Rules = []statusapi.RuleListing{{Where: "nftables ip kp", Format: ListingFormatNetlink, Text: `# read through netlink
+table ip kp {
+	chain nat-prerouting {
+		type nat hook 0 priority -100;
+		jump services # handle 40
+	}
+}
+`}}
+	_, rp := explainPath(t, m, "10.96.0.10:80", "192.168.7.9")
+	i := slices.IndexFunc(rp.Steps, func(s explain.RuleStep) bool { return s.Where == "ip kp nat-prerouting" })
+	if i < 0 || rp.Steps[i].Handle != 40 || rp.Steps[i].Rule != "jump services" {
+		t.Errorf("steps %+v: want nat-prerouting's handle 40 from the netlink listing", rp.Steps)
 	}
 }

@@ -13,15 +13,21 @@ import (
 
 // ListRules implements proxy.RuleLister: kp's tables as `nft -a list
 // table` prints them (with rule handles, which a trace names), through
-// the nft CLI, which kp does not otherwise need: without it, an error
-// says so. The CLI runs in the caller's network namespace, so a backend
-// built for another one (NewInNamespace) does not list.
+// the nft CLI, which kp does not otherwise need. Without it (kp's image
+// has none), or for a backend built for another network namespace
+// (NewInNamespace: the CLI would run in the caller's), the tables are read
+// through netlink: chains and rule handles, each rule as kp describes it
+// (ListingFormatNetlink).
 func (b *Backend) ListRules(ctx context.Context) ([]proxy.RuleListing, error) {
-	if b.probeNsFd > 0 {
-		return nil, errors.New("nftables mode: listing a table of another network namespace is not supported")
-	}
 	path, err := exec.LookPath("nft")
-	if err != nil {
+	if err != nil || b.probeNsFd > 0 {
+		l, ok := b.conn.(ruleLister)
+		switch {
+		case ok:
+			return b.listRulesNetlink(l)
+		case b.probeNsFd > 0:
+			return nil, errors.New("nftables mode: listing a table of another network namespace is not supported")
+		}
 		return nil, fmt.Errorf("nftables mode: the nft CLI is not installed, so kp's tables are not listed: %w", err)
 	}
 	var out []proxy.RuleListing

@@ -41,16 +41,16 @@ type explainedMsg struct {
 
 // readExplanation reads kp proxy's snapshot (the model kp explain reads
 // live) and explains p with the explain package, as kp explain does.
-func readExplanation(src Source, p explain.Packet, timeout time.Duration, now func() time.Time) tea.Cmd {
+func readExplanation(src Source, p explain.Packet, o explain.Options, timeout time.Duration, now func() time.Time) tea.Cmd {
 	return func() tea.Msg {
 		msg := explainedMsg{packet: p}
-		msg.text, msg.err = explainText(src, p, timeout)
+		msg.text, msg.err = explainText(src, p, o, timeout)
 		msg.at = now()
 		return msg
 	}
 }
 
-func explainText(src Source, p explain.Packet, timeout time.Duration) (string, error) {
+func explainText(src Source, p explain.Packet, o explain.Options, timeout time.Duration) (string, error) {
 	if src == nil {
 		return "", errors.New("nothing to read the explanation from")
 	}
@@ -68,7 +68,7 @@ func explainText(src Source, p explain.Packet, timeout time.Duration) (string, e
 		return "", err
 	}
 	var b strings.Builder
-	if err := explain.Write(&b, explain.Explain(m, p, explain.Options{})); err != nil {
+	if err := explain.Write(&b, explain.Explain(m, p, o)); err != nil {
 		return "", err
 	}
 	return b.String(), nil

@@ -9,6 +9,8 @@ import (
 	"charm.land/bubbles/v2/key"
 	"charm.land/bubbles/v2/textinput"
 	tea "charm.land/bubbletea/v2"
+
+	"github.com/kpproxy/kp/explain"
 )
 
 // Config configures kp top.
@@ -24,6 +26,9 @@ type Config struct {
 	// Events is the conntrack event stream (see streamFlows); nil shows
 	// only what each refresh reads.
 	Events <-chan tea.Msg
+	// RulePaths are kp explain's RulePathers by mode, for the explain
+	// view's path through the mode's rules; nil leaves it out.
+	RulePaths map[string]explain.RulePather
 }
 
 type inputMode int
@@ -145,7 +150,7 @@ func (m *Model) explain(req explainRequest) tea.Cmd {
 	if p, ok := m.current().(*explainPage); !ok || p.req.packet != req.packet {
 		m.show(append(m.stack, newExplainPage(m.c, req)))
 	}
-	return readExplanation(m.cfg.Source, req.packet, max(m.cfg.Refresh, 5*time.Second), m.cfg.Now)
+	return readExplanation(m.cfg.Source, req.packet, explain.Options{RulePaths: m.cfg.RulePaths}, max(m.cfg.Refresh, 5*time.Second), m.cfg.Now)
 }
 
 // show switches to a page stack; a filter belongs to the page it was typed

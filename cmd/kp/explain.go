@@ -44,8 +44,13 @@ for a ClusterIP, an outside client for the others) and the answer says so.
 
 Live, kp explain reads the running kp proxy's snapshot from its status socket (root only;
 the socket names the proxy, and so the node's network namespace). With --snapshot it reads
-a file kp snapshot wrote, on any machine. The path through the mode's own rules is not
-explained yet (the answer says so).`,
+a file kp snapshot wrote, on any machine.
+
+In the nftables mode the answer ends with the first packet's path through kp's rules, as
+the kernel runs them: each rule it matches, with its chain, its text and handle (as
+"nft -a list table" lists them, when the snapshot has the listing), the set or map element
+it matched, and its verdict ("one of: ..." where the kernel picks at random). The other
+modes' paths are not explained yet (the answer says so).`,
 		Example: `  # Where does a pod's DNS query go?
   kp explain --from 10.244.1.10 10.96.0.10:53/udp
 
@@ -138,8 +143,9 @@ func newSnapshotCommand(a *app) *cobra.Command {
 --snapshot on any machine, or to attach to a bug report: every service port with its
 endpoints as last synced, the Node and the Service CIDRs, the settings behind masquerade
 and NodePorts (detect-local, --nodeport-addresses and the addresses they give), the mode,
-its rules as its own tool lists them (nftables: nft -a list table ip kp, when the nft CLI
-is installed; iptables: kp's chains in iptables-save -c), and the conntrack entries
+its rules as its own tool lists them (nftables: nft -a list table ip kp, or, without the
+nft CLI, read through netlink with their rule handles; iptables: kp's chains in
+iptables-save -c), and the conntrack entries
 addressed to a Service. The file is JSON, format kp-snapshot/v1, with the kp version that
 took it, written 0600: it names every Service and endpoint of the cluster.`,
 		Example: `  kp snapshot -o /tmp/node-a.kpsnap.json

@@ -64,6 +64,8 @@ conntrack.`,
 				Source:  src,
 				Refresh: o.refresh,
 				Color:   a.getenv("NO_COLOR") == "",
+				// The explain view's path through the mode's rules.
+				RulePaths: rulePathers,
 			})
 		},
 	}

@@ -179,8 +179,10 @@ func parseTrace(lines []string, tables []string) ([]explain.RuleStep, error) {
 		if kind == "packet" && pendingDNAT >= 0 {
 			a, p := traceDaddr.FindStringSubmatch(rest), traceDport.FindStringSubmatch(rest)
 			if a != nil && p != nil {
-				if ap, err := netip.ParseAddrPort(netip.MustParseAddr(a[1]).String() + ":" + p[1]); err == nil {
-					steps[pendingDNAT].Verdict = "dnat to " + ap.String()
+				addr, err1 := netip.ParseAddr(a[1])
+				port, err2 := strconv.ParseUint(p[1], 10, 16)
+				if err1 == nil && err2 == nil {
+					steps[pendingDNAT].Verdict = "dnat to " + netip.AddrPortFrom(addr, uint16(port)).String()
 				}
 			}
 			pendingDNAT = -1
@@ -314,6 +316,8 @@ func TestNFTRulePathIsTheKernelsTrace(t *testing.T) {
 		{Name: "sticky", ClusterIPs: []string{"10.96.0.70"}, Ports: http, AffinitySeconds: 600, Endpoints: v4(pods[0], pods[1])},
 		{Name: "self", ClusterIPs: []string{"10.96.0.80"}, Ports: http, Endpoints: v4(pods[2])},
 		{Name: "host", ClusterIPs: []string{"10.96.0.90"}, Ports: http, Endpoints: []Endpoint{{IP: node.String(), NodeName: nodeName}}},
+		{Name: "web6", ClusterIPs: []string{"fd00:96::10"}, Ports: http,
+			Endpoints: []Endpoint{{IP: pods[0].IP6.String(), NodeName: nodeName}, {IP: pods[1].IP6.String(), NodeName: nodeName}}},
 		{Name: "dns", ClusterIPs: []string{"10.96.0.53"}, Ports: []Port{{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, TargetPort: 5353}},
 			Endpoints: v4(pods[0], pods[1])},
 	}
@@ -348,6 +352,7 @@ func TestNFTRulePathIsTheKernelsTrace(t *testing.T) {
 		{"hairpin", pods[2].NS, pod, "10.96.0.80:80", explain.VerdictDNAT},
 		{"an endpoint on the node itself: input", e.w.Client(), client, "10.96.0.90:80", explain.VerdictDNAT},
 		{"from the node to an endpoint on it: back in through loopback", e.w.Node(), node, "10.96.0.90:80", explain.VerdictDNAT},
+		{"IPv6 ClusterIP from outside the cluster", e.w.Client(), e.w.ClientIP6(), "[fd00:96::10]:80", explain.VerdictDNAT},
 		{"UDP ClusterIP", pods[2].NS, pod, "10.96.0.53:53/udp", explain.VerdictDNAT},
 		{"unallocated ClusterIP", e.w.Client(), client, "10.96.0.99:80", explain.VerdictDrop},
 		{"a port the ClusterIP lacks", e.w.Client(), client, "10.96.0.10:81", explain.VerdictReject},
