@@ -212,9 +212,6 @@ func traceUserspace(e *env, from netip.Addr, dst netip.AddrPort, proto string, s
 	if readErr != nil {
 		return nil, readErr
 	}
-	if e.mode.backend == "legacy" && from != e.w.NodeIP() {
-		steps = withoutOutput(steps)
-	}
 	var flow *ctEntry
 	for i, c := range after {
 		if c.origSrc.Addr() == from && c.origDst == dst && !slices.Contains(before, c) && c.replySrc != dst {
@@ -252,25 +249,6 @@ func traceUserspace(e *env, from netip.Addr, dst netip.AddrPort, proto string, s
 		}
 	}
 	return append(steps, step), nil
-}
-
-// withoutOutput drops what iptables-legacy's counters counted in the
-// OUTPUT hooks (the built-in OUTPUT chains' jumps and the rules under
-// them) for a packet that does not come from the node: the counters count
-// every packet, and the node's one there is the listener's UDP datagram
-// onwards to the endpoint, sent as soon as the traced one arrived.
-func withoutOutput(steps []explain.RuleStep) []explain.RuleStep {
-	var out []explain.RuleStep
-	inOutput := false
-	for _, s := range steps {
-		if table, chain, _ := strings.Cut(s.Where, " "); table != "" && !strings.HasPrefix(chain, "KP-") {
-			inOutput = chain == "OUTPUT"
-		}
-		if !inOutput {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // ctEntry is a conntrack entry's tuples.
