@@ -16,28 +16,49 @@ import (
 func (b *Backend) ListRules(ctx context.Context) ([]proxy.RuleListing, error) {
 	var out []proxy.RuleListing
 	for _, f := range b.programmed() {
-		for _, t := range []Table{TableNAT, TableFilter} {
-			data, err := b.runner(f).Save(ctx, t, true)
-			if err != nil {
-				return out, fmt.Errorf("list %s %s %s: %w", b.Flavor(), f, t, err)
-			}
-			out = append(out, proxy.RuleListing{Where: fmt.Sprintf("iptables-%s %s %s", b.Flavor(), f, t),
-				Format: "iptables-save", Text: kpLines(data)})
+		l, err := ListOwned(ctx, b.runner(f), ownChainPrefix)
+		out = append(out, l...)
+		if err != nil {
+			return out, err
 		}
 	}
 	return out, nil
 }
 
-// kpLines keeps what of an iptables-save table is kp's: the table line,
-// KP- chains' declarations and rules, rules jumping to a KP- chain, COMMIT.
-func kpLines(data []byte) string {
+// ListOwned lists the chains under prefix (and the built-in chains' rules
+// jumping to them) of r's family in the nat and filter tables, as
+// iptables-save -c prints them: the listing of every mode that writes
+// iptables chains (the iptables mode: KP-; ipvs: KP-IPVS-; userspace:
+// KP-USERSPACE-).
+func ListOwned(ctx context.Context, r Runner, prefix string) ([]proxy.RuleListing, error) {
+	var out []proxy.RuleListing
+	for _, t := range []Table{TableNAT, TableFilter} {
+		data, err := r.Save(ctx, t, true)
+		if err != nil {
+			return out, fmt.Errorf("list %s %s %s: %w", r.Flavor(), r.Family(), t, err)
+		}
+		out = append(out, proxy.RuleListing{Where: ListingWhere(r.Flavor(), r.Family(), t),
+			Format: "iptables-save", Text: ownedLines(data, prefix)})
+	}
+	return out, nil
+}
+
+// ListingWhere names the listing of one table: "iptables-nft IPv4 nat".
+func ListingWhere(fl Flavor, f proxy.Family, t Table) string {
+	return fmt.Sprintf("iptables-%s %s %s", fl, f, t)
+}
+
+// ownedLines keeps what of an iptables-save table is prefix's: the table
+// line, the chains' declarations and rules, rules jumping to one of
+// them, COMMIT.
+func ownedLines(data []byte, prefix string) string {
 	var sb strings.Builder
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		keep := strings.HasPrefix(line, "*") || line == "COMMIT" || strings.HasPrefix(line, ":"+ownChainPrefix) ||
-			strings.Contains(line, "-A "+ownChainPrefix) || strings.Contains(line, "-j "+ownChainPrefix)
+		keep := strings.HasPrefix(line, "*") || line == "COMMIT" || strings.HasPrefix(line, ":"+prefix) ||
+			strings.Contains(line, "-A "+prefix) || strings.Contains(line, "-j "+prefix)
 		if keep {
 			sb.WriteString(line)
 			sb.WriteByte('\n')

@@ -86,6 +86,8 @@ type portProxy interface {
 	protocol() v1.Protocol
 	// sockets is how many descriptors it holds.
 	sockets() int
+	// listenAddrs are the addresses its sockets listen on.
+	listenAddrs() []string
 }
 
 func (p *tcpProxy) balancers() *familyBalancers { return p.bal }

@@ -412,9 +412,11 @@ func walkCounted(saved map[string]map[string][]countedRule, cp counterPath) []ex
 		return ""
 	}
 	dst := cp.dst
+	redirected := false // a REDIRECT (the userspace mode's): to the node itself
 	hook := func(table, chain string) bool {
 		out := call(table, chain)
 		for _, st := range steps {
+			redirected = redirected || strings.HasPrefix(st.Verdict, "redirect")
 			if to, ok := strings.CutPrefix(st.Verdict, "dnat to "); ok {
 				if ap, err := netip.ParseAddrPort(to); err == nil {
 					dst = ap.Addr()
@@ -427,11 +429,11 @@ func walkCounted(saved map[string]map[string][]countedRule, cp counterPath) []ex
 	}
 	switch {
 	case cp.fromNode:
-		if hook("nat", "OUTPUT") && hook("filter", "OUTPUT") && hook("nat", "POSTROUTING") && cp.local(dst) {
+		if hook("nat", "OUTPUT") && hook("filter", "OUTPUT") && hook("nat", "POSTROUTING") && (cp.local(dst) || redirected) {
 			hook("filter", "INPUT")
 		}
 	case !hook("nat", "PREROUTING"):
-	case cp.local(dst):
+	case cp.local(dst) || redirected:
 		hook("filter", "INPUT")
 	case hook("filter", "FORWARD"):
 		hook("nat", "POSTROUTING")
