@@ -47,11 +47,11 @@ Live, kp explain reads the running kp proxy's snapshot from its status socket (r
 the socket names the proxy, and so the node's network namespace). With --snapshot it reads
 a file kp snapshot wrote, on any machine.
 
-In the nftables mode the answer ends with the first packet's path through kp's rules, as
-the kernel runs them: each rule it matches, with its chain, its text and handle (as
-"nft -a list table" lists them, when the snapshot has the listing), the set or map element
-it matched, and its verdict ("one of: ..." where the kernel picks at random). The other
-modes' paths are not explained yet (the answer says so).`,
+The answer ends with the first packet's path through the running mode's rules, as the
+kernel runs them: each rule it matches, with its chain, its text (and in nftables its
+handle) as the snapshot's listing shows it, the set or map element it matched, and its
+verdict ("one of: ..." where the kernel picks at random); in the ipvs mode the virtual
+server with its scheduler and persistence, in the userspace mode the listener.`,
 		Example: `  # Where does a pod's DNS query go?
   kp explain --from 10.244.1.10 10.96.0.10:53/udp
 

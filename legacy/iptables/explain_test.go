@@ -219,8 +219,8 @@ nat KP-POSTROUTING: return`},
 
 type pinnedReader struct{ ep netip.AddrPort }
 
-func (r pinnedReader) Pinned(proxy.ServicePortName, netip.Addr) (netip.AddrPort, string, bool) {
-	return r.ep, "2026-01-01T00:00:00Z", true
+func (r pinnedReader) PinnedEntries(sp proxy.ServicePortName, client netip.Addr) ([]proxy.AffinityEntry, time.Time, error) {
+	return []proxy.AffinityEntry{{ServicePort: sp, Client: client, Endpoint: r.ep, Expires: time.Hour}}, time.Now(), nil
 }
 
 // A client the recent module remembers goes to its endpoint by the

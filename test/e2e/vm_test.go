@@ -52,6 +52,7 @@ var vmServiceTests = []string{
 	"TestBadObjectsAreLoggedAndSkippedWhileTheRestWorks",
 	"TestNodesOwnConnectionsToALocalClusterIPAreAnswered",
 	"TestRulesChangedByAnotherProcessAreRepairedWithinASecond",
+	"TestExplainedRulePathIsTheKernelsTrace",
 }
 
 // vmCITests are the ones a plain run (CI's) takes from vmServiceTests:
@@ -73,12 +74,12 @@ var vmCITests = []string{
 // whose check differs per mode (IPVS's is its own), while the kernel
 // modes' column of the VM's platform matrix takes it from
 // vmServiceTests (KP_VM_E2E=all).
-// TestIPVSAndUserspaceRulePathIsTheKernelsTrace: kp explain's rule path
-// of the ipvs mode against the kernel's trace and IPVS's connections.
+// TestExplainedRulePathIsTheKernelsTrace: kp explain's rule path of the
+// ipvs mode against the kernel's trace and IPVS's connections.
 var vmIPVSTests = []string{
 	"TestDaemonSetsContainersAsShippedServeWithNoSysctlWarning",
 	"TestRulesChangedByAnotherProcessAreRepairedWithinASecond",
-	"TestIPVSAndUserspaceRulePathIsTheKernelsTrace",
+	"TestExplainedRulePathIsTheKernelsTrace",
 }
 
 // vmMigrationTests are the migration tests whose ipvs rows run in the VM:
