@@ -67,6 +67,13 @@ func explainServicePort(e *Explanation, m *Model, p Packet, sp *proxy.ServicePor
 		e.Why = fmt.Sprintf("no endpoint: %s has no ready (or serving and terminating) endpoint of %s anywhere, so kp rejects (%s)",
 			sp.Name, fam, e.Reject)
 		return
+	case m.Mode == string(proxy.ModeIPVS):
+		// One virtual server per address, whose real servers are the
+		// policy's endpoints: IPVS refuses a connection it has none for.
+		e.Verdict, e.Reject = VerdictReject, "ICMP port unreachable"
+		e.Why = fmt.Sprintf("the %s policy has no endpoint on this node (%s): the address's IPVS virtual server has no real "+
+			"server, and IPVS refuses the connection (%s), as upstream's ipvs mode does", e.Policy, m.State.Node.Name, e.Reject)
+		return
 	default:
 		e.Verdict = VerdictDrop
 		e.Why = fmt.Sprintf("the %s policy has no endpoint on this node (%s): kp drops the packet, as upstream does, "+

@@ -190,6 +190,25 @@ func TestExplainPerFeature(t *testing.T) {
 	}
 }
 
+// In the ipvs mode a policy without a local endpoint is an IPVS virtual
+// server without real servers: IPVS refuses the connection, where the
+// other modes drop it (the e2e trace test met a refusal where explain had
+// said drop).
+func TestExplainIPVSRefusesWhereThePolicyHasNoLocalEndpoint(t *testing.T) {
+	remoteOnly := port("remote", "10.96.0.31", v1.ProtocolTCP, 80, nodePort(30031), etpLocal)
+	m := model(facts, svc{remoteOnly, []proxy.Endpoint{ready("10.244.2.31", "node-b")}})
+	for mode, want := range map[string]Verdict{"nftables": VerdictDrop, "iptables": VerdictDrop, "userspace": VerdictDrop, "ipvs": VerdictReject} {
+		m.Mode = mode
+		p, err := ParsePacket("10.0.0.5:30031", "192.168.50.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := Explain(m, p, Options{}); e.Verdict != want || (want == VerdictReject) != (e.Reject == "ICMP port unreachable") {
+			t.Errorf("%s: %s reject %q (%s), want %s", mode, e.Verdict, e.Reject, e.Why, want)
+		}
+	}
+}
+
 func TestExplainSaysWhyEachEndpointIsLeftOut(t *testing.T) {
 	zoned := port("zoned", "10.96.0.60", v1.ProtocolTCP, 80, func(sp *proxy.ServicePort) { sp.TrafficDistribution = v1.ServiceTrafficDistributionPreferClose })
 	m := model(facts, svc{zoned, []proxy.Endpoint{ep("10.244.1.60", "node-a", "zone-a", true, true, false),

@@ -57,6 +57,9 @@ func traceIPVS(e *env, from netip.Addr, dst netip.AddrPort, proto string, send f
 			return nil, err
 		}
 	}
+	if slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return s.Verdict == "drop" || s.Verdict == "reject" }) {
+		return steps, nil // the packet ended in kp's chains, before IPVS
+	}
 	step, ok, err := ipvsStep(e, from, dst, proto, before, after)
 	if err != nil || !ok {
 		return steps, err
