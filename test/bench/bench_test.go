@@ -2,6 +2,8 @@ package bench
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/xml"
 	"flag"
@@ -42,7 +44,11 @@ var (
 	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp's nftables mode alone (0: never)")
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
-	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
+	// Set by TestBenchInTheVM: the VM's runs (one per N with -bench.vm.seed)
+	// are parts of the host's one run, at its commit.
+	flagRunID     = flag.String("bench.run.id", "", "the id of the run this one is part of (\"\": a new run)")
+	flagRunCommit = flag.String("bench.run.commit", "", "the commit of the run this one is part of (with -bench.run.id)")
+	flagRunDirty  = flag.Bool("bench.run.dirty", false, "the tree of the run this one is part of had uncommitted changes (with -bench.run.id)")
 	// Set by TestBenchInTheVM for the run it starts in the VM.
 	flagVM   = flag.String("bench.vm", "", "the virtual machine this run is in, for the report (\"\": the host)")
 	flagEmit = flag.Bool("bench.emit", false, "also print results.json to stdout after each N, between markers (the VM's way out)")
@@ -69,6 +75,8 @@ type config struct {
 	Big, BigReps, BigChanges int
 	BigTimeout               time.Duration
 	NFTOnly, KPOnly          int
+	// Rule decides the number of rounds at each N (defaultRule).
+	Rule StopRule
 	// ChangeTimeout bounds the wait for one incremental change's sync
 	// (default 1 minute; upstream's ipvs mode under the VM's emulation
 	// takes longer).
@@ -98,7 +106,7 @@ func TestBench(t *testing.T) {
 	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
 		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute,
 		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly,
-		KPOnly:        *flagKPOnly,
+		KPOnly: *flagKPOnly, Rule: defaultRule,
 		ChangeTimeout: *flagChgTime}
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
@@ -119,9 +127,6 @@ func TestBench(t *testing.T) {
 	write := func(res *Results) {
 		if *flagVM == "" { // in a VM its own load says little: the host's is taken there
 			res.Machine.Load = load.String()
-		}
-		if *flagMerge != "" {
-			res = merged(t, *flagMerge, res)
 		}
 		res.Command = "make bench BENCH_N=" + *flagNs
 		res.Machine.VM = *flagVM
@@ -167,48 +172,6 @@ func loadResults(t *testing.T, path string) *Results {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return &res
-}
-
-// merged is the earlier run's results at path with every record of a
-// proxy and N that res measured (a full sync of) replaced by res's; a
-// proxy res measured at some Ns only (-bench.kp-only, -bench.nft-only,
-// -bench.big) keeps its earlier records at the others.
-func merged(t *testing.T, path string, res *Results) *Results {
-	base := loadResults(t, path)
-	type proxyN struct {
-		proxy string
-		n     int
-	}
-	measured := map[proxyN]bool{}
-	for _, f := range res.FullSyncs {
-		measured[proxyN{f.Proxy, f.N}] = true
-	}
-	redone := func(proxy string, n int) bool { return measured[proxyN{proxy, n}] }
-	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
-	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
-	// The direct path (no proxy) of an N this run measured is this run's:
-	// its windows were interleaved with this run's proxies'
-	// (dataPathRounds), and rateVsN1 takes the proxies' rates against it.
-	ranDirect := func(n int) bool {
-		return slices.ContainsFunc(res.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
-	}
-	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool {
-		return redone(x.Proxy, x.N) || x.Proxy == NoProxy && ranDirect(x.N)
-	}), res.DataPaths...)
-	hasNoneBulk := func(n int) bool {
-		return slices.ContainsFunc(base.Bulks, func(x Bulk) bool { return x.Proxy == NoProxy && x.N == n })
-	}
-	freshBulk := slices.DeleteFunc(slices.Clone(res.Bulks), func(x Bulk) bool { return x.Proxy == NoProxy && hasNoneBulk(x.N) })
-	base.Bulks = append(slices.DeleteFunc(base.Bulks, func(x Bulk) bool { return redone(x.Proxy, x.N) }), freshBulk...)
-	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
-	base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return redone(x.proxy(), x.N) }), res.Floors...)
-	for _, n := range res.Ns {
-		if !slices.Contains(base.Ns, n) {
-			base.Ns = append(base.Ns, n)
-		}
-	}
-	base.Elapsed += res.Elapsed
-	return base
 }
 
 // TestBenchSmoke runs the benchmark's pipeline small (N = 1 and 100, every
@@ -284,7 +247,7 @@ func TestBenchSmoke(t *testing.T) {
 // rules each one left in its world, in interleaved windows (dataPathRounds).
 // after, if set, sees the results after each proxy.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
-	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	res := &Results{Run: newRun(t, cfg.Rule), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
 	started := time.Now()
 	c := newCluster(t)
 	t.Logf("API server (etcd and kube-apiserver) ready in %v", time.Since(started).Round(time.Millisecond))
@@ -306,7 +269,7 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 					startSink(t, w.Pods()[0].NS)
 					if i == 0 {
 						sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
-						res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
+						res.Bulks = append(res.Bulks, stamp(res.Run.ID, 0, bulk(t, w, NoProxy, n, sink, cfg)...)...)
 					}
 					if path, ok := measureProxy(t, c, w, node, proxy, n, cfg, res); ok {
 						paths = append(paths, path)
@@ -314,19 +277,19 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 				})
 				// After each proxy, not only each N: a run cut short (the
 				// VM's time limit) still leaves every proxy it finished.
-				res.Elapsed = time.Since(res.Started)
+				res.Run.Ended = time.Now()
 				if after != nil {
 					after(res)
 				}
 			}
-			res.DataPaths = append(res.DataPaths, dataPathRounds(paths, n, cfg)...)
+			res.DataPaths = append(res.DataPaths, dataPathRounds(res.Run.ID, paths, n, cfg)...)
 		})
-		res.Elapsed = time.Since(res.Started)
+		res.Run.Ended = time.Now()
 		if after != nil {
 			after(res)
 		}
 	}
-	res.Elapsed = time.Since(res.Started)
+	res.Run.Ended, res.Run.Complete = time.Now(), true
 	return res
 }
 
@@ -347,28 +310,28 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 		fs := p.coldStart(c, n, timeout)
 		t.Logf("%s N=%d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
 			proxy, n, fs.Seconds, fs.CPUSeconds, fs.PeakRSS>>20, fs.ChildRSS>>20)
-		res.FullSyncs = append(res.FullSyncs, fs)
+		res.FullSyncs = append(res.FullSyncs, stamp(res.Run.ID, rep+1, fs)...)
 		if fs.Unfinished {
 			t.Logf("%s N=%d: no other measure (its full sync did not finish)", proxy, n)
 			p.stop()
 			return dataPathTarget{}, false
 		}
 	}
-	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
+	res.Idles = append(res.Idles, stamp(res.Run.ID, 0, p.idle(n, cfg.Idle))...)
 	switch proxy {
 	case KP:
-		res.Floors = append(res.Floors, p.floor(n, cfg.FloorReps)...)
+		res.Floors = append(res.Floors, stamp(res.Run.ID, 0, p.floor(n, cfg.FloorReps)...)...)
 	case KPIPTables:
-		res.Floors = append(res.Floors, p.iptablesFloor(n, cfg.FloorReps)...)
+		res.Floors = append(res.Floors, stamp(res.Run.ID, 0, p.iptablesFloor(n, cfg.FloorReps)...)...)
 	}
 	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
 	if proxy == KPUserspace {
-		res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
+		res.DataPaths = append(res.DataPaths, stamp(res.Run.ID, 0, dataPath(w, proxy, n, svc, cfg)...)...)
 	}
-	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
+	res.Bulks = append(res.Bulks, stamp(res.Run.ID, 0, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)...)
 	if n > len(samples(n)) {
 		inc := p.incremental(c, n, changes, cfg.ChangeTimeout)
-		res.Incrementals = append(res.Incrementals, inc...)
+		res.Incrementals = append(res.Incrementals, stamp(res.Run.ID, 0, inc...)...)
 		if len(inc) > 0 {
 			secs, own := make([]float64, len(inc)), make([]float64, len(inc))
 			for i, x := range inc {
@@ -384,6 +347,35 @@ func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, 
 	}
 	p.halt()
 	return dataPathTarget{proxy, w, svc}, true
+}
+
+// newRun draws the run's id and records the commit of the tree, its flags
+// and its stopping rule. A run that is part of another (the VM's, started
+// by TestBenchInTheVM) takes that one's id and commit.
+func newRun(t *testing.T, rule StopRule) Run {
+	run := Run{ID: *flagRunID, Commit: *flagRunCommit, Dirty: *flagRunDirty, Rule: rule, Started: time.Now()}
+	if run.ID == "" {
+		id := make([]byte, 6)
+		if _, err := rand.Read(id); err != nil {
+			t.Fatal(err)
+		}
+		run.ID = run.Started.UTC().Format("20060102T1504Z-") + hex.EncodeToString(id)
+		head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+		if err != nil {
+			t.Fatalf("the commit measured: git rev-parse HEAD: %v", err)
+		}
+		status, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+		if err != nil {
+			t.Fatalf("the tree measured: git status: %v", err)
+		}
+		run.Commit, run.Dirty = strings.TrimSpace(string(head)), len(bytes.TrimSpace(status)) > 0
+	}
+	flag.VisitAll(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "bench.") {
+			run.Flags = append(run.Flags, "-"+f.Name+"="+f.Value.String())
+		}
+	})
+	return run
 }
 
 // writeAll writes REPORT.md, the plot and the raw results into dir.

@@ -305,14 +305,14 @@ type dataPathTarget struct {
 // freeing a flushed ruleset) falls on every target alike: the targets'
 // ratios compare windows seconds apart. Only kernel state serves the
 // windows; no proxy process runs.
-func dataPathRounds(targets []dataPathTarget, n int, cfg config) []DataPath {
+func dataPathRounds(run string, targets []dataPathTarget, n int, cfg config) []DataPath {
 	one := cfg
 	one.Windows = 1
 	var out []DataPath
 	for r := 0; r < cfg.Windows; r++ {
 		for i := range targets {
 			tg := targets[(r+i)%len(targets)]
-			out = append(out, dataPath(tg.w, tg.proxy, n, tg.addr, one)...)
+			out = append(out, stamp(run, r+1, dataPath(tg.w, tg.proxy, n, tg.addr, one)...)...)
 		}
 	}
 	return out

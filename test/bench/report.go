@@ -12,7 +12,11 @@ import (
 const PlotFile = "bench.svg"
 
 // WriteReport renders r as Markdown. The plot is referenced as PlotFile.
+// It refuses results that are not all of one run (Results.oneRun).
 func WriteReport(w io.Writer, r *Results) error {
+	if err := r.oneRun(); err != nil {
+		return fmt.Errorf("render the report: %w", err)
+	}
 	b := &strings.Builder{}
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("# kp vs upstream kube-proxy: benchmark report\n\n")
@@ -35,9 +39,32 @@ func WriteReport(w io.Writer, r *Results) error {
 		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`) |\n",
 			m.IPTables, KPIPTables)
 	}
-	p("| Run | %s, %s |\n", r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Elapsed.Round(1e9))
+	run := r.Run
+	commit := run.Commit
+	if run.Dirty {
+		commit += " with uncommitted changes (the figures are of no commit)"
+	}
+	p("| Commit | %s |\n", commit)
+	end := "cut short at " + run.Ended.UTC().Format("15:04 MST")
+	if run.Complete {
+		end = "to " + run.Ended.UTC().Format("15:04 MST")
+	}
+	p("| Run | %s, %s, %s (%s) |\n", run.ID, run.Started.UTC().Format("2006-01-02 15:04 MST"), end,
+		run.Ended.Sub(run.Started).Round(1e9))
+	p("| Flags | `%s` |\n", strings.Join(run.Flags, " "))
+	p("| Stopping rule | %s |\n", run.Rule)
 	p("| Workload | N Services × %d endpoints (one TCP port each), N = %s |\n", r.Endpoints, joinInts(r.sortedNs()))
 	p("| Proxies | %s |\n\n", strings.Join(r.proxies(), ", "))
+	p("Every figure is of this one run (every record of results.json carries its id, and the report is not rendered\n")
+	p("from records of any other). Ratios between proxies, and between a proxy and its reference (no proxy, the\n")
+	p("kernel floor), pair figures of the same round; targets are judged on the 95%% interval of that ratio.\n\n")
+	if len(r.Stops) > 0 {
+		p("Rounds:\n\n")
+		for _, s := range r.Stops {
+			p("- %s\n", s)
+		}
+		p("\n")
+	}
 	if len(r.Notes) > 0 {
 		p("Notes of this run:\n\n")
 		for _, n := range r.Notes {

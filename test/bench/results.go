@@ -11,6 +11,7 @@ package bench
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -72,6 +73,7 @@ func (c comparison) String() string { return c.kp + " / " + c.upstream }
 
 // FullSync is one cold start: process start to every Service programmed.
 type FullSync struct {
+	Mark
 	Proxy      string
 	N          int
 	Seconds    float64 // start to the sync that completed the set
@@ -90,6 +92,7 @@ type FullSync struct {
 
 // Incremental is one endpoint change through the API server.
 type Incremental struct {
+	Mark
 	Proxy   string
 	N       int
 	Seconds float64 // API write sent to the kernel's commit of the change
@@ -104,6 +107,7 @@ type Incremental struct {
 // into an empty namespace: `nft -f` for kp, iptables-nft-restore for
 // kp-iptables.
 type Floor struct {
+	Mark
 	// Proxy is the kp mode whose ruleset was loaded; "" is kp (runs from
 	// before kp-iptables).
 	Proxy string `json:",omitempty"`
@@ -125,6 +129,7 @@ func (f Floor) proxy() string {
 
 // DataPath is one timed window of the connection-rate load generator.
 type DataPath struct {
+	Mark
 	Proxy      string
 	N          int
 	ConnPerSec float64
@@ -135,6 +140,7 @@ type DataPath struct {
 // as it can for the window to a sink in a pod, through the proxy's
 // ClusterIP (or, for NoProxy, to the pod directly).
 type Bulk struct {
+	Mark
 	Proxy   string
 	N       int
 	MBps    float64 // 10^6 bytes per second the sink received
@@ -144,6 +150,7 @@ type Bulk struct {
 
 // Idle is a proxy's cost while nothing changes, after its full sync.
 type Idle struct {
+	Mark
 	Proxy      string
 	N          int
 	RSS        int64   // bytes, VmRSS at the end of the window
@@ -168,22 +175,113 @@ type Machine struct {
 	MemGB float64
 }
 
+// Run identifies one run of the benchmark: one process measuring one
+// commit's code. Every record carries the run's ID, and the report is
+// rendered only from records of a single run (oneRun): figures measured at
+// different times or commits are not comparable on this machine (its drift
+// over an hour is as large as the differences judged), so merging runs is
+// not offered.
+type Run struct {
+	ID     string // random, drawn when the run starts
+	Commit string // git HEAD of the tree measured
+	// Dirty: the tree had uncommitted changes; the figures are of no
+	// commit.
+	Dirty bool `json:",omitempty"`
+	// Flags are every -bench.* flag of the run as name=value, set or
+	// default, in name order.
+	Flags []string
+	// Rule is the stopping rule the run followed, fixed before it began.
+	Rule    StopRule
+	Started time.Time
+	// Ended is when the results were last written: the end of the run
+	// when Complete, else where it was cut short.
+	Ended    time.Time
+	Complete bool `json:",omitempty"`
+}
+
+// Mark says which run measured a record, and in which of its interleaved
+// rounds.
+type Mark struct {
+	Run string
+	// Round numbers the round of interleaved measurements the record
+	// belongs to, from 1; records of one round and N were measured
+	// minutes apart at most, so a ratio pairs them (pairByRound). 0: the
+	// record was measured outside the rounds (an endpoint change).
+	Round int `json:",omitempty"`
+}
+
+// mark is the Mark of a record.
+func (m *Mark) mark() *Mark { return m }
+
+type record interface{ mark() *Mark }
+
+// stamp marks xs as measured by run id in round.
+func stamp[T any, P interface {
+	*T
+	record
+}](id string, round int, xs ...T) []T {
+	for i := range xs {
+		m := P(&xs[i]).mark()
+		m.Run, m.Round = id, round
+	}
+	return xs
+}
+
 // Results is everything one run measured.
 type Results struct {
-	Machine      Machine
-	Started      time.Time
-	Elapsed      time.Duration
-	Ns           []int
-	Endpoints    int // per Service
-	Changes      int // incremental changes per proxy and N
-	Command      string
-	Notes        []string // what was skipped and why, and other caveats
+	Run       Run
+	Machine   Machine
+	Ns        []int
+	Endpoints int // per Service
+	Changes   int // incremental changes per proxy and N
+	Command   string
+	Notes     []string // what was skipped and why, and other caveats
+	// Stops say how the rounds of each N and phase ended (StopRule).
+	Stops        []Stop `json:",omitempty"`
 	FullSyncs    []FullSync
 	Incrementals []Incremental
 	Floors       []Floor
 	DataPaths    []DataPath
 	Bulks        []Bulk `json:",omitempty"`
 	Idles        []Idle
+}
+
+// oneRun says why r cannot be rendered, if it cannot: it names no run or
+// commit, or one of its records was measured by another run.
+func (r *Results) oneRun() error {
+	if r.Run.ID == "" || r.Run.Commit == "" {
+		return errors.New("results name no run id or commit (results.json from before one run per report, or assembled by hand): " +
+			"only a single run's results are rendered; run make bench")
+	}
+	var errs []error
+	check := func(kind, proxy string, n int, m Mark) {
+		if m.Run != r.Run.ID && len(errs) < 5 {
+			errs = append(errs, fmt.Errorf("%s of %s at N = %d is of run %q, not of this run %q (commit %s)",
+				kind, proxy, n, m.Run, r.Run.ID, r.Run.Commit))
+		}
+	}
+	for _, x := range r.FullSyncs {
+		check("cold start", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Incrementals {
+		check("endpoint change", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Floors {
+		check("floor", x.proxy(), x.N, x.Mark)
+	}
+	for _, x := range r.DataPaths {
+		check("data-path window", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Bulks {
+		check("bulk window", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Idles {
+		check("idle window", x.Proxy, x.N, x.Mark)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Median of xs (NaN when empty).
