@@ -335,22 +335,6 @@ func (r *Results) has(proxy string, n int) bool {
 	return slices.ContainsFunc(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n })
 }
 
-// peakRSS is the median of proxy's peak RSS at n, the process's and its
-// largest child's (iptables-restore, nft) together. When no cold start
-// finished but one ran into its time limit, it is the largest peak seen
-// until then, and bound is set: the true peak is at least that.
-func (r *Results) peakRSS(proxy string, n int) (v float64, bound bool) {
-	total := func(f FullSync) float64 { return float64(f.PeakRSS + f.ChildRSS) }
-	if done := r.fullSync(proxy, n, total); len(done) > 0 {
-		return Median(done), false
-	}
-	seen := pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && f.Unfinished }, total)
-	if len(seen) == 0 {
-		return math.NaN(), false
-	}
-	return slices.Max(seen), true
-}
-
 // unfinished is the longest time limit a cold start of proxy at n ran
 // into, 0 when none did.
 func (r *Results) unfinished(proxy string, n int) float64 {
@@ -365,26 +349,6 @@ func (r *Results) incremental(proxy string, n int, value func(Incremental) float
 func (r *Results) dataPath(proxy string, n int) []float64 {
 	return pick(r.DataPaths, func(d DataPath) bool { return d.Proxy == proxy && d.N == n },
 		func(d DataPath) float64 { return d.ConnPerSec })
-}
-
-// rateVsN1 is proxy's new-connection rate at n as a share of its rate at
-// N = 1, with what to print: the two medians and their share, and, where
-// the direct path (NoProxy) was measured at both N, the share of each
-// taken relative to the direct path of its own N, which share is then the
-// one returned. The Ns are measured one after the other, minutes apart,
-// and what drifts on the machine meanwhile moves every window of an N
-// alike (kp at 1, 10,000 and 100,000 moved ±10 % in one run, with no trend
-// in N); the direct path, which crosses no rules at all, moves with the
-// drift alone. Its windows are interleaved with the proxies' (dataPathRounds).
-func (r *Results) rateVsN1(proxy string, n int) (share float64, desc string) {
-	at, at1 := Median(r.dataPath(proxy, n)), Median(r.dataPath(proxy, 1))
-	share = at / at1
-	desc = fmt.Sprintf("%s vs %s: %s", fmtRate(at), fmtRate(at1), fmtPercent(share))
-	if d, d1 := Median(r.dataPath(NoProxy, n)), Median(r.dataPath(NoProxy, 1)); known(share, d, d1) {
-		share = (at / d) / (at1 / d1)
-		desc += fmt.Sprintf("; each against the direct path of its N (%s, %s): %s", fmtRate(d), fmtRate(d1), fmtPercent(share))
-	}
-	return share, desc
 }
 
 func (r *Results) bulk(proxy string, n int) []float64 {
