@@ -8,7 +8,6 @@ import (
 	"encoding/xml"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,14 +28,12 @@ func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 var (
 	flagNs      = flag.String("bench.n", "", "comma-separated Service counts to measure, e.g. 1,1000,10000 (empty: TestBench skips)")
 	flagOut     = flag.String("bench.out", ".", "folder REPORT.md, bench.svg and results.json are written to")
-	flagReps    = flag.Int("bench.reps", 3, "cold starts per proxy and N")
+	flagRounds  = flag.String("bench.rounds", "", "MIN-MAX rounds per N in place of the stopping rule's (\"\": 5-12, the rule of make bench; the report names a departure)")
 	flagChanges = flag.Int("bench.changes", 100, "incremental endpoint changes per proxy and N")
 	flagWindow  = flag.Duration("bench.window", 3*time.Second, "data-path measurement window")
-	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
-	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
+	flagIdle    = flag.Duration("bench.idle", 5*time.Second, "idle window after each cold start")
 	flagProxies = flag.String("bench.proxies", strings.Join(HostProxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", ")+" (the ipvs ones need IPVS: make bench-vm)")
-	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.reps cold starts, -bench.big.changes changes and -bench.big.timeout (0: no limit)")
-	flagBigReps = flag.Int("bench.big.reps", 1, "upstream's cold starts at N >= -bench.big")
+	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.changes changes and -bench.big.timeout (0: no limit)")
 	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
 	flagBigTime = flag.Duration("bench.big.timeout", 10*time.Minute, "upstream's cold-start time limit at N >= -bench.big")
 	flagChgTime = flag.Duration("bench.change.timeout", time.Minute, "bound of the wait for one incremental change's sync")
@@ -56,25 +53,23 @@ var (
 
 // config shapes one run of the pipeline.
 type config struct {
-	Ns        []int
-	Proxies   []string
-	Reps      int           // cold starts per proxy and N
-	Changes   int           // incremental changes per proxy and N (none at N = 1)
-	Window    time.Duration // one data-path window
-	Windows   int
-	Workers   int // data-path load generator's parallel connections
-	Idle      time.Duration
-	FloorReps int
+	Ns      []int
+	Proxies []string
+	Changes int           // incremental changes per proxy and N (none at N = 1)
+	Window  time.Duration // one data-path or bulk window
+	Workers int           // data-path load generator's parallel connections
+	Idle    time.Duration // the idle window after each cold start
 	// SyncTimeout bounds one cold start: upstream iptables mode at 30,000
 	// Services takes minutes on a busy 2-core machine.
 	SyncTimeout time.Duration
 	// From N = Big on, upstream's proxies (minutes per cold start there)
-	// get BigReps cold starts, BigChanges changes and BigTimeout; from
-	// NFTOnly on, only kp's nftables mode and upstream's; from KPOnly on,
-	// only kp's nftables mode runs. 0 turns any of them off.
-	Big, BigReps, BigChanges int
-	BigTimeout               time.Duration
-	NFTOnly, KPOnly          int
+	// get BigChanges changes and BigTimeout (a cold start that runs into
+	// it ends the proxy's rounds at that N); from NFTOnly on, only kp's
+	// nftables mode and upstream's; from KPOnly on, only kp's nftables
+	// mode runs. 0 turns any of them off.
+	Big, BigChanges int
+	BigTimeout      time.Duration
+	NFTOnly, KPOnly int
 	// Rule decides the number of rounds at each N (defaultRule).
 	Rule StopRule
 	// ChangeTimeout bounds the wait for one incremental change's sync
@@ -103,11 +98,18 @@ func TestBench(t *testing.T) {
 	if *flagNs == "" {
 		t.Skip("benchmark: run with -bench.n (make bench)")
 	}
-	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
-		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute,
-		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly,
-		KPOnly: *flagKPOnly, Rule: defaultRule,
-		ChangeTimeout: *flagChgTime}
+	cfg := config{Changes: *flagChanges, Window: *flagWindow, Workers: 4, Idle: *flagIdle, SyncTimeout: 15 * time.Minute,
+		Big: *flagBig, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly, KPOnly: *flagKPOnly,
+		Rule: defaultRule, ChangeTimeout: *flagChgTime}
+	if *flagRounds != "" {
+		lo, hi, ok := strings.Cut(*flagRounds, "-")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || a < 1 || b < a {
+			t.Fatalf("-bench.rounds: %q is not MIN-MAX", *flagRounds)
+		}
+		cfg.Rule.MinRounds, cfg.Rule.MaxRounds = a, b
+	}
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -182,9 +184,8 @@ func TestBenchSmoke(t *testing.T) {
 	// Every host proxy, kp-iptables too: kp has its iptables mode
 	// (legacy/iptables), so a kp that refuses its flags fails the smoke
 	// rather than leaving the proxy out.
-	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Reps: 1, Changes: 3,
-		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
-		SyncTimeout: 2 * time.Minute}
+	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Changes: 3, Window: 300 * time.Millisecond, Workers: 2,
+		Idle: 200 * time.Millisecond, SyncTimeout: 2 * time.Minute, Rule: StopRule{MinRounds: 1, MaxRounds: 1, HalfWidth: 0.1}}
 	res := run(t, cfg, nil)
 	if t.Failed() {
 		return
@@ -242,12 +243,17 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 // run is the pipeline: for each N, grow the API server's population, then
-// for each proxy in a fresh world: cold starts, idle, floor (kp's modes)
-// and incremental changes; then the data path of every proxy, through the
-// rules each one left in its world, in interleaved windows (dataPathRounds).
-// after, if set, sees the results after each proxy.
+// measure every proxy of the N in interleaved rounds (measureN). after, if
+// set, sees the results after each round.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
 	res := &Results{Run: newRun(t, cfg.Rule), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	res.Run.Budget, res.Run.Plan = cfg.plan()
+	t.Logf("the stopping rule: %s", cfg.Rule)
+	for _, line := range res.Run.Plan {
+		t.Logf("plan: %s", line)
+	}
+	t.Logf("time budget of the run: %v (the rule's cap of rounds at the expected times; past the minimum, an N adds no round once its share is spent)",
+		res.Run.Budget.Round(time.Minute))
 	started := time.Now()
 	c := newCluster(t)
 	t.Logf("API server (etcd and kube-apiserver) ready in %v", time.Since(started).Round(time.Millisecond))
@@ -257,32 +263,14 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 		res.Ns = append(res.Ns, n)
 		// The N's worlds live until its data path is measured.
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
-			direct := c.directWorld(t)
-			paths := []dataPathTarget{{NoProxy, direct, net.JoinHostPort(direct.Pods()[0].IP.String(), fmt.Sprint(podPort))}}
-			for i, proxy := range cfg.Proxies {
-				if !cfg.measures(proxy, n) {
-					continue
-				}
-				w, node := c.newWorld(t)
-				t.Run(proxy, func(t *testing.T) {
-					c.pointSamples(w, n)
-					startSink(t, w.Pods()[0].NS)
-					if i == 0 {
-						sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
-						res.Bulks = append(res.Bulks, stamp(res.Run.ID, 0, bulk(t, w, NoProxy, n, sink, cfg)...)...)
-					}
-					if path, ok := measureProxy(t, c, w, node, proxy, n, cfg, res); ok {
-						paths = append(paths, path)
-					}
-				})
-				// After each proxy, not only each N: a run cut short (the
-				// VM's time limit) still leaves every proxy it finished.
+			measureN(t, c, cfg, n, res, func() {
+				// After each round, not only each N: a run cut short (the
+				// VM's time limit) still leaves every round it finished.
 				res.Run.Ended = time.Now()
 				if after != nil {
 					after(res)
 				}
-			}
-			res.DataPaths = append(res.DataPaths, dataPathRounds(res.Run.ID, paths, n, cfg)...)
+			})
 		})
 		res.Run.Ended = time.Now()
 		if after != nil {
@@ -291,62 +279,6 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 	}
 	res.Run.Ended, res.Run.Complete = time.Now(), true
 	return res
-}
-
-// measureProxy measures proxy in world w. For a proxy whose data path is
-// the kernel's alone it leaves its rules in w and returns them as a data
-// path target; kp-userspace, whose data path is its own process, has its
-// windows measured here.
-func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) (dataPathTarget, bool) {
-	p := newProxy(t, c, w, node, proxy)
-	reps, changes, timeout := cfg.Reps, cfg.Changes, cfg.SyncTimeout
-	if !isKP(proxy) && cfg.Big > 0 && n >= cfg.Big {
-		reps, changes, timeout = min(reps, cfg.BigReps), min(changes, cfg.BigChanges), cfg.BigTimeout
-	}
-	for rep := 0; rep < reps; rep++ {
-		if rep > 0 {
-			p.stop()
-		}
-		fs := p.coldStart(c, n, timeout)
-		t.Logf("%s N=%d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
-			proxy, n, fs.Seconds, fs.CPUSeconds, fs.PeakRSS>>20, fs.ChildRSS>>20)
-		res.FullSyncs = append(res.FullSyncs, stamp(res.Run.ID, rep+1, fs)...)
-		if fs.Unfinished {
-			t.Logf("%s N=%d: no other measure (its full sync did not finish)", proxy, n)
-			p.stop()
-			return dataPathTarget{}, false
-		}
-	}
-	res.Idles = append(res.Idles, stamp(res.Run.ID, 0, p.idle(n, cfg.Idle))...)
-	switch proxy {
-	case KP:
-		res.Floors = append(res.Floors, stamp(res.Run.ID, 0, p.floor(n, cfg.FloorReps)...)...)
-	case KPIPTables:
-		res.Floors = append(res.Floors, stamp(res.Run.ID, 0, p.iptablesFloor(n, cfg.FloorReps)...)...)
-	}
-	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
-	if proxy == KPUserspace {
-		res.DataPaths = append(res.DataPaths, stamp(res.Run.ID, 0, dataPath(w, proxy, n, svc, cfg)...)...)
-	}
-	res.Bulks = append(res.Bulks, stamp(res.Run.ID, 0, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)...)
-	if n > len(samples(n)) {
-		inc := p.incremental(c, n, changes, cfg.ChangeTimeout)
-		res.Incrementals = append(res.Incrementals, stamp(res.Run.ID, 0, inc...)...)
-		if len(inc) > 0 {
-			secs, own := make([]float64, len(inc)), make([]float64, len(inc))
-			for i, x := range inc {
-				secs[i], own[i] = x.Seconds, x.SyncSeconds
-			}
-			t.Logf("%s N=%d: endpoint change median %.1f ms, p99 %.1f ms; the proxy's own sync median %.2f ms",
-				proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3, Median(own)*1e3)
-		}
-	}
-	if proxy == KPUserspace {
-		p.stop()
-		return dataPathTarget{}, false
-	}
-	p.halt()
-	return dataPathTarget{proxy, w, svc}, true
 }
 
 // newRun draws the run's id and records the commit of the tree, its flags

@@ -52,15 +52,31 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("| Run | %s, %s, %s (%s) |\n", run.ID, run.Started.UTC().Format("2006-01-02 15:04 MST"), end,
 		run.Ended.Sub(run.Started).Round(1e9))
 	p("| Flags | `%s` |\n", strings.Join(run.Flags, " "))
-	p("| Stopping rule | %s |\n", run.Rule)
+	rule := run.Rule.String()
+	if run.Rule != defaultRule {
+		rule += fmt.Sprintf(" (**not the rule of make bench**: %s)", defaultRule)
+	}
+	p("| Stopping rule | %s |\n", rule)
+	p("| Time budget | %s, computed before the run from the rule and the expected cold starts (below) |\n", run.Budget.Round(1e9))
 	p("| Workload | N Services × %d endpoints (one TCP port each), N = %s |\n", r.Endpoints, joinInts(r.sortedNs()))
 	p("| Proxies | %s |\n\n", strings.Join(r.proxies(), ", "))
 	p("Every figure is of this one run (every record of results.json carries its id, and the report is not rendered\n")
 	p("from records of any other). Ratios between proxies, and between a proxy and its reference (no proxy, the\n")
 	p("kernel floor), pair figures of the same round; targets are judged on the 95%% interval of that ratio.\n\n")
+	if len(run.Plan) > 0 {
+		p("The budget by N:\n\n")
+		for _, l := range run.Plan {
+			p("- %s\n", l)
+		}
+		p("\n")
+	}
 	if len(r.Stops) > 0 {
-		p("Rounds:\n\n")
+		p("How the rounds ended:\n\n")
 		for _, s := range r.Stops {
+			if s.Why == stopBudget {
+				p("- **%s: rounds stopped by the budget, not by the width of the intervals**\n", s)
+				continue
+			}
 			p("- %s\n", s)
 		}
 		p("\n")
@@ -137,15 +153,18 @@ func WriteReport(w io.Writer, r *Results) error {
 			return slices.DeleteFunc(r.incremental(proxy, n, of), func(x float64) bool { return x <= 0 })
 		}
 	}
-	p99 := func(v []float64) float64 { return Quantile(v, 0.99) }
+	tail := func(v []float64) float64 { x, _ := Tail(v); return x }
 	e2e := func(i Incremental) float64 { return i.Seconds }
 	own := func(i Incremental) float64 { return i.SyncSeconds }
 	proxyTable(b, r, "Median latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e))
-	proxyTableOf(b, r, "p99 latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e), p99)
+	proxyTableOf(b, r, "Tail latency, API write to the end of the proxy's sync: the p99 of a proxy's changes where it made "+
+		"100 or more, their maximum where fewer (\"runs\": the number; the p99 of fewer than 100 values is their maximum)",
+		fmtSeconds, inc(e2e), tail)
 	p("The proxy's own time for the change: the growth of its `kubeproxy_sync_proxy_rules_duration_seconds_sum`\n")
 	p("(both proxies time a sync from its start to the kernel's answer), so without the API server and the watch.\n\n")
 	proxyTable(b, r, "Median sync time per change, proxy to kernel", fmtSeconds, inc(own))
-	proxyTableOf(b, r, "p99 sync time per change, proxy to kernel", fmtSeconds, inc(own), p99)
+	proxyTableOf(b, r, "Tail sync time per change, proxy to kernel: p99 from 100 changes on, else the maximum", fmtSeconds,
+		inc(own), tail)
 	proxyTable(b, r, "Objects written per change (median)", fmtCount,
 		func(proxy string, n int) []float64 {
 			v := r.incremental(proxy, n, func(i Incremental) float64 { return float64(i.Events) })

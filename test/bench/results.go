@@ -191,7 +191,11 @@ type Run struct {
 	// default, in name order.
 	Flags []string
 	// Rule is the stopping rule the run followed, fixed before it began.
-	Rule    StopRule
+	Rule StopRule
+	// Budget is the run's time budget, computed before it began from the
+	// rule and the expected times (Plan: by N and phase).
+	Budget  time.Duration
+	Plan    []string `json:",omitempty"`
 	Started time.Time
 	// Ended is when the results were last written: the end of the run
 	// when Complete, else where it was cut short.
@@ -300,6 +304,19 @@ func Quantile(xs []float64, q float64) float64 {
 	}
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// Tail is the tail of xs named for what it is: their nearest-rank p99
+// when there are at least 100 (of fewer, the nearest-rank p99 is their
+// maximum), else their maximum; name is "p99 of 150" or "max of 50".
+func Tail(xs []float64) (v float64, name string) {
+	switch {
+	case len(xs) == 0:
+		return math.NaN(), ""
+	case len(xs) >= 100:
+		return Quantile(xs, 0.99), fmt.Sprintf("p99 of %d", len(xs))
+	}
+	return slices.Max(xs), fmt.Sprintf("max of %d", len(xs))
 }
 
 // pick gathers one value from every record of proxy at n.

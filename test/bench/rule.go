@@ -131,9 +131,10 @@ func expectedSeconds(who string, n int, limit time.Duration) float64 {
 // wait for a quiet machine, the sampled connections, the idle window, the
 // flush) and a load of every reference. A proxy expected to run into its
 // time limit runs once (its first unfinished cold start ends its rounds).
-func (s StopRule) budget(who []string, n int, limit, perColdStart time.Duration) (round, total time.Duration) {
+func (s StopRule) budget(who []string, n int, limitOf func(string) time.Duration, perColdStart time.Duration) (round, total time.Duration) {
 	var once time.Duration
 	for _, w := range who {
+		limit := limitOf(w)
 		sec := expectedSeconds(w, n, limit)
 		d := time.Duration(sec * float64(time.Second))
 		if isProxy(w) {

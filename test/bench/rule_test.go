@@ -90,7 +90,8 @@ func TestTheBudgetIsTheCapOfRoundsOfExpectedColdStarts(t *testing.T) {
 		t.Errorf("upstream-nft at 30,000 (8 minutes): %v s, want the 6-minute limit", got)
 	}
 	rule := StopRule{MinRounds: 5, MaxRounds: 12, HalfWidth: 0.1}
-	round, total := rule.budget([]string{KP, UpstreamIPTables, floorNFT}, 10000, limit, 10*time.Second)
+	round, total := rule.budget([]string{KP, UpstreamIPTables, floorNFT}, 10000,
+		func(string) time.Duration { return limit }, 10*time.Second)
 	wantRound := time.Duration((1.41 + 10 + 1.88) * float64(time.Second))
 	if round != wantRound || total != 12*wantRound+limit+10*time.Second {
 		t.Errorf("budget = %v a round, %v in all; want %v, and upstream-iptables's limit once", round, total, wantRound)

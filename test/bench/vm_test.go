@@ -27,7 +27,7 @@ import (
 var (
 	flagVMN       = flag.String("bench.vm.n", "", "Service counts to measure in the VM, e.g. 1000,10000 (empty: TestBenchInTheVM skips; make bench-vm)")
 	flagVMProxies = flag.String("bench.vm.proxies", KPIPVS+","+UpstreamIPVS, "proxies TestBenchInTheVM measures in the VM")
-	flagVMArgs    = flag.String("bench.vm.args", "", "more TestBench flags for the run in the VM, space-separated (e.g. -bench.reps=1)")
+	flagVMArgs    = flag.String("bench.vm.args", "", "more TestBench flags for the run in the VM, space-separated (e.g. -bench.changes=5)")
 	flagVMOut     = flag.String("bench.vm.out", "vm", "folder the VM run's REPORT.md, bench.svg and results.json are written to")
 	flagVMTimeout = flag.Duration("bench.vm.timeout", 3*time.Hour, "bound of the whole VM run (boot, API server, every N)")
 	flagVMMemory  = flag.Int("bench.vm.memory", 8192, "the VM's memory, MiB: the API server, etcd and the proxies at 10,000 Services")
@@ -173,8 +173,7 @@ func TestBenchSmokeInTheVM(t *testing.T) {
 	proxies := []string{KPIPVS, UpstreamIPVS}
 	const changes = 3
 	res, _ := runInVM(t, []string{"-bench.n=1,100", "-bench.proxies=" + strings.Join(proxies, ","),
-		"-bench.reps=1", fmt.Sprintf("-bench.changes=%d", changes), "-bench.window=300ms", "-bench.windows=1",
-		"-bench.idle=200ms"})
+		"-bench.rounds=1-1", fmt.Sprintf("-bench.changes=%d", changes), "-bench.window=300ms", "-bench.idle=200ms"})
 	if res == nil {
 		return
 	}
