@@ -125,3 +125,29 @@ func TestConfigMeasuresFewerProxiesAtLargeN(t *testing.T) {
 		}
 	}
 }
+
+// The report's ratio columns pair the figures of each round: kp and
+// upstream slowed together in round 3, and the ratio of their medians
+// (1 s / 40 s) is not what any round showed.
+func TestTheReportsRatioColumnsPairTheRounds(t *testing.T) {
+	r := &Results{Run: Run{ID: "run", Commit: "c", Rule: defaultRule, Plan: []string{"N = 1,000: …"}}, Ns: []int{1000},
+		Stops: []Stop{{N: 1000, Phase: "cold starts", Rounds: 5, Why: stopBudget, Widest: 0.2}}}
+	coldStarts(r, KP, 1000, []float64{1, 1, 4}, 40<<20, 0)
+	coldStarts(r, UpstreamNFT, 1000, []float64{10, 40, 40}, 80<<20, 0)
+	addRates(r, KP, 1000, 100, 200, 400)
+	addRates(r, UpstreamNFT, 1000, 100, 100, 800)
+	addRates(r, NoProxy, 1000, 200, 200, 200)
+	var b strings.Builder
+	if err := WriteReport(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	report := b.String()
+	// Round ratios 0.1, 0.025, 0.1: geometric mean 0.063; rates 1, 2, ½: 1.00.
+	checkRows(t, "paired columns", report, map[string]string{
+		"| 1,000 | 1.00 s | 40.00 s | 0.063 |": "| 3 |",
+		"| 1,000 | 200/s | 200/s | 100/s |":    "| 3 |",
+		"| 1,000 | 1.00 | 1.00 |":              "",
+		"- **N = 1,000, cold starts: 5 rounds": "rounds stopped by the budget, not by the width of the intervals",
+		"| Commit | c |":                       "",
+	})
+}

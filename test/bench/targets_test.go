@@ -128,6 +128,10 @@ func checkRows(t *testing.T, name, report string, want map[string]string) {
 				line = l
 			}
 		}
+		if line == "" {
+			t.Errorf("%s: no row starts with %q:\n%s", name, prefix, report)
+			continue
+		}
 		for _, w := range strings.Split(wants, "|") {
 			if !strings.Contains(line, w) {
 				t.Errorf("%s: row %q lacks %q:\n%s", name, prefix, w, report)
