@@ -151,3 +151,32 @@ func TestTheReportsRatioColumnsPairTheRounds(t *testing.T) {
 		"| Commit | c |":                       "",
 	})
 }
+
+// The tail of fewer than 100 changes is their maximum, and called so: the
+// nearest-rank p99 of 50 values is the largest of them.
+func TestTheTailOfFewerThan100ChangesIsCalledTheirMax(t *testing.T) {
+	upTo := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // unsorted on purpose
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		xs   []float64
+		want float64
+		name string
+	}{
+		{upTo(50), 50, "max of 50"},
+		{upTo(99), 99, "max of 99"},
+		{upTo(100), 99, "p99 of 100"},
+		{upTo(1000), 990, "p99 of 1000"},
+	} {
+		if v, name := Tail(c.xs); v != c.want || name != c.name {
+			t.Errorf("Tail of 1…%d = %v, %q; want %v, %q", len(c.xs), v, name, c.want, c.name)
+		}
+	}
+	if v, name := Tail(nil); !math.IsNaN(v) || name != "" {
+		t.Errorf("Tail of nothing = %v, %q", v, name)
+	}
+}
