@@ -128,13 +128,19 @@ type floorLoad struct {
 	lines   int
 }
 
-// floorLoads lists proxy p's ruleset (after its full sync) and prepares
+// floorLoads lists proxy p's ruleset (after its first full sync: nil after
+// a later one, the references have it) and prepares
 // the loads of its references: `nft -f` for kp; for kp-iptables
 // iptables-nft-restore, and with --noflush, which is what a proxy sharing
 // the tables must use, and several times slower in iptables-nft (it then
 // works against a cache of the kernel's ruleset, rule by rule).
-func (p *proxyRun) floorLoads() []*floorLoad {
+func (p *proxyRun) floorLoads(refs map[string]*participant) []*floorLoad {
 	p.t.Helper()
+	for _, ref := range refsOf(p.name) {
+		if refs[ref] == nil || refs[ref].floor != nil {
+			return nil // listed after its first cold start already
+		}
+	}
 	write := func(name, text string) string {
 		file := filepath.Join(p.t.TempDir(), name)
 		if err := os.WriteFile(file, []byte(text), 0o644); err != nil {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -84,5 +85,78 @@ func TestThePlanOfTheDefaultRunStatesItsBudget(t *testing.T) {
 		time.Duration((0.16+0.60)*float64(time.Second)) + 2*per
 	if d := total - at1 - at10k; d < -time.Millisecond || d > time.Millisecond {
 		t.Errorf("budget %v, want %v at 1 and %v at 10,000", total, at1, at10k)
+	}
+}
+
+// The cold-start rounds: every participant once a round in a rotated
+// order, a reference only after its proxy's first finished cold start, a
+// proxy that ran into its limit and a reference whose load failed out of
+// the rounds after.
+func TestColdStartRoundsRotateAndDropWhatTimedOut(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		timesOut   map[string]int // proxy -> the round its cold start runs into its limit
+		loadFails  int            // the round the floor's load fails (0: never)
+		rounds     int
+		wantRounds [][]string
+	}{
+		{
+			name:   "all finish: the order rotates",
+			rounds: 4,
+			wantRounds: [][]string{
+				{KP, UpstreamNFT, floorNFT}, {UpstreamNFT, floorNFT, KP}, {floorNFT, KP, UpstreamNFT}, {KP, UpstreamNFT, floorNFT},
+			},
+		},
+		{
+			name:     "upstream runs into its limit in round 2: gone from round 3",
+			timesOut: map[string]int{UpstreamNFT: 2},
+			rounds:   4,
+			wantRounds: [][]string{
+				{KP, UpstreamNFT, floorNFT}, {UpstreamNFT, floorNFT, KP}, {floorNFT, KP}, {KP, floorNFT},
+			},
+		},
+		{
+			name:       "kp runs into its limit in round 1: its floor has no ruleset to load",
+			timesOut:   map[string]int{KP: 1},
+			rounds:     3,
+			wantRounds: [][]string{{KP, UpstreamNFT}, {UpstreamNFT}, {UpstreamNFT}},
+		},
+		{
+			name:       "the floor's load fails in round 2: gone from round 3",
+			loadFails:  2,
+			rounds:     3,
+			wantRounds: [][]string{{KP, UpstreamNFT, floorNFT}, {UpstreamNFT, floorNFT, KP}, {KP, UpstreamNFT}},
+		},
+	} {
+		kp := &participant{name: KP}
+		parts := []*participant{kp, {name: UpstreamNFT}, {name: floorNFT, owner: kp}}
+		var got [][]string
+		measured := func(x *participant, round int) {
+			for len(got) < round {
+				got = append(got, nil)
+			}
+			got[round-1] = append(got[round-1], x.name)
+		}
+		rule := StopRule{MinRounds: c.rounds, MaxRounds: c.rounds, HalfWidth: 0.1}
+		clock := &fakeClock{at: time.Unix(0, 0)}
+		stop := coldStartRounds(rule, 1000, time.Hour, clock.now, parts,
+			func(x *participant, round int) bool {
+				measured(x, round)
+				return c.timesOut[x.name] != round
+			},
+			func(x *participant, round int) error {
+				if x.owner == nil || !x.owner.ready {
+					t.Errorf("%s: %s loaded in round %d before its proxy's ruleset was there", c.name, x.name, round)
+				}
+				measured(x, round)
+				if round == c.loadFails {
+					return fmt.Errorf("segmentation fault")
+				}
+				return nil
+			},
+			func() float64 { return 0.5 })
+		if stop.Rounds != c.rounds || !slices.EqualFunc(got, c.wantRounds, slices.Equal) {
+			t.Errorf("%s: %d rounds measured %v; want %d: %v", c.name, stop.Rounds, got, c.rounds, c.wantRounds)
+		}
 	}
 }

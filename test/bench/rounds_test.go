@@ -20,6 +20,9 @@ type participant struct {
 	p     *proxyRun    // a proxy
 	owner *participant // a reference: the proxy whose ruleset it loads
 	floor *floorLoad   // a reference, once its owner's first cold start finished
+	// ready: a proxy one of whose cold starts finished (its references
+	// have its ruleset to load).
+	ready bool
 	// out: no more rounds (a cold start ran into its time limit, a load
 	// failed); the report judges a row of a proxy that timed out a miss.
 	out bool
@@ -181,38 +184,32 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 		names = append(names, x.name)
 	}
 	_, budget := cfg.Rule.budget(names, n, limit, cfg.perColdStart())
-	stop := cfg.Rule.runRounds(n, "cold starts", budget, time.Now, func(round int) float64 {
-		for _, x := range rotate(parts, round-1) {
-			switch {
-			case x.out:
-			case x.owner != nil && x.floor == nil:
-				x.out = true // its proxy's first cold start did not finish
-			case x.owner != nil:
-				fl, err := x.floor.load(n)
-				if err != nil {
-					t.Logf("%v: no more %s loads at N = %d", err, x.name, n)
-					x.out = true
-					continue
+	stop := coldStartRounds(cfg.Rule, n, budget, time.Now, parts,
+		func(x *participant, round int) bool { return coldStartRound(t, c, cfg, n, round, x, res, byName) },
+		func(x *participant, round int) error {
+			fl, err := x.floor.load(n)
+			if err != nil {
+				t.Logf("%v: no more %s loads at N = %d", err, x.name, n)
+				return err
+			}
+			res.Floors = append(res.Floors, stamp(id, round, fl)...)
+			return nil
+		},
+		func() float64 {
+			after()
+			var ivs []Interval
+			for _, cm := range comparisons {
+				if alive(cm.kp) && alive(cm.upstream) {
+					ivs = append(ivs, ratio(res.coldStarts(cm.kp, n, seconds), res.coldStarts(cm.upstream, n, seconds)))
 				}
-				res.Floors = append(res.Floors, stamp(id, round, fl)...)
-			default:
-				coldStartRound(t, c, cfg, n, round, x, res, byName)
 			}
-		}
-		after()
-		var ivs []Interval
-		for _, cm := range comparisons {
-			if alive(cm.kp) && alive(cm.upstream) {
-				ivs = append(ivs, ratio(res.coldStarts(cm.kp, n, seconds), res.coldStarts(cm.upstream, n, seconds)))
+			for _, x := range parts {
+				if x.owner != nil && !x.out && !x.owner.out {
+					ivs = append(ivs, ratio(res.coldStarts(x.owner.name, n, seconds), res.floors(x.name, n)))
+				}
 			}
-		}
-		for _, x := range parts {
-			if x.owner != nil && !x.out && !x.owner.out {
-				ivs = append(ivs, ratio(res.coldStarts(x.owner.name, n, seconds), res.floors(x.name, n)))
-			}
-		}
-		return widest(ivs)
-	})
+			return widest(ivs)
+		})
 	t.Logf("%s", stop)
 	res.Stops = append(res.Stops, stop)
 
@@ -302,7 +299,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 // coldStartRound is proxy x's cold start in round: timed, then idle for
 // cfg.Idle (measured), its references prepared in the first round, and
 // stopped and flushed for the next one.
-func coldStartRound(t *testing.T, c *cluster, cfg config, n, round int, x *participant, res *Results, refs map[string]*participant) {
+func coldStartRound(t *testing.T, c *cluster, cfg config, n, round int, x *participant, res *Results, refs map[string]*participant) (finished bool) {
 	c.pointSamples(x.w, n)
 	fs := x.p.coldStart(c, n, cfg.limit(n)(x.name))
 	t.Logf("%s N=%d round %d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
@@ -310,17 +307,43 @@ func coldStartRound(t *testing.T, c *cluster, cfg config, n, round int, x *parti
 	res.FullSyncs = append(res.FullSyncs, stamp(res.Run.ID, round, fs)...)
 	if fs.Unfinished {
 		t.Logf("%s N=%d: its cold start did not finish: no more rounds and no other measure at this N", x.name, n)
-		x.out = true
 		x.p.stop()
-		return
+		return false
 	}
 	res.Idles = append(res.Idles, stamp(res.Run.ID, round, x.p.idle(n, cfg.Idle))...)
-	if round == 1 {
-		for _, f := range x.p.floorLoads() {
-			refs[f.ref].floor = f
-		}
+	for _, f := range x.p.floorLoads(refs) {
+		refs[f.ref].floor = f
 	}
 	x.p.stop()
+	return true
+}
+
+// coldStartRounds runs the rule's rounds of cold starts over parts, round
+// r in their order rotated by r-1: coldStart(x, r) measures proxy x and
+// says whether it finished (one that did not drops out: its next cold
+// start would run into the same limit); load(x, r) loads reference x, once
+// its owner's first cold start finished (an error drops it out); widest,
+// after each round, is the widest interval the rule weighs.
+func coldStartRounds(rule StopRule, n int, budget time.Duration, now func() time.Time, parts []*participant,
+	coldStart func(*participant, int) bool, load func(*participant, int) error, widest func() float64) Stop {
+	return rule.runRounds(n, "cold starts", budget, now, func(round int) float64 {
+		for _, x := range rotate(parts, round-1) {
+			switch {
+			case x.out:
+			case x.owner != nil && !x.owner.ready:
+				x.out = true // its proxy's first cold start did not finish
+			case x.owner != nil:
+				if load(x, round) != nil {
+					x.out = true
+				}
+			case coldStart(x, round):
+				x.ready = true
+			default:
+				x.out = true
+			}
+		}
+		return widest()
+	})
 }
 
 // logChanges logs a proxy's endpoint changes at n; the tail is named for
