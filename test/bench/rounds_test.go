@@ -297,8 +297,9 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 }
 
 // coldStartRound is proxy x's cold start in round: timed, then idle for
-// cfg.Idle (measured), its references prepared in the first round, and
-// stopped and flushed for the next one.
+// cfg.Idle (measured), its ruleset listed for its references after its
+// first finished cold start, and stopped and flushed for the next one. It
+// says whether the cold start finished.
 func coldStartRound(t *testing.T, c *cluster, cfg config, n, round int, x *participant, res *Results, refs map[string]*participant) (finished bool) {
 	c.pointSamples(x.w, n)
 	fs := x.p.coldStart(c, n, cfg.limit(n)(x.name))
