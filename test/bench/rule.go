@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -68,6 +69,38 @@ type Stop struct {
 	Widest float64
 	Spent  time.Duration
 	Budget time.Duration
+}
+
+// MarshalJSON writes an uncomputable Widest (Inf, NaN) as null: JSON has
+// no infinity, and results.json must be written whatever the rounds gave.
+func (s Stop) MarshalJSON() ([]byte, error) {
+	type plain Stop
+	var widest *float64
+	if !math.IsInf(s.Widest, 0) && !math.IsNaN(s.Widest) {
+		widest = &s.Widest
+	}
+	return json.Marshal(struct {
+		plain
+		Widest *float64
+	}{plain(s), widest})
+}
+
+// UnmarshalJSON reads MarshalJSON's form back (null: Inf).
+func (s *Stop) UnmarshalJSON(data []byte) error {
+	type plain Stop
+	var v struct {
+		plain
+		Widest *float64
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	*s = Stop(v.plain)
+	s.Widest = math.Inf(1)
+	if v.Widest != nil {
+		s.Widest = *v.Widest
+	}
+	return nil
 }
 
 func (s Stop) String() string {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"math"
 	"testing"
 	"time"
@@ -95,5 +96,21 @@ func TestTheBudgetIsTheCapOfRoundsOfExpectedColdStarts(t *testing.T) {
 	wantRound := time.Duration((1.41 + 10 + 1.88) * float64(time.Second))
 	if round != wantRound || total != 12*wantRound+limit+10*time.Second {
 		t.Errorf("budget = %v a round, %v in all; want %v, and upstream-iptables's limit once", round, total, wantRound)
+	}
+}
+
+// A phase stopped with no interval yet (one round) is written to
+// results.json and read back: JSON has no infinity (the smoke run's
+// results.json failed to encode).
+func TestAStopWithoutAnIntervalIsWrittenAndReadBack(t *testing.T) {
+	for _, widest := range []float64{math.Inf(1), 0.07} {
+		data, err := json.Marshal(Stop{N: 100, Phase: "cold starts", Rounds: 1, Widest: widest})
+		if err != nil {
+			t.Fatalf("widest %v: %v", widest, err)
+		}
+		var back Stop
+		if err := json.Unmarshal(data, &back); err != nil || back.Widest != widest || back.Rounds != 1 {
+			t.Errorf("widest %v: read back %+v, %v from %s", widest, back, err, data)
+		}
 	}
 }
