@@ -241,16 +241,33 @@ func (c *Cleaner) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{c.deleted, c.errors}
 }
 
+// Start turns flow accounting on before the first sync, when the kernel's
+// conntrack is loaded already: a flow the first sync lets through then
+// has its counters and start time (an entry gets them only when created
+// with accounting on, and the first sync's observers run after kp is
+// ready, while the first connections are made).
+func (c *Cleaner) Start() {
+	if c.accounting && AccountingLoaded() {
+		EnableAccounting(c.log)
+	}
+}
+
 // Synced implements proxy.SyncObserver.
 func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 	c.setup.Do(func() {
 		// By the first sync the backend's NAT rules have loaded conntrack,
-		// so its sysctls exist.
+		// so its sysctls exist: for a kernel that had no conntrack when
+		// kp started (Start turned accounting on otherwise).
 		if c.accounting {
 			EnableAccounting(c.log)
 		}
 	})
 	n, err := c.Clean(ctx, prev, cur)
+	if err != nil && ctx.Err() != nil {
+		// kp is shutting down (or the sync was abandoned): not a failure.
+		c.log.Info("conntrack cleanup stopped", "generation", cur.Generation, "deleted", n, "why", context.Cause(ctx))
+		return
+	}
 	if err != nil {
 		c.errors.Inc()
 		c.log.Error("conntrack cleanup failed; the next sync retries", "generation", cur.Generation, "deleted", n, "err", err)

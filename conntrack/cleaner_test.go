@@ -222,6 +222,20 @@ func TestCleanerKeepsGoingPastAFailedDeleteAndReportsIt(t *testing.T) {
 	}
 }
 
+// A cleanup cut short by kp's shutdown is no failure: no error logged or
+// counted (kp logged "conntrack cleanup failed" at every SIGTERM during a
+// cleanup).
+func TestCleanerStoppedByShutdownIsNoFailure(t *testing.T) {
+	conn := &fakeConn{dumpErr: context.Canceled}
+	c := newTestCleaner(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.Synced(ctx, nil, testState())
+	if v := testutil.ToFloat64(c.errors); v != 0 {
+		t.Errorf("cleanup errors = %v after a cleanup stopped by shutdown, want 0", v)
+	}
+}
+
 // A TCP-only State is dumped when it serves a TCP address the previous one
 // did not (the first sync, a Service port added or changed, new node
 // addresses): connection attempts made before the rule may wait there.

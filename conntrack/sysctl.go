@@ -47,6 +47,14 @@ func EnableAccounting(log *slog.Logger) {
 	}
 }
 
+// AccountingLoaded reports whether the accounting sysctls exist in the
+// calling thread's namespace: they do once the kernel's conntrack is
+// loaded (by any NAT rule, kp's or another's).
+func AccountingLoaded() bool {
+	_, err := os.Stat(sysctlDir + "nf_conntrack_acct")
+	return err == nil
+}
+
 // AccountingEnabled reports whether flows in the calling thread's
 // namespace get packet and byte counters.
 func AccountingEnabled() bool {

@@ -224,6 +224,7 @@ func (a *app) runOptions(cfg proxy.Config, backend proxy.Backend, sources []prox
 		SnapshotFacts: snapshotFacts(conntrack.Dialer{})}
 	cleaner := conntrack.NewCleaner(conntrack.CleanerConfig{Log: a.log, EnableAccounting: true,
 		KeepRedirected: cfg.Mode == proxy.ModeUserspace})
+	cleaner.Start()
 	opts.Observers = append(opts.Observers, cleaner)
 	opts.Collectors = append(opts.Collectors, cleaner.Collectors()...)
 	// A backend's own metrics (the iptables mode's, with upstream's names).

@@ -299,3 +299,23 @@ func podAt(pods []*netns.Pod, ip string) *netns.Pod {
 	}
 	return nil
 }
+
+// Flow accounting (per-flow counters and start times, which kp flows and
+// kp top show) is on before kp's first sync: a conntrack entry gets them
+// only when it is created with accounting on, and the first connections
+// come the moment kp is ready. In a fresh network namespace it is off; kp
+// turned it on only after its first sync, so a flow made at once lacked
+// counters (kp flows showed "-", once in make test).
+func TestFlowAccountingIsOnBeforeTheFirstSync(t *testing.T) {
+	m := modeNFTables
+	skipUnselected(t, m)
+	e := newEnv(t, m, 1) // parallel
+	e.write("web.yaml", web(e.w.Pods()...))
+	e.startKP()
+	log := e.kp.Log()
+	on := strings.Index(log, "turned on conntrack per-flow packet and byte counters")
+	synced := strings.Index(log, "sources synced; starting sync loop")
+	if on < 0 || synced < 0 || on > synced {
+		t.Errorf("flow accounting turned on at byte %d of kp's log, its sync loop started at byte %d: want it on before\n%s", on, synced, log)
+	}
+}
