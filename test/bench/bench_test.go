@@ -2,11 +2,12 @@ package bench
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/xml"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,14 +28,12 @@ func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 var (
 	flagNs      = flag.String("bench.n", "", "comma-separated Service counts to measure, e.g. 1,1000,10000 (empty: TestBench skips)")
 	flagOut     = flag.String("bench.out", ".", "folder REPORT.md, bench.svg and results.json are written to")
-	flagReps    = flag.Int("bench.reps", 3, "cold starts per proxy and N")
+	flagRounds  = flag.String("bench.rounds", "", "MIN-MAX rounds per N in place of the stopping rule's (\"\": 5-12, the rule of make bench; the report names a departure)")
 	flagChanges = flag.Int("bench.changes", 100, "incremental endpoint changes per proxy and N")
 	flagWindow  = flag.Duration("bench.window", 3*time.Second, "data-path measurement window")
-	flagWindows = flag.Int("bench.windows", 3, "data-path windows per proxy and N")
-	flagIdle    = flag.Duration("bench.idle", 10*time.Second, "idle window after the full sync")
+	flagIdle    = flag.Duration("bench.idle", 5*time.Second, "idle window after each cold start")
 	flagProxies = flag.String("bench.proxies", strings.Join(HostProxies, ","), "comma-separated proxies to measure, in this order, from "+strings.Join(Proxies, ", ")+" (the ipvs ones need IPVS: make bench-vm)")
-	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.reps cold starts, -bench.big.changes changes and -bench.big.timeout (0: no limit)")
-	flagBigReps = flag.Int("bench.big.reps", 1, "upstream's cold starts at N >= -bench.big")
+	flagBig     = flag.Int("bench.big", 0, "from this N on, upstream gets -bench.big.changes changes and -bench.big.timeout (0: no limit)")
 	flagBigChg  = flag.Int("bench.big.changes", 20, "upstream's incremental changes at N >= -bench.big")
 	flagBigTime = flag.Duration("bench.big.timeout", 10*time.Minute, "upstream's cold-start time limit at N >= -bench.big")
 	flagChgTime = flag.Duration("bench.change.timeout", time.Minute, "bound of the wait for one incremental change's sync")
@@ -42,7 +41,11 @@ var (
 	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp's nftables mode alone (0: never)")
 	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
-	flagMerge   = flag.String("bench.merge", "", "results.json of an earlier run: this run's proxies and Ns replace theirs in it")
+	// Set by TestBenchInTheVM: the VM's runs (one per N with -bench.vm.seed)
+	// are parts of the host's one run, at its commit.
+	flagRunID     = flag.String("bench.run.id", "", "the id of the run this one is part of (\"\": a new run)")
+	flagRunCommit = flag.String("bench.run.commit", "", "the commit of the run this one is part of (with -bench.run.id)")
+	flagRunDirty  = flag.Bool("bench.run.dirty", false, "the tree of the run this one is part of had uncommitted changes (with -bench.run.id)")
 	// Set by TestBenchInTheVM for the run it starts in the VM.
 	flagVM   = flag.String("bench.vm", "", "the virtual machine this run is in, for the report (\"\": the host)")
 	flagEmit = flag.Bool("bench.emit", false, "also print results.json to stdout after each N, between markers (the VM's way out)")
@@ -50,25 +53,25 @@ var (
 
 // config shapes one run of the pipeline.
 type config struct {
-	Ns        []int
-	Proxies   []string
-	Reps      int           // cold starts per proxy and N
-	Changes   int           // incremental changes per proxy and N (none at N = 1)
-	Window    time.Duration // one data-path window
-	Windows   int
-	Workers   int // data-path load generator's parallel connections
-	Idle      time.Duration
-	FloorReps int
+	Ns      []int
+	Proxies []string
+	Changes int           // incremental changes per proxy and N (none at N = 1)
+	Window  time.Duration // one data-path or bulk window
+	Workers int           // data-path load generator's parallel connections
+	Idle    time.Duration // the idle window after each cold start
 	// SyncTimeout bounds one cold start: upstream iptables mode at 30,000
 	// Services takes minutes on a busy 2-core machine.
 	SyncTimeout time.Duration
 	// From N = Big on, upstream's proxies (minutes per cold start there)
-	// get BigReps cold starts, BigChanges changes and BigTimeout; from
-	// NFTOnly on, only kp's nftables mode and upstream's; from KPOnly on,
-	// only kp's nftables mode runs. 0 turns any of them off.
-	Big, BigReps, BigChanges int
-	BigTimeout               time.Duration
-	NFTOnly, KPOnly          int
+	// get BigChanges changes and BigTimeout (a cold start that runs into
+	// it ends the proxy's rounds at that N); from NFTOnly on, only kp's
+	// nftables mode and upstream's; from KPOnly on, only kp's nftables
+	// mode runs. 0 turns any of them off.
+	Big, BigChanges int
+	BigTimeout      time.Duration
+	NFTOnly, KPOnly int
+	// Rule decides the number of rounds at each N (defaultRule).
+	Rule StopRule
 	// ChangeTimeout bounds the wait for one incremental change's sync
 	// (default 1 minute; upstream's ipvs mode under the VM's emulation
 	// takes longer).
@@ -95,11 +98,18 @@ func TestBench(t *testing.T) {
 	if *flagNs == "" {
 		t.Skip("benchmark: run with -bench.n (make bench)")
 	}
-	cfg := config{Reps: *flagReps, Changes: *flagChanges, Window: *flagWindow, Windows: *flagWindows,
-		Workers: 4, Idle: *flagIdle, FloorReps: 5, SyncTimeout: 15 * time.Minute,
-		Big: *flagBig, BigReps: *flagBigReps, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly,
-		KPOnly:        *flagKPOnly,
-		ChangeTimeout: *flagChgTime}
+	cfg := config{Changes: *flagChanges, Window: *flagWindow, Workers: 4, Idle: *flagIdle, SyncTimeout: 15 * time.Minute,
+		Big: *flagBig, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly, KPOnly: *flagKPOnly,
+		Rule: defaultRule, ChangeTimeout: *flagChgTime}
+	if *flagRounds != "" {
+		lo, hi, ok := strings.Cut(*flagRounds, "-")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || a < 1 || b < a {
+			t.Fatalf("-bench.rounds: %q is not MIN-MAX", *flagRounds)
+		}
+		cfg.Rule.MinRounds, cfg.Rule.MaxRounds = a, b
+	}
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -119,9 +129,6 @@ func TestBench(t *testing.T) {
 	write := func(res *Results) {
 		if *flagVM == "" { // in a VM its own load says little: the host's is taken there
 			res.Machine.Load = load.String()
-		}
-		if *flagMerge != "" {
-			res = merged(t, *flagMerge, res)
 		}
 		res.Command = "make bench BENCH_N=" + *flagNs
 		res.Machine.VM = *flagVM
@@ -169,48 +176,6 @@ func loadResults(t *testing.T, path string) *Results {
 	return &res
 }
 
-// merged is the earlier run's results at path with every record of a
-// proxy and N that res measured (a full sync of) replaced by res's; a
-// proxy res measured at some Ns only (-bench.kp-only, -bench.nft-only,
-// -bench.big) keeps its earlier records at the others.
-func merged(t *testing.T, path string, res *Results) *Results {
-	base := loadResults(t, path)
-	type proxyN struct {
-		proxy string
-		n     int
-	}
-	measured := map[proxyN]bool{}
-	for _, f := range res.FullSyncs {
-		measured[proxyN{f.Proxy, f.N}] = true
-	}
-	redone := func(proxy string, n int) bool { return measured[proxyN{proxy, n}] }
-	base.FullSyncs = append(slices.DeleteFunc(base.FullSyncs, func(x FullSync) bool { return redone(x.Proxy, x.N) }), res.FullSyncs...)
-	base.Incrementals = append(slices.DeleteFunc(base.Incrementals, func(x Incremental) bool { return redone(x.Proxy, x.N) }), res.Incrementals...)
-	// The direct path (no proxy) of an N this run measured is this run's:
-	// its windows were interleaved with this run's proxies'
-	// (dataPathRounds), and rateVsN1 takes the proxies' rates against it.
-	ranDirect := func(n int) bool {
-		return slices.ContainsFunc(res.DataPaths, func(x DataPath) bool { return x.Proxy == NoProxy && x.N == n })
-	}
-	base.DataPaths = append(slices.DeleteFunc(base.DataPaths, func(x DataPath) bool {
-		return redone(x.Proxy, x.N) || x.Proxy == NoProxy && ranDirect(x.N)
-	}), res.DataPaths...)
-	hasNoneBulk := func(n int) bool {
-		return slices.ContainsFunc(base.Bulks, func(x Bulk) bool { return x.Proxy == NoProxy && x.N == n })
-	}
-	freshBulk := slices.DeleteFunc(slices.Clone(res.Bulks), func(x Bulk) bool { return x.Proxy == NoProxy && hasNoneBulk(x.N) })
-	base.Bulks = append(slices.DeleteFunc(base.Bulks, func(x Bulk) bool { return redone(x.Proxy, x.N) }), freshBulk...)
-	base.Idles = append(slices.DeleteFunc(base.Idles, func(x Idle) bool { return redone(x.Proxy, x.N) }), res.Idles...)
-	base.Floors = append(slices.DeleteFunc(base.Floors, func(x Floor) bool { return redone(x.proxy(), x.N) }), res.Floors...)
-	for _, n := range res.Ns {
-		if !slices.Contains(base.Ns, n) {
-			base.Ns = append(base.Ns, n)
-		}
-	}
-	base.Elapsed += res.Elapsed
-	return base
-}
-
 // TestBenchSmoke runs the benchmark's pipeline small (N = 1 and 100, every
 // proxy, one of everything) and checks that the report and plot render. It times nothing against any expectation.
 func TestBenchSmoke(t *testing.T) {
@@ -219,9 +184,8 @@ func TestBenchSmoke(t *testing.T) {
 	// Every host proxy, kp-iptables too: kp has its iptables mode
 	// (legacy/iptables), so a kp that refuses its flags fails the smoke
 	// rather than leaving the proxy out.
-	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Reps: 1, Changes: 3,
-		Window: 300 * time.Millisecond, Windows: 1, Workers: 2, Idle: 200 * time.Millisecond, FloorReps: 1,
-		SyncTimeout: 2 * time.Minute}
+	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Changes: 3, Window: 300 * time.Millisecond, Workers: 2,
+		Idle: 200 * time.Millisecond, SyncTimeout: 2 * time.Minute, Rule: StopRule{MinRounds: 1, MaxRounds: 1, HalfWidth: 0.1}}
 	res := run(t, cfg, nil)
 	if t.Failed() {
 		return
@@ -279,12 +243,17 @@ func TestBenchSmoke(t *testing.T) {
 }
 
 // run is the pipeline: for each N, grow the API server's population, then
-// for each proxy in a fresh world: cold starts, idle, floor (kp's modes)
-// and incremental changes; then the data path of every proxy, through the
-// rules each one left in its world, in interleaved windows (dataPathRounds).
-// after, if set, sees the results after each proxy.
+// measure every proxy of the N in interleaved rounds (measureN). after, if
+// set, sees the results after each round.
 func run(t *testing.T, cfg config, after func(*Results)) *Results {
-	res := &Results{Started: time.Now(), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	res := &Results{Run: newRun(t, cfg.Rule), Endpoints: endpointsPer, Changes: cfg.Changes, Machine: machine(t)}
+	res.Run.Budget, res.Run.Plan = cfg.plan()
+	t.Logf("the stopping rule: %s", cfg.Rule)
+	for _, line := range res.Run.Plan {
+		t.Logf("plan: %s", line)
+	}
+	t.Logf("time budget of the run: %v (the rule's cap of rounds at the expected times; past the minimum, an N adds no round once its share is spent)",
+		res.Run.Budget.Round(time.Minute))
 	started := time.Now()
 	c := newCluster(t)
 	t.Logf("API server (etcd and kube-apiserver) ready in %v", time.Since(started).Round(time.Millisecond))
@@ -294,96 +263,51 @@ func run(t *testing.T, cfg config, after func(*Results)) *Results {
 		res.Ns = append(res.Ns, n)
 		// The N's worlds live until its data path is measured.
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
-			direct := c.directWorld(t)
-			paths := []dataPathTarget{{NoProxy, direct, net.JoinHostPort(direct.Pods()[0].IP.String(), fmt.Sprint(podPort))}}
-			for i, proxy := range cfg.Proxies {
-				if !cfg.measures(proxy, n) {
-					continue
-				}
-				w, node := c.newWorld(t)
-				t.Run(proxy, func(t *testing.T) {
-					c.pointSamples(w, n)
-					startSink(t, w.Pods()[0].NS)
-					if i == 0 {
-						sink := net.JoinHostPort(w.Pods()[0].IP.String(), fmt.Sprint(sinkPort))
-						res.Bulks = append(res.Bulks, bulk(t, w, NoProxy, n, sink, cfg)...)
-					}
-					if path, ok := measureProxy(t, c, w, node, proxy, n, cfg, res); ok {
-						paths = append(paths, path)
-					}
-				})
-				// After each proxy, not only each N: a run cut short (the
-				// VM's time limit) still leaves every proxy it finished.
-				res.Elapsed = time.Since(res.Started)
+			measureN(t, c, cfg, n, res, func() {
+				// After each round, not only each N: a run cut short (the
+				// VM's time limit) still leaves every round it finished.
+				res.Run.Ended = time.Now()
 				if after != nil {
 					after(res)
 				}
-			}
-			res.DataPaths = append(res.DataPaths, dataPathRounds(paths, n, cfg)...)
+			})
 		})
-		res.Elapsed = time.Since(res.Started)
+		res.Run.Ended = time.Now()
 		if after != nil {
 			after(res)
 		}
 	}
-	res.Elapsed = time.Since(res.Started)
+	res.Run.Ended, res.Run.Complete = time.Now(), true
 	return res
 }
 
-// measureProxy measures proxy in world w. For a proxy whose data path is
-// the kernel's alone it leaves its rules in w and returns them as a data
-// path target; kp-userspace, whose data path is its own process, has its
-// windows measured here.
-func measureProxy(t *testing.T, c *cluster, w *netns.World, node, proxy string, n int, cfg config, res *Results) (dataPathTarget, bool) {
-	p := newProxy(t, c, w, node, proxy)
-	reps, changes, timeout := cfg.Reps, cfg.Changes, cfg.SyncTimeout
-	if !isKP(proxy) && cfg.Big > 0 && n >= cfg.Big {
-		reps, changes, timeout = min(reps, cfg.BigReps), min(changes, cfg.BigChanges), cfg.BigTimeout
-	}
-	for rep := 0; rep < reps; rep++ {
-		if rep > 0 {
-			p.stop()
+// newRun draws the run's id and records the commit of the tree, its flags
+// and its stopping rule. A run that is part of another (the VM's, started
+// by TestBenchInTheVM) takes that one's id and commit.
+func newRun(t *testing.T, rule StopRule) Run {
+	run := Run{ID: *flagRunID, Commit: *flagRunCommit, Dirty: *flagRunDirty, Rule: rule, Started: time.Now()}
+	if run.ID == "" {
+		id := make([]byte, 6)
+		if _, err := rand.Read(id); err != nil {
+			t.Fatal(err)
 		}
-		fs := p.coldStart(c, n, timeout)
-		t.Logf("%s N=%d: full sync %.3f s, CPU %.2f s, peak RSS %d MiB (child %d MiB)",
-			proxy, n, fs.Seconds, fs.CPUSeconds, fs.PeakRSS>>20, fs.ChildRSS>>20)
-		res.FullSyncs = append(res.FullSyncs, fs)
-		if fs.Unfinished {
-			t.Logf("%s N=%d: no other measure (its full sync did not finish)", proxy, n)
-			p.stop()
-			return dataPathTarget{}, false
+		run.ID = run.Started.UTC().Format("20060102T1504Z-") + hex.EncodeToString(id)
+		head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+		if err != nil {
+			t.Fatalf("the commit measured: git rev-parse HEAD: %v", err)
 		}
-	}
-	res.Idles = append(res.Idles, p.idle(n, cfg.Idle))
-	switch proxy {
-	case KP:
-		res.Floors = append(res.Floors, p.floor(n, cfg.FloorReps)...)
-	case KPIPTables:
-		res.Floors = append(res.Floors, p.iptablesFloor(n, cfg.FloorReps)...)
-	}
-	svc := net.JoinHostPort(c.clusterIP(0), fmt.Sprint(servicePort))
-	if proxy == KPUserspace {
-		res.DataPaths = append(res.DataPaths, dataPath(w, proxy, n, svc, cfg)...)
-	}
-	res.Bulks = append(res.Bulks, bulk(t, w, proxy, n, c.pointBulk(w.Pods()[0].IP.String()), cfg)...)
-	if n > len(samples(n)) {
-		inc := p.incremental(c, n, changes, cfg.ChangeTimeout)
-		res.Incrementals = append(res.Incrementals, inc...)
-		if len(inc) > 0 {
-			secs, own := make([]float64, len(inc)), make([]float64, len(inc))
-			for i, x := range inc {
-				secs[i], own[i] = x.Seconds, x.SyncSeconds
-			}
-			t.Logf("%s N=%d: endpoint change median %.1f ms, p99 %.1f ms; the proxy's own sync median %.2f ms",
-				proxy, n, Median(secs)*1e3, Quantile(secs, 0.99)*1e3, Median(own)*1e3)
+		status, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+		if err != nil {
+			t.Fatalf("the tree measured: git status: %v", err)
 		}
+		run.Commit, run.Dirty = strings.TrimSpace(string(head)), len(bytes.TrimSpace(status)) > 0
 	}
-	if proxy == KPUserspace {
-		p.stop()
-		return dataPathTarget{}, false
-	}
-	p.halt()
-	return dataPathTarget{proxy, w, svc}, true
+	flag.VisitAll(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "bench.") {
+			run.Flags = append(run.Flags, "-"+f.Name+"="+f.Value.String())
+		}
+	})
+	return run
 }
 
 // writeAll writes REPORT.md, the plot and the raw results into dir.

@@ -113,10 +113,10 @@ func sendBulk(ns, addr string, window time.Duration) (int64, time.Duration, erro
 	return got, took, err
 }
 
-// bulk measures cfg.Windows bulk transfers of cfg.Window each to addr
-// from the world's client, once addr answers (a proxy programs a new
-// Service within its sync).
-func bulk(t *testing.T, w *netns.World, proxy string, n int, addr string, cfg config) []Bulk {
+// bulk measures one bulk transfer of cfg.Window to addr from the world's
+// client, once addr answers (a proxy programs a new Service within its
+// sync); ok is false (and t failed) when it did not.
+func bulk(t *testing.T, w *netns.World, proxy string, n int, addr string, cfg config) (Bulk, bool) {
 	t.Helper()
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -126,16 +126,12 @@ func bulk(t *testing.T, w *netns.World, proxy string, n int, addr string, cfg co
 	}
 	if err != nil {
 		t.Errorf("%s N=%d: the bulk sink at %s does not answer: %v", proxy, n, addr, err)
-		return nil
+		return Bulk{}, false
 	}
-	var out []Bulk
-	for i := 0; i < cfg.Windows; i++ {
-		bytes, took, err := sendBulk(w.Client(), addr, cfg.Window)
-		if err != nil {
-			t.Errorf("%s N=%d: bulk transfer to %s: %v", proxy, n, addr, err)
-			continue
-		}
-		out = append(out, Bulk{Proxy: proxy, N: n, Bytes: bytes, Seconds: took.Seconds(), MBps: float64(bytes) / took.Seconds() / 1e6})
+	bytes, took, err := sendBulk(w.Client(), addr, cfg.Window)
+	if err != nil {
+		t.Errorf("%s N=%d: bulk transfer to %s: %v", proxy, n, addr, err)
+		return Bulk{}, false
 	}
-	return out
+	return Bulk{Proxy: proxy, N: n, Bytes: bytes, Seconds: took.Seconds(), MBps: float64(bytes) / took.Seconds() / 1e6}, true
 }

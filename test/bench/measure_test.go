@@ -114,83 +114,83 @@ func (p *proxyRun) idle(n int, window time.Duration) Idle {
 	return Idle{Proxy: p.name, N: n, RSS: after.rss, CPUSeconds: after.cpu - before.cpu, Window: window.Seconds()}
 }
 
-// floor loads kp's listed ruleset with nft -f into a fresh namespace reps
-// times.
-func (p *proxyRun) floor(n, reps int) []Floor {
-	p.t.Helper()
-	ruleset, err := p.w.NFT("list", "ruleset")
-	if err != nil {
-		p.t.Fatalf("list kp's ruleset: %v", err)
-	}
-	file := filepath.Join(p.t.TempDir(), "ruleset.nft")
-	if err := os.WriteFile(file, []byte(ruleset), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	ns := netns.NewNamespace(p.t, "floor")
-	var out []Floor
-	for r := 0; r < reps; r++ {
-		if _, err := netns.Exec(ns, "nft", "flush", "ruleset"); err != nil {
-			p.t.Fatalf("floor: %v", err)
-		}
-		start := time.Now()
-		if _, err := netns.Exec(ns, "nft", "-f", file); err != nil {
-			p.t.Fatalf("floor: nft -f of kp's ruleset: %v", err)
-		}
-		out = append(out, Floor{N: n, Seconds: time.Since(start).Seconds(), Lines: strings.Count(ruleset, "\n")})
-	}
-	return out
+// floorLoad is a reference of the cold-start rounds: a kp mode's ruleset,
+// as its listing tool printed it in the proxy's namespace after its first
+// full sync, loaded by its loading tool into an empty namespace of its
+// own, once a round: what the kernel and that tool take for those rules,
+// whoever renders them.
+type floorLoad struct {
+	ref     string // floorNFT, floorIPT, floorIPTNoFlush
+	proxy   string // whose ruleset
+	noFlush bool
+	ns      string
+	cmd     []string
+	lines   int
 }
 
-// iptablesFloor loads kp-iptables's ruleset, as iptables-nft-save lists it
-// in kp's namespace after its full sync, with iptables-nft-restore into a
-// fresh namespace reps times, and as many with --noflush: what the kernel
-// and iptables-nft take for those rules, whoever renders them. --noflush
-// is what a proxy sharing the tables must use, and iptables-nft is several
-// times slower with it (it then works against a cache of the kernel's
-// ruleset, rule by rule).
-func (p *proxyRun) iptablesFloor(n, reps int) []Floor {
+// floorLoads lists proxy p's ruleset (after its first full sync: nil after
+// a later one, the references have it) and prepares
+// the loads of its references: `nft -f` for kp; for kp-iptables
+// iptables-nft-restore, and with --noflush, which is what a proxy sharing
+// the tables must use, and several times slower in iptables-nft (it then
+// works against a cache of the kernel's ruleset, rule by rule).
+func (p *proxyRun) floorLoads(refs map[string]*participant) []*floorLoad {
 	p.t.Helper()
-	ruleset, err := netns.Exec(p.w.Node(), "iptables-nft-save")
-	if err != nil {
-		p.t.Fatalf("list kp-iptables's ruleset: %v", err)
-	}
-	file := filepath.Join(p.t.TempDir(), "ruleset.iptables")
-	if err := os.WriteFile(file, []byte(ruleset), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	// With --noflush, iptables-nft 1.8.9 walks a sorted list of every
-	// chain named so far for each line: quadratic, minutes at 10,000
-	// Services. kp's own restores carry a list command (-S) after each
-	// table's header that turns this off (legacy/iptables/diff.go); the
-	// --noflush floor is loaded the same way.
-	hinted := filepath.Join(p.t.TempDir(), "ruleset-hinted.iptables")
-	if err := os.WriteFile(hinted, []byte(withCacheHint(ruleset)), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	ns := netns.NewNamespace(p.t, "floor")
-	var out []Floor
-	for r := 0; r < 2*reps; r++ {
-		if _, err := netns.Exec(ns, "nft", "flush", "ruleset"); err != nil {
-			p.t.Fatalf("floor: %v", err)
+	for _, ref := range refsOf(p.name) {
+		if refs[ref] == nil || refs[ref].floor != nil {
+			return nil // listed after its first cold start already
 		}
-		noFlush := r%2 == 1
-		cmd := []string{"iptables-nft-restore", file}
-		if noFlush {
-			cmd = []string{"iptables-nft-restore", "--noflush", hinted}
-		}
-		start := time.Now()
-		if msg, err := netns.Exec(ns, cmd...); err != nil {
-			// iptables-nft-restore 1.8.9 has crashed here (a segmentation
-			// fault on the 10,000-Service listing with --noflush and the
-			// hint); the floor is a reference, not worth losing the
-			// proxy's other measures for.
-			p.t.Logf("floor: %s of kp-iptables's ruleset failed, no more floors at N = %d: %v: %.300s", strings.Join(cmd, " "), n, err, msg)
-			return out
-		}
-		out = append(out, Floor{Proxy: KPIPTables, NoFlush: noFlush, N: n, Seconds: time.Since(start).Seconds(),
-			Lines: strings.Count(ruleset, "\n")})
 	}
-	return out
+	write := func(name, text string) string {
+		file := filepath.Join(p.t.TempDir(), name)
+		if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+			p.t.Fatal(err)
+		}
+		return file
+	}
+	load := func(ref, ruleset string, noFlush bool, cmd ...string) *floorLoad {
+		return &floorLoad{ref: ref, proxy: p.name, noFlush: noFlush, ns: netns.NewNamespace(p.t, "floor"), cmd: cmd,
+			lines: strings.Count(ruleset, "\n")}
+	}
+	switch p.name {
+	case KP:
+		ruleset, err := p.w.NFT("list", "ruleset")
+		if err != nil {
+			p.t.Fatalf("list kp's ruleset: %v", err)
+		}
+		return []*floorLoad{load(floorNFT, ruleset, false, "nft", "-f", write("ruleset.nft", ruleset))}
+	case KPIPTables:
+		ruleset, err := netns.Exec(p.w.Node(), "iptables-nft-save")
+		if err != nil {
+			p.t.Fatalf("list kp-iptables's ruleset: %v", err)
+		}
+		// With --noflush, iptables-nft 1.8.9 walks a sorted list of every
+		// chain named so far for each line: quadratic, minutes at 10,000
+		// Services. kp's own restores carry a list command (-S) after each
+		// table's header that turns this off (legacy/iptables/diff.go); the
+		// --noflush floor is loaded the same way.
+		return []*floorLoad{
+			load(floorIPT, ruleset, false, "iptables-nft-restore", write("ruleset.iptables", ruleset)),
+			load(floorIPTNoFlush, ruleset, true, "iptables-nft-restore", "--noflush",
+				write("ruleset-hinted.iptables", withCacheHint(ruleset))),
+		}
+	}
+	return nil
+}
+
+// load empties the floor's namespace and loads the ruleset once, timed.
+// iptables-nft-restore 1.8.9 has crashed here (a segmentation fault on the
+// 10,000-Service listing with --noflush and the hint): an error ends this
+// reference's rounds, not the proxy's.
+func (f *floorLoad) load(n int) (Floor, error) {
+	if _, err := netns.Exec(f.ns, "nft", "flush", "ruleset"); err != nil {
+		return Floor{}, fmt.Errorf("floor %s: %v", f.ref, err)
+	}
+	start := time.Now()
+	if msg, err := netns.Exec(f.ns, f.cmd...); err != nil {
+		return Floor{}, fmt.Errorf("floor: %s of %s's ruleset: %v: %.300s", strings.Join(f.cmd, " "), f.proxy, err, msg)
+	}
+	return Floor{Proxy: f.proxy, NoFlush: f.noFlush, N: n, Seconds: time.Since(start).Seconds(), Lines: f.lines}, nil
 }
 
 // withCacheHint puts "-S" after the chain declarations of each table of an
@@ -278,44 +278,21 @@ func connRate(ns, addr string, workers int, window time.Duration) (float64, int)
 	return float64(ok.Load()) / time.Since(start).Seconds(), int(bad.Load())
 }
 
-// dataPath measures the connection rate through addr in world w's client,
-// windows times, emptying the node's conntrack table before each.
-func dataPath(w *netns.World, proxy string, n int, addr string, cfg config) []DataPath {
-	var out []DataPath
-	for i := 0; i < cfg.Windows; i++ {
-		flushConntrack(w.Node())
-		rate, errs := connRate(w.Client(), addr, cfg.Workers, cfg.Window)
-		out = append(out, DataPath{Proxy: proxy, N: n, ConnPerSec: rate, Errors: errs})
-	}
-	return out
+// dataPath measures the connection rate through addr in world w's client
+// for one window, the node's conntrack table emptied first.
+func dataPath(w *netns.World, proxy string, n int, addr string, cfg config) DataPath {
+	flushConntrack(w.Node())
+	rate, errs := connRate(w.Client(), addr, cfg.Workers, cfg.Window)
+	return DataPath{Proxy: proxy, N: n, ConnPerSec: rate, Errors: errs}
 }
 
 // dataPathTarget is a world whose kernel forwards addr: the rules a proxy
-// left there when it stopped, or none (NoProxy, a pod's address).
+// left there when it stopped, or none (NoProxy, a pod's address); for
+// kp-userspace, its running process.
 type dataPathTarget struct {
 	proxy string
 	w     *netns.World
 	addr  string
-}
-
-// dataPathRounds measures every target's connection rate in cfg.Windows
-// rounds of one window each, the targets one after the other and the first
-// of a round rotating, so that what drifts on the machine during the
-// minutes a proxy's other measures take (another process, the kernel
-// freeing a flushed ruleset) falls on every target alike: the targets'
-// ratios compare windows seconds apart. Only kernel state serves the
-// windows; no proxy process runs.
-func dataPathRounds(targets []dataPathTarget, n int, cfg config) []DataPath {
-	one := cfg
-	one.Windows = 1
-	var out []DataPath
-	for r := 0; r < cfg.Windows; r++ {
-		for i := range targets {
-			tg := targets[(r+i)%len(targets)]
-			out = append(out, dataPath(tg.w, tg.proxy, n, tg.addr, one)...)
-		}
-	}
-	return out
 }
 
 // monitor is `nft monitor` in a namespace: every line with the time it

@@ -12,7 +12,11 @@ import (
 const PlotFile = "bench.svg"
 
 // WriteReport renders r as Markdown. The plot is referenced as PlotFile.
+// It refuses results that are not all of one run (Results.oneRun).
 func WriteReport(w io.Writer, r *Results) error {
+	if err := r.oneRun(); err != nil {
+		return fmt.Errorf("render the report: %w", err)
+	}
 	b := &strings.Builder{}
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("# kp vs upstream kube-proxy: benchmark report\n\n")
@@ -35,9 +39,48 @@ func WriteReport(w io.Writer, r *Results) error {
 		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`) |\n",
 			m.IPTables, KPIPTables)
 	}
-	p("| Run | %s, %s |\n", r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Elapsed.Round(1e9))
+	run := r.Run
+	commit := run.Commit
+	if run.Dirty {
+		commit += " with uncommitted changes (the figures are of no commit)"
+	}
+	p("| Commit | %s |\n", commit)
+	end := "cut short at " + run.Ended.UTC().Format("15:04 MST")
+	if run.Complete {
+		end = "to " + run.Ended.UTC().Format("15:04 MST")
+	}
+	p("| Run | %s, %s, %s (%s) |\n", run.ID, run.Started.UTC().Format("2006-01-02 15:04 MST"), end,
+		run.Ended.Sub(run.Started).Round(1e9))
+	p("| Flags | `%s` |\n", strings.Join(run.Flags, " "))
+	rule := run.Rule.String()
+	if run.Rule != defaultRule {
+		rule += fmt.Sprintf(" (**not the rule of make bench**: %s)", defaultRule)
+	}
+	p("| Stopping rule | %s |\n", rule)
+	p("| Time budget | %s, computed before the run from the rule and the expected cold starts (below) |\n", run.Budget.Round(1e9))
 	p("| Workload | N Services × %d endpoints (one TCP port each), N = %s |\n", r.Endpoints, joinInts(r.sortedNs()))
 	p("| Proxies | %s |\n\n", strings.Join(r.proxies(), ", "))
+	p("Every figure is of this one run (every record of results.json carries its id, and the report is not rendered\n")
+	p("from records of any other). Ratios between proxies, and between a proxy and its reference (no proxy, the\n")
+	p("kernel floor), pair figures of the same round; targets are judged on the 95%% interval of that ratio.\n\n")
+	if len(run.Plan) > 0 {
+		p("The budget by N:\n\n")
+		for _, l := range run.Plan {
+			p("- %s\n", l)
+		}
+		p("\n")
+	}
+	if len(r.Stops) > 0 {
+		p("How the rounds ended:\n\n")
+		for _, s := range r.Stops {
+			if s.Why == stopBudget {
+				p("- **%s: rounds stopped by the budget, not by the width of the intervals**\n", s)
+				continue
+			}
+			p("- %s\n", s)
+		}
+		p("\n")
+	}
 	if len(r.Notes) > 0 {
 		p("Notes of this run:\n\n")
 		for _, n := range r.Notes {
@@ -72,10 +115,12 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("Time from process start to the sync after which the kernel holds every Service (the proxy's\n")
 	p("`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, checked against a count of the kernel's service map,\n")
 	p("chains or IPVS virtual servers, and a sample of Services answering real TCP connections).\n\n")
-	fs := func(f func(FullSync) float64) func(string, int) []float64 {
-		return func(proxy string, n int) []float64 { return r.fullSync(proxy, n, f) }
+	p("Ratio columns of tables measured in rounds (cold starts, floors, idle, data path, bulk) are the geometric mean of\n")
+	p("the round-by-round ratios; of the endpoint changes (not in rounds), the ratio of the two proxies' medians.\n\n")
+	cold := func(f func(FullSync) float64) func(string, int) byRound {
+		return func(proxy string, n int) byRound { return r.coldStarts(proxy, n, f) }
 	}
-	proxyTable(b, r, "Time (\"> t\": not done when its time limit t ran out)", fmtSeconds,
+	proxyTableOf(b, r, "Time (\"> t\": not done when its time limit t ran out)", fmtSeconds,
 		func(proxy string, n int) []float64 {
 			if v := r.fullSync(proxy, n, func(f FullSync) float64 { return f.Seconds }); len(v) > 0 {
 				return v
@@ -84,11 +129,11 @@ func WriteReport(w io.Writer, r *Results) error {
 				return []float64{-t} // a lower bound: fmtSeconds and fmtRatio print it so
 			}
 			return nil
-		})
-	proxyTable(b, r, "CPU (user+system, with children)", fmtSeconds, fs(func(f FullSync) float64 { return f.CPUSeconds }))
-	proxyTable(b, r, "Peak RSS of the proxy process (VmHWM)", fmtBytes, fs(func(f FullSync) float64 { return float64(f.PeakRSS) }))
-	proxyTable(b, r, "Peak RSS of its largest child (nft / iptables-restore), sampled", fmtBytes,
-		fs(func(f FullSync) float64 { return float64(f.ChildRSS) }))
+		}, Median, cold(seconds))
+	roundsTable(b, r, "CPU (user+system, with children)", fmtSeconds, cold(func(f FullSync) float64 { return f.CPUSeconds }))
+	roundsTable(b, r, "Peak RSS of the proxy process (VmHWM)", fmtBytes, cold(func(f FullSync) float64 { return float64(f.PeakRSS) }))
+	roundsTable(b, r, "Peak RSS of its largest child (nft / iptables-restore), sampled", fmtBytes,
+		cold(func(f FullSync) float64 { return float64(f.ChildRSS) }))
 	proxyTable(b, r, "Open file descriptors of the proxy process at the end (kp-userspace: a listener per service port)", fmtCount,
 		func(proxy string, n int) []float64 {
 			v := r.fullSync(proxy, n, func(f FullSync) float64 { return float64(f.FDs) })
@@ -110,15 +155,18 @@ func WriteReport(w io.Writer, r *Results) error {
 			return slices.DeleteFunc(r.incremental(proxy, n, of), func(x float64) bool { return x <= 0 })
 		}
 	}
-	p99 := func(v []float64) float64 { return Quantile(v, 0.99) }
+	tail := func(v []float64) float64 { x, _ := Tail(v); return x }
 	e2e := func(i Incremental) float64 { return i.Seconds }
 	own := func(i Incremental) float64 { return i.SyncSeconds }
 	proxyTable(b, r, "Median latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e))
-	proxyTableOf(b, r, "p99 latency, API write to the end of the proxy's sync", fmtSeconds, inc(e2e), p99)
+	proxyTableOf(b, r, "Tail latency, API write to the end of the proxy's sync: the p99 of a proxy's changes where it made "+
+		"100 or more, their maximum where fewer (\"runs\": the number; the p99 of fewer than 100 values is their maximum)",
+		fmtSeconds, inc(e2e), tail, nil)
 	p("The proxy's own time for the change: the growth of its `kubeproxy_sync_proxy_rules_duration_seconds_sum`\n")
 	p("(both proxies time a sync from its start to the kernel's answer), so without the API server and the watch.\n\n")
 	proxyTable(b, r, "Median sync time per change, proxy to kernel", fmtSeconds, inc(own))
-	proxyTableOf(b, r, "p99 sync time per change, proxy to kernel", fmtSeconds, inc(own), p99)
+	proxyTableOf(b, r, "Tail sync time per change, proxy to kernel: p99 from 100 changes on, else the maximum", fmtSeconds,
+		inc(own), tail, nil)
 	proxyTable(b, r, "Objects written per change (median)", fmtCount,
 		func(proxy string, n int) []float64 {
 			v := r.incremental(proxy, n, func(i Incremental) float64 { return float64(i.Events) })
@@ -140,11 +188,11 @@ func WriteReport(w io.Writer, r *Results) error {
 	writeBulk(b, r)
 
 	p("## Idle after the full sync\n\n")
-	idle := func(f func(Idle) float64) func(string, int) []float64 {
-		return func(proxy string, n int) []float64 { return r.idle(proxy, n, f) }
+	idle := func(f func(Idle) float64) func(string, int) byRound {
+		return func(proxy string, n int) byRound { return r.idles(proxy, n, f) }
 	}
-	proxyTable(b, r, "RSS (VmRSS)", fmtBytes, idle(func(i Idle) float64 { return float64(i.RSS) }))
-	proxyTable(b, r, "CPU per second idle", fmtSeconds, idle(func(i Idle) float64 { return i.CPUSeconds / i.Window }))
+	roundsTable(b, r, "RSS (VmRSS), after each cold start's idle window", fmtBytes, idle(func(i Idle) float64 { return float64(i.RSS) }))
+	roundsTable(b, r, "CPU per second idle", fmtSeconds, idle(func(i Idle) float64 { return i.CPUSeconds / i.Window }))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -186,12 +234,17 @@ func writeFloors(b *strings.Builder, r *Results) {
 			lines := pick(r.Floors, func(x Floor) bool { return x.proxy() == f.proxy && x.N == n },
 				func(x Floor) float64 { return float64(x.Lines) })
 			full := Median(r.fullSync(f.proxy, n, func(x FullSync) float64 { return x.Seconds }))
-			row, floor := []string{fmtN(n), fmt.Sprintf("%.0f", Median(lines)), fmtSeconds(Median(fl))}, Median(fl)
-			if noFlush {
-				floor = Median(r.floorOf(f.proxy, n, true))
-				row = append(row, fmtSeconds(floor))
+			row, ref := []string{fmtN(n), fmt.Sprintf("%.0f", Median(lines)), fmtSeconds(Median(fl))}, floorNFT
+			if f.proxy == KPIPTables {
+				ref = floorIPT
 			}
-			tableRow(b, append(row, fmtSeconds(full), fmtRatio(full/floor), fmt.Sprint(len(fl))))
+			if noFlush {
+				ref = floorIPTNoFlush
+				row = append(row, fmtSeconds(Median(r.floorOf(f.proxy, n, true))))
+			}
+			// The ratio pairs each round's cold start with its load.
+			iv := ratio(r.coldStarts(f.proxy, n, seconds), r.floors(ref, n))
+			tableRow(b, append(row, fmtSeconds(full), fmtRatio(iv.Mid), fmt.Sprint(len(fl))))
 		}
 		if rows == 0 {
 			tableRow(b, append([]string{"(not measured)"}, make([]string, len(head)+2)...))
@@ -203,13 +256,25 @@ func writeFloors(b *strings.Builder, r *Results) {
 // proxyTable writes one table: a row per N, the median of each proxy's
 // values, and kp's ratio to each upstream mode.
 func proxyTable(b *strings.Builder, r *Results, title string, format func(float64) string, values func(string, int) []float64) {
-	proxyTableOf(b, r, title, format, values, Median)
+	proxyTableOf(b, r, title, format, values, Median, nil)
+}
+
+// roundsTable is proxyTable of figures measured in rounds: its ratio
+// columns are the geometric mean of the round-by-round ratios.
+func roundsTable(b *strings.Builder, r *Results, title string, format func(float64) string, rounds func(string, int) byRound) {
+	proxyTableOf(b, r, title, format, func(p string, n int) []float64 { return rounds(p, n).values() }, Median, rounds)
 }
 
 // proxyTableOf is proxyTable with reduce (a median, a quantile) in place of
 // the median; "runs" counts the values reduced. It has a column for each
 // proxy the run measured and one for each of their comparisons.
-func proxyTableOf(b *strings.Builder, r *Results, title string, format func(float64) string, values func(string, int) []float64, reduce func([]float64) float64) {
+//
+// With rounds, a ratio pairs the figures of each round (the geometric mean
+// of the per-round ratios); where a proxy has none (its cold start ran
+// into its limit), or without rounds, it is the ratio of the reduced
+// values.
+func proxyTableOf(b *strings.Builder, r *Results, title string, format func(float64) string, values func(string, int) []float64,
+	reduce func([]float64) float64, rounds func(string, int) byRound) {
 	proxies, pairs := r.proxies(), r.comparisons()
 	head := append(append([]string{"N"}, proxies...), stringsOf(pairs)...)
 	fmt.Fprintf(b, "**%s**\n\n", title)
@@ -232,7 +297,13 @@ func proxyTableOf(b *strings.Builder, r *Results, title string, format func(floa
 			row = append(row, format(med[proxy]))
 		}
 		for _, c := range pairs {
-			row = append(row, fmtRatio(med[c.kp]/med[c.upstream]))
+			v := med[c.kp] / med[c.upstream]
+			if rounds != nil {
+				if iv := ratio(rounds(c.kp, n), rounds(c.upstream, n)); known(iv.Mid) {
+					v = iv.Mid
+				}
+			}
+			row = append(row, fmtRatio(v))
 		}
 		tableRow(b, append(row, fmt.Sprint(runs)))
 	}
@@ -259,7 +330,9 @@ func writeDataPath(b *strings.Builder, r *Results) {
 		}
 		tableRow(b, append(row, fmt.Sprint(runs)))
 	}
-	b.WriteString("\n**Ratios**\n\n")
+	b.WriteString("\n**Ratios** (between proxies and to none: the geometric mean of the round-by-round ratios; at N to N = 1, the\n")
+	b.WriteString("Ns' rounds minutes apart, unpaired: each against the direct path of its round, as the targets take it)\n\n")
+	paired := func(a, c string, n int) float64 { return ratio(r.rates(a, n), r.rates(c, n)).Mid }
 	head := []string{"N"}
 	var kps []string
 	for _, p := range proxies {
@@ -276,13 +349,14 @@ func writeDataPath(b *strings.Builder, r *Results) {
 	for _, n := range r.sortedNs() {
 		row := []string{fmtN(n)}
 		for _, p := range kps {
-			row = append(row, fmtRatio(rate(p, n)/rate(NoProxy, n)))
+			row = append(row, fmtRatio(paired(p, NoProxy, n)))
 		}
 		for _, c := range pairs {
-			row = append(row, fmtRatio(rate(c.kp, n)/rate(c.upstream, n)))
+			row = append(row, fmtRatio(paired(c.kp, c.upstream, n)))
 		}
 		for _, p := range proxies {
-			row = append(row, fmtRatio(rate(p, n)/rate(p, 1)))
+			iv, _ := r.rateVsN1(p, n)
+			row = append(row, fmtRatio(iv.Mid))
 		}
 		tableRow(b, row)
 	}
@@ -307,7 +381,7 @@ func writeBulk(b *strings.Builder, r *Results) {
 			runs = max(runs, len(r.bulk(p, n)))
 		}
 		for _, p := range proxies {
-			row = append(row, fmtPercent(rate(p, n)/rate(NoProxy, n)))
+			row = append(row, fmtPercent(ratio(r.bulks(p, n), r.bulks(NoProxy, n)).Mid)) // paired by round
 		}
 		tableRow(b, append(row, fmt.Sprint(runs)))
 	}

@@ -11,6 +11,7 @@ package bench
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -72,6 +73,7 @@ func (c comparison) String() string { return c.kp + " / " + c.upstream }
 
 // FullSync is one cold start: process start to every Service programmed.
 type FullSync struct {
+	Mark
 	Proxy      string
 	N          int
 	Seconds    float64 // start to the sync that completed the set
@@ -90,6 +92,7 @@ type FullSync struct {
 
 // Incremental is one endpoint change through the API server.
 type Incremental struct {
+	Mark
 	Proxy   string
 	N       int
 	Seconds float64 // API write sent to the kernel's commit of the change
@@ -104,6 +107,7 @@ type Incremental struct {
 // into an empty namespace: `nft -f` for kp, iptables-nft-restore for
 // kp-iptables.
 type Floor struct {
+	Mark
 	// Proxy is the kp mode whose ruleset was loaded; "" is kp (runs from
 	// before kp-iptables).
 	Proxy string `json:",omitempty"`
@@ -125,6 +129,7 @@ func (f Floor) proxy() string {
 
 // DataPath is one timed window of the connection-rate load generator.
 type DataPath struct {
+	Mark
 	Proxy      string
 	N          int
 	ConnPerSec float64
@@ -135,6 +140,7 @@ type DataPath struct {
 // as it can for the window to a sink in a pod, through the proxy's
 // ClusterIP (or, for NoProxy, to the pod directly).
 type Bulk struct {
+	Mark
 	Proxy   string
 	N       int
 	MBps    float64 // 10^6 bytes per second the sink received
@@ -144,6 +150,7 @@ type Bulk struct {
 
 // Idle is a proxy's cost while nothing changes, after its full sync.
 type Idle struct {
+	Mark
 	Proxy      string
 	N          int
 	RSS        int64   // bytes, VmRSS at the end of the window
@@ -168,22 +175,117 @@ type Machine struct {
 	MemGB float64
 }
 
+// Run identifies one run of the benchmark: one process measuring one
+// commit's code. Every record carries the run's ID, and the report is
+// rendered only from records of a single run (oneRun): figures measured at
+// different times or commits are not comparable on this machine (its drift
+// over an hour is as large as the differences judged), so merging runs is
+// not offered.
+type Run struct {
+	ID     string // random, drawn when the run starts
+	Commit string // git HEAD of the tree measured
+	// Dirty: the tree had uncommitted changes; the figures are of no
+	// commit.
+	Dirty bool `json:",omitempty"`
+	// Flags are every -bench.* flag of the run as name=value, set or
+	// default, in name order.
+	Flags []string
+	// Rule is the stopping rule the run followed, fixed before it began.
+	Rule StopRule
+	// Budget is the run's time budget, computed before it began from the
+	// rule and the expected times (Plan: by N and phase).
+	Budget  time.Duration
+	Plan    []string `json:",omitempty"`
+	Started time.Time
+	// Ended is when the results were last written: the end of the run
+	// when Complete, else where it was cut short.
+	Ended    time.Time
+	Complete bool `json:",omitempty"`
+}
+
+// Mark says which run measured a record, and in which of its interleaved
+// rounds.
+type Mark struct {
+	Run string
+	// Round numbers the round of interleaved measurements the record
+	// belongs to, from 1; records of one round and N were measured
+	// minutes apart at most, so a ratio pairs them (pairByRound). 0: the
+	// record was measured outside the rounds (an endpoint change).
+	Round int `json:",omitempty"`
+}
+
+// mark is the Mark of a record.
+func (m *Mark) mark() *Mark { return m }
+
+type record interface{ mark() *Mark }
+
+// stamp marks xs as measured by run id in round.
+func stamp[T any, P interface {
+	*T
+	record
+}](id string, round int, xs ...T) []T {
+	for i := range xs {
+		m := P(&xs[i]).mark()
+		m.Run, m.Round = id, round
+	}
+	return xs
+}
+
 // Results is everything one run measured.
 type Results struct {
-	Machine      Machine
-	Started      time.Time
-	Elapsed      time.Duration
-	Ns           []int
-	Endpoints    int // per Service
-	Changes      int // incremental changes per proxy and N
-	Command      string
-	Notes        []string // what was skipped and why, and other caveats
+	Run       Run
+	Machine   Machine
+	Ns        []int
+	Endpoints int // per Service
+	Changes   int // incremental changes per proxy and N
+	Command   string
+	Notes     []string // what was skipped and why, and other caveats
+	// Stops say how the rounds of each N and phase ended (StopRule).
+	Stops        []Stop `json:",omitempty"`
 	FullSyncs    []FullSync
 	Incrementals []Incremental
 	Floors       []Floor
 	DataPaths    []DataPath
 	Bulks        []Bulk `json:",omitempty"`
 	Idles        []Idle
+}
+
+// oneRun says why r cannot be rendered, if it cannot: it names no run or
+// commit, or one of its records was measured by another run.
+func (r *Results) oneRun() error {
+	if r.Run.ID == "" || r.Run.Commit == "" {
+		return errors.New("results name no run id or commit (results.json from before one run per report, or assembled by hand): " +
+			"only a single run's results are rendered; run make bench")
+	}
+	var errs []error
+	check := func(kind, proxy string, n int, m Mark) {
+		if m.Run != r.Run.ID && len(errs) < 5 {
+			errs = append(errs, fmt.Errorf("%s of %s at N = %d is of run %q, not of this run %q (commit %s)",
+				kind, proxy, n, m.Run, r.Run.ID, r.Run.Commit))
+		}
+	}
+	for _, x := range r.FullSyncs {
+		check("cold start", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Incrementals {
+		check("endpoint change", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Floors {
+		check("floor", x.proxy(), x.N, x.Mark)
+	}
+	for _, x := range r.DataPaths {
+		check("data-path window", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Bulks {
+		check("bulk window", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Idles {
+		check("idle window", x.Proxy, x.N, x.Mark)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Median of xs (NaN when empty).
@@ -202,6 +304,19 @@ func Quantile(xs []float64, q float64) float64 {
 	}
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// Tail is the tail of xs named for what it is: their nearest-rank p99
+// when there are at least 100 (of fewer, the nearest-rank p99 is their
+// maximum), else their maximum; name is "p99 of 150" or "max of 50".
+func Tail(xs []float64) (v float64, name string) {
+	switch {
+	case len(xs) == 0:
+		return math.NaN(), ""
+	case len(xs) >= 100:
+		return Quantile(xs, 0.99), fmt.Sprintf("p99 of %d", len(xs))
+	}
+	return slices.Max(xs), fmt.Sprintf("max of %d", len(xs))
 }
 
 // pick gathers one value from every record of proxy at n.
@@ -237,22 +352,6 @@ func (r *Results) has(proxy string, n int) bool {
 	return slices.ContainsFunc(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n })
 }
 
-// peakRSS is the median of proxy's peak RSS at n, the process's and its
-// largest child's (iptables-restore, nft) together. When no cold start
-// finished but one ran into its time limit, it is the largest peak seen
-// until then, and bound is set: the true peak is at least that.
-func (r *Results) peakRSS(proxy string, n int) (v float64, bound bool) {
-	total := func(f FullSync) float64 { return float64(f.PeakRSS + f.ChildRSS) }
-	if done := r.fullSync(proxy, n, total); len(done) > 0 {
-		return Median(done), false
-	}
-	seen := pick(r.FullSyncs, func(f FullSync) bool { return f.Proxy == proxy && f.N == n && f.Unfinished }, total)
-	if len(seen) == 0 {
-		return math.NaN(), false
-	}
-	return slices.Max(seen), true
-}
-
 // unfinished is the longest time limit a cold start of proxy at n ran
 // into, 0 when none did.
 func (r *Results) unfinished(proxy string, n int) float64 {
@@ -267,26 +366,6 @@ func (r *Results) incremental(proxy string, n int, value func(Incremental) float
 func (r *Results) dataPath(proxy string, n int) []float64 {
 	return pick(r.DataPaths, func(d DataPath) bool { return d.Proxy == proxy && d.N == n },
 		func(d DataPath) float64 { return d.ConnPerSec })
-}
-
-// rateVsN1 is proxy's new-connection rate at n as a share of its rate at
-// N = 1, with what to print: the two medians and their share, and, where
-// the direct path (NoProxy) was measured at both N, the share of each
-// taken relative to the direct path of its own N, which share is then the
-// one returned. The Ns are measured one after the other, minutes apart,
-// and what drifts on the machine meanwhile moves every window of an N
-// alike (kp at 1, 10,000 and 100,000 moved ±10 % in one run, with no trend
-// in N); the direct path, which crosses no rules at all, moves with the
-// drift alone. Its windows are interleaved with the proxies' (dataPathRounds).
-func (r *Results) rateVsN1(proxy string, n int) (share float64, desc string) {
-	at, at1 := Median(r.dataPath(proxy, n)), Median(r.dataPath(proxy, 1))
-	share = at / at1
-	desc = fmt.Sprintf("%s vs %s: %s", fmtRate(at), fmtRate(at1), fmtPercent(share))
-	if d, d1 := Median(r.dataPath(NoProxy, n)), Median(r.dataPath(NoProxy, 1)); known(share, d, d1) {
-		share = (at / d) / (at1 / d1)
-		desc += fmt.Sprintf("; each against the direct path of its N (%s, %s): %s", fmtRate(d), fmtRate(d1), fmtPercent(share))
-	}
-	return share, desc
 }
 
 func (r *Results) bulk(proxy string, n int) []float64 {

@@ -2,11 +2,10 @@ package bench
 
 import (
 	"encoding/json"
-	"fmt"
-	"maps"
+	"io"
 	"math"
 	"os"
-	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -44,62 +43,68 @@ func TestCountsPrintWithThousandsSeparators(t *testing.T) {
 	}
 }
 
-// A run merged into an earlier one replaces only the proxies and Ns it
-// measured: kp alone from 30,000 on (-bench.kp-only) leaves upstream's
-// earlier record at 30,000, which an earlier merge by proxy × N dropped.
-func TestMergeReplacesOnlyWhatTheRunMeasured(t *testing.T) {
-	base := &Results{Ns: []int{10000, 30000}, FullSyncs: []FullSync{
-		{Proxy: KP, N: 10000, Seconds: 5}, {Proxy: UpstreamNFT, N: 10000, Seconds: 50},
-		{Proxy: KP, N: 30000, Seconds: 20}, {Proxy: UpstreamNFT, N: 30000, Seconds: 360, Unfinished: true},
-	}}
-	path := writeResults(t, base)
-	run := &Results{Ns: []int{10000, 30000, 100000}, FullSyncs: []FullSync{
-		{Proxy: KP, N: 10000, Seconds: 4}, {Proxy: UpstreamNFT, N: 10000, Seconds: 52},
-		{Proxy: KP, N: 30000, Seconds: 16}, {Proxy: KP, N: 100000, Seconds: 53},
-	}}
-	got := map[string]float64{}
-	for _, f := range merged(t, path, run).FullSyncs {
-		got[fmt.Sprintf("%s@%d", f.Proxy, f.N)] = f.Seconds
+// oneRunOf is a run of kp and upstream-nft at N = 1,000, every record
+// stamped with the run's id.
+func oneRunOf(id, commit string) *Results {
+	r := &Results{Run: Run{ID: id, Commit: commit}, Ns: []int{1000}}
+	for round := 1; round <= 5; round++ {
+		r.FullSyncs = append(r.FullSyncs, stamp(id, round, FullSync{Proxy: KP, N: 1000, Seconds: 0.3},
+			FullSync{Proxy: UpstreamNFT, N: 1000, Seconds: 0.9})...)
+		r.Floors = append(r.Floors, stamp(id, round, Floor{N: 1000, Seconds: 0.2})...)
+		r.DataPaths = append(r.DataPaths, stamp(id, round, DataPath{Proxy: KP, N: 1000, ConnPerSec: 8000},
+			DataPath{Proxy: NoProxy, N: 1000, ConnPerSec: 10000})...)
 	}
-	want := map[string]float64{
-		KP + "@10000": 4, UpstreamNFT + "@10000": 52, KP + "@30000": 16, UpstreamNFT + "@30000": 360, KP + "@100000": 53,
-	}
-	if !maps.Equal(got, want) {
-		t.Errorf("merged full syncs %v, want %v", got, want)
+	return r
+}
+
+func TestTheReportRefusesResultsNotAllOfOneRun(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(r *Results)
+		want   string // in the error; "" renders
+	}{
+		{"one run renders", func(*Results) {}, ""},
+		{"a direct path of another run (the merge of issue 35)", func(r *Results) {
+			r.DataPaths[1].Run = "20261125T0100Z-other"
+		}, `data-path window of none (direct to pod) at N = 1000 is of run "20261125T0100Z-other"`},
+		{"a cold start of another commit's run", func(r *Results) {
+			r.FullSyncs = append(r.FullSyncs, stamp("20261124T2108Z-5d2b054", 1, FullSync{Proxy: KPIPTables, N: 1000, Seconds: 2.5})...)
+		}, "cold start of kp-iptables at N = 1000 is of run"},
+		{"a record of no run (results.json from before run ids)", func(r *Results) { r.Floors[0].Run = "" }, "floor of kp"},
+		{"results naming no commit", func(r *Results) { r.Run.Commit = "" }, "no run id or commit"},
+		{"results naming no run", func(r *Results) { r.Run.ID = "" }, "no run id or commit"},
+	} {
+		r := oneRunOf("20261127T1500Z-a1", "a3816f3")
+		c.change(r)
+		var b strings.Builder
+		err := WriteReport(&b, r)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: WriteReport = %v, want an error naming %q", c.name, err, c.want)
+		case c.want != "" && b.Len() > 0:
+			t.Errorf("%s: refused, yet wrote %d bytes", c.name, b.Len())
+		}
 	}
 }
 
-// writeResults writes r as an earlier run's results.json and returns its
-// path.
-func writeResults(t *testing.T, r *Results) string {
-	t.Helper()
-	raw, err := json.Marshal(r)
+// The committed results.json merged runs at several commits and carries no
+// run ids: it is not rendered again.
+func TestTheCommittedMergedResultsAreNotRendered(t *testing.T) {
+	raw, err := os.ReadFile("results.json")
 	if err != nil {
+		t.Skip(err)
+	}
+	var r Results
+	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "results.json")
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
+	if r.Run.ID != "" {
+		t.Skip("results.json is of one run")
 	}
-	return path
-}
-
-// The direct path of an N the run measured is the run's (its windows were
-// interleaved with the run's proxies'); at other Ns the earlier one stays.
-func TestMergeTakesTheRunsDirectPathWhereItHasOne(t *testing.T) {
-	base := &Results{Ns: []int{1, 10000}, FullSyncs: []FullSync{{Proxy: KPIPTables, N: 1}, {Proxy: KPIPTables, N: 10000}},
-		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 3000}, {Proxy: NoProxy, N: 10000, ConnPerSec: 3100},
-			{Proxy: KPIPTables, N: 1, ConnPerSec: 2000}}}
-	path := writeResults(t, base)
-	run := &Results{Ns: []int{1}, FullSyncs: []FullSync{{Proxy: KP, N: 1}},
-		DataPaths: []DataPath{{Proxy: NoProxy, N: 1, ConnPerSec: 9000}, {Proxy: KP, N: 1, ConnPerSec: 8000}}}
-	got := map[string]float64{}
-	for _, d := range merged(t, path, run).DataPaths {
-		got[fmt.Sprintf("%s@%d", d.Proxy, d.N)] += d.ConnPerSec
-	}
-	want := map[string]float64{NoProxy + "@1": 9000, NoProxy + "@10000": 3100, KPIPTables + "@1": 2000, KP + "@1": 8000}
-	if !maps.Equal(got, want) {
-		t.Errorf("merged data paths %v, want %v", got, want)
+	if err := WriteReport(io.Discard, &r); err == nil {
+		t.Error("the merged results.json rendered")
 	}
 }
 
@@ -118,5 +123,60 @@ func TestConfigMeasuresFewerProxiesAtLargeN(t *testing.T) {
 		if got := c.measures(tt.proxy, tt.n); got != tt.want {
 			t.Errorf("measures(%s, %d) = %v, want %v", tt.proxy, tt.n, got, tt.want)
 		}
+	}
+}
+
+// The report's ratio columns pair the figures of each round: kp and
+// upstream slowed together in round 3, and the ratio of their medians
+// (1 s / 40 s) is not what any round showed.
+func TestTheReportsRatioColumnsPairTheRounds(t *testing.T) {
+	r := &Results{Run: Run{ID: "run", Commit: "c", Rule: defaultRule, Plan: []string{"N = 1,000: …"}}, Ns: []int{1000},
+		Stops: []Stop{{N: 1000, Phase: "cold starts", Rounds: 5, Why: stopBudget, Widest: 0.2}}}
+	coldStarts(r, KP, 1000, []float64{1, 1, 4}, 40<<20, 0)
+	coldStarts(r, UpstreamNFT, 1000, []float64{10, 40, 40}, 80<<20, 0)
+	addRates(r, KP, 1000, 100, 200, 400)
+	addRates(r, UpstreamNFT, 1000, 100, 100, 800)
+	addRates(r, NoProxy, 1000, 200, 200, 200)
+	var b strings.Builder
+	if err := WriteReport(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	report := b.String()
+	// Round ratios 0.1, 0.025, 0.1: geometric mean 0.063; rates 1, 2, ½: 1.00.
+	checkRows(t, "paired columns", report, map[string]string{
+		"| 1,000 | 1.00 s | 40.00 s | 0.063 |": "| 3 |",
+		"| 1,000 | 200/s | 200/s | 100/s |":    "| 3 |",
+		"| 1,000 | 1.00 | 1.00 |":              "",
+		"- **N = 1,000, cold starts: 5 rounds": "rounds stopped by the budget, not by the width of the intervals",
+		"| Commit | c |":                       "",
+	})
+}
+
+// The tail of fewer than 100 changes is their maximum, and called so: the
+// nearest-rank p99 of 50 values is the largest of them.
+func TestTheTailOfFewerThan100ChangesIsCalledTheirMax(t *testing.T) {
+	upTo := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // unsorted on purpose
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		xs   []float64
+		want float64
+		name string
+	}{
+		{upTo(50), 50, "max of 50"},
+		{upTo(99), 99, "max of 99"},
+		{upTo(100), 99, "p99 of 100"},
+		{upTo(1000), 990, "p99 of 1000"},
+	} {
+		if v, name := Tail(c.xs); v != c.want || name != c.name {
+			t.Errorf("Tail of 1…%d = %v, %q; want %v, %q", len(c.xs), v, name, c.want, c.name)
+		}
+	}
+	if v, name := Tail(nil); !math.IsNaN(v) || name != "" {
+		t.Errorf("Tail of nothing = %v, %q", v, name)
 	}
 }

@@ -27,7 +27,7 @@ import (
 var (
 	flagVMN       = flag.String("bench.vm.n", "", "Service counts to measure in the VM, e.g. 1000,10000 (empty: TestBenchInTheVM skips; make bench-vm)")
 	flagVMProxies = flag.String("bench.vm.proxies", KPIPVS+","+UpstreamIPVS, "proxies TestBenchInTheVM measures in the VM")
-	flagVMArgs    = flag.String("bench.vm.args", "", "more TestBench flags for the run in the VM, space-separated (e.g. -bench.reps=1)")
+	flagVMArgs    = flag.String("bench.vm.args", "", "more TestBench flags for the run in the VM, space-separated (e.g. -bench.changes=5)")
 	flagVMOut     = flag.String("bench.vm.out", "vm", "folder the VM run's REPORT.md, bench.svg and results.json are written to")
 	flagVMTimeout = flag.Duration("bench.vm.timeout", 3*time.Hour, "bound of the whole VM run (boot, API server, every N)")
 	flagVMMemory  = flag.Int("bench.vm.memory", 8192, "the VM's memory, MiB: the API server, etcd and the proxies at 10,000 Services")
@@ -76,7 +76,10 @@ func TestBenchInTheVM(t *testing.T) {
 	if *flagVMN == "" {
 		t.Skip("the benchmark in the VM: run with -bench.vm.n (make bench-vm)")
 	}
-	args := append([]string{"-bench.proxies=" + *flagVMProxies}, strings.Fields(*flagVMArgs)...)
+	// The VM's runs are parts of this one: its id and commit.
+	run := newRun(t, defaultRule)
+	args := append([]string{"-bench.proxies=" + *flagVMProxies, "-bench.run.id=" + run.ID, "-bench.run.commit=" + run.Commit,
+		fmt.Sprintf("-bench.run.dirty=%v", run.Dirty)}, strings.Fields(*flagVMArgs)...)
 	var res *Results
 	var notes []string
 	load := watchLoad(t)
@@ -98,7 +101,9 @@ func TestBenchInTheVM(t *testing.T) {
 			}
 			// The VM's own population was none: the seed's Services were there.
 			notes = append(notes, slices.DeleteFunc(timings(out), func(n string) bool { return strings.Contains(n, "populated") })...)
-			res = mergeRuns(res, r)
+			if res, err = joinParts(res, r); err != nil {
+				t.Fatal(err)
+			}
 			writeVMReport(t, res, notes, load)
 		}
 		return
@@ -110,10 +115,16 @@ func TestBenchInTheVM(t *testing.T) {
 	writeVMReport(t, res, timings(out), load)
 }
 
-// mergeRuns is base with r's records added (base nil: r).
-func mergeRuns(base, r *Results) *Results {
+// joinParts is base with r's records added (base nil: r): the VM's boots
+// of one run, one per N, each part stamped with the host's run id (a part
+// of another run is refused).
+func joinParts(base, r *Results) (*Results, error) {
 	if base == nil {
-		return r
+		return r, nil
+	}
+	if r.Run.ID != base.Run.ID || r.Run.Commit != base.Run.Commit {
+		return nil, fmt.Errorf("the VM's results of N = %v are of run %s at %s, not of this run %s at %s",
+			r.Ns, r.Run.ID, r.Run.Commit, base.Run.ID, base.Run.Commit)
 	}
 	base.Ns = append(base.Ns, r.Ns...)
 	base.FullSyncs = append(base.FullSyncs, r.FullSyncs...)
@@ -122,8 +133,9 @@ func mergeRuns(base, r *Results) *Results {
 	base.DataPaths = append(base.DataPaths, r.DataPaths...)
 	base.Bulks = append(base.Bulks, r.Bulks...)
 	base.Idles = append(base.Idles, r.Idles...)
-	base.Elapsed += r.Elapsed
-	return base
+	base.Stops = append(base.Stops, r.Stops...)
+	base.Run.Ended, base.Run.Complete = r.Run.Ended, r.Run.Complete
+	return base, nil
 }
 
 // writeVMReport writes the VM run's report to -bench.vm.out.
@@ -161,8 +173,7 @@ func TestBenchSmokeInTheVM(t *testing.T) {
 	proxies := []string{KPIPVS, UpstreamIPVS}
 	const changes = 3
 	res, _ := runInVM(t, []string{"-bench.n=1,100", "-bench.proxies=" + strings.Join(proxies, ","),
-		"-bench.reps=1", fmt.Sprintf("-bench.changes=%d", changes), "-bench.window=300ms", "-bench.windows=1",
-		"-bench.idle=200ms"})
+		"-bench.rounds=1-1", fmt.Sprintf("-bench.changes=%d", changes), "-bench.window=300ms", "-bench.idle=200ms"})
 	if res == nil {
 		return
 	}
