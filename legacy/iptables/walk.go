@@ -369,31 +369,14 @@ func option(f []string, name string) string {
 
 func hasWord(args, w string) bool { return slices.Contains(fields(args), w) }
 
-// fields splits args as iptables-restore does: on spaces outside double
-// quotes (a comment).
+// fields splits a rule's args as iptables prints them (splitRuleSpec:
+// quotes group, a backslash escapes).
 func fields(args string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted, in := false, false
-	for _, r := range args {
-		switch {
-		case r == '"':
-			quoted, in = !quoted, true
-		case r == ' ' && !quoted:
-			if in {
-				out = append(out, cur.String())
-				cur.Reset()
-				in = false
-			}
-		default:
-			cur.WriteRune(r)
-			in = true
-		}
+	f, err := splitRuleSpec(args)
+	if err != nil {
+		return strings.Fields(args) // an unterminated quote: word by word
 	}
-	if in {
-		out = append(out, cur.String())
-	}
-	return out
+	return f
 }
 
 // Listing is the snapshot's iptables-save listings of one family: each
@@ -488,4 +471,26 @@ func ListedOrder[J any](l Listing, t Table, from, prefix string, mine []J, to fu
 // listed when the listing has it.
 func (l Listing) RuleStep(s WalkStep) explain.RuleStep {
 	return explain.RuleStep{Where: s.Where(), Rule: l.Line(s.Table, s.Chain, s.Index, s.Rule.Line(s.Chain)), Verdict: s.Verdict}
+}
+
+// HookJump is a jump of a built-in chain to one of kp's chains: its
+// matches, its target and its text.
+type HookJump struct{ Match, To, Rule string }
+
+// WalkHook walks p through kp's jumps of built-in chain from of table t,
+// in the kernel's order: for each jump p matches, the jump's step, then
+// Walk of its chain (each step's text as listed), until a chain ends the
+// hook. It returns the verdict that ended it ("" for none; WalkDrop and
+// WalkReject end the packet's walk too).
+func (l Listing) WalkHook(chains Chains, t Table, from string, jumps []HookJump, p *WalkPacket, step func(explain.RuleStep)) string {
+	for _, j := range jumps {
+		if !p.Matches(j.Match) {
+			continue
+		}
+		step(explain.RuleStep{Where: string(t) + " " + from, Rule: j.Rule, Verdict: "jump " + j.To})
+		if v := Walk(chains, t, j.To, p, func(s WalkStep) { step(l.RuleStep(s)) }); v != "" {
+			return v
+		}
+	}
+	return ""
 }

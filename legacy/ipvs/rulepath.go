@@ -227,17 +227,12 @@ func (w *pathWalk) hook(t iptables.Table, chain string) {
 	if w.stopped {
 		return
 	}
+	var js []iptables.HookJump
 	for _, j := range w.jumps(t, chain) {
-		w.steps = append(w.steps, explain.RuleStep{Where: string(t) + " " + chain, Rule: w.jumpText(t, chain, j), Verdict: "jump " + j.to})
-		v := iptables.Walk(w.chains, t, j.to, w.pkt, func(s iptables.WalkStep) { w.steps = append(w.steps, w.listed.RuleStep(s)) })
-		switch v {
-		case iptables.WalkDrop, iptables.WalkReject:
-			w.stopped = true
-			return
-		case iptables.WalkAccept:
-			return
-		}
+		js = append(js, iptables.HookJump{To: j.to, Rule: w.jumpText(t, chain, j)})
 	}
+	v := w.listed.WalkHook(w.chains, t, chain, js, w.pkt, func(s explain.RuleStep) { w.steps = append(w.steps, s) })
+	w.stopped = v == iptables.WalkDrop || v == iptables.WalkReject
 }
 
 // jumps are kp's jumps of a built-in chain in the kernel's order: as

@@ -380,24 +380,17 @@ func (w *userspaceWalk) runIPTables() {
 		if w.stopped {
 			return
 		}
+		var js []iptables.HookJump
 		for _, j := range w.builtinJumps(owned.Jumps, t, from) {
-			if !pkt.Matches(j.Match) {
-				continue
-			}
-			w.steps = append(w.steps, explain.RuleStep{Where: string(t) + " " + from, Rule: w.jumpText(t, from, j), Verdict: "jump " + j.To})
-			switch iptables.Walk(chains, t, j.To, pkt, func(s iptables.WalkStep) {
-				w.steps = append(w.steps, w.listed.RuleStep(s))
-				if strings.HasPrefix(s.Verdict, "redirect to :") {
-					w.redirectTo(int(pkt.DPort)) // Walk redirected pkt
-				}
-			}) {
-			case iptables.WalkDrop, iptables.WalkReject:
-				w.stopped = true
-				return
-			case iptables.WalkAccept:
-				return
-			}
+			js = append(js, iptables.HookJump{Match: j.Match, To: j.To, Rule: w.jumpText(t, from, j)})
 		}
+		v := w.listed.WalkHook(chains, t, from, js, pkt, func(s explain.RuleStep) {
+			w.steps = append(w.steps, s)
+			if strings.HasPrefix(s.Verdict, "redirect to :") {
+				w.redirectTo(int(pkt.DPort)) // Walk redirected pkt
+			}
+		})
+		w.stopped = v == iptables.WalkDrop || v == iptables.WalkReject
 	}
 	if w.srcLocal {
 		hook(iptables.TableNAT, "OUTPUT")
