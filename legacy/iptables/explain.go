@@ -182,7 +182,7 @@ func (rs *ruleSet) jumpText(k chainKey, j jump) string {
 func (rs *ruleSet) ruleText(k chainKey, c *Chain, i int) string {
 	r := c.Rules[i]
 	if specs := rs.listed[k]; i < len(specs) {
-		tgt := ruleTarget(r.Args)
+		tgt := RuleTarget(r.Args)
 		if RuleTarget(specs[i]) == tgt && strings.Contains(specs[i], r.Comment) {
 			return "-A " + k.name + " " + specs[i]
 		}

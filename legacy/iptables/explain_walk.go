@@ -313,7 +313,7 @@ func (w *pathWalk) choose1(t Table, k chainKey, c *Chain, i int) (int, outcome) 
 	var firsts []int // the first rule naming each alternative
 	for j := i; j <= end; j++ {
 		texts = append(texts, w.rs.ruleText(k, c, j))
-		if tgt := ruleTarget(c.Rules[j].Args); !slices.Contains(chains, tgt) {
+		if tgt := RuleTarget(c.Rules[j].Args); !slices.Contains(chains, tgt) {
 			chains, firsts = append(chains, tgt), append(firsts, j)
 		}
 	}
