@@ -40,7 +40,7 @@ func (RulePather) RulePath(m *explain.Model, p explain.Packet, e *explain.Explan
 		rp.Absent = "the model holds no State: nothing to render"
 		return rp
 	}
-	listed := listedRules(m, fam)
+	listed := ListedRules(m, fam)
 	// The localhost NodePorts' firewall is there when the sysctl it
 	// needs was set, which the snapshot tells only by the listing.
 	rs := renderModel(m, fam, listed[chainKey{TableFilter, chainFirewall}] != nil)
@@ -61,9 +61,8 @@ type ruleSet struct {
 	// builtin are the jump rules of each built-in chain, in the order
 	// the kernel evaluates them.
 	builtin map[chainKey][]jump
-	// listed is the listing's rules ("-A CHAIN spec"), by chain: nil
-	// without a listing.
-	listed map[chainKey][]string
+	// listed is the listing's rules: nil without a listing.
+	listed Listing
 }
 
 // renderModel renders the Model's State as Sync does: each service port
@@ -140,38 +139,6 @@ func everyAddr(f explain.Facts) bool {
 // rule's text only, never the path.
 const defaultMasqueradeBit = 14
 
-// listedRules reads the Model's iptables-save listings of family fam,
-// rule lines only: a listing keeps kp's lines (ListRules), so the
-// built-in chains it jumps from are not declared in it.
-func listedRules(m *explain.Model, fam proxy.Family) map[chainKey][]string {
-	var out map[chainKey][]string
-	for _, l := range m.Rules {
-		f := strings.Fields(l.Where) // "iptables-nft IPv4 nat"
-		if l.Format != "iptables-save" || len(f) != 3 || f[1] != fam.String() {
-			continue
-		}
-		table := Table("")
-		for _, line := range strings.Split(l.Text, "\n") {
-			line = strings.TrimSpace(line)
-			switch {
-			case strings.HasPrefix(line, "*"):
-				table = Table(line[1:])
-			case line == "" || line[0] == '#' || line[0] == ':' || line == "COMMIT" || table == "":
-			default:
-				r, chain, err := parseRuleLine(line)
-				if err != nil {
-					continue
-				}
-				if out == nil {
-					out = map[chainKey][]string{}
-				}
-				out[chainKey{table, chain}] = append(out[chainKey{table, chain}], r.Spec)
-			}
-		}
-	}
-	return out
-}
-
 // builtinOrder is the jumps of built-in chain k in the kernel's order: the
 // listing's when it holds them, else the order a sync inserts them in.
 func (rs *ruleSet) builtinOrder(k chainKey) []jump {
@@ -215,7 +182,7 @@ func (rs *ruleSet) jumpText(k chainKey, j jump) string {
 func (rs *ruleSet) ruleText(k chainKey, c *Chain, i int) string {
 	r := c.Rules[i]
 	if specs := rs.listed[k]; i < len(specs) {
-		tgt, _ := target(r.Args)
+		tgt := RuleTarget(r.Args)
 		if RuleTarget(specs[i]) == tgt && strings.Contains(specs[i], r.Comment) {
 			return "-A " + k.name + " " + specs[i]
 		}

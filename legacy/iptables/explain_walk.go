@@ -3,7 +3,6 @@ package iptables
 import (
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/kpproxy/kp/explain"
@@ -15,31 +14,18 @@ import (
 // caller (or, reached by -g, to its caller's caller). It reads the matches
 // kp's own rules use (render, skeleton, dispatch), nothing else.
 
-// walkPacket is what the rules match on, with what they change (the
-// destination by DNAT, the mark).
+// walkPacket is the WalkPacket with the node's addresses, which tell
+// whether the destination is local again after DNAT.
 type walkPacket struct {
-	src, dst netip.Addr
-	// srcKnown is false without --from: -s matches then follow pod.
-	srcKnown bool
-	pod      bool // from a pod, as detect-local tells (CIDR or interface)
-	fromNode bool
-	proto    string
-	dport    uint16
-	mark     uint32
-	dnated   bool
-	local    []netip.Addr
-	// localCIDRs are detect-local's ranges, which -s of an unknown
-	// source matches as pod does.
-	localCIDRs []netip.Prefix
-	// pinned is the KP-SEP- chain the client's affinity entry names
-	// ("" when none is known).
-	pinned string
+	WalkPacket
+	local []netip.Addr
 }
 
 func newWalkPacket(m *explain.Model, p explain.Packet, e *explain.Explanation) walkPacket {
-	pk := walkPacket{src: p.Src, dst: p.Dst.Addr(), srcKnown: p.Src.IsValid(), fromNode: e.Source.Node,
-		pod: e.Source.Pod != nil && *e.Source.Pod, proto: strings.ToLower(string(p.Protocol)), dport: p.Dst.Port(),
-		local: slices.Concat(m.Facts.LocalAddrs, m.Facts.NodePortIPs), localCIDRs: m.Facts.LocalCIDRs}
+	pk := walkPacket{WalkPacket: WalkPacket{Src: p.Src, Dst: p.Dst.Addr(), SrcLocal: e.Source.Node,
+		InLocal: e.Source.Pod != nil && *e.Source.Pod, Proto: strings.ToLower(string(p.Protocol)), DPort: p.Dst.Port(),
+		LocalCIDRs: m.Facts.LocalCIDRs, CtStates: []string{"NEW"}}, local: slices.Concat(m.Facts.LocalAddrs, m.Facts.NodePortIPs)}
+	pk.DstLocal = pk.isLocal(pk.Dst)
 	if e.Affinity != nil && e.Affinity.PinnedTo != "" && e.Service != nil {
 		ep, _, _ := strings.Cut(e.Affinity.PinnedTo, " ")
 		ap, err := netip.ParseAddrPort(ep)
@@ -50,7 +36,7 @@ func newWalkPacket(m *explain.Model, p explain.Packet, e *explain.Explanation) w
 			}
 			for _, x := range m.State.Endpoints[name] {
 				if x.AddrPort() == ap {
-					pk.pinned = sepChainName(sp, x)
+					pk.Pinned = sepChainName(sp, x)
 				}
 			}
 		}
@@ -61,16 +47,6 @@ func newWalkPacket(m *explain.Model, p explain.Packet, e *explain.Explanation) w
 func (pk *walkPacket) isLocal(a netip.Addr) bool {
 	return a.IsLoopback() || slices.Contains(pk.local, a)
 }
-
-// outcome is how a rule or chain leaves the walk.
-type outcome int
-
-const (
-	next   outcome = iota // on to the next rule
-	ret                   // back to the calling chain
-	accept                // the hook is done with the walkPacket (ACCEPT, DNAT, MASQUERADE)
-	stop                  // dropped or rejected: the walk ends
-)
 
 // pathWalk is one walk of the packet; at a random choice it takes alternative
 // choose.
@@ -228,19 +204,20 @@ func allSame(ss []string) bool {
 }
 
 func (rs *ruleSet) walk(pk walkPacket, choose int) *pathWalk {
+	pk.CtStates = slices.Clone(pk.CtStates) // each alternative's walk changes its own
 	w := &pathWalk{rs: rs, pk: pk, choose: choose}
-	if pk.fromNode {
+	if pk.SrcLocal {
 		w.hooks(hook{TableNAT, "OUTPUT"}, hook{TableFilter, "OUTPUT"}, hook{TableNAT, "POSTROUTING"})
 		// The node's walkPacket to one of its own addresses comes back in
 		// through lo: filter INPUT sees it; nat PREROUTING does not (its
 		// connection's NAT is set up already).
-		if w.pk.isLocal(w.pk.dst) {
+		if w.pk.isLocal(w.pk.Dst) {
 			w.hooks(hook{TableFilter, "INPUT"})
 		}
 		return w
 	}
 	w.hooks(hook{TableNAT, "PREROUTING"})
-	if w.pk.isLocal(w.pk.dst) {
+	if w.pk.isLocal(w.pk.Dst) {
 		w.hooks(hook{TableFilter, "INPUT"})
 	} else {
 		w.hooks(hook{TableFilter, "FORWARD"}, hook{TableNAT, "POSTROUTING"})
@@ -261,7 +238,7 @@ func (w *pathWalk) hooks(hs ...hook) {
 		}
 		k := chainKey{h.table, h.chain}
 		for _, j := range w.rs.builtinOrder(k) {
-			if !w.matches(j.extra) {
+			if !w.pk.Matches(j.extra) {
 				continue
 			}
 			w.step(h.table, h.chain, w.rs.jumpText(k, j), "jump "+j.to)
@@ -300,7 +277,7 @@ func (w *pathWalk) call(t Table, name string) outcome {
 			}
 			continue
 		}
-		if !w.matches(args) {
+		if !w.pk.Matches(args) {
 			continue
 		}
 		out := w.apply(t, k, c, i, args)
@@ -319,7 +296,7 @@ func (w *pathWalk) call(t Table, name string) outcome {
 // client's entry unknown, a --rcheck rule (the entry's pick, else the
 // random one).
 func (w *pathWalk) random(args string) bool {
-	return hasWord(args, "statistic") || w.pk.pinned == "" && hasWord(args, "--rcheck")
+	return hasWord(args, "statistic") || w.pk.Pinned == "" && hasWord(args, "--rcheck")
 }
 
 // choose1 takes the choice that starts at rule i: the rules up to the
@@ -336,7 +313,7 @@ func (w *pathWalk) choose1(t Table, k chainKey, c *Chain, i int) (int, outcome) 
 	var firsts []int // the first rule naming each alternative
 	for j := i; j <= end; j++ {
 		texts = append(texts, w.rs.ruleText(k, c, j))
-		if tgt, _ := target(c.Rules[j].Args); !slices.Contains(chains, tgt) {
+		if tgt := RuleTarget(c.Rules[j].Args); !slices.Contains(chains, tgt) {
 			chains, firsts = append(chains, tgt), append(firsts, j)
 		}
 	}
@@ -359,226 +336,18 @@ func (w *pathWalk) choose1(t Table, k chainKey, c *Chain, i int) (int, outcome) 
 
 // apply takes rule i's target, the rule having matched.
 func (w *pathWalk) apply(t Table, k chainKey, c *Chain, i int, args string) outcome {
-	text := w.rs.ruleText(k, c, i)
-	tgt, goTo := target(args)
-	f := fields(args)
-	switch {
-	case tgt == "":
-		w.step(t, k.name, text, "continue")
-		return next
-	case w.rs.chains[chainKey{t, tgt}] != nil || strings.HasPrefix(tgt, ownChainPrefix):
-		if goTo {
-			w.step(t, k.name, text, "goto "+tgt)
-			if out := w.call(t, tgt); out == accept || out == stop {
-				return out
-			}
+	verdict, out, to := w.pk.take(args, func(to string) bool { return w.rs.chains[chainKey{t, to}] != nil })
+	w.pk.DstLocal = w.pk.isLocal(w.pk.Dst)
+	w.step(t, k.name, w.rs.ruleText(k, c, i), verdict)
+	switch out {
+	case call, jumpGoto:
+		if o := w.call(t, to); o == accept || o == stop {
+			return o
+		}
+		if out == jumpGoto {
 			return ret
 		}
-		w.step(t, k.name, text, "jump "+tgt)
-		if out := w.call(t, tgt); out == accept || out == stop {
-			return out
-		}
 		return next
-	case tgt == "RETURN":
-		w.step(t, k.name, text, "return")
-		return ret
-	case tgt == "ACCEPT":
-		w.step(t, k.name, text, "accept")
-		return accept
-	case tgt == "DROP" || tgt == "REJECT":
-		w.step(t, k.name, text, strings.ToLower(tgt))
-		return stop
-	case tgt == "DNAT":
-		to := option(f, "--to-destination")
-		if ap, err := netip.ParseAddrPort(to); err == nil {
-			w.pk.dst, w.pk.dnated = ap.Addr(), true
-		}
-		w.step(t, k.name, text, "dnat to "+to)
-		return accept
-	case tgt == "MASQUERADE":
-		w.step(t, k.name, text, "masquerade")
-		return accept
-	case tgt == "MARK":
-		if v, err := strconv.ParseUint(option(f, "--or-mark"), 0, 32); err == nil {
-			w.pk.mark |= uint32(v)
-		}
-		if v, err := strconv.ParseUint(option(f, "--xor-mark"), 0, 32); err == nil {
-			w.pk.mark ^= uint32(v)
-		}
-		w.step(t, k.name, text, "continue")
-		return next
-	}
-	w.step(t, k.name, text, "continue")
-	return next
-}
-
-// matches evaluates a rule's matches (the part before -j or -g) against
-// the walkPacket.
-func (w *pathWalk) matches(args string) bool {
-	f := fields(args)
-	pk := &w.pk
-	neg := false
-	for i := 0; i < len(f); i++ {
-		tok := f[i]
-		if tok == "!" {
-			neg = true
-			continue
-		}
-		if tok == "-j" || tok == "-g" {
-			return true
-		}
-		val := ""
-		if i+1 < len(f) {
-			val = f[i+1]
-		}
-		ok, known := true, true
-		switch tok {
-		case "-s":
-			ok = w.srcIn(val)
-		case "-d":
-			ok = inRange(pk.dst, val)
-		case "-p":
-			ok = val == pk.proto
-		case "--dport":
-			ok = portIn(pk.dport, val)
-		case "-i":
-			ok = pk.pod
-		case "--ctstate":
-			ok = slices.Contains(strings.Split(val, ","), "NEW") || pk.dnated && slices.Contains(strings.Split(val, ","), "DNAT")
-		case "--dst-type":
-			ok = pk.isLocal(pk.dst)
-		case "--src-type":
-			ok = pk.fromNode
-		case "--mark":
-			v, m, _ := strings.Cut(val, "/")
-			vv, _ := strconv.ParseUint(v, 0, 32)
-			mm, err := strconv.ParseUint(m, 0, 32)
-			if err != nil {
-				mm = 0xffffffff
-			}
-			ok = pk.mark&uint32(mm) == uint32(vv)
-		case "--name":
-			// -m recent: --rcheck matches the client's entry, --set
-			// always matches.
-			ok = !slices.Contains(f, "--rcheck") || pk.pinned == val
-		default:
-			known = false
-		}
-		if known {
-			i++
-			if ok == neg {
-				return false
-			}
-		}
-		neg = false
-	}
-	return true
-}
-
-// srcIn matches the source against -s's value; without --from, a pod's
-// range matches as detect-local said, an endpoint's address (hairpin)
-// does not, and any other range (a source range) is assumed to allow it,
-// as explain does.
-func (w *pathWalk) srcIn(val string) bool {
-	if w.pk.srcKnown {
-		return inRange(w.pk.src, val)
-	}
-	p, err := netip.ParsePrefix(val)
-	switch {
-	case err == nil && slices.Contains(w.pk.localCIDRs, p.Masked()):
-		return w.pk.pod
-	case err != nil || p.IsSingleIP():
-		return false // an endpoint's own address: the hairpin match
-	}
-	return true
-}
-
-// inRange matches a against "ADDR", "ADDR/BITS" or "ADDR/MASK" (the
-// dispatch tries' "-d 0.0.0.8/0.0.0.12").
-func inRange(a netip.Addr, val string) bool {
-	addr, mask, hasMask := strings.Cut(val, "/")
-	v, err := netip.ParseAddr(addr)
-	if err != nil || v.Is4() != a.Is4() {
-		return false
-	}
-	if !hasMask {
-		return v == a
-	}
-	if bits, err := strconv.Atoi(mask); err == nil {
-		p, err := v.Prefix(bits)
-		return err == nil && p.Contains(a)
-	}
-	m, err := netip.ParseAddr(mask)
-	if err != nil {
-		return false
-	}
-	ab, vb, mb := a.AsSlice(), v.AsSlice(), m.AsSlice()
-	for i := range mb {
-		if ab[i]&mb[i] != vb[i]&mb[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func portIn(p uint16, val string) bool {
-	lo, hi, isRange := strings.Cut(val, ":")
-	l, err := strconv.Atoi(lo)
-	if err != nil {
-		return false
-	}
-	h := l
-	if isRange {
-		if h, err = strconv.Atoi(hi); err != nil {
-			return false
-		}
-	}
-	return int(p) >= l && int(p) <= h
-}
-
-// target is the rule's -j or -g target.
-func target(args string) (string, bool) {
-	f := fields(args)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1], f[i] == "-g"
-		}
-	}
-	return "", false
-}
-
-func option(f []string, name string) string {
-	if i := slices.Index(f, name); i >= 0 && i+1 < len(f) {
-		return f[i+1]
-	}
-	return ""
-}
-
-func hasWord(args, w string) bool { return slices.Contains(fields(args), w) }
-
-// fields splits args as iptables-restore does: on spaces outside double
-// quotes (a comment).
-func fields(args string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted, in := false, false
-	for _, r := range args {
-		switch {
-		case r == '"':
-			quoted, in = !quoted, true
-		case r == ' ' && !quoted:
-			if in {
-				out = append(out, cur.String())
-				cur.Reset()
-				in = false
-			}
-		default:
-			cur.WriteRune(r)
-			in = true
-		}
-	}
-	if in {
-		out = append(out, cur.String())
 	}
 	return out
 }

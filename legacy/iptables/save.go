@@ -202,11 +202,6 @@ func parseCounters(s string) (packets, bytes uint64, err error) {
 // RuleTarget is the chain or target a rule spec (as iptables-save prints
 // it) jumps or goes to, "" when it has none.
 func RuleTarget(spec string) string {
-	f := strings.Fields(spec)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1]
-		}
-	}
-	return ""
+	to, _, _ := targetOf(fields(spec))
+	return to
 }

@@ -5,16 +5,24 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kpproxy/kp/explain"
 )
 
-// The first packet of a connection walked through kp's rendered chains,
-// as the kernel evaluates them: what kp explain's RulePathers of the modes
-// that write iptables chains (ipvs, userspace) report. The walk matches
-// the options those chains use; what an address alone does not tell (the
-// interface a packet arrives on, an ipset's content) the caller answers.
+// The one reader of iptables rule text for kp explain: a rule's matches
+// (WalkPacket.Matches), its target and what it does to the packet
+// (WalkPacket.take), the walk of a chain from its first rule (Walk) and
+// of a built-in chain's jumps (WalkHook); the listing's rules are read in
+// listing.go. The RulePathers of every mode that
+// writes iptables chains (iptables, ipvs, userspace) read rules through
+// these; what an address alone does not tell (the interface a packet
+// arrives on, an ipset's content) the caller answers.
 
-// WalkPacket is the packet a walk matches rules against.
+// WalkPacket is the packet a walk matches rules against, with what the
+// rules change (the destination by DNAT or REDIRECT, the mark).
 type WalkPacket struct {
+	// Src is invalid when explain was not told the source: -s then
+	// matches as SrcIn says.
 	Src, Dst     netip.Addr
 	Proto        string // tcp, udp, sctp
 	SPort, DPort uint16
@@ -22,8 +30,11 @@ type WalkPacket struct {
 	// LOCAL).
 	SrcLocal, DstLocal bool
 	// InLocal: the packet arrives on the interface detect-local names
-	// (-i IFACE).
+	// (-i IFACE): it is a pod's.
 	InLocal bool
+	// LocalCIDRs are detect-local's ranges, which -s of an unknown
+	// source matches as InLocal says.
+	LocalCIDRs []netip.Prefix
 	// Bridged: it arrives through a bridge port (physdev --physdev-is-in).
 	Bridged bool
 	Mark    uint32
@@ -32,6 +43,9 @@ type WalkPacket struct {
 	// InSet answers an ipset match: set name and its direction flags
 	// ("dst,dst"); nil: no set matches.
 	InSet func(set, flags string) bool
+	// Pinned is the recent list (--name) the client's affinity entry is
+	// on: the one --rcheck matches ("" when none is known).
+	Pinned string
 }
 
 // WalkStep is a rule the packet matched, with the verdict word of kp
@@ -72,8 +86,7 @@ const (
 // Walk evaluates chain name of table t for p from its first rule, calling
 // step for each rule p matches, in order; a jump walks the target chain
 // first. It returns the terminal verdict the chain ends in ("" when the
-// packet returns or falls off its end). MARK changes p.Mark; REDIRECT,
-// DNAT and MASQUERADE end the nat table's walk with accept.
+// packet returns or falls off its end).
 func Walk(chains Chains, t Table, name string, p *WalkPacket, step func(WalkStep)) string {
 	c := chains(t, name)
 	if c == nil {
@@ -83,94 +96,93 @@ func Walk(chains Chains, t Table, name string, p *WalkPacket, step func(WalkStep
 		if !p.Matches(r.Args) {
 			continue
 		}
-		target, targs := targetOf(r.Args)
-		s := WalkStep{Table: t, Chain: name, Index: i, Rule: r, Verdict: TargetVerdict(r.Args)}
-		step(s)
-		switch target {
-		case "":
-			continue
-		case "ACCEPT", "MASQUERADE", "REDIRECT", "DNAT", "SNAT":
+		verdict, out, to := p.take(r.Args, func(to string) bool { return chains(t, to) != nil })
+		step(WalkStep{Table: t, Chain: name, Index: i, Rule: r, Verdict: verdict})
+		switch out {
+		case accept:
 			return WalkAccept
-		case "DROP":
-			return WalkDrop
-		case "REJECT":
-			return WalkReject
-		case "RETURN":
+		case stop:
+			return strings.ToLower(to)
+		case ret:
 			return ""
-		case "MARK":
-			p.mark(targs)
-			continue
-		}
-		if chains(t, target) == nil {
-			continue // a target kp's chains do not define: not walked
-		}
-		if v := Walk(chains, t, target, p, step); v != "" {
-			return v
-		}
-		if isGoto(r.Args) {
-			return ""
+		case call, jumpGoto:
+			if v := Walk(chains, t, to, p, step); v != "" {
+				return v
+			}
+			if out == jumpGoto {
+				return ""
+			}
 		}
 	}
 	return ""
 }
 
-// TargetVerdict is a rule's verdict word as kp explain names it (as the
-// nftables trace does): -j KP-X is "jump KP-X", -g "goto KP-X", ACCEPT
-// "accept", a target that lets the packet go on (MARK) "continue",
-// REDIRECT "redirect to :PORT", DNAT "dnat to A:P".
-func TargetVerdict(args string) string {
-	target, targs := targetOf(args)
-	switch target {
+// outcome is how a rule or chain leaves the walk.
+type outcome int
+
+const (
+	next     outcome = iota // on to the next rule
+	ret                     // back to the calling chain
+	accept                  // the hook is done with the packet (ACCEPT, DNAT, MASQUERADE, REDIRECT)
+	stop                    // dropped or rejected: the walk ends
+	call                    // -j CHAIN: walk it, then on to the next rule
+	jumpGoto                // -g CHAIN: walk it, then back to the calling chain
+)
+
+// take applies the target of rule args, which p matched: it changes p as
+// the target does (DNAT, REDIRECT, MARK) and returns the verdict word as
+// kp explain names it (as the nftables trace does: "jump KP-X", "goto
+// KP-X", "accept", "continue" for a target that lets the packet go on,
+// "dnat to A:P", "redirect to :PORT"), how the rule leaves the walk and
+// the target (the chain to walk for call and jumpGoto). isChain reports
+// whether a target that is no built-in one is a chain to walk.
+func (p *WalkPacket) take(args string, isChain func(string) bool) (string, outcome, string) {
+	to, goTo, opts := targetOf(fields(args))
+	switch to {
 	case "":
-		return "continue"
-	case "ACCEPT", "DROP", "REJECT", "RETURN", "MASQUERADE":
-		return strings.ToLower(target)
-	case "MARK":
-		return "continue"
-	case "REDIRECT":
-		return "redirect to :" + optionValue(targs, "--to-ports")
+		return "continue", next, ""
+	case "RETURN":
+		return "return", ret, to
+	case "ACCEPT", "MASQUERADE":
+		return strings.ToLower(to), accept, to
+	case "DROP", "REJECT":
+		return strings.ToLower(to), stop, to
 	case "DNAT":
-		return "dnat to " + optionValue(targs, "--to-destination")
-	}
-	if isGoto(args) {
-		return "goto " + target
-	}
-	return "jump " + target
-}
-
-func isGoto(args string) bool { return slices.Contains(strings.Fields(args), "-g") }
-
-// targetOf splits a rule's args at its target: the target and its options.
-func targetOf(args string) (string, []string) {
-	f := strings.Fields(args)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1], f[i+2:]
+		dst := option(opts, "--to-destination")
+		if ap, err := netip.ParseAddrPort(dst); err == nil {
+			p.Dst = ap.Addr()
+			p.CtStates = append(p.CtStates, "DNAT")
 		}
+		return "dnat to " + dst, accept, to
+	case "REDIRECT":
+		// REDIRECT's new destination is the address of the interface
+		// the packet came in on: local, and no Service's.
+		port := option(opts, "--to-ports")
+		n, _ := strconv.ParseUint(port, 10, 16)
+		p.Dst, p.DPort, p.DstLocal = netip.Addr{}, uint16(n), true
+		p.CtStates = append(p.CtStates, "DNAT")
+		return "redirect to :" + port, accept, to
+	case "MARK":
+		p.mark(opts)
+		return "continue", next, to
 	}
-	return "", nil
-}
-
-func optionValue(f []string, opt string) string {
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == opt {
-			return f[i+1]
-		}
+	if !isChain(to) && !strings.HasPrefix(to, ownChainPrefix) {
+		return "continue", next, to // a target that is no chain of kp's: not walked
 	}
-	return ""
+	if goTo {
+		return "goto " + to, jumpGoto, to
+	}
+	return "jump " + to, call, to
 }
 
 func (p *WalkPacket) mark(targs []string) {
-	v, m, _ := parseMark(optionValue(targs, "--or-mark"))
-	if v != 0 || m != 0 {
+	if v, _, ok := parseMark(option(targs, "--or-mark")); ok {
 		p.Mark |= v
 	}
-	if x := optionValue(targs, "--xor-mark"); x != "" {
-		v, _, _ := parseMark(x)
+	if v, _, ok := parseMark(option(targs, "--xor-mark")); ok {
 		p.Mark ^= v
 	}
-	if s := optionValue(targs, "--set-xmark"); s != "" {
-		v, m, _ := parseMark(s)
+	if v, m, ok := parseMark(option(targs, "--set-xmark")); ok {
 		p.Mark = (p.Mark &^ m) ^ v
 	}
 }
@@ -197,7 +209,7 @@ func parseMark(s string) (v, m uint32, ok bool) {
 // the target). An option it does not know does not match: the walk then
 // names a rule too few, never one the kernel would not take.
 func (p *WalkPacket) Matches(args string) bool {
-	f := strings.Fields(args)
+	f := fields(args)
 	neg := false
 	for i := 0; i < len(f); i++ {
 		opt := f[i]
@@ -217,22 +229,27 @@ func (p *WalkPacket) Matches(args string) bool {
 		}
 		var ok bool
 		switch opt {
-		case "-m":
+		case "-m", "--comment", "--seconds", "--mask", "--hitcount", "--mode", "--probability", "--every", "--packet":
+			// A module, or an option whose part the walk does not
+			// decide (the recent entry's age, the random pick): the
+			// caller does.
 			val()
 			continue
+		case "--rcheck", "--update", "--set", "--reap", "--rsource", "--rdest":
+			continue // read with --name
 		case "-p":
 			ok = val() == p.Proto
 		case "-s":
-			ok = prefixHas(val(), p.Src)
+			ok = p.srcIn(val())
 		case "-d":
-			ok = prefixHas(val(), p.Dst)
+			ok = inRange(p.Dst, val())
 		case "-i":
 			val()
 			ok = p.InLocal
 		case "--dport":
-			ok = val() == strconv.Itoa(int(p.DPort))
+			ok = portIn(p.DPort, val())
 		case "--sport":
-			ok = val() == strconv.Itoa(int(p.SPort))
+			ok = portIn(p.SPort, val())
 		case "--dst-type":
 			ok = val() == "LOCAL" && p.DstLocal
 		case "--src-type":
@@ -247,9 +264,11 @@ func (p *WalkPacket) Matches(args string) bool {
 		case "--match-set":
 			name := val()
 			ok = p.InSet != nil && p.InSet(name, val())
-		case "--comment":
-			val()
-			continue
+		case "--name":
+			// -m recent: --rcheck (and --update) match the client's
+			// entry, --set always matches.
+			name := val()
+			ok = !slices.Contains(f, "--rcheck") && !slices.Contains(f, "--update") || p.Pinned == name
 		default:
 			return false
 		}
@@ -261,42 +280,116 @@ func (p *WalkPacket) Matches(args string) bool {
 	return true
 }
 
-func prefixHas(s string, a netip.Addr) bool {
-	if !strings.Contains(s, "/") {
-		b, err := netip.ParseAddr(s)
-		return err == nil && b == a
+// srcIn matches the source against -s's value. Without a source (explain
+// not told it), a pod's range matches as detect-local said (InLocal), an
+// endpoint's address (hairpin) does not, and any other range (a source
+// range) is assumed to allow it, as explain does.
+func (p *WalkPacket) srcIn(val string) bool {
+	if p.Src.IsValid() {
+		return inRange(p.Src, val)
 	}
-	pf, err := netip.ParsePrefix(s)
-	return err == nil && pf.Contains(a)
+	pf, err := netip.ParsePrefix(val)
+	switch {
+	case err == nil && slices.Contains(p.LocalCIDRs, pf.Masked()):
+		return p.InLocal
+	case err != nil || pf.IsSingleIP():
+		return false // an endpoint's own address: the hairpin match
+	}
+	return true
 }
 
-// ListedRules reads an iptables-save listing (with or without -c) into
-// each chain's rules in order, as "-A CHAIN ..." lines without counters.
-func ListedRules(text string) map[string][]string {
-	out := map[string][]string{}
-	for _, line := range strings.Split(text, "\n") {
-		if strings.HasPrefix(line, "[") {
-			if _, rest, ok := strings.Cut(line, "] "); ok {
-				line = rest
-			}
+// inRange matches a against "ADDR", "ADDR/BITS" or "ADDR/MASK" (the
+// dispatch tries' "-d 0.0.0.8/0.0.0.12").
+func inRange(a netip.Addr, val string) bool {
+	addr, mask, hasMask := strings.Cut(val, "/")
+	v, err := netip.ParseAddr(addr)
+	if err != nil || v.Is4() != a.Is4() {
+		return false
+	}
+	if !hasMask {
+		return v == a
+	}
+	if bits, err := strconv.Atoi(mask); err == nil {
+		p, err := v.Prefix(bits)
+		return err == nil && p.Contains(a)
+	}
+	m, err := netip.ParseAddr(mask)
+	if err != nil {
+		return false
+	}
+	ab, vb, mb := a.AsSlice(), v.AsSlice(), m.AsSlice()
+	for i := range mb {
+		if ab[i]&mb[i] != vb[i]&mb[i] {
+			return false
 		}
-		f := strings.Fields(line)
-		if len(f) < 2 || f[0] != "-A" {
+	}
+	return true
+}
+
+// portIn matches p against "PORT" or "FIRST:LAST".
+func portIn(p uint16, val string) bool {
+	lo, hi, isRange := strings.Cut(val, ":")
+	l, err := strconv.Atoi(lo)
+	if err != nil {
+		return false
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.Atoi(hi); err != nil {
+			return false
+		}
+	}
+	return int(p) >= l && int(p) <= h
+}
+
+// targetOf splits a rule's fields at its -j or -g: the target, whether
+// it is -g, and the target's options.
+func targetOf(f []string) (to string, goTo bool, opts []string) {
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "-j" || f[i] == "-g" {
+			return f[i+1], f[i] == "-g", f[i+2:]
+		}
+	}
+	return "", false, nil
+}
+
+func option(f []string, name string) string {
+	if i := slices.Index(f, name); i >= 0 && i+1 < len(f) {
+		return f[i+1]
+	}
+	return ""
+}
+
+func hasWord(args, w string) bool { return slices.Contains(fields(args), w) }
+
+// fields splits a rule's args as iptables prints them (splitRuleSpec:
+// quotes group, a backslash escapes).
+func fields(args string) []string {
+	f, err := splitRuleSpec(args)
+	if err != nil {
+		return strings.Fields(args) // an unterminated quote: word by word
+	}
+	return f
+}
+
+// HookJump is a jump of a built-in chain to one of kp's chains: its
+// matches, its target and its text.
+type HookJump struct{ Match, To, Rule string }
+
+// WalkHook walks p through kp's jumps of built-in chain from of table t,
+// in the kernel's order: for each jump p matches, the jump's step, then
+// Walk of its chain (each step's text as listed), until a chain ends the
+// hook. It returns the verdict that ended it ("" for none; WalkDrop and
+// WalkReject end the packet's walk too).
+func (l Listing) WalkHook(chains Chains, t Table, from string, jumps []HookJump, p *WalkPacket, step func(explain.RuleStep)) string {
+	for _, j := range jumps {
+		if !p.Matches(j.Match) {
 			continue
 		}
-		out[f[1]] = append(out[f[1]], line)
-	}
-	return out
-}
-
-// Jumps lists, in order, the targets of the listed rules of chain that
-// jump (or go) to a chain under prefix.
-func Jumps(listed map[string][]string, chain, prefix string) []string {
-	var out []string
-	for _, l := range listed[chain] {
-		if t := RuleTarget(l); strings.HasPrefix(t, prefix) {
-			out = append(out, t)
+		step(explain.RuleStep{Where: string(t) + " " + from, Rule: j.Rule, Verdict: "jump " + j.To})
+		if v := Walk(chains, t, j.To, p, func(s WalkStep) { step(l.RuleStep(s)) }); v != "" {
+			return v
 		}
 	}
-	return out
+	return ""
 }

@@ -126,7 +126,7 @@ func parseIPVSConn(r io.Reader) ([]ipvsConn, error) {
 		c := ipvsConn{proto: proto, state: f[7]}
 		var err error
 		for i, dst := range []*netip.AddrPort{&c.client, &c.virtual, &c.real} {
-			if *dst, err = connAddrPort(f[1+2*i], f[2+2*i]); err != nil {
+			if *dst, err = hexAddrPort(f[1+2*i], f[2+2*i]); err != nil {
 				return nil, fmt.Errorf("line %d: %w", n, err)
 			}
 		}
@@ -138,23 +138,4 @@ func parseIPVSConn(r io.Reader) ([]ipvsConn, error) {
 		out = append(out, c)
 	}
 	return out, sc.Err()
-}
-
-func connAddrPort(addr, port string) (netip.AddrPort, error) {
-	p, err := strconv.ParseUint(port, 16, 16)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("port %q", port)
-	}
-	if strings.Contains(addr, ":") {
-		a, err := netip.ParseAddr(addr)
-		if err != nil {
-			return netip.AddrPort{}, fmt.Errorf("address %q: %w", addr, err)
-		}
-		return netip.AddrPortFrom(a, uint16(p)), nil
-	}
-	v, err := strconv.ParseUint(addr, 16, 32)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("address %q", addr)
-	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), uint16(p)), nil
 }

@@ -45,8 +45,8 @@ type pathWalk struct {
 	e      *explain.Explanation
 	fam    proxy.Family
 	chains iptables.Chains
-	// listed are the snapshot's listings, per table ("" keys absent).
-	listed  map[iptables.Table]map[string][]string
+	// listed are the snapshot's iptables-save listings.
+	listed  iptables.Listing
 	servers map[vsKey]*VirtualServer
 	sets    map[string][]string
 	local   map[netip.Addr]bool
@@ -58,15 +58,11 @@ type pathWalk struct {
 
 func newPathWalk(m *explain.Model, p explain.Packet, e *explain.Explanation) *pathWalk {
 	fam := proxy.FamilyOf(p.Dst.Addr())
-	w := &pathWalk{m: m, e: e, fam: fam, listed: map[iptables.Table]map[string][]string{}, servers: map[vsKey]*VirtualServer{},
+	w := &pathWalk{m: m, e: e, fam: fam, listed: iptables.ListedRules(m, fam), servers: map[vsKey]*VirtualServer{},
 		sets: map[string][]string{}, local: map[netip.Addr]bool{}}
 	for _, l := range m.Rules {
-		switch {
-		case l.Format == ListingFormatIPVS:
+		if l.Format == ListingFormatIPVS {
 			w.ipvsTxt = l.Text
-		case l.Format == "iptables-save" && strings.Contains(l.Where, " "+fam.String()+" "):
-			t := iptables.Table(l.Where[strings.LastIndexByte(l.Where, ' ')+1:])
-			w.listed[t] = iptables.ListedRules(l.Text)
 		}
 	}
 	st := m.State
@@ -139,7 +135,7 @@ func (w *pathWalk) scheduler() string {
 // masqMark is the mark KP-IPVS-MARK-MASQ sets, as listed, else kp's
 // default.
 func (w *pathWalk) masqMark() uint32 {
-	for _, l := range w.listed[iptables.TableNAT][chainMarkMasq] {
+	for _, l := range w.listed.Rules(iptables.TableNAT, chainMarkMasq) {
 		f := strings.Fields(l)
 		if i := slices.Index(f, "--or-mark"); i >= 0 && i+1 < len(f) {
 			if v, err := strconv.ParseUint(strings.Split(f[i+1], "/")[0], 0, 32); err == nil {
@@ -231,25 +227,12 @@ func (w *pathWalk) hook(t iptables.Table, chain string) {
 	if w.stopped {
 		return
 	}
+	var js []iptables.HookJump
 	for _, j := range w.jumps(t, chain) {
-		w.steps = append(w.steps, explain.RuleStep{Where: string(t) + " " + chain, Rule: w.jumpText(t, chain, j), Verdict: "jump " + j.to})
-		v := iptables.Walk(w.chains, t, j.to, w.pkt, w.step)
-		switch v {
-		case iptables.WalkDrop, iptables.WalkReject:
-			w.stopped = true
-			return
-		case iptables.WalkAccept:
-			return
-		}
+		js = append(js, iptables.HookJump{To: j.to, Rule: w.jumpText(t, chain, j)})
 	}
-}
-
-func (w *pathWalk) step(s iptables.WalkStep) {
-	text := s.Rule.Line(s.Chain)
-	if l := w.listed[s.Table][s.Chain]; s.Index < len(l) {
-		text = l[s.Index]
-	}
-	w.steps = append(w.steps, explain.RuleStep{Where: s.Where(), Rule: text, Verdict: s.Verdict})
+	v := w.listed.WalkHook(w.chains, t, chain, js, w.pkt, func(s explain.RuleStep) { w.steps = append(w.steps, s) })
+	w.stopped = v == iptables.WalkDrop || v == iptables.WalkReject
 }
 
 // jumps are kp's jumps of a built-in chain in the kernel's order: as
@@ -261,24 +244,16 @@ func (w *pathWalk) jumps(t iptables.Table, chain string) []jump {
 			mine = append(mine, j)
 		}
 	}
-	if listed := iptables.Jumps(w.listed[t], chain, iptables.IPVSChainPrefix); len(listed) > 0 {
-		var out []jump
-		for _, to := range listed {
-			if i := slices.IndexFunc(mine, func(j jump) bool { return j.to == to }); i >= 0 {
-				out = append(out, mine[i])
-			}
-		}
-		return out
+	out, listed := iptables.ListedOrder(w.listed, t, chain, iptables.IPVSChainPrefix, mine, func(j jump) string { return j.to })
+	if !listed {
+		slices.Reverse(out)
 	}
-	slices.Reverse(mine)
-	return mine
+	return out
 }
 
 func (w *pathWalk) jumpText(t iptables.Table, chain string, j jump) string {
-	for _, l := range w.listed[t][chain] {
-		if iptables.RuleTarget(l) == j.to {
-			return l
-		}
+	if l := w.listed.JumpLine(t, chain, j.to); l != "" {
+		return l
 	}
 	return strings.Replace(j.line(), "-I ", "-A ", 1)
 }

@@ -156,23 +156,33 @@ func procAddrPort(s string) (netip.AddrPort, error) {
 	if i < 0 {
 		return netip.AddrPort{}, fmt.Errorf("address %q", s)
 	}
-	port, err := strconv.ParseUint(s[i+1:], 16, 16)
+	ap, err := hexAddrPort(s[:i], s[i+1:])
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("address %q: port", s)
+		return netip.AddrPort{}, fmt.Errorf("address %q: %w", s, err)
 	}
-	host := s[:i]
-	if strings.HasPrefix(host, "[") {
+	return ap, nil
+}
+
+// hexAddrPort parses the address and port of a /proc/net/ip_vs* line:
+// the port in hex, an IPv4 address in hex ("0A60000A"), an IPv6 one as
+// %pI6 prints it, bracketed ("[fd00::1]", ip_vs) or not (ip_vs_conn).
+func hexAddrPort(host, port string) (netip.AddrPort, error) {
+	p, err := strconv.ParseUint(port, 16, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("port %q", port)
+	}
+	if strings.Contains(host, ":") {
 		a, err := netip.ParseAddr(strings.Trim(host, "[]"))
 		if err != nil {
-			return netip.AddrPort{}, fmt.Errorf("address %q: %w", s, err)
+			return netip.AddrPort{}, fmt.Errorf("address %q: %w", host, err)
 		}
-		return netip.AddrPortFrom(a, uint16(port)), nil
+		return netip.AddrPortFrom(a, uint16(p)), nil
 	}
 	v, err := strconv.ParseUint(host, 16, 32)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+		return netip.AddrPort{}, fmt.Errorf("address %q", host)
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), uint16(port)), nil
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), uint16(p)), nil
 }
 
 // sameTimeout reports whether a persistence timeout the kernel printed in

@@ -59,7 +59,7 @@ type userspaceWalk struct {
 	// nft: each chain's listed rule lines in order (nft -a list).
 	nftRules map[string][]string
 	// iptables: each chain's listed rules (iptables-save).
-	listed map[iptables.Table]map[string][]string
+	listed iptables.Listing
 
 	src, dst netip.Addr
 	proto    v1.Protocol
@@ -79,7 +79,7 @@ var listenerLine = regexp.MustCompile(`^(\S+)( external)? (TCP|UDP|SCTP) \S*:(\d
 
 func newUserspaceWalk(m *explain.Model, p explain.Packet, e *explain.Explanation) *userspaceWalk {
 	fam := proxy.FamilyOf(p.Dst.Addr())
-	w := &userspaceWalk{m: m, e: e, fam: fam, nftRules: map[string][]string{}, listed: map[iptables.Table]map[string][]string{},
+	w := &userspaceWalk{m: m, e: e, fam: fam, nftRules: map[string][]string{}, listed: iptables.ListedRules(m, fam),
 		dst: p.Dst.Addr(), src: p.Src, proto: p.Protocol, dport: p.Dst.Port(), srcLocal: e.Source.Node, local: map[netip.Addr]bool{}}
 	ports := map[string]int{} // "ns/name:port" and "... external" → listener port
 	for _, l := range m.Rules {
@@ -95,8 +95,6 @@ func newUserspaceWalk(m *explain.Model, p explain.Packet, e *explain.Explanation
 			w.nftRules = nftListedRules(l.Text)
 		case l.Format == "iptables-save" && strings.Contains(l.Where, " "+fam.String()+" "):
 			w.iptables = true
-			t := iptables.Table(l.Where[strings.LastIndexByte(l.Where, ' ')+1:])
-			w.listed[t] = iptables.ListedRules(l.Text)
 		}
 	}
 	if len(m.Rules) == 0 && m.IPTablesBackend != "" {
@@ -382,31 +380,17 @@ func (w *userspaceWalk) runIPTables() {
 		if w.stopped {
 			return
 		}
+		var js []iptables.HookJump
 		for _, j := range w.builtinJumps(owned.Jumps, t, from) {
-			if !pkt.Matches(j.Match) {
-				continue
-			}
-			w.steps = append(w.steps, explain.RuleStep{Where: string(t) + " " + from, Rule: w.jumpText(t, from, j), Verdict: "jump " + j.To})
-			switch iptables.Walk(chains, t, j.To, pkt, func(s iptables.WalkStep) {
-				text := s.Rule.Line(s.Chain)
-				if l := w.listed[s.Table][s.Chain]; s.Index < len(l) {
-					text = l[s.Index]
-				}
-				w.steps = append(w.steps, explain.RuleStep{Where: s.Where(), Rule: text, Verdict: s.Verdict})
-				if strings.HasPrefix(s.Verdict, "redirect to :") {
-					port, _ := strconv.Atoi(strings.TrimPrefix(s.Verdict, "redirect to :"))
-					w.redirectTo(port)
-					pkt.Dst, pkt.DPort, pkt.DstLocal = netip.Addr{}, uint16(port), true
-					pkt.CtStates = append(pkt.CtStates, "DNAT")
-				}
-			}) {
-			case iptables.WalkDrop, iptables.WalkReject:
-				w.stopped = true
-				return
-			case iptables.WalkAccept:
-				return
-			}
+			js = append(js, iptables.HookJump{Match: j.Match, To: j.To, Rule: w.jumpText(t, from, j)})
 		}
+		v := w.listed.WalkHook(chains, t, from, js, pkt, func(s explain.RuleStep) {
+			w.steps = append(w.steps, s)
+			if strings.HasPrefix(s.Verdict, "redirect to :") {
+				w.redirectTo(int(pkt.DPort)) // Walk redirected pkt
+			}
+		})
+		w.stopped = v == iptables.WalkDrop || v == iptables.WalkReject
 	}
 	if w.srcLocal {
 		hook(iptables.TableNAT, "OUTPUT")
@@ -436,23 +420,13 @@ func (w *userspaceWalk) builtinJumps(all []iptables.Jump, t iptables.Table, from
 			mine = append(mine, j)
 		}
 	}
-	if listed := iptables.Jumps(w.listed[t], from, iptables.UserspaceChainPrefix); len(listed) > 0 {
-		var out []iptables.Jump
-		for _, to := range listed {
-			if i := slices.IndexFunc(mine, func(j iptables.Jump) bool { return j.To == to }); i >= 0 {
-				out = append(out, mine[i])
-			}
-		}
-		return out
-	}
-	return mine
+	out, _ := iptables.ListedOrder(w.listed, t, from, iptables.UserspaceChainPrefix, mine, func(j iptables.Jump) string { return j.To })
+	return out
 }
 
 func (w *userspaceWalk) jumpText(t iptables.Table, from string, j iptables.Jump) string {
-	for _, l := range w.listed[t][from] {
-		if iptables.RuleTarget(l) == j.To {
-			return l
-		}
+	if l := w.listed.JumpLine(t, from, j.To); l != "" {
+		return l
 	}
 	return strings.TrimSpace(fmt.Sprintf("-A %s %s -m comment --comment %q -j %s", from, j.Match, j.Comment, j.To))
 }
