@@ -102,13 +102,16 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 		return nil, fmt.Errorf("arm the trace: %w", err)
 	}
 	defer undo()
-	mon := exec.Command("ip", "netns", "exec", e.w.Node(), "xtables-monitor", "--trace")
+	// Line-buffered: xtables-monitor writes to a pipe through stdio's
+	// block buffer, whose unflushed tail a SIGTERM loses (a trace cut
+	// after its nat steps, once).
+	mon := exec.Command("ip", "netns", "exec", e.w.Node(), "stdbuf", "-oL", "xtables-monitor", "--trace")
 	if !dst.Addr().Is4() {
 		mon.Args = append(mon.Args, "-6")
 	} else {
 		mon.Args = append(mon.Args, "-4")
 	}
-	var out bytes.Buffer
+	var out lockedBuffer
 	mon.Stdout, mon.Stderr = &out, &out
 	if err := mon.Start(); err != nil {
 		return nil, fmt.Errorf("xtables-monitor: %w", err)
@@ -117,7 +120,16 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 	// event: give it a moment before the packet.
 	time.Sleep(500 * time.Millisecond)
 	send()
-	time.Sleep(700 * time.Millisecond)
+	// send does not wait for the packet: wait until the trace has begun
+	// and then been quiet for 300 ms (at most 3 s).
+	last, quiet := 0, time.Now()
+	for deadline := time.Now().Add(slow(3 * time.Second)); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if n := out.Len(); n != last {
+			last, quiet = n, time.Now()
+		} else if n > 0 && time.Since(quiet) > 300*time.Millisecond {
+			break
+		}
+	}
 	_ = mon.Process.Signal(syscall.SIGTERM)
 	_ = mon.Wait()
 	if os.Getenv("KP_E2E_TRACE_LOG") != "" {
@@ -601,4 +613,28 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			})
 		}
 	})
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Len()
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
