@@ -39,7 +39,7 @@ type Model struct {
 	// Rules are the mode's rules as listed at the snapshot (RulesError
 	// says why they are missing): a RulePather takes handles and rule
 	// text from them.
-	Rules      []statusapi.RuleListing
+	Rules      []proxy.RuleListing
 	RulesError string
 	// Time is when the snapshot was taken (zero when unknown).
 	Time time.Time
@@ -131,10 +131,13 @@ func FromSnapshot(snap *statusapi.Snapshot) (*Model, error) {
 		return nil, fmt.Errorf("snapshot: services: %w", err)
 	}
 	m := &Model{State: st, Mode: snap.Mode, Conntrack: snap.Conntrack, ConntrackError: snap.ConntrackError,
-		IPTablesBackend: snap.IPTablesBackend, Rules: snap.Rules, RulesError: snap.RulesError, Time: snap.Time}
+		IPTablesBackend: snap.IPTablesBackend, RulesError: snap.RulesError, Time: snap.Time}
 	m.readAffinity(snap)
 	if snap.Build != nil {
 		m.Version = snap.Build.Version
+	}
+	for _, r := range snap.Rules {
+		m.Rules = append(m.Rules, proxy.RuleListing{Where: r.Where, Format: r.Format, Text: r.Text})
 	}
 	pf := snap.Proxy
 	f := &m.Facts

@@ -12,7 +12,6 @@ import (
 
 	"github.com/kpproxy/kp/explain"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // The world of these tests: node-a (10.0.0.5, bridge 10.244.1.1), pods in
@@ -227,7 +226,7 @@ func TestRulePathNotesWhatItCannotKnow(t *testing.T) {
 // other rules than kp renders is noted, and its steps keep kp's text.
 func TestRulePathTakesHandlesFromTheListing(t *testing.T) {
 	m := explainWorld()
-	m.Rules = []statusapi.RuleListing{{Where: "nftables ip kp", Format: "nft", Text: `table ip kp { # handle 7
+	m.Rules = []proxy.RuleListing{{Where: "nftables ip kp", Format: "nft", Text: `table ip kp { # handle 7
 	set cluster-ips { # handle 3
 		type ipv4_addr
 		elements = { 10.96.0.10 }
@@ -266,7 +265,7 @@ func TestRulePathTakesHandlesFromTheListing(t *testing.T) {
 // text stays kp's own.
 func TestRulePathTakesOnlyHandlesFromANetlinkListing(t *testing.T) {
 	m := explainWorld()
-	m.Rules = []statusapi.RuleListing{{Where: "nftables ip kp", Format: ListingFormatNetlink, Text: `# read through netlink
+	m.Rules = []proxy.RuleListing{{Where: "nftables ip kp", Format: ListingFormatNetlink, Text: `# read through netlink
 table ip kp {
 	chain nat-prerouting {
 		type nat hook 0 priority -100;

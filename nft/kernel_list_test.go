@@ -8,8 +8,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statetest"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // Without the nft CLI (kp's image has none), or for another network
@@ -36,8 +36,8 @@ func TestKernelListRulesThroughNetlinkHasNFTsHandles(t *testing.T) {
 	if testing.Verbose() {
 		t.Logf("through netlink:\n%s", listings[0].Text)
 	}
-	viaNetlink := parseListing(statusapi.RuleListing(listings[0]), familyIPv4)
-	viaNFT := parseListing(statusapi.RuleListing{Format: "nft", Text: nftIn(t, ns, "-a", "list", "table", "ip", TableName)}, familyIPv4)
+	viaNetlink := parseListing(listings[0], familyIPv4)
+	viaNFT := parseListing(proxy.RuleListing{Format: "nft", Text: nftIn(t, ns, "-a", "list", "table", "ip", TableName)}, familyIPv4)
 	if len(viaNFT) == 0 || len(viaNetlink) != len(viaNFT) {
 		t.Fatalf("%d chains through netlink, %d listed by nft", len(viaNetlink), len(viaNFT))
 	}

@@ -93,12 +93,15 @@ var allowed = map[string][]string{
 	"legacy":          {},
 	"proxy/source":    {"proxy"},
 	"proxy/server":    {"proxy", "proxy/statusapi"},
-	"nft":             {"proxy"},
-	"legacy/iptables": {"proxy"},
-	"legacy/ipvs":     {"proxy", "legacy/iptables"},
+	// explain: each mode implements explain.RulePather, a packet's path
+	// through its own rules, rendered by its own constructors (one
+	// constructor path); explain imports the core and conntrack only.
+	"nft":             {"proxy", "explain"},
+	"legacy/iptables": {"proxy", "explain"},
+	"legacy/ipvs":     {"proxy", "legacy/iptables", "explain"},
 	// conntrack: a draining userspace proxy hands its UDP flows over by
 	// deleting their entries itself (legacy/userspace/handover.go).
-	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack"},
+	"legacy/userspace": {"proxy", "legacy/iptables", "conntrack", "explain"},
 	"conntrack":        {"proxy"},
 	// explain: kp top's x opens kp explain's answer.
 	"tui":             {"proxy", "proxy/statusapi", "conntrack", "explain"},

@@ -12,7 +12,6 @@ import (
 
 	"github.com/kpproxy/kp/explain"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // The world of these tests: node-a (10.0.0.5, bridge 10.244.1.1), pods
@@ -231,7 +230,7 @@ func TestRulePathAffinityAndListing(t *testing.T) {
 	eps := []proxy.Endpoint{pathEP("10.244.1.10", "node-a"), pathEP("10.244.2.10", "node-b")}
 	m := pathModel(map[*proxy.ServicePort][]proxy.Endpoint{sticky: eps})
 	svc, sep1 := svcChainName(sticky), sepChainName(sticky, eps[1])
-	m.Rules = []statusapi.RuleListing{{Where: "iptables-nft IPv4 nat", Format: "iptables-save", Text: `*nat
+	m.Rules = []proxy.RuleListing{{Where: "iptables-nft IPv4 nat", Format: "iptables-save", Text: `*nat
 :KP-SERVICES - [0:0]
 [7:420] -A PREROUTING -m comment --comment "kubernetes service portals" -j KP-SERVICES
 -A KP-SERVICES -d 10.96.0.50/32 -p tcp -m comment --comment "default/sticky cluster IP" -m tcp --dport 80 -j ` + svc + `

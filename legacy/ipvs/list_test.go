@@ -11,7 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/explain"
-	"github.com/kpproxy/kp/proxy/statusapi"
+	"github.com/kpproxy/kp/proxy"
 )
 
 func TestVirtualServersAreListedAsIPVSAdmPrintsThem(t *testing.T) {
@@ -63,7 +63,7 @@ func TestListRulesFeedsTheRulePath(t *testing.T) {
 	var where []string
 	for _, l := range ls {
 		where = append(where, l.Where+" ("+l.Format+")")
-		m.Rules = append(m.Rules, statusapi.RuleListing{Where: l.Where, Format: l.Format, Text: l.Text})
+		m.Rules = append(m.Rules, proxy.RuleListing{Where: l.Where, Format: l.Format, Text: l.Text})
 	}
 	want := []string{"ipvs virtual servers (ipvs)", "ipset KP- (ipset)", "iptables-nft IPv4 nat (iptables-save)",
 		"iptables-nft IPv4 filter (iptables-save)", "iptables-nft IPv6 nat (iptables-save)", "iptables-nft IPv6 filter (iptables-save)"}

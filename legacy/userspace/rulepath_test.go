@@ -10,14 +10,13 @@ import (
 
 	"github.com/kpproxy/kp/explain"
 	"github.com/kpproxy/kp/proxy"
-	"github.com/kpproxy/kp/proxy/statusapi"
 )
 
 // The world: node-a (10.0.0.5), pods in 10.244.0.0/16, Services in
 // 10.96.0.0/16; web (10.96.0.10:80, NodePort 30080) has two endpoints and
 // its listeners on 39017 (ClusterIP) and 39018 (external); empty
 // (10.96.0.20:80) none.
-func userspaceModel(listing []statusapi.RuleListing) *explain.Model {
+func userspaceModel(listing []proxy.RuleListing) *explain.Model {
 	name := func(n string) proxy.ServicePortName {
 		return proxy.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "default", Name: n}, Port: "http", Protocol: v1.ProtocolTCP}
 	}
@@ -32,7 +31,7 @@ func userspaceModel(listing []statusapi.RuleListing) *explain.Model {
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
 		Services:     map[proxy.ServicePortName]*proxy.ServicePort{web.Name: web, empty.Name: empty},
 		Endpoints:    map[proxy.ServicePortName][]proxy.Endpoint{web.Name: {ep("10.244.1.10", "node-a"), ep("10.244.2.10", "node-b")}}}
-	listing = append(listing, statusapi.RuleListing{Where: "userspace listeners", Format: ListingFormatListeners,
+	listing = append(listing, proxy.RuleListing{Where: "userspace listeners", Format: ListingFormatListeners,
 		Text: "default/web:http TCP [::]:39017\ndefault/web:http external TCP [::]:39018\n"})
 	return &explain.Model{State: st, Mode: "userspace", Rules: listing, Facts: explain.Facts{LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		NodePortIPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}, LocalAddrs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}}}
@@ -58,10 +57,10 @@ func userspacePath(t *testing.T, m *explain.Model, from, dst string) string {
 
 func TestUserspaceRulePathEndsAtTheListener(t *testing.T) {
 	const both = "one of: to 10.244.1.10:8080 | to 10.244.2.10:8080"
-	iptListing := []statusapi.RuleListing{{Where: "iptables-nft IPv4 nat", Format: "iptables-save", Text: "*nat\nCOMMIT\n"}}
+	iptListing := []proxy.RuleListing{{Where: "iptables-nft IPv4 nat", Format: "iptables-save", Text: "*nat\nCOMMIT\n"}}
 	for _, c := range []struct {
 		name, from, dst string
-		listing         []statusapi.RuleListing
+		listing         []proxy.RuleListing
 		want            []string
 	}{
 		{"nftables: a ClusterIP is redirected to its listener", "10.244.3.3", "10.96.0.10:80", nil, []string{

@@ -489,10 +489,7 @@ func specTarget(spec string) (string, bool) {
 // for it (pathDiff); a random endpoint choice accepts any of its
 // alternatives.
 func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
-	forEachMode(t, func(t *testing.T, m mode) {
-		if !m.iptables() {
-			t.Skipf("%s: not the iptables mode", m.name)
-		}
+	forEachModeOf(t, mode.iptables, func(t *testing.T, m mode) {
 		e := newEnv(t, m, 2)
 		pods := e.w.Pods()
 		http := []Port{{Name: "http", Port: 80, TargetPort: 8080}}

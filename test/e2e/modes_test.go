@@ -269,6 +269,19 @@ func forEachMode(t *testing.T, body func(t *testing.T, m mode)) {
 	runModes(t, body)
 }
 
+// forEachModeOf is forEachMode for the selected modes of a kind (the
+// iptables mode's two backends): a test of one mode's own rules, which the
+// others do not write, runs no subtest for them rather than skipping.
+func forEachModeOf(t *testing.T, of func(mode) bool, body func(t *testing.T, m mode)) {
+	t.Helper()
+	t.Parallel()
+	for _, m := range selectedModes(t) {
+		if of(m) {
+			t.Run(m.name, func(t *testing.T) { body(t, m) })
+		}
+	}
+}
+
 // forEachModeSerial is forEachMode for a body that must not run in
 // parallel with anything (it builds its world with newEnvSerial).
 func forEachModeSerial(t *testing.T, body func(t *testing.T, m mode)) {
