@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net/netip"
 	"os"
@@ -111,7 +110,7 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 	} else {
 		mon.Args = append(mon.Args, "-4")
 	}
-	var out lockedBuffer
+	var out syncBuffer
 	mon.Stdout, mon.Stderr = &out, &out
 	if err := mon.Start(); err != nil {
 		return nil, fmt.Errorf("xtables-monitor: %w", err)
@@ -124,7 +123,7 @@ func traceXtablesMonitor(e *env, from netip.Addr, dst netip.AddrPort, proto stri
 	// and then been quiet for 300 ms (at most 3 s).
 	last, quiet := 0, time.Now()
 	for deadline := time.Now().Add(slow(3 * time.Second)); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if n := out.Len(); n != last {
+		if n := len(out.String()); n != last {
 			last, quiet = n, time.Now()
 		} else if n > 0 && time.Since(quiet) > 300*time.Millisecond {
 			break
@@ -610,28 +609,4 @@ func TestIPTablesRulePathIsTheKernelsTrace(t *testing.T) {
 			})
 		}
 	})
-}
-
-// lockedBuffer is a bytes.Buffer a process writes while the test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Len()
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
