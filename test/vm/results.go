@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -94,7 +95,8 @@ func (c Claim) Check(r Results) []error {
 		switch res.Action {
 		case "pass":
 		case "fail":
-			errs = append(errs, fmt.Errorf("%s failed:\n%s", name, indent(res.Output)))
+			errs = append(errs, fmt.Errorf("%s failed; its last messages:\n%s\nits whole output:\n%s",
+				name, indent(lastMessages(res.Output, failMessages)), indent(res.Output)))
 		case "":
 			errs = append(errs, fmt.Errorf("%s started and never ended (the run was cut short)", name))
 		case "skip":
@@ -116,6 +118,30 @@ func (c Claim) skipAllowed(name, output string) bool {
 		}
 	}
 	return false
+}
+
+// failMessages is how many of a failed test's last messages its error
+// names before its whole output: test/failures.sh, the digest at the end
+// of make test, keeps only a message's first continuation lines, and a
+// test's first lines (its setup's) rarely say what failed.
+const failMessages = 5
+
+// message is a test's message line in go test -v output: file.go:N: text.
+var message = regexp.MustCompile(`^\s*[A-Za-z0-9_.-]+\.go:[0-9]+: `)
+
+// lastMessages returns the last n message lines of a test's output (their
+// first lines only), "(no messages)" when it has none.
+func lastMessages(out string, n int) string {
+	var msgs []string
+	for _, line := range strings.Split(out, "\n") {
+		if message.MatchString(line) {
+			msgs = append(msgs, strings.TrimSpace(line))
+		}
+	}
+	if len(msgs) == 0 {
+		return "(no messages)"
+	}
+	return strings.Join(msgs[max(0, len(msgs)-n):], "\n")
 }
 
 func indent(s string) string {

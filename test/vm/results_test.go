@@ -46,6 +46,13 @@ func TestClaimCheckNamesEveryTestThatBreaksIt(t *testing.T) {
 		out:   strings.Replace(done, "--- PASS: TestKernelIs61", "--- FAIL: TestKernelIs61", 1) + "FAIL\n",
 		claim: Claim{SkipReasons: allowNFT},
 		want:  []string{"TestKernelIs61 failed"},
+	}, {
+		// The digest of make test keeps a message's first lines: the
+		// failure's own messages come first, its setup's logs after.
+		name: "a failure's last messages first",
+		out: "=== RUN   TestMigrate\n    m_test.go:1: setup\n    m_test.go:2: kp migrate node:\n        log line\n" +
+			"    m_test.go:3: 1 of 822 connections refused\n--- FAIL: TestMigrate (1.00s)\nFAIL\n",
+		want: []string{"TestMigrate failed; its last messages:\n    m_test.go:1: setup\n    m_test.go:2: kp migrate node:\n    m_test.go:3: 1 of 822 connections refused\nits whole output:"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := CheckRun(tc.out, tc.claim)
