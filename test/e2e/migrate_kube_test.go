@@ -74,7 +74,8 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 			t.Logf("kube-proxy's rules: %v", before)
 
 			// The long-lived connection and the UDP flow are kube-proxy's.
-			tr := startTraffic(t, client, []string{webTCP, apiTCP}, streamTCP, webUDP)
+			tr := startFlows(t, flows{loops: []loopFlow{{name: "from " + client, ns: client, addrs: []string{webTCP, apiTCP}}},
+				stream: flowTo{client, streamTCP}, udp: flowTo{client, webUDP}, capture: e.w.Node()})
 			time.Sleep(300 * time.Millisecond)
 			// kp starts while kube-proxy still runs (a DaemonSet rollout's
 			// overlap): its take-over removes kube-proxy's rules after its

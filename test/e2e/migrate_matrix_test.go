@@ -230,8 +230,9 @@ func (w *tourWorld) traffic(t *testing.T) *traffic {
 			{name: "from " + w.client.Name + " to ClusterIPs", ns: w.client.NS, addrs: []string{webTCP, apiTCP}},
 			{name: "from off the node to the NodePort", ns: client, addrs: []string{w.nodePort()}},
 		},
-		stream: flowTo{client, streamTCP},
-		udp:    flowTo{w.client.NS, webUDP},
+		stream:  flowTo{client, streamTCP},
+		udp:     flowTo{w.client.NS, webUDP},
+		capture: w.e.w.Node(),
 	})
 	tr.flowing(5)
 	return tr

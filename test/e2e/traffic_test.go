@@ -23,8 +23,9 @@ type traffic struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	loops []*namedLoop
-	long  *stream
+	loops   []*namedLoop
+	long    *stream
+	capture *resetCapture
 
 	mu        sync.Mutex
 	udpAsked  int
@@ -38,6 +39,9 @@ type flows struct {
 	loops  []loopFlow
 	stream flowTo
 	udp    flowTo
+	// capture: the namespace (the node's) whose TCP resets and ICMP
+	// errors a failure of the traffic names (resetCapture); none if "".
+	capture string
 }
 
 // loopFlow is one loop of new connections: from namespace ns to addrs in
@@ -92,6 +96,10 @@ func startFlows(t *testing.T, f flows) *traffic {
 	// How long a UDP answer or a ping on the long-lived connection may
 	// take before it counts as lost: under the VM's emulation a loaded host
 	// stalls its CPUs for seconds (slow).
+	if f.capture != "" {
+		tr.capture = startResetCapture(f.capture)
+		t.Cleanup(func() { tr.capture.stop() })
+	}
 	wait := slow(3 * time.Second)
 	tr.long = startStream(t, f.stream.ns, f.stream.addr, wait)
 	for _, lf := range f.loops {
@@ -219,6 +227,9 @@ func (tr *traffic) stopSince(since time.Time, allowLongLivedLoss string) {
 		t.Logf("the long-lived connection ended, as expected (%s): %v", allowLongLivedLoss, longErr)
 	case len(pongs) < 10:
 		t.Errorf("the long-lived connection carried only %d pings", len(pongs))
+	}
+	if lines := tr.capture.stop(); t.Failed() && tr.capture != nil {
+		t.Log(tr.capture.summary(lines))
 	}
 }
 
