@@ -64,7 +64,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 	case KP, KPIPTables, KPUserspace, KPIPVS:
 		p.bin = kpBin(t)
 		p.args = append(append([]string{"proxy"}, common...),
-			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
+			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod, "--status-socket", statusSocket(t))
 		p.count = func() (int, error) { return countNFT(w.Node(), "kp") }
 		if name == KPIPTables {
 			// The backend upstream's iptables mode gets here too: Debian's
@@ -426,4 +426,22 @@ func childHWM(pid int) int64 {
 		}
 	}
 	return peak
+}
+
+// statusSocket is a kp's own --status-socket: kp refuses to start when
+// another kp serves on the default one (/run/kp/kp.sock), which a test
+// running beside the benchmark's (make test runs two packages at once)
+// may.
+func statusSocket(t *testing.T) string {
+	t.Helper()
+	// A short path: a socket's is at most 107 bytes.
+	dir, err := os.MkdirTemp("", "kpbench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "kp.sock")
 }
