@@ -298,13 +298,22 @@ func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, se
 	}
 	send()
 	time.Sleep(300 * time.Millisecond)
-	saved := map[string]map[string][]countedRule{}
-	for _, t := range []string{"nat", "filter"} {
-		out, err := e.w.Exec(e.w.Node(), bin+"-save", "-c", "-t", t)
-		if err != nil {
-			return nil, fmt.Errorf("%s-save: %w\n%s", bin, err, out)
+	// Read until two reads agree: once, on a loaded machine, the nat
+	// table's counters had the packet and the filter table's, read after
+	// them, not yet.
+	var saved, last map[string]map[string][]countedRule
+	for try := 0; try < 10 && (saved == nil || !reflect.DeepEqual(saved, last)); try++ {
+		if saved != nil {
+			time.Sleep(200 * time.Millisecond)
 		}
-		saved[t] = parseCounted(out)
+		last, saved = saved, map[string]map[string][]countedRule{}
+		for _, t := range []string{"nat", "filter"} {
+			out, err := e.w.Exec(e.w.Node(), bin+"-save", "-c", "-t", t)
+			if err != nil {
+				return nil, fmt.Errorf("%s-save: %w\n%s", bin, err, out)
+			}
+			saved[t] = parseCounted(out)
+		}
 	}
 	local, err := nodeAddrs(e)
 	if err != nil {
