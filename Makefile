@@ -120,7 +120,9 @@ test: kube-bins test-images vm-kernel
 # The benchmark of kp against upstream kube-proxy (nftables and iptables
 # modes) against one real kube-apiserver: rewrites test/bench/REPORT.md,
 # bench.svg and results.json. Not part of `make test`, which runs only its
-# smoke (TestBenchSmoke, N = 100). BENCH_N lists the Service counts;
+# smoke (TestBenchSmoke, N = 100) and its regression gate (TestBenchGate:
+# kp at N = 1,000 in under a minute, budgets in test/bench/gate_test.go,
+# peak RSS against test/bench/gate.json; NOTES.md "The regression gate"). BENCH_N lists the Service counts;
 # BENCH_ARGS passes more flags (see test/bench). The five proxies run up to
 # 10,000; from 30,000 on kp's nftables mode and upstream's alone
 # (kp-iptables at 30,000 alone would take over an hour), at 100,000 kp

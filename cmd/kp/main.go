@@ -196,6 +196,18 @@ DaemonSet can run kp with its arguments unchanged.`,
 	// added now rather than at Execute, so that it is in the tree
 	// noteStarts wraps and its help ends like every other.
 	root.InitDefaultCompletionCmd()
-	root.SetUsageTemplate(root.UsageTemplate() + exitCodesHelp)
+	// cobra's default usage, then the exit codes. A usage template would
+	// print the same, but it links text/template, whose calls of methods by
+	// name keep every exported method of every type in the binary: 4.8 MB
+	// more text, and about 3.5 MiB more RSS in every kp process
+	// (test/bench/NOTES.md, "The regression gate"; cmd/kp/deps_test.go).
+	usage := root.UsageFunc()
+	root.SetUsageFunc(func(c *cobra.Command) error {
+		if err := usage(c); err != nil {
+			return err
+		}
+		_, err := io.WriteString(c.OutOrStderr(), exitCodesHelp)
+		return err
+	})
 	return root
 }

@@ -186,11 +186,16 @@ func (f *floorLoad) load(n int) (Floor, error) {
 	if _, err := netns.Exec(f.ns, "nft", "flush", "ruleset"); err != nil {
 		return Floor{}, fmt.Errorf("floor %s: %v", f.ref, err)
 	}
+	// ip netns exec execs the command in its own process: its rusage is
+	// the load's CPU (the kernel's commit runs in the sender's context).
+	cmd := exec.Command("ip", append([]string{"netns", "exec", f.ns}, f.cmd...)...)
 	start := time.Now()
-	if msg, err := netns.Exec(f.ns, f.cmd...); err != nil {
+	if msg, err := cmd.CombinedOutput(); err != nil {
 		return Floor{}, fmt.Errorf("floor: %s of %s's ruleset: %v: %.300s", strings.Join(f.cmd, " "), f.proxy, err, msg)
 	}
-	return Floor{Proxy: f.proxy, NoFlush: f.noFlush, N: n, Seconds: time.Since(start).Seconds(), Lines: f.lines}, nil
+	took := time.Since(start)
+	cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return Floor{Proxy: f.proxy, NoFlush: f.noFlush, N: n, Seconds: took.Seconds(), CPUSeconds: cpu.Seconds(), Lines: f.lines}, nil
 }
 
 // withCacheHint puts "-S" after the chain declarations of each table of an

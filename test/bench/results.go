@@ -116,7 +116,10 @@ type Floor struct {
 	NoFlush bool `json:",omitempty"`
 	N       int
 	Seconds float64
-	Lines   int // lines of the ruleset file
+	// CPUSeconds is the loading process's user+system time (the kernel's
+	// commit included); 0 in runs before it was recorded.
+	CPUSeconds float64 `json:",omitempty"`
+	Lines      int     // lines of the ruleset file
 }
 
 // proxy is the kp mode of f.
