@@ -43,7 +43,7 @@ const (
 	gateRounds        = 7
 	gateChanges       = 20
 	gateColdCPU       = 2.5
-	gateColdWall      = 3.5
+	gateColdWall      = 4.5
 	gateSyncPerChange = 3 * time.Millisecond
 	gatePeakRSS       = 1.2
 	gateBaselineFile  = "gate.json"
