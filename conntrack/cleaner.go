@@ -67,22 +67,40 @@ type Judge struct {
 	// removed indexes the service ports of prev that cur no longer has, on
 	// addresses cur does not reuse.
 	removed *Index
-	keep    map[proxy.ServicePortName]map[netip.AddrPort]bool
+	cur     *proxy.State
+	// keep: per service port of cur, the reply sources its entries may
+	// keep (keepTargets), built when a flow to it is judged first.
+	keep map[proxy.ServicePortName]map[netip.AddrPort]bool
+}
+
+// keepOf is name's keep set (keepTargets of cur's endpoints), built once.
+func (j *Judge) keepOf(name proxy.ServicePortName) map[netip.AddrPort]bool {
+	if m, ok := j.keep[name]; ok {
+		return m
+	}
+	m := map[netip.AddrPort]bool{}
+	if j.cur != nil && j.cur.Services[name] != nil {
+		for _, e := range keepTargets(j.cur.Endpoints[name]) {
+			m[e.AddrPort()] = true
+		}
+	}
+	j.keep[name] = m
+	return m
+}
+
+// mayBeStale reports whether Judge can find f stale: a UDP or SCTP entry,
+// or a TCP connection attempt never DNATed (judgeTCP).
+func mayBeStale(f Flow) bool {
+	if f.Protocol == ProtoTCP {
+		return f.ProtoState == tcpSynSent && !f.DNATed()
+	}
+	return cleaned(f.Protocol)
 }
 
 // NewJudge prepares the decisions for State cur (prev, the previously
 // synced State, may be nil). nodeIPs are the namespace's local addresses.
 func NewJudge(prev, cur *proxy.State, nodeIPs []netip.Addr) *Judge {
-	j := &Judge{ix: NewIndex(cur, nodeIPs), keep: map[proxy.ServicePortName]map[netip.AddrPort]bool{}}
-	if cur != nil {
-		for name := range cur.Services {
-			m := map[netip.AddrPort]bool{}
-			for _, e := range keepTargets(cur.Endpoints[name]) {
-				m[e.AddrPort()] = true
-			}
-			j.keep[name] = m
-		}
-	}
+	j := &Judge{ix: NewIndex(cur, nodeIPs), cur: cur, keep: map[proxy.ServicePortName]map[netip.AddrPort]bool{}}
 	if prev != nil {
 		gone := &proxy.State{Services: map[proxy.ServicePortName]*proxy.ServicePort{}, Node: prev.Node}
 		for name, sp := range prev.Services {
@@ -104,7 +122,7 @@ func (j *Judge) Judge(f Flow) Staleness {
 		return Staleness{}
 	}
 	if t, ok := j.ix.lookup(f); ok {
-		if j.keep[t.name][f.Reply.Src] {
+		if j.keepOf(t.name)[f.Reply.Src] {
 			return Staleness{ServicePort: t.name}
 		}
 		reason := ReasonEndpointGone
@@ -280,10 +298,6 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) && !servesNewTCP(prev, cur) {
 		return 0, nil // nothing to judge: skip the dump
 	}
-	addrs, err := c.localAddrs()
-	if err != nil {
-		return 0, fmt.Errorf("list local addresses: %w", err)
-	}
 	conn, err := c.dial()
 	if err != nil {
 		return 0, err
@@ -293,10 +307,26 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 	if err != nil {
 		return 0, err
 	}
+	// Only these can be stale (Judge): the judge, which indexes every
+	// Service of cur and prev, is built when one of them is there, not on
+	// every sync of a node whose table holds only established TCP.
+	var cands []Flow
+	for _, f := range flows {
+		if mayBeStale(f) {
+			cands = append(cands, f)
+		}
+	}
+	if len(cands) == 0 {
+		return 0, nil
+	}
+	addrs, err := c.localAddrs()
+	if err != nil {
+		return 0, fmt.Errorf("list local addresses: %w", err)
+	}
 	j := NewJudge(prev, cur, addrs)
 	deleted := 0
 	var firstErr error
-	for _, f := range flows {
+	for _, f := range cands {
 		if ctx.Err() != nil {
 			return deleted, ctx.Err()
 		}
@@ -304,7 +334,7 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 		if !s.Stale {
 			continue
 		}
-		if c.keepRedirected.Load() && f.DNATed() && len(j.keep[s.ServicePort]) > 0 {
+		if c.keepRedirected.Load() && f.DNATed() && len(j.keepOf(s.ServicePort)) > 0 {
 			continue
 		}
 		if sp := c.spared.Load(); sp != nil && sp.Redirects(f) {

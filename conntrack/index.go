@@ -62,7 +62,11 @@ type target struct {
 // st's node IPs or to any of nodeIPs (the namespace's local addresses: kp
 // may serve NodePorts on more than the primary IPs).
 func NewIndex(st *proxy.State, nodeIPs []netip.Addr) *Index {
-	ix := &Index{byAddr: map[frontend]target{}, byNodePort: map[protoPort]target{}, nodeIPs: map[netip.Addr]bool{}}
+	n := 0
+	if st != nil {
+		n = len(st.Services)
+	}
+	ix := &Index{byAddr: make(map[frontend]target, n), byNodePort: map[protoPort]target{}, nodeIPs: map[netip.Addr]bool{}}
 	for _, a := range nodeIPs {
 		ix.nodeIPs[a.Unmap()] = true
 	}
