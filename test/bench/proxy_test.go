@@ -63,8 +63,16 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 	switch name {
 	case KP, KPIPTables, KPUserspace, KPIPVS:
 		p.bin = kpBin(t)
+		// A status socket of its own: the default, /run/kp/kp.sock, is
+		// the host's, and a kp of another test on the machine may hold it
+		// (kp then refuses to start).
+		dir, err := os.MkdirTemp("", "kpbench")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
 		p.args = append(append([]string{"proxy"}, common...),
-			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod)
+			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod, "--status-socket", filepath.Join(dir, "kp.sock"))
 		p.count = func() (int, error) { return countNFT(w.Node(), "kp") }
 		if name == KPIPTables {
 			// The backend upstream's iptables mode gets here too: Debian's
