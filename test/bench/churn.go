@@ -10,7 +10,7 @@ import (
 // Churn is one proxy's churn phase at one rate (issue 35): EndpointSlice
 // changes at a steady open-loop rate, each replacing one endpoint of a
 // Service with a new address as a rolling update does, plus one Service
-// created and one deleted a second, for a fixed time. Every change is timed
+// created a second (each deleted 10 s later), for a fixed time. Every change is timed
 // from the API write being sent to the first nf_tables event in the proxy's
 // namespace that names its new endpoint address (the kernel holds it): seen
 // from outside the proxy (churn_test.go, kernelWatch).
@@ -34,8 +34,8 @@ type Churn struct {
 	// a tick waits only for a free sender (churnInFlight), never for an
 	// earlier change's write or sync.
 	Lag float64
-	// Services created and deleted during the phase (one a second each),
-	// and those whose first endpoint no event named within Timeout.
+	// Services created during the phase (one a second, each deleted 10 s
+	// later), and those whose first endpoint no event named within Timeout.
 	Services, ServicesUnobserved int
 	// Overruns are receive-buffer overflows of the event socket (ENOBUFS):
 	// events were lost, and the changes they named count as unobserved.

@@ -160,7 +160,7 @@ func writeChurn(b *strings.Builder, r *Results) {
 	b.WriteString("After its endpoint changes, each proxy (one after the other, the others stopped) gets one phase per rate:\n")
 	b.WriteString("EndpointSlice writes at a fixed rate from a clock (open loop: a slow proxy does not slow the load), each\n")
 	b.WriteString("replacing one endpoint of a Service with a new address, as a rolling update does, plus one Service created\n")
-	b.WriteString("and one deleted a second. A change is timed from its API write being sent to the first nf_tables event in\n")
+	b.WriteString("a second, each deleted 10 s later. A change is timed from its API write being sent to the first nf_tables event in\n")
 	b.WriteString("the proxy's namespace (a new rule or set element, sent by the kernel at the transaction's commit) that\n")
 	b.WriteString("holds its new address: observed from outside the proxy, for the iptables mode too (iptables-nft). A change\n")
 	b.WriteString("no event named within the timeout counts as beyond it, and fails the proxy's rows. The proxy's own\n")

@@ -40,6 +40,12 @@ func (c churnConfig) churns(proxy string, n int) bool {
 	return len(c.Rates) > 0 && c.Duration > 0 && slices.Contains(c.Ns, n) && slices.Contains(c.Proxies, proxy)
 }
 
+// churnServiceLife is how long a Service the churn creates lives: a proxy
+// that syncs every few seconds (upstream-nft at 2,000 Services, under
+// churn) never programs a Service deleted a second after its creation, and
+// rightly; one that has not programmed it in 10 s is that far behind.
+const churnServiceLife = 10 * time.Second
+
 // churnInFlight bounds the writes in flight: past it a tick waits (and
 // the wait shows as Churn.Lag), so a stuck API server cannot pile up
 // goroutines without end.
@@ -232,13 +238,12 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 	windows := p.cpuWindows(pid, cfg.Duration/10, &log.acked)
 	start := time.Now()
 	var lag time.Duration
-	var last string // the phase's last Service, deleted after the drain
+	var live []string // the phase's Services not deleted yet, oldest first
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // one Service created and the one before it deleted, a second
+	go func() { // one Service created a second, and one deleted once they have lived churnServiceLife
 		defer wg.Done()
 		// One sender (inFlight 1): the sends run one after the other.
-		prev := ""
 		openLoop(1, cfg.Duration, 1, func(int) {
 			name := churnService(c.churnSvcs.Add(1))
 			addrs := make([]string, endpointsPer)
@@ -248,12 +253,11 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 			first := netip.MustParseAddr(addrs[0])
 			w.expect(first, time.Now())
 			log.add(&log.services, first, c.createService(ctx, name, addrs))
-			if prev != "" {
-				log.add(nil, netip.Addr{}, c.deleteService(ctx, prev))
+			if live = append(live, name); len(live) > int(churnServiceLife/time.Second) {
+				log.add(nil, netip.Addr{}, c.deleteService(ctx, live[0]))
+				live = live[1:]
 			}
-			prev = name
 		})
-		last = prev
 	}()
 	lag = openLoop(rate, cfg.Duration, churnInFlight, func(k int) {
 		i, addr := churnTarget(k, n), c.nextChurnAddr()
@@ -267,8 +271,8 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 	for deadline := time.Now().Add(cfg.Timeout); w.pending() > 0 && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if last != "" {
-		log.add(nil, netip.Addr{}, c.deleteService(ctx, last))
+	for _, name := range live {
+		log.add(nil, netip.Addr{}, c.deleteService(ctx, name))
 	}
 	cpu1, err := readProc(pid)
 	if err != nil {
