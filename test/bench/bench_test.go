@@ -46,6 +46,7 @@ var (
 	flagChurnTime    = flag.Duration("bench.churn.duration", 5*time.Minute, "length of one churn phase")
 	flagChurnTimeout = flag.Duration("bench.churn.timeout", time.Minute, "a churn change not in the kernel this long after its write is unobserved (its rows fail)")
 	flagChurnMinSync = flag.Duration("bench.churn.min-sync-period", 0, "every proxy's --min-sync-period in its churn phases (it is restarted with it)")
+	flagChurnProfile = flag.String("bench.churn.profile", "", "folder for a CPU profile of each proxy in the middle half of each churn phase (\"\": none)")
 	flagChurnProxies = flag.String("bench.churn.proxies", strings.Join([]string{KP, UpstreamNFT, UpstreamIPTables}, ","), "proxies with churn phases (those the kernel-event watch sees: nftables or iptables-nft)")
 	flagNotes        = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
 	flagRender       = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
@@ -161,7 +162,7 @@ func TestBench(t *testing.T) {
 
 // churnFlags reads the -bench.churn.* flags.
 func churnFlags(t *testing.T) churnConfig {
-	c := churnConfig{Duration: *flagChurnTime, Timeout: *flagChurnTimeout, MinSyncPeriod: *flagChurnMinSync}
+	c := churnConfig{Duration: *flagChurnTime, Timeout: *flagChurnTimeout, MinSyncPeriod: *flagChurnMinSync, ProfileDir: *flagChurnProfile}
 	for _, s := range strings.Split(*flagChurnNs, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

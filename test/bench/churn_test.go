@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +35,9 @@ type churnConfig struct {
 	// churn the limiter, not the proxy, would set the latency: a change
 	// waits for the next sync the period allows (NOTES.md).
 	MinSyncPeriod time.Duration
+	// ProfileDir, when set, gets a CPU profile of each proxy's middle half
+	// of each phase (the proxies run with --profiling).
+	ProfileDir string
 }
 
 // churns says whether proxy has churn phases at n.
@@ -237,6 +242,9 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 	var log churnLog
 	windows := p.cpuWindows(pid, cfg.Duration/10, &log.acked)
 	start := time.Now()
+	if cfg.ProfileDir != "" {
+		go p.profile(filepath.Join(cfg.ProfileDir, fmt.Sprintf("%s-N%d-%s.pprof", p.name, n, fmtRateNum(rate))), cfg.Duration)
+	}
 	var lag time.Duration
 	var live []string // the phase's Services not deleted yet, oldest first
 	var wg sync.WaitGroup
@@ -407,7 +415,11 @@ func parseHistogram(body, name string) []Bucket {
 // churnPhases runs proxy x's churn phases at n, one per rate, and logs
 // each.
 func churnPhases(t *testing.T, c *cluster, cfg config, n int, x *participant, res *Results, after func()) {
-	x.p.restartWithMinSync(n, cfg.Churn.MinSyncPeriod, cfg.limit(n)(x.name))
+	var extra []string
+	if cfg.Churn.ProfileDir != "" {
+		extra = append(extra, "--profiling")
+	}
+	x.p.restartWithMinSync(n, cfg.Churn.MinSyncPeriod, cfg.limit(n)(x.name), extra...)
 	for _, rate := range cfg.Churn.Rates {
 		ch := x.p.churn(c, n, rate, cfg.Churn)
 		ch.MinSyncPeriod = cfg.Churn.MinSyncPeriod.Seconds()
@@ -462,12 +474,17 @@ func checkChurnSmoke(t *testing.T, cfg config, res *Results) {
 }
 
 // restartWithMinSync restarts the proxy with its --min-sync-period (or
-// upstream's name for it) set to d, over the rules it left, and waits
+// upstream's name for it) set to d and the flags extra, over the rules it left, and waits
 // for its first sync to hold every one of the n Services; nothing when it
 // runs with d already.
-func (p *proxyRun) restartWithMinSync(n int, d, timeout time.Duration) {
+func (p *proxyRun) restartWithMinSync(n int, d, timeout time.Duration, extra ...string) {
 	p.t.Helper()
 	args := slices.Clone(p.args)
+	for _, a := range extra {
+		if !slices.Contains(args, a) {
+			args = append(args, a)
+		}
+	}
 	for i := 0; i+1 < len(args); i++ {
 		if strings.HasSuffix(args[i], "min-sync-period") {
 			args[i+1] = d.String()
@@ -495,4 +512,19 @@ func (p *proxyRun) restartWithMinSync(n int, d, timeout time.Duration) {
 			p.t.Fatalf("%s: not synced %v after its restart with --min-sync-period %v", p.name, timeout, d)
 		}
 	}
+}
+
+// profile writes the proxy's CPU profile of the middle half of a phase of
+// length d into file (for NOTES.md's explanations; logged, not checked).
+func (p *proxyRun) profile(file string, d time.Duration) {
+	time.Sleep(d / 4)
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", metricsAddr, max(int(d.Seconds()/2), 1))
+	code, body, err := netns.HTTPGet(p.w.Node(), url, d)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("HTTP %d", code)
+	}
+	if err == nil {
+		err = os.WriteFile(file, []byte(body), 0o644)
+	}
+	p.t.Logf("%s: CPU profile %s: %v", p.name, file, err)
 }
