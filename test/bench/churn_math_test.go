@@ -188,3 +188,16 @@ func TestChurnTargetsAreJudgedOnTheirIntervals(t *testing.T) {
 		t.Errorf("the unobserved changes are not named:\n%s", b.String())
 	}
 }
+
+func TestTheChurnRestartSetsEveryProxysMinSyncPeriod(t *testing.T) {
+	for _, c := range []struct{ args, want []string }{
+		{[]string{"proxy", "--min-sync-period", "100ms", "--sync-period", "1h"},
+			[]string{"proxy", "--min-sync-period", "0s", "--sync-period", "1h", "--profiling"}},
+		{[]string{"--proxy-mode", "nftables", "--iptables-min-sync-period", "100ms", "--profiling"},
+			[]string{"--proxy-mode", "nftables", "--iptables-min-sync-period", "0s", "--profiling"}},
+	} {
+		if got := withMinSync(c.args, 0, "--profiling"); !slices.Equal(got, c.want) {
+			t.Errorf("withMinSync(%q) = %q, want %q", c.args, got, c.want)
+		}
+	}
+}

@@ -479,17 +479,7 @@ func checkChurnSmoke(t *testing.T, cfg config, res *Results) {
 // runs with d already.
 func (p *proxyRun) restartWithMinSync(n int, d, timeout time.Duration, extra ...string) {
 	p.t.Helper()
-	args := slices.Clone(p.args)
-	for _, a := range extra {
-		if !slices.Contains(args, a) {
-			args = append(args, a)
-		}
-	}
-	for i := 0; i+1 < len(args); i++ {
-		if strings.HasSuffix(args[i], "min-sync-period") {
-			args[i+1] = d.String()
-		}
-	}
+	args := withMinSync(p.args, d, extra...)
 	if slices.Equal(args, p.args) {
 		return
 	}
@@ -527,4 +517,22 @@ func (p *proxyRun) profile(file string, d time.Duration) {
 		err = os.WriteFile(file, []byte(body), 0o644)
 	}
 	p.t.Logf("%s: CPU profile %s: %v", p.name, file, err)
+}
+
+// withMinSync is a proxy's args with every *min-sync-period flag (kp's
+// --min-sync-period, upstream's --iptables-min-sync-period) set to d and
+// the flags extra added where missing.
+func withMinSync(args []string, d time.Duration, extra ...string) []string {
+	out := slices.Clone(args)
+	for _, a := range extra {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	for i := 0; i+1 < len(out); i++ {
+		if strings.HasSuffix(out[i], "min-sync-period") {
+			out[i+1] = d.String()
+		}
+	}
+	return out
 }
