@@ -182,3 +182,20 @@ func (w *kernelWatch) match(payload []byte, at time.Time) {
 		}
 	}
 }
+
+// probe writes a transaction naming churnProbe in namespace ns and waits
+// for the watch to see it: the watch works there before the phase begins.
+func (w *kernelWatch) probe(ns string) error {
+	w.expect(churnProbe, time.Now())
+	script := fmt.Sprintf("add table ip kp-bench-probe; add chain ip kp-bench-probe c; "+
+		"add rule ip kp-bench-probe c ip daddr %s accept; delete table ip kp-bench-probe", churnProbe)
+	if out, err := netns.Exec(ns, "nft", script); err != nil {
+		return fmt.Errorf("probe transaction: %v: %s", err, out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, ok := w.seen(churnProbe); ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("the kernel-event watch saw no event of its probe transaction in 10 s")
+}
