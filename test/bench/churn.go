@@ -10,7 +10,8 @@ import (
 // Churn is one proxy's churn phase at one rate (issue 35): EndpointSlice
 // changes at a steady open-loop rate, each replacing one endpoint of a
 // Service with a new address as a rolling update does, plus one Service
-// created a second (each deleted 10 s later), for a fixed time. Every change is timed
+// created a second (each deleted once it has lived the phase's timeout),
+// for a fixed time. Every change is timed
 // from the API write being sent to the first nf_tables event in the proxy's
 // namespace that names its new endpoint address (the kernel holds it): seen
 // from outside the proxy (churn_test.go, kernelWatch).
@@ -34,8 +35,9 @@ type Churn struct {
 	// a tick waits only for a free sender (churnInFlight), never for an
 	// earlier change's write or sync.
 	Lag float64
-	// Services created during the phase (one a second, each deleted 10 s
-	// later), and those whose first endpoint no event named within Timeout.
+	// Services created during the phase (one a second, each deleted once
+	// it has lived Timeout), and those whose first endpoint no event named
+	// within Timeout.
 	Services, ServicesUnobserved int
 	// Overruns are receive-buffer overflows of the event socket (ENOBUFS):
 	// events were lost, and the changes they named count as unobserved.
@@ -57,7 +59,7 @@ type Churn struct {
 	// reaped children (upstream's nft and iptables-restore runs).
 	CPUSeconds float64
 	// CPUPerChange is CPUSeconds / Changes; CPUWindows the same in each
-	// tenth of the phase, for its interval.
+	// tenth of the phase, for its interval (ratioOfMeans).
 	CPUPerChange float64
 	CPUWindows   []float64 `json:",omitempty"`
 }
@@ -219,4 +221,39 @@ func (q Quantiles) p99Interval() Interval {
 func p99Ratio(a, b Quantiles) Interval {
 	return Interval{Mid: loaded(a.P99) / loaded(b.P99), Lo: loaded(a.P99Lo2) / loaded(b.P99Hi2),
 		Hi: loaded(a.P99Hi2) / loaded(b.P99Lo2), Rounds: min(a.Count, b.Count)}
+}
+
+// ratioOfMeans is the interval of mean(a)/mean(b) where nothing pairs a
+// value of a with one of b: the delta method's standard error of the
+// ratio, R·√(s²a/(na·ā²) + s²b/(nb·b̄²)), with Welch's degrees of freedom.
+// For CPU per change in windows of a phase: a proxy that syncs every few
+// seconds has windows with a sync's CPU in them and windows with none, and
+// a geometric mean (logInterval) of such lumpy values is dragged towards
+// the empty ones, while the mean of the windows is the phase's own figure.
+func ratioOfMeans(a, b []float64) Interval {
+	iv := Interval{Mid: math.NaN(), Lo: math.NaN(), Hi: math.NaN(), Rounds: min(len(a), len(b))}
+	if len(a) == 0 || len(b) == 0 {
+		return iv
+	}
+	ma, va := meanVar(a)
+	mb, vb := meanVar(b)
+	if !(ma > 0 && mb > 0) {
+		return iv
+	}
+	iv.Mid = ma / mb
+	if len(a) < 2 || len(b) < 2 {
+		return iv
+	}
+	ra, rb := va/(float64(len(a))*ma*ma), vb/(float64(len(b))*mb*mb) // squared relative standard errors
+	se := iv.Mid * math.Sqrt(ra+rb)
+	df := 1
+	if ra+rb > 0 {
+		df = int(math.Floor((ra + rb) * (ra + rb) / (ra*ra/float64(len(a)-1) + rb*rb/float64(len(b)-1))))
+	}
+	half := tQuantile975(max(df, 1)) * se
+	iv.Lo, iv.Hi = iv.Mid-half, iv.Mid+half
+	if iv.Lo <= 0 {
+		iv.Lo = math.SmallestNonzeroFloat64 // the interval reaches 0: only its upper end can decide
+	}
+	return iv
 }

@@ -201,3 +201,20 @@ func TestTheChurnRestartSetsEveryProxysMinSyncPeriod(t *testing.T) {
 		}
 	}
 }
+
+func TestCPURatioIsOfTheWindowsMeansNotTheirGeometricMeans(t *testing.T) {
+	// A proxy that syncs every other window: its geometric mean would be 0.
+	iv := ratioOfMeans([]float64{1, 1, 1, 1}, []float64{0, 4, 0, 4})
+	// b's relative standard error² is (16/3)/(4·2²) = 1/3, with 3 degrees
+	// of freedom: 0.5 ± 3.182 · 0.5 · √(1/3).
+	half := 3.182 * 0.5 * math.Sqrt(1.0/3)
+	if iv.Mid != 0.5 || math.Abs(iv.Hi-(0.5+half)) > 1e-9 || iv.Lo != math.SmallestNonzeroFloat64 || iv.Rounds != 4 {
+		t.Errorf("ratio of means %+v, want 0.5, up to %.4f, from (nearly) 0", iv, 0.5+half)
+	}
+	if v := decide(iv, atMostTarget, 0.1); v != undecided {
+		t.Errorf("an interval from 0 to %.2f against ≤ 0.1: %v, want undecided", iv.Hi, v)
+	}
+	if iv := ratioOfMeans([]float64{1, 1.1, 0.9}, []float64{10, 11, 9}); math.Abs(iv.Mid-0.1) > 1e-12 || !(iv.Lo < 0.1 && iv.Hi > 0.1) {
+		t.Errorf("ratio of means %+v, want 0.1 inside its interval", iv)
+	}
+}

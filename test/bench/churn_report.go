@@ -138,13 +138,13 @@ func writeChurnTargets(b *strings.Builder, r *Results, n int) {
 }
 
 // cpuRow judges "kp's CPU per change ≤ 1/10 of up's" at rate on the tenths
-// of the two phases (Welch's interval of the ratio of their geometric
-// means: the phases ran minutes apart, nothing pairs them).
+// of the two phases (the interval of the ratio of their means,
+// ratioOfMeans: the phases ran minutes apart, nothing pairs them).
 func cpuRow(b *strings.Builder, r *Results, n int, rate float64, up string) {
 	k, u := r.churn(KP, n, rate), r.churn(up, n, rate)
 	iv, measured := Interval{Mid: math.NaN()}, "not measured"
 	if k != nil && u != nil {
-		iv = unpairedInterval(k.CPUWindows, u.CPUWindows)
+		iv = ratioOfMeans(k.CPUWindows, u.CPUWindows)
 		measured = fmt.Sprintf("%s %s, %s %s a change over the phase (ratio %s); by tenths of the phases: %s, 95%% interval %s–%s "+
 			"(%d and %d tenths, unpaired)", KP, fmtSeconds(k.CPUPerChange), up, fmtSeconds(u.CPUPerChange),
 			fmtRatio(k.CPUPerChange/u.CPUPerChange), fmtRatio(iv.Mid), fmtRatio(iv.Lo), fmtRatio(iv.Hi), len(k.CPUWindows), len(u.CPUWindows))
@@ -160,14 +160,15 @@ func writeChurn(b *strings.Builder, r *Results) {
 	b.WriteString("After its endpoint changes, each proxy (one after the other, the others stopped) gets one phase per rate:\n")
 	b.WriteString("EndpointSlice writes at a fixed rate from a clock (open loop: a slow proxy does not slow the load), each\n")
 	b.WriteString("replacing one endpoint of a Service with a new address, as a rolling update does, plus one Service created\n")
-	b.WriteString("a second, each deleted 10 s later. A change is timed from its API write being sent to the first nf_tables event in\n")
+	b.WriteString("a second, each deleted once it has lived the timeout. A change is timed from its API write being sent to the first nf_tables event in\n")
 	b.WriteString("the proxy's namespace (a new rule or set element, sent by the kernel at the transaction's commit) that\n")
 	b.WriteString("holds its new address: observed from outside the proxy, for the iptables mode too (iptables-nft). A change\n")
 	b.WriteString("no event named within the timeout counts as beyond it, and fails the proxy's rows. The proxy's own\n")
 	b.WriteString("`kubeproxy_network_programming_duration_seconds` is the growth of its buckets over the phase,\n")
 	b.WriteString("**interpolated within a bucket** (its buckets are 0, 0.25, 0.5, 1, 2, … s). CPU: the process's user+system\n")
 	b.WriteString("time with its reaped children (upstream's nft and iptables-restore), over the phase and its drain,\n")
-	b.WriteString("per EndpointSlice change. p99 intervals: order statistics (distribution-free, 95 %). See NOTES.md.\n\n")
+	b.WriteString("per EndpointSlice change; its interval from the tenths of the phase (the ratio of their means). p99\n")
+	b.WriteString("intervals: order statistics (distribution-free, 95 %). See NOTES.md.\n\n")
 	if len(r.Churns) == 0 {
 		b.WriteString("(not measured)\n\n")
 		return

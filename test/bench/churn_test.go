@@ -37,12 +37,6 @@ func (c churnConfig) churns(proxy string, n int) bool {
 	return len(c.Rates) > 0 && c.Duration > 0 && slices.Contains(c.Ns, n) && slices.Contains(c.Proxies, proxy)
 }
 
-// churnServiceLife is how long a Service the churn creates lives: a proxy
-// that syncs every few seconds (upstream-nft at 2,000 Services, under
-// churn) never programs a Service deleted a second after its creation, and
-// rightly; one that has not programmed it in 10 s is that far behind.
-const churnServiceLife = 10 * time.Second
-
 // churnInFlight bounds the writes in flight: past it a tick waits (and
 // the wait shows as Churn.Lag), so a stuck API server cannot pile up
 // goroutines without end.
@@ -140,7 +134,7 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 	var live []string // the phase's Services not deleted yet, oldest first
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // one Service created a second, and one deleted once they have lived churnServiceLife
+	go func() { // one Service created a second, and one deleted once it has lived the timeout
 		defer wg.Done()
 		// One sender (inFlight 1): the sends run one after the other.
 		openLoop(1, cfg.Duration, 1, func(int) {
@@ -152,7 +146,12 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 			first := netip.MustParseAddr(addrs[0])
 			w.expect(first, time.Now())
 			log.add(&log.services, first, c.createService(ctx, name, addrs))
-			if live = append(live, name); len(live) > int(churnServiceLife/time.Second) {
+			// A Service lives the timeout: a proxy that syncs every few
+			// seconds never programs one deleted sooner, and rightly (the
+			// first runs deleted each after 1 s, then 10 s, and counted
+			// upstream-nft's as unobserved); one it has not programmed by
+			// then is a failure, as a change would be.
+			if live = append(live, name); len(live) > int(cfg.Timeout.Seconds()) {
 				log.add(nil, netip.Addr{}, c.deleteService(ctx, live[0]))
 				live = live[1:]
 			}
