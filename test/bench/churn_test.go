@@ -101,8 +101,8 @@ func (l *churnLog) add(list *[]netip.Addr, addr netip.Addr, err error) {
 }
 
 // churn runs one churn phase of proxy p at n: rate EndpointSlice changes a
-// second and one Service created and one deleted a second, for
-// cfg.Duration, each change timed to the kernel by a kernelWatch in the
+// second and one Service created a second (each deleted once it has lived
+// cfg.Timeout), for cfg.Duration, each change timed to the kernel by a kernelWatch in the
 // proxy's namespace, then waits (cfg.Timeout at most) for the changes
 // still in flight.
 func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn {
@@ -145,7 +145,11 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 			}
 			first := netip.MustParseAddr(addrs[0])
 			w.expect(first, time.Now())
-			log.add(&log.services, first, c.createService(ctx, name, addrs))
+			err := c.createService(ctx, name, addrs)
+			if err != nil {
+				w.forget(first)
+			}
+			log.add(&log.services, first, err)
 			// A Service lives the timeout: a proxy that syncs every few
 			// seconds never programs one deleted sooner, and rightly (the
 			// first runs deleted each after 1 s, then 10 s, and counted
@@ -161,7 +165,11 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 		i, addr := churnTarget(k, n), c.nextChurnAddr()
 		addrs := c.rollOne(i, addr)
 		w.expect(addr, time.Now())
-		log.add(&log.changes, addr, c.writeSlice(ctx, i, addrs))
+		err := c.writeSlice(ctx, i, addrs)
+		if err != nil {
+			w.forget(addr) // not a change: the drain does not wait for it
+		}
+		log.add(&log.changes, addr, err)
 	})
 	wg.Wait()
 	phase := time.Since(start)

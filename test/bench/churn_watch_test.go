@@ -96,6 +96,13 @@ func (w *kernelWatch) expect(addr netip.Addr, sent time.Time) {
 	w.expected[addr.As4()] = &expectation{sent: sent}
 }
 
+// forget drops addr's expectation (its write failed).
+func (w *kernelWatch) forget(addr netip.Addr) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.expected, addr.As4())
+}
+
 // seen is when an event first named addr (ok false: not yet, or never
 // expected).
 func (w *kernelWatch) seen(addr netip.Addr) (time.Duration, bool) {
