@@ -39,8 +39,17 @@ var (
 	flagChgTime = flag.Duration("bench.change.timeout", time.Minute, "bound of the wait for one incremental change's sync")
 	flagNFTOnly = flag.Int("bench.nft-only", 0, "from this N on, measure kp's nftables mode and upstream-nft alone (0: never)")
 	flagKPOnly  = flag.Int("bench.kp-only", 0, "from this N on, measure kp's nftables mode alone (0: never)")
-	flagNotes   = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
-	flagRender  = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
+	// The churn phases (issue 35): at each N of -bench.churn.n, every proxy
+	// of -bench.churn.proxies the run measures gets one phase per rate.
+	flagChurnNs      = flag.String("bench.churn.n", "10000", "comma-separated Ns with churn phases (\"\": none)")
+	flagChurnRates   = flag.String("bench.churn.rates", "50,200", "EndpointSlice changes a second, one churn phase per rate")
+	flagChurnTime    = flag.Duration("bench.churn.duration", 5*time.Minute, "length of one churn phase")
+	flagChurnTimeout = flag.Duration("bench.churn.timeout", time.Minute, "a churn change not in the kernel this long after its write is unobserved (its rows fail)")
+	flagChurnMinSync = flag.Duration("bench.churn.min-sync-period", 0, "every proxy's --min-sync-period in its churn phases (it is restarted with it)")
+	flagChurnProfile = flag.String("bench.churn.profile", "", "folder for a CPU profile of each proxy in the middle half of each churn phase (\"\": none)")
+	flagChurnProxies = flag.String("bench.churn.proxies", strings.Join([]string{KP, UpstreamNFT, UpstreamIPTables}, ","), "proxies with churn phases (those the kernel-event watch sees: nftables or iptables-nft)")
+	flagNotes        = flag.String("bench.notes", "", "extra note for the report (what was skipped and why)")
+	flagRender       = flag.String("bench.render", "", "measure nothing: render the report again from this results.json")
 	// Set by TestBenchInTheVM: the VM's runs (one per N with -bench.vm.seed)
 	// are parts of the host's one run, at its commit.
 	flagRunID     = flag.String("bench.run.id", "", "the id of the run this one is part of (\"\": a new run)")
@@ -76,6 +85,8 @@ type config struct {
 	// (default 1 minute; upstream's ipvs mode under the VM's emulation
 	// takes longer).
 	ChangeTimeout time.Duration
+	// Churn shapes the churn phases (issue 35).
+	Churn churnConfig
 }
 
 // measures reports whether proxy runs at n (NFTOnly, KPOnly).
@@ -110,6 +121,7 @@ func TestBench(t *testing.T) {
 		}
 		cfg.Rule.MinRounds, cfg.Rule.MaxRounds = a, b
 	}
+	cfg.Churn = churnFlags(t)
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -145,7 +157,42 @@ func TestBench(t *testing.T) {
 			}
 		}
 	}
-	run(t, cfg, write)
+	// Once more when the run is complete: the writes after each round
+	// came before Run.Complete was set, and the report would say the run
+	// was cut short.
+	write(run(t, cfg, write))
+}
+
+// churnFlags reads the -bench.churn.* flags.
+func churnFlags(t *testing.T) churnConfig {
+	c := churnConfig{Duration: *flagChurnTime, Timeout: *flagChurnTimeout, MinSyncPeriod: *flagChurnMinSync, ProfileDir: *flagChurnProfile}
+	for _, s := range strings.Split(*flagChurnNs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("-bench.churn.n: %q is not a Service count", s)
+		}
+		c.Ns = append(c.Ns, n)
+	}
+	for _, s := range strings.Split(*flagChurnRates, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		r, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(r > 0) {
+			t.Fatalf("-bench.churn.rates: %q is not a rate", s)
+		}
+		c.Rates = append(c.Rates, r)
+	}
+	for _, p := range strings.Split(*flagChurnProxies, ",") {
+		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
+			t.Fatalf("-bench.churn.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
+		}
+		c.Proxies = append(c.Proxies, p)
+	}
+	return c
 }
 
 // rerender writes the report of an earlier run again, from its
@@ -185,7 +232,10 @@ func TestBenchSmoke(t *testing.T) {
 	// (legacy/iptables), so a kp that refuses its flags fails the smoke
 	// rather than leaving the proxy out.
 	cfg := config{Ns: []int{1, 100}, Proxies: HostProxies, Changes: 3, Window: 300 * time.Millisecond, Workers: 2,
-		Idle: 200 * time.Millisecond, SyncTimeout: 2 * time.Minute, Rule: StopRule{MinRounds: 1, MaxRounds: 1, HalfWidth: 0.1}}
+		Idle: 200 * time.Millisecond, SyncTimeout: 2 * time.Minute, Rule: StopRule{MinRounds: 1, MaxRounds: 1, HalfWidth: 0.1},
+		// The churn path at a tiny size: 10 s at 20 changes a second.
+		Churn: churnConfig{Ns: []int{100}, Rates: []float64{20}, Proxies: []string{KP, UpstreamNFT, UpstreamIPTables},
+			Duration: 10 * time.Second, Timeout: 30 * time.Second}}
 	res := run(t, cfg, nil)
 	if t.Failed() {
 		return
@@ -211,6 +261,7 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("%s: open descriptors after the cold start %v, want one count of at least 3", p, got)
 		}
 	}
+	checkChurnSmoke(t, cfg, res)
 	for _, p := range []string{KP, KPIPTables} {
 		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
 			t.Errorf("%s: %d kernel floors at N=100, want 1", p, len(got))
@@ -221,7 +272,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
-	want := []string{"## Full sync", "## Incremental", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	want := []string{"## Full sync", "## Incremental", "## Churn", "## Targets (issue 35", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
 	if len(res.bulk(NoProxy, 100)) != 1 {
 		t.Errorf("no direct bulk measurement at N=100")
 	}

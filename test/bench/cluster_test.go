@@ -41,7 +41,15 @@ type cluster struct {
 
 	mu         sync.Mutex
 	clusterIPs []string // by Service index
-	changes    atomic.Int64
+	// endpoints are the addresses the run last wrote for a Service (absent:
+	// its fake endpoints), rolled how many of them a churn replaced (c.mu).
+	endpoints map[int][]string
+	rolled    map[int]int
+	changes   atomic.Int64
+	// churnAddrs and churnSvcs number the churn phases' endpoint addresses
+	// and Services over the run.
+	churnAddrs atomic.Uint32
+	churnSvcs  atomic.Int64
 }
 
 // serviceRange is the run's IPv4 Service range: a /12, the largest the
@@ -219,6 +227,10 @@ func (c *cluster) changeOne(i int) (time.Time, error) {
 		addrs[j] = fakeEndpoint(i, j)
 	}
 	addrs[0] = fmt.Sprintf("198.%d.%d.%d", 18+(k>>16)&1, (k>>8)&255, k&255)
+	c.mu.Lock()
+	c.current(i) // makes the maps
+	c.endpoints[i], c.rolled[i] = slices.Clone(addrs), 1
+	c.mu.Unlock()
 	return c.setEndpoints(i, addrs)
 }
 

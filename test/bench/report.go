@@ -109,6 +109,7 @@ func WriteReport(w io.Writer, r *Results) error {
 				writeIPVSTargets(b, r, n)
 			}
 		}
+		writeChurnTargets(b, r, n)
 	}
 
 	p("## Full sync (cold start to every Service programmed)\n\n")
@@ -173,6 +174,8 @@ func WriteReport(w io.Writer, r *Results) error {
 			return slices.DeleteFunc(v, func(x float64) bool { return x < 0 }) // unknown
 		})
 	p("\"runs\" is the number of changes.\n\n")
+
+	writeChurn(b, r)
 
 	p("## Data path: new TCP connections per second through one ClusterIP\n\n")
 	p("A Go load generator in the client namespace opens, reads the echo server's greeting on, and resets (SO_LINGER 0)\n")

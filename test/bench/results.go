@@ -251,6 +251,8 @@ type Results struct {
 	DataPaths    []DataPath
 	Bulks        []Bulk `json:",omitempty"`
 	Idles        []Idle
+	// Churns are the churn phases (issue 35), one per proxy, N and rate.
+	Churns []Churn `json:",omitempty"`
 }
 
 // oneRun says why r cannot be rendered, if it cannot: it names no run or
@@ -284,6 +286,9 @@ func (r *Results) oneRun() error {
 	}
 	for _, x := range r.Idles {
 		check("idle window", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.Churns {
+		check("churn phase", x.Proxy, x.N, x.Mark)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))

@@ -86,6 +86,16 @@ func TestThePlanOfTheDefaultRunStatesItsBudget(t *testing.T) {
 	if d := total - at1 - at10k; d < -time.Millisecond || d > time.Millisecond {
 		t.Errorf("budget %v, want %v at 1 and %v at 10,000", total, at1, at10k)
 	}
+	// Churn phases at 10,000 for kp and upstream-iptables: kp's two
+	// (5 minutes and 10 s each) and its restart with --min-sync-period 0
+	// (1.41 s); upstream-iptables's none, as it is expected to run into
+	// its limit before.
+	cfg.Churn = churnConfig{Ns: []int{10000}, Rates: []float64{50, 200}, Proxies: []string{KP, UpstreamIPTables},
+		Duration: 5 * time.Minute, Timeout: time.Minute}
+	withChurn, _ := cfg.plan()
+	if d := withChurn - total - 2*(5*time.Minute+10*time.Second) - 1410*time.Millisecond; d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("churn phases add %v to the budget, want 2 × 5 min 10 s and 1.41 s", withChurn-total)
+	}
 }
 
 // The cold-start rounds: every participant once a round in a rotated

@@ -112,11 +112,19 @@ func (c config) plan() (time.Duration, []string) {
 			if n > len(samples(n)) {
 				followOn += time.Duration(c.changesOf(p, n)) * 300 * time.Millisecond
 			}
+			if c.Churn.churns(p, n) {
+				// Each phase, its drain (a few seconds when the proxy keeps
+				// up) and the watch's probe.
+				followOn += time.Duration(len(c.Churn.Rates)) * (c.Churn.Duration + 10*time.Second)
+				if c.Churn.MinSyncPeriod.String() != minSyncPeriod {
+					followOn += time.Duration(sec * float64(time.Second)) // its restart with the churn's period
+				}
+			}
 		}
 		sum := cold + windows + followOn
 		total += sum
 		lines = append(lines, fmt.Sprintf("N = %s: a round of cold starts %v (%d at least: %v; up to %d: %v), data path and bulk up to %v, "+
-			"the changes and their cold starts %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
+			"the changes, churn phases and their cold starts %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
 			(time.Duration(c.Rule.MinRounds)*round).Round(time.Second), c.Rule.MaxRounds, cold.Round(time.Second),
 			windows.Round(time.Second), followOn.Round(time.Second), sum.Round(time.Second)))
 	}
@@ -146,7 +154,8 @@ func widest(ivs []Interval) float64 {
 //     wider than its width (cold starts of two proxies, a proxy's against
 //     its floor).
 //  2. Each proxy once more, outside the rounds (not recorded as a cold
-//     start): its endpoint changes, then it is halted with its rules in
+//     start): its endpoint changes, its churn phases (one per rate, at the
+//     Ns of cfg.Churn), then it is halted with its rules in
 //     the kernel; kp-userspace, whose data path is its process, last, and
 //     left running.
 //  3. The data path and the bulk throughput in rounds of one window per
@@ -237,6 +246,9 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 			inc := x.p.incremental(c, n, cfg.changesOf(x.name, n), cfg.ChangeTimeout)
 			res.Incrementals = append(res.Incrementals, stamp(id, 0, inc...)...)
 			logChanges(t, x.name, n, inc)
+		}
+		if cfg.Churn.churns(x.name, n) {
+			churnPhases(t, c, cfg, n, x, res, after)
 		}
 		rates = append(rates, dataPathTarget{x.name, x.w, svc})
 		bulks = append(bulks, dataPathTarget{x.name, x.w, bulkAddr})
