@@ -180,6 +180,9 @@ type Cleaner struct {
 	deleted *prometheus.CounterVec
 	errors  prometheus.Counter
 	setup   sync.Once
+	// counted: how many UDP and SCTP service ports a State has, kept
+	// from sync to sync (cleanedPorts).
+	counted cleanedCount
 }
 
 // CleanerConfig configures a Cleaner. The zero value works in the
@@ -295,7 +298,7 @@ func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 // Clean deletes the entries that are stale after a sync from prev to cur,
 // and returns how many it deleted.
 func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
-	if !hasCleanedProtocol(prev) && !hasCleanedProtocol(cur) && !servesNewTCP(prev, cur) {
+	if prevN, curN := c.counted.ports(prev, cur); prevN == 0 && curN == 0 && !servesNewTCP(prev, cur) {
 		return 0, nil // nothing to judge: skip the dump
 	}
 	conn, err := c.dial()
@@ -353,19 +356,6 @@ func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error
 			"target", f.Reply.Src.String())
 	}
 	return deleted, firstErr
-}
-
-// hasCleanedProtocol reports whether st has a UDP or SCTP service port.
-func hasCleanedProtocol(st *proxy.State) bool {
-	if st == nil {
-		return false
-	}
-	for _, sp := range st.Services {
-		if cleaned(proxy.ProtocolNumber(sp.Protocol)) {
-			return true
-		}
-	}
-	return false
 }
 
 // servesNewTCP reports whether cur has a TCP Service address that prev did
