@@ -129,12 +129,17 @@ const failMessages = 5
 // message is a test's message line in go test -v output: file.go:N: text.
 var message = regexp.MustCompile(`^\s*[A-Za-z0-9_.-]+\.go:[0-9]+: `)
 
+// processLog is the header of a process's log a failed test prints.
+var processLog = regexp.MustCompile(`^\s*[A-Za-z0-9_.-]+\.go:[0-9]+: --- .* (log|in) `)
+
 // lastMessages returns the last n message lines of a test's output (their
 // first lines only), "(no messages)" when it has none.
 func lastMessages(out string, n int) string {
 	var msgs []string
 	for _, line := range strings.Split(out, "\n") {
-		if message.MatchString(line) {
+		// A process's log that the test prints when it fails (netns'
+		// "--- NAME in NS: log ... ---" headers) is not what failed.
+		if message.MatchString(line) && !processLog.MatchString(line) {
 			msgs = append(msgs, strings.TrimSpace(line))
 		}
 	}

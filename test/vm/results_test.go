@@ -51,7 +51,8 @@ func TestClaimCheckNamesEveryTestThatBreaksIt(t *testing.T) {
 		// failure's own messages come first, its setup's logs after.
 		name: "a failure's last messages first",
 		out: "=== RUN   TestMigrate\n    m_test.go:1: setup\n    m_test.go:2: kp migrate node:\n        log line\n" +
-			"    m_test.go:3: 1 of 822 connections refused\n--- FAIL: TestMigrate (1.00s)\nFAIL\n",
+			"    m_test.go:3: 1 of 822 connections refused\n    process.go:69: --- kp in kpt-1-node: log /tmp/x/kp.log ---\n        I1127 log\n" +
+			"        --- end of kp log ---\n--- FAIL: TestMigrate (1.00s)\nFAIL\n",
 		want: []string{"TestMigrate failed; its last messages:\n    m_test.go:1: setup\n    m_test.go:2: kp migrate node:\n    m_test.go:3: 1 of 822 connections refused\nits whole output:"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
