@@ -25,14 +25,7 @@ var churnProbe = netip.MustParseAddr("11.255.255.255")
 // churnTarget is the Service the k-th churn change edits: a stride prime
 // to n walks every Service before it comes back to one (so two writes to
 // one slice are n/rate seconds apart), skipping the samples and Service 0.
-func churnTarget(k, n int) int {
-	s := samples(n)
-	i := (k*7919 + 7) % n
-	for slices.Contains(s, i) {
-		i = (i + 1) % n
-	}
-	return i
-}
+func churnTarget(k, n int) int { return spreadTarget(k, n, 7) }
 
 // nextChurnAddr draws the next address of churnBase.
 func (c *cluster) nextChurnAddr() netip.Addr {

@@ -208,9 +208,13 @@ func (c *cluster) pointSamples(w *netns.World, n int) {
 
 // changeTarget is the Service the k-th incremental change edits: spread
 // over the range, never a sample (those must keep answering).
-func changeTarget(k, n int) int {
+func changeTarget(k, n int) int { return spreadTarget(k, n, 13) }
+
+// spreadTarget is the k-th of a walk over n Services by a prime stride
+// from offset, past the samples (changeTarget's and churnTarget's).
+func spreadTarget(k, n, offset int) int {
 	s := samples(n)
-	i := (k*7919 + 13) % n
+	i := (k*7919 + offset) % n
 	for slices.Contains(s, i) {
 		i = (i + 1) % n
 	}
