@@ -50,6 +50,9 @@ type env struct {
 	source []string
 	// socket is kp's --status-socket: its status API, root's only.
 	socket string
+	// traceRecord is what the last trace saw besides its path, printed
+	// when the path differs (iptables-legacy's counters, KF-14).
+	traceRecord string
 }
 
 // newEnv builds a world with pods and a manifests folder holding the node's

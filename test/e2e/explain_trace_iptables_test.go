@@ -286,7 +286,14 @@ func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, se
 	replies := []string{"-m", "conntrack", "--ctdir", "REPLY", "--ctproto", proto, "--ctorigsrc", from.String(),
 		"--ctorigdst", dst.Addr().String(), "--ctorigdstport", strconv.Itoa(int(dst.Port())),
 		"-m", "comment", "--comment", "kp e2e trace", "-j", "DROP"}
-	undo, err := testRules(e, bin, map[[2]string][]string{{"mangle", "PREROUTING"}: replies, {"mangle", "OUTPUT"}: replies})
+	// And, for the record a failed case prints (KF-14), rules of the
+	// test's that count the flow's first packet in every hook it can
+	// meet, whatever kp's rules do with it.
+	first := flowMatch(from, dst, proto)
+	count := append(slices.Clip(first[:len(first)-4]), "-m", "comment", "--comment", "kp e2e count")
+	undo, err := testRules(e, bin, map[[2]string][]string{{"mangle", "PREROUTING"}: replies, {"mangle", "OUTPUT"}: replies,
+		{"raw", "PREROUTING"}: count, {"mangle", "FORWARD"}: count, {"mangle", "INPUT"}: count, {"mangle", "POSTROUTING"}: count,
+		{"filter", "FORWARD"}: count, {"filter", "INPUT"}: count})
 	if err != nil {
 		return nil, fmt.Errorf("hold the replies back: %w", err)
 	}
@@ -320,7 +327,31 @@ func traceCounters(e *env, from netip.Addr, dst netip.AddrPort, proto string, se
 		return nil, err
 	}
 	isLocal := func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(local, a) }
+	e.traceRecord = counterRecord(e, bin, dst)
 	return walkCounted(saved, counterPath{fromNode: isLocal(from), dst: dst.Addr(), local: isLocal}), nil
+}
+
+// counterRecord is what a failed case prints about the node after its
+// trace (KF-14): the counted rules of every chain (built-in ones too, with
+// their policy counters), the flow's conntrack entries and the kernel's
+// drop counters that moved.
+func counterRecord(e *env, bin string, dst netip.AddrPort) string {
+	var b strings.Builder
+	for _, t := range []string{"nat", "filter", "mangle", "raw"} {
+		out, _ := e.w.Exec(e.w.Node(), bin+"-save", "-c", "-t", t)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "*") || (strings.HasPrefix(line, "[") || strings.HasPrefix(line, ":")) && !strings.Contains(line, "[0:0]") {
+				fmt.Fprintf(&b, "  %s\n", line)
+			}
+		}
+	}
+	out, _ := e.w.Exec(e.w.Node(), "conntrack", "-L", "-d", dst.Addr().String())
+	fmt.Fprintf(&b, "  conntrack -L -d %s:\n%s\n", dst.Addr(), out)
+	out, _ = e.w.Exec(e.w.Node(), "nstat", "-a")
+	fmt.Fprintf(&b, "  nstat -a:\n%s\n", out)
+	out, _ = e.w.Exec(e.w.Node(), "sysctl", "net.ipv4.ip_forward", "net.ipv4.conf.all.rp_filter")
+	fmt.Fprintf(&b, "  %s\n", out)
+	return b.String()
 }
 
 // nodeAddrs are the node namespace's addresses.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -147,8 +148,11 @@ func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
 				if err != nil {
 					t.Fatalf("trace: %v", err)
 				}
+				if os.Getenv("KP_TRACE_RECORD") != "" {
+					t.Logf("record:\n%s", e.traceRecord)
+				}
 				if d := pathDiff(x.RulePath, traced); d != "" {
-					t.Errorf("explain's rule path is not the kernel's trace: %s", d)
+					t.Errorf("explain's rule path is not the kernel's trace: %s\n%s", d, e.traceRecord)
 				}
 				// The verdict, from the client's side, on a connection of
 				// its own (the traced one may have been held back).
