@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -160,6 +161,17 @@ func TestExplainedRulePathIsTheKernelsTrace(t *testing.T) {
 				if met := verdictMet(reply, err); !sameOutcome(tc.verdict, met) {
 					t.Errorf("the packet met %s (%q, %v); explain said %s", met, reply, err, tc.verdict)
 				}
+				// Silence is also what a packet meets that the node let
+				// through to where nothing answers (the client, which does
+				// not forward): a drop is the node's only when no packet of
+				// these connections passed it, which a confirmed conntrack
+				// entry of theirs would tell.
+				if tc.verdict == explain.VerdictDrop {
+					if passed := e.passedNode(tc.from, netip.MustParseAddrPort(tc.dst), proto); passed != "" {
+						t.Errorf("explain said drop, but the node let the connections through (its conntrack entries):\n%s\n%s",
+							passed, e.traceRecord)
+					}
+				}
 			})
 		}
 	})
@@ -212,4 +224,23 @@ func (e *env) nodeSource(dst string) netip.Addr {
 	}
 	e.t.Fatalf("ip route get %s: no source in %q", ap.Addr(), out)
 	return netip.Addr{}
+}
+
+// passedNode lists the node's conntrack entries of connections from from
+// to dst: the connections the node let through (a connection whose first
+// packet was dropped leaves none).
+func (e *env) passedNode(from netip.Addr, dst netip.AddrPort, proto string) string {
+	e.t.Helper()
+	out, err := e.w.Exec(e.w.Node(), "conntrack", "-L", "-p", proto, "-s", from.String(), "-d", dst.Addr().String(),
+		"--dport", strconv.Itoa(int(dst.Port())))
+	if err != nil {
+		e.t.Fatalf("list the node's conntrack entries from %s to %s: %v\n%s", from, dst, err, out)
+	}
+	var passed []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, proto+" ") {
+			passed = append(passed, line)
+		}
+	}
+	return strings.Join(passed, "\n")
 }
