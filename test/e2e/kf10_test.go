@@ -27,7 +27,8 @@ import (
 // nf_conntrack_acct and nf_conntrack_timestamp turned on, the TCP
 // timeouts written, then the two toggled every 3 s), "kp" (kp nftables
 // started 0.3 s after the traffic, as the migration test starts it). A
-// phase fails when its long-lived connection breaks.
+// phase fails when its long-lived connection breaks. The phases start once
+// the node tracks connections (conntrackTracks), as the migration test's.
 func TestKF10UpstreamIPVSStreamWithoutKp(t *testing.T) {
 	if os.Getenv("KP_VM") != "1" {
 		t.Skip("KF-10's experiment runs in the VM (KP_VM_E2E_RUN)")
@@ -55,6 +56,10 @@ func TestKF10UpstreamIPVSStreamWithoutKp(t *testing.T) {
 	for _, a := range []string{webTCP, apiTCP} {
 		e.answers(client, "tcp", a)
 	}
+	// Without this wait the first run (2026-11-27 21:09 UTC) broke the
+	// "alone" phase: kube-proxy's first iptables-restore (21:09:14.7-22.3)
+	// turned conntrack on mid-connection.
+	e.conntrackTracks(client, webTCP)
 	node := e.w.Node()
 	sysctl := func(name string) string {
 		out, _ := e.w.Exec(node, "cat", filepath.Join("/proc/sys/net/netfilter", name))
@@ -228,4 +233,79 @@ func sampleStreamEntries(t *testing.T, execIn func(string, ...string) (string, e
 		}
 	}()
 	return func() { close(done); wg.Wait() }
+}
+
+// A node namespace tracks connections only once a rule that needs conntrack
+// is in it (a NAT, masquerade or ct expression: the kernel registers its
+// conntrack hooks per namespace on demand since 4.10); IPVS, even with
+// net.ipv4.vs.conntrack=1, does not ask for them (only an FTP virtual
+// server does). A connection IPVS takes while nothing tracks it runs
+// untracked and unmasqueraded; once a rule turns conntrack on, its next
+// packet starts a conntrack entry mid-stream, the nat hooks see it as new,
+// kube-proxy's masquerade gives it a new source port, and the endpoint
+// answers that with a reset (KF-10). With conntrack on before the
+// connection starts, its entry (made at its SYN) carries it through the
+// same rule unchanged. The kernel fact the migration tests' claim depends
+// on: they start their long-lived connection only once the node tracks
+// (kubeEnv.conntrackTracks).
+func TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn(t *testing.T) {
+	netns.Require(t, "ipvsadm", "iptables-nft", "conntrack", "nft")
+	requireIPVS(t)
+	for _, on := range []bool{false, true} {
+		name := map[bool]string{false: "conntrack-off-at-connect", true: "conntrack-on-at-connect"}[on]
+		t.Run(name, func(t *testing.T) {
+			w := netns.NewWorld(t, netns.Options{Pods: 1})
+			node, pod := w.Node(), w.Pods()[0]
+			streamServer(t, pod)
+			run := func(cmd ...string) {
+				t.Helper()
+				if out, err := w.Exec(node, cmd...); err != nil {
+					t.Fatalf("%v: %v\n%s", cmd, err, out)
+				}
+			}
+			run("sh", "-c", "echo 1 > /proc/sys/net/ipv4/vs/conntrack")
+			run("ip", "link", "add", "kube-ipvs0", "type", "dummy")
+			run("ip", "addr", "add", "10.96.0.12/32", "dev", "kube-ipvs0")
+			run("ipvsadm", "-A", "-t", streamTCP, "-s", "rr")
+			run("ipvsadm", "-a", "-t", streamTCP, "-r", pod.IP.String()+":9090", "-m")
+			if on {
+				// Any rule that needs conntrack: here a counter of invalid
+				// packets, in a table of its own.
+				run("nft", "add table ip kf10; add chain ip kf10 pre { type filter hook prerouting priority 0 ; }; add rule ip kf10 pre ct state invalid counter")
+			}
+			s := startStream(t, w.Client(), streamTCP, slow(3*time.Second))
+			pongs := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pongs) }
+			waitPongs := func(n int) {
+				deadline := time.Now().Add(slow(15 * time.Second))
+				for pongs() < n && time.Now().Before(deadline) {
+					s.mu.Lock()
+					err := s.err
+					s.mu.Unlock()
+					if err != nil {
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			waitPongs(10)
+			out, _ := w.Exec(node, "conntrack", "-L", "-p", "tcp", "--orig-port-dst", "9000")
+			entries := strings.Count(out, "dport=9000")
+			t.Logf("conntrack entries of the connection after %d pings: %d\n%s", pongs(), entries, out)
+			// kube-proxy's masquerade of traffic from outside the cluster
+			// CIDR (its KUBE-POSTROUTING, --random-fully).
+			run("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-s", w.ClientIP().String(), "-d", w.PodCIDR().String(),
+				"-j", "MASQUERADE", "--random-fully")
+			before := pongs()
+			waitPongs(before + 20)
+			_, _, err := s.stop()
+			t.Logf("after the masquerade rule: %d more pings, then %v", pongs()-before, err)
+			switch {
+			case on && (entries != 1 || err != nil):
+				t.Errorf("with conntrack on at connect: %d entries (want 1), the connection: %v (want unbroken)", entries, err)
+			case !on && (entries != 0 || err == nil || !strings.Contains(err.Error(), "reset")):
+				t.Errorf("with conntrack off at connect: %d entries (want 0), the connection: %v (want reset by the endpoint): "+
+					"the kernel no longer behaves as KF-10's explanation says", entries, err)
+			}
+		})
+	}
 }

@@ -85,10 +85,12 @@ var vmIPVSTests = []string{
 // vmMigrationTests are the migration tests whose ipvs rows run in the VM:
 // every ordered pair of kp's modes with ipvs (the matrix's ipvsTours;
 // KP_VM_E2E=all adds its hostTours, on the 6.1 kernel), upstream
-// kube-proxy's ipvs mode → kp nftables (onlyWithIPVSInTheVM).
+// kube-proxy's ipvs mode → kp nftables (onlyWithIPVSInTheVM), and the
+// kernel fact that migration's long-lived connection depends on (KF-10).
 var vmMigrationTests = []string{
 	"TestMigrateNodeEveryOrderedPairOfModesDropsNothing",
 	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing",
+	"TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn",
 }
 
 // vmMigrationModes are the modes the migrations in the VM switch between.
