@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -273,32 +275,45 @@ func TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeCom
 				// packets, in a table of its own.
 				run("nft", "add table ip kf10; add chain ip kf10 pre { type filter hook prerouting priority 0 ; }; add rule ip kf10 pre ct state invalid counter")
 			}
-			s := startStream(t, w.Client(), streamTCP, slow(3*time.Second))
-			pongs := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.pongs) }
-			waitPongs := func(n int) {
-				deadline := time.Now().Add(slow(15 * time.Second))
-				for pongs() < n && time.Now().Before(deadline) {
-					s.mu.Lock()
-					err := s.err
-					s.mu.Unlock()
-					if err != nil {
-						return
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
+			// One exchange, then quiet (the client's delayed ACK included),
+			// so that the client's next line is the connection's first
+			// packet after the rule: a packet from the endpoint first would
+			// start the entry from its side, unmasqueraded, and carry the
+			// connection on (the race that made KF-10 a flake).
+			ctx, cancel := context.WithTimeout(context.Background(), slow(10*time.Second))
+			defer cancel()
+			conn, err := netns.DialConn(ctx, w.Client(), "tcp", streamTCP)
+			if err != nil {
+				t.Fatalf("connect to %s: %v", streamTCP, err)
 			}
-			waitPongs(10)
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			exchange := func(i int) error {
+				_ = conn.SetDeadline(time.Now().Add(slow(5 * time.Second)))
+				if _, err := fmt.Fprintf(conn, "ping %d\n", i); err != nil {
+					return err
+				}
+				_, err := r.ReadString('\n')
+				return err
+			}
+			if err := exchange(0); err != nil {
+				t.Fatalf("first exchange: %v", err)
+			}
+			time.Sleep(time.Second)
 			out, _ := w.Exec(node, "conntrack", "-L", "-p", "tcp", "--orig-port-dst", "9000")
 			entries := strings.Count(out, "dport=9000")
-			t.Logf("conntrack entries of the connection after %d pings: %d\n%s", pongs(), entries, out)
+			t.Logf("conntrack entries of the connection: %d\n%s", entries, out)
 			// kube-proxy's masquerade of traffic from outside the cluster
 			// CIDR (its KUBE-POSTROUTING, --random-fully).
 			run("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-s", w.ClientIP().String(), "-d", w.PodCIDR().String(),
 				"-j", "MASQUERADE", "--random-fully")
-			before := pongs()
-			waitPongs(before + 20)
-			_, _, err := s.stop()
-			t.Logf("after the masquerade rule: %d more pings, then %v", pongs()-before, err)
+			time.Sleep(500 * time.Millisecond)
+			err = exchange(1)
+			if err == nil {
+				err = exchange(2)
+			}
+			after, _ := w.Exec(node, "conntrack", "-L", "-p", "tcp", "--orig-port-dst", "9000")
+			t.Logf("after the masquerade rule: the connection: %v; conntrack entries:\n%s", err, after)
 			switch {
 			case on && (entries != 1 || err != nil):
 				t.Errorf("with conntrack on at connect: %d entries (want 1), the connection: %v (want unbroken)", entries, err)
