@@ -298,7 +298,8 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 // vmMigrationSubtests are the migration tests' subtests the VM proves:
 // the matrix's tours with ipvs (and the host's, with KP_VM_E2E=all) and
 // each
-// of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM).
+// of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM);
+// KF-10's kernel test, both ways.
 func vmMigrationSubtests() map[string][]string {
 	var tours []string
 	for _, tr := range append(slices.Clone(ipvsTours), hostTours...) {
@@ -313,6 +314,8 @@ func vmMigrationSubtests() map[string][]string {
 	return map[string][]string{
 		"TestMigrateNodeEveryOrderedPairOfModesDropsNothing": tours,
 		"TestMigrateNodeFromUpstreamKubeProxyDropsNothing":   {"kube-proxy-ipvs-to-nftables"},
+		"TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn": {
+			"conntrack-off-at-connect", "conntrack-on-at-connect"},
 	}
 }
 
