@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ import (
 // fails, the UDP flow loses nothing, the long-lived connection kube-proxy
 // NATed survives, and no rule of kube-proxy's remains.
 func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
-	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save")
+	netns.Require(t, "nft", "iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save", "conntrack")
 	t.Parallel()
 	for _, kubeMode := range []string{"iptables", "nftables", "ipvs"} {
 		t.Run("kube-proxy-"+kubeMode+"-to-nftables", func(t *testing.T) {
@@ -67,6 +68,12 @@ func TestMigrateNodeFromUpstreamKubeProxyDropsNothing(t *testing.T) {
 				e.answers(client, "tcp", a)
 			}
 			e.answers(client, "udp", webUDP)
+			// The long-lived connection must start tracked, as on a real
+			// node, where conntrack is always on: kube-proxy's healthz and
+			// its virtual servers come before its first iptables-restore,
+			// and a connection IPVS took untracked is reset once that
+			// restore's masquerade turns conntrack on (KF-10).
+			e.conntrackTracks(client, webTCP)
 			before := e.rulesOf()
 			if kubeProxyRules(before) == 0 {
 				t.Fatalf("kube-proxy's %s rules not found: %v", kubeMode, before)
@@ -248,4 +255,29 @@ func TestNodeAnnotationNoneIsRefusedWithoutAllowModeNone(t *testing.T) {
 	if _, body, err := netns.HTTPGet(e.w.Node(), "http://"+metricsAddr+"/proxyMode", 2*time.Second); err != nil || body != "nftables" {
 		t.Errorf("after a restart with the annotation still there: /proxyMode says %q (%v), want nftables", body, err)
 	}
+}
+
+// conntrackTracks waits until the node tracks connections from ns to addr:
+// a fresh one has a conntrack entry. A node namespace tracks nothing until
+// a rule that needs conntrack is in it, and IPVS does not ask for it
+// (TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn).
+func (e *env) conntrackTracks(ns, addr string) {
+	e.t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.eventually("the node tracking connections to "+addr, 2*time.Minute, func() error {
+		if _, err := e.ask(ns, "tcp", addr); err != nil {
+			return err
+		}
+		out, err := e.w.Exec(e.w.Node(), "conntrack", "-L", "-p", "tcp", "--orig-dst", host, "--orig-port-dst", port)
+		if err != nil {
+			return fmt.Errorf("conntrack -L: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "dport="+port) {
+			return fmt.Errorf("no conntrack entry for a connection just made: nothing in the node needs conntrack yet")
+		}
+		return nil
+	})
 }

@@ -85,10 +85,12 @@ var vmIPVSTests = []string{
 // vmMigrationTests are the migration tests whose ipvs rows run in the VM:
 // every ordered pair of kp's modes with ipvs (the matrix's ipvsTours;
 // KP_VM_E2E=all adds its hostTours, on the 6.1 kernel), upstream
-// kube-proxy's ipvs mode → kp nftables (onlyWithIPVSInTheVM).
+// kube-proxy's ipvs mode → kp nftables (onlyWithIPVSInTheVM), and the
+// kernel fact that migration's long-lived connection depends on (KF-10).
 var vmMigrationTests = []string{
 	"TestMigrateNodeEveryOrderedPairOfModesDropsNothing",
 	"TestMigrateNodeFromUpstreamKubeProxyDropsNothing",
+	"TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn",
 }
 
 // vmMigrationModes are the modes the migrations in the VM switch between.
@@ -296,7 +298,8 @@ func vmClaim(modes, tests []string, ownPattern bool) vm.Claim {
 // vmMigrationSubtests are the migration tests' subtests the VM proves:
 // the matrix's tours with ipvs (and the host's, with KP_VM_E2E=all) and
 // each
-// of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM).
+// of their steps, by name; kube-proxy's ipvs mode (onlyWithIPVSInTheVM);
+// KF-10's kernel test, both ways.
 func vmMigrationSubtests() map[string][]string {
 	var tours []string
 	for _, tr := range append(slices.Clone(ipvsTours), hostTours...) {
@@ -311,6 +314,8 @@ func vmMigrationSubtests() map[string][]string {
 	return map[string][]string{
 		"TestMigrateNodeEveryOrderedPairOfModesDropsNothing": tours,
 		"TestMigrateNodeFromUpstreamKubeProxyDropsNothing":   {"kube-proxy-ipvs-to-nftables"},
+		"TestKernelIPVSConnectionStartedWhileConntrackIsOffIsResetWhenAMasqueradeComesIn": {
+			"conntrack-off-at-connect", "conntrack-on-at-connect"},
 	}
 }
 
