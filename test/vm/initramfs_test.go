@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -111,5 +112,18 @@ func TestQemuNeverUsesKVMOrANetwork(t *testing.T) {
 		if strings.Contains(args, bad) {
 			t.Errorf("qemu arguments hold %q: %s", bad, args)
 		}
+	}
+}
+
+// TestBootSkipsTheCryptoSelfTests: the guest kernel is told to skip its
+// crypto self-tests, which once took a loaded machine's whole boot
+// deadline under emulation.
+func TestBootSkipsTheCryptoSelfTests(t *testing.T) {
+	opts := Options{}
+	opts.defaults()
+	args := qemuArgs(opts, &Kernel{Image: "vmlinuz"}, "/tmp/d", "initrd", "sock", "out")
+	i := slices.Index(args, "-append")
+	if i < 0 || !slices.Contains(strings.Fields(args[i+1]), "cryptomgr.notests") {
+		t.Errorf("the kernel's command line lacks cryptomgr.notests: %v", args)
 	}
 }

@@ -21,6 +21,20 @@ func inVM(t *testing.T) {
 	}
 }
 
+// TestCryptoSelfTestsAreOff: the kernel skipped its crypto self-tests at
+// boot (test/vm's cryptomgr.notests), which once took a loaded machine's
+// whole boot deadline under emulation.
+func TestCryptoSelfTestsAreOff(t *testing.T) {
+	inVM(t)
+	b, err := os.ReadFile("/sys/module/cryptomgr/parameters/notests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := strings.TrimSpace(string(b)); v != "Y" {
+		t.Fatalf("cryptomgr.notests = %s, want Y", v)
+	}
+}
+
 func TestKernelIs61(t *testing.T) {
 	inVM(t)
 	var u unix.Utsname
