@@ -67,7 +67,9 @@ nsysctl $NODE net.ipv4.conf.all.send_redirects 0
 nsysctl $NODE net.ipv4.conf.default.send_redirects 0
 nsysctl $NODE net.bridge.bridge-nf-call-iptables 1
 nsysctl $NODE net.bridge.bridge-nf-call-ip6tables 1
-ip -n $NODE link add kpbr0 type bridge
+# An address of its own: a bridge without one takes its lowest port's, and a
+# pod that joins later would change it under the pods that cached it.
+ip -n $NODE link add kpbr0 address 02:6b:70:00:00:01 type bridge
 ip -n $NODE addr add 10.244.1.1/24 dev kpbr0
 ip -n $NODE link set kpbr0 up
 

@@ -120,7 +120,8 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	s.addr = netip.AddrFrom4([4]byte{10, 250, byte(s.index), 1})
 	for _, c := range [][]string{
-		{"-n", s.ns, "link", "add", bridgeName, "type", "bridge"},
+		// Its own address, not its lowest port's (netns.BridgeMAC).
+		{"-n", s.ns, "link", "add", bridgeName, "address", netns.BridgeMAC(1, s.index), "type", "bridge"},
 		{"-n", s.ns, "addr", "add", s.addr.String() + "/24", "dev", bridgeName},
 		{"-n", s.ns, "link", "set", bridgeName, "up"},
 	} {

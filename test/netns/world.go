@@ -119,6 +119,13 @@ func (w *World) addNS(role string) (string, error) {
 	return name, ip("-n", name, "link", "set", "lo", "up")
 }
 
+// BridgeMAC is the address of a test bridge: kind tells the bridges
+// apart (0: a world's pod bridge, 1: the API server's), index the
+// instance. Locally administered and unicast.
+func BridgeMAC(kind, index int) string {
+	return fmt.Sprintf("02:6b:70:%02x:%02x:%02x", kind, index>>8&0xff, index&0xff)
+}
+
 func (w *World) v4(subnet, host int) string { return fmt.Sprintf("10.%d.%d.%d", w.index, subnet, host) }
 func (w *World) v6(subnet, host int) string {
 	return fmt.Sprintf("fd00:%d:%d::%d", w.index, subnet, host)
@@ -145,7 +152,11 @@ func (w *World) build() error {
 	}
 	cmds := [][]string{
 		// Multicast snooping off: IPv6 neighbour discovery is flooded at once.
-		{"-n", node, "link", "add", BridgeName, "type", "bridge", "mcast_snooping", "0"},
+		// An address of its own: a bridge without one takes its lowest
+		// port's, so a pod that joins later can change it under the
+		// pods that cached the old one (KF-14: their packets then reach
+		// the node as another host's, and only DNATed ones are routed).
+		{"-n", node, "link", "add", BridgeName, "address", BridgeMAC(0, w.index), "type", "bridge", "mcast_snooping", "0"},
 		{"-n", node, "addr", "add", w.v4(1, 1) + "/24", "dev", BridgeName},
 		{"-n", node, "addr", "add", w.v6(1, 1) + "/64", "dev", BridgeName, "nodad"},
 		{"-n", node, "link", "set", BridgeName, "up"},

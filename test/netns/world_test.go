@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -345,5 +346,65 @@ func TestSweepStaleRemovesDeadRunsOnly(t *testing.T) {
 	}
 	if _, err := os.Stat("/run/netns/" + mine); err != nil {
 		t.Errorf("live run's namespace %s swept: %v", mine, err)
+	}
+}
+
+// TestPodsKeepReachingTheNodeWhenAPortWithALowerAddressJoins: the pod
+// bridge has an address of its own. A bridge without one takes its lowest
+// port's, so a port that joins later can change it under the pods that
+// cached the old one; their packets then reach the node as another host's,
+// and only DNATed ones are routed on (KF-14, docs/known-flakes.md).
+func TestPodsKeepReachingTheNodeWhenAPortWithALowerAddressJoins(t *testing.T) {
+	t.Parallel()
+	w := NewWorld(t, Options{Pods: 2})
+	node := w.Node()
+	address := func(dev string) string {
+		out, err := w.Exec(node, "cat", "/sys/class/net/"+dev+"/address")
+		if err != nil {
+			t.Fatalf("the address of %s: %v\n%s", dev, err, out)
+		}
+		return strings.TrimSpace(out)
+	}
+	bridge := func() string { return address(BridgeName) }
+	// A pod whose port's address is not the bridge's: a bridge without an
+	// address of its own has one of them, and a frame to the port it came
+	// in on is the node's whatever the bridge's address.
+	pod := w.Pods()[0]
+	if address(pod.Veth) == bridge() {
+		pod = w.Pods()[1]
+	}
+	forwarded := func() int {
+		out, err := w.Exec(node, "nstat", "-asz", "IpForwDatagrams")
+		if err != nil {
+			t.Fatalf("nstat: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "IpForwDatagrams" {
+				n, _ := strconv.Atoi(f[1])
+				return n
+			}
+		}
+		t.Fatalf("nstat has no IpForwDatagrams:\n%s", out)
+		return 0
+	}
+	before := bridge()
+	for _, c := range [][]string{
+		{"-n", node, "link", "add", "kplow", "address", "02:00:00:00:00:01", "type", "veth", "peer", "name", "kplowpeer"},
+		{"-n", node, "link", "set", "kplow", "master", BridgeName},
+		{"-n", node, "link", "set", "kplow", "up"},
+	} {
+		if err := IP(c...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := bridge(); after != before {
+		t.Errorf("the bridge's address changed from %s to %s when a port with a lower one joined", before, after)
+	}
+	// The pod's packet to a Service address without a rule (not DNATed)
+	// is still routed on, to the client.
+	n := forwarded()
+	_, _ = w.Dial(pod.NS, "tcp", "10.96.0.99:80", 300*time.Millisecond)
+	if forwarded() == n {
+		t.Errorf("the node forwarded nothing of the pod's connection to 10.96.0.99:80 after the new port joined")
 	}
 }
