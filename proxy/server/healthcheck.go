@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net"
@@ -42,6 +43,9 @@ type ServiceHealthServer struct {
 	// failed remembers, per Service family, the listen error last logged,
 	// so a port in use is logged once, not at every sync.
 	failed map[hcKey]string
+	// withPort keeps the ports with a health check port, so that a sync
+	// does not walk every Service to find the few.
+	withPort *proxy.PortSet
 	// closed is set by Close: the sync loop may still run a last Sync
 	// while the proxy shuts down, which must not open ports again.
 	closed bool
@@ -88,6 +92,7 @@ func NewServiceHealthServer(o ServiceHealthOptions) *ServiceHealthServer {
 		listen:    o.Listen,
 		instances: make(map[hcKey]*hcInstance),
 		failed:    make(map[hcKey]string),
+		withPort:  proxy.NewPortSet(hasHealthCheck),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -153,9 +158,9 @@ func healthCheckAddrs(f proxy.Family, node proxy.Node, cidrs []netip.Prefix, pri
 // A port that cannot be opened (in use, say) is logged with the Service's
 // name and retried at the next Sync; it never fails the proxy.
 func (s *ServiceHealthServer) Sync(st *proxy.State) {
-	want, counts := healthChecks(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	want, counts := healthChecks(st, s.withPort.Update(st))
 	if s.closed {
 		return
 	}
@@ -194,15 +199,17 @@ func (s *ServiceHealthServer) Sync(st *proxy.State) {
 	}
 }
 
+// hasHealthCheck is true for a port with a health check node port.
+func hasHealthCheck(sp *proxy.ServicePort) bool { return sp.HealthCheckNodePort != 0 }
+
 // healthChecks lists the health check port of every Service family of st,
-// and the number of distinct local ready endpoint addresses of each.
-func healthChecks(st *proxy.State) (ports map[hcKey]int32, counts map[hcKey]int) {
+// and the number of distinct local ready endpoint addresses of each. names
+// lists st's ports with a health check port.
+func healthChecks(st *proxy.State, names iter.Seq[proxy.ServicePortName]) (ports map[hcKey]int32, counts map[hcKey]int) {
 	ports = make(map[hcKey]int32)
 	local := make(map[hcKey]map[netip.Addr]struct{})
-	for name, sp := range st.Services {
-		if sp.HealthCheckNodePort == 0 {
-			continue
-		}
+	for name := range names {
+		sp := st.Services[name]
 		for _, ip := range sp.ClusterIPs {
 			key := hcKey{Service: name.NamespacedName, Family: proxy.FamilyOf(ip)}
 			ports[key] = sp.HealthCheckNodePort

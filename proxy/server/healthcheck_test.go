@@ -48,7 +48,7 @@ func TestHealthChecksCountDistinctLocalReadyAddressesPerFamily(t *testing.T) {
 		nodeEp("fd00::a", "node-a", true),
 		proxy.Endpoint{IP: netip.MustParseAddr("10.0.0.5"), Serving: true, Terminating: true}.At("node-a", ""),
 	)
-	ports, counts := healthChecks(st)
+	ports, counts := healthChecks(st, proxy.NewPortSet(hasHealthCheck).Update(st))
 	svc := types.NamespacedName{Namespace: "ns", Name: "lb"}
 	v4, v6 := hcKey{svc, proxy.IPv4}, hcKey{svc, proxy.IPv6}
 	if ports[v4] != 30000 || ports[v6] != 30000 || len(ports) != 2 {

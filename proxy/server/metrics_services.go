@@ -1,6 +1,7 @@
 package server
 
 import (
+	"iter"
 	"strconv"
 	"sync/atomic"
 
@@ -13,8 +14,11 @@ import (
 // endpoint, and the health handlers' responses.
 type serviceMetrics struct {
 	noLocalEndpoints *prometheus.GaugeVec
-	healthzTotal     *prometheus.CounterVec
-	livezTotal       *prometheus.CounterVec
+	// localPolicy keeps the ports with a Local traffic policy, the only
+	// ones noLocalEndpoints counts (a sync must not walk every Service).
+	localPolicy  *proxy.PortSet
+	healthzTotal *prometheus.CounterVec
+	livezTotal   *prometheus.CounterVec
 	// changes is set once the tracker exists (the metrics are created
 	// first, so the servers can start before the sources).
 	changes atomic.Pointer[proxy.ChangeTracker]
@@ -22,6 +26,7 @@ type serviceMetrics struct {
 
 func newServiceMetrics() serviceMetrics {
 	return serviceMetrics{
+		localPolicy: proxy.NewPortSet(localPolicy),
 		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
 			Help: "Number of services with a Local traffic policy and no endpoints",
@@ -90,7 +95,7 @@ func (m *Metrics) ObserveHealth(h *Health) {
 
 // ObserveState sets the gauges computed from a synced State.
 func (m *Metrics) ObserveState(st *proxy.State) {
-	for f, n := range noLocalEndpoints(st) {
+	for f, n := range noLocalEndpoints(st, m.localPolicy.Update(st)) {
 		m.noLocalEndpoints.WithLabelValues("internal", f.String()).Set(float64(n.internal))
 		m.noLocalEndpoints.WithLabelValues("external", f.String()).Set(float64(n.external))
 	}
@@ -98,16 +103,19 @@ func (m *Metrics) ObserveState(st *proxy.State) {
 
 type policyCounts struct{ internal, external int }
 
+// localPolicy is true for a port with a Local internal or external
+// traffic policy.
+func localPolicy(sp *proxy.ServicePort) bool { return sp.InternalPolicyLocal || sp.ExternalPolicyLocal }
+
 // noLocalEndpoints counts, per family, the service ports whose Local traffic
 // policy finds no local endpoint although the Service has endpoints, as
 // upstream's proxier counts them (a port with no endpoint at all is
-// rejected, whatever its policy, and not counted).
-func noLocalEndpoints(st *proxy.State) map[proxy.Family]policyCounts {
+// rejected, whatever its policy, and not counted). local names st's ports
+// with a Local policy.
+func noLocalEndpoints(st *proxy.State, local iter.Seq[proxy.ServicePortName]) map[proxy.Family]policyCounts {
 	out := map[proxy.Family]policyCounts{proxy.IPv4: {}, proxy.IPv6: {}}
-	for name, sp := range st.Services {
-		if !sp.InternalPolicyLocal && !sp.ExternalPolicyLocal {
-			continue
-		}
+	for name := range local {
+		sp := st.Services[name]
 		for _, f := range []proxy.Family{proxy.IPv4, proxy.IPv6} {
 			if len(proxy.FilterAddrs(f, sp.ClusterIPs)) == 0 {
 				continue

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/proxytest"
+	"github.com/kpproxy/kp/proxy/statetest"
 	v1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -34,7 +35,7 @@ func TestNoLocalEndpointsCountsLocalPoliciesWithoutLocalEndpoints(t *testing.T) 
 	add("itp-no-endpoints", itp) // rejected, not counted (as upstream)
 	add("cluster-remote", func(*proxy.ServicePort) {}, nodeEp("10.0.0.1", "node-b", true))
 
-	got := noLocalEndpoints(st)
+	got := noLocalEndpoints(st, proxy.NewPortSet(localPolicy).Update(st))
 	want := map[proxy.Family]policyCounts{proxy.IPv4: {internal: 1, external: 1}, proxy.IPv6: {internal: 1, external: 2}}
 	if got[proxy.IPv4] != want[proxy.IPv4] || got[proxy.IPv6] != want[proxy.IPv6] {
 		t.Errorf("noLocalEndpoints = %+v, want %+v", got, want)
@@ -109,4 +110,34 @@ func TestHealthResponsesAreCounted(t *testing.T) {
 			t.Errorf("/metrics lacks %s", line)
 		}
 	}
+}
+
+// The gauge follows a port into and out of a Local policy from one synced
+// State to the next, where only Changed is looked at, and again after a
+// State it never saw (a failed sync).
+func TestNoLocalEndpointsFollowsPolicyChanges(t *testing.T) {
+	w := statetest.New(statetest.Node("node-a", "192.168.0.10"))
+	name := statetest.PortName("ns", "web", "http", "")
+	m := NewMetrics(proxy.ModeNFTables)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	const line = `kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} `
+	step := func(local bool, observe bool, want string) {
+		t.Helper()
+		w.AddService(name, "10.96.0.10", 80, 0, "10.0.0.1:8080").InternalPolicyLocal = local
+		w.AddService(statetest.PortName("ns", "other", "http", ""), "10.96.0.11", 80, 0, "10.0.0.2:8080")
+		st := w.Next()
+		if !observe {
+			return
+		}
+		m.ObserveState(st)
+		if text := string(get(t, srv.URL+"/metrics", http.StatusOK)); !strings.Contains(text, line+want+"\n") {
+			t.Errorf("generation %d: /metrics lacks %s%s", st.Generation, line, want)
+		}
+	}
+	step(false, true, "0")
+	step(true, true, "1")
+	step(false, true, "0")
+	step(true, false, "")
+	step(true, true, "1")
 }
