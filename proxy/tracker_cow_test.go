@@ -75,7 +75,9 @@ func TestSnapshotSharesTheMapsNoChangeTouched(t *testing.T) {
 	}
 }
 
-func same[M any](a, b M) bool { return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer() }
+func same[M any](a, b M) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+}
 
 func cloneEndpoints(m map[ServicePortName][]Endpoint) map[ServicePortName][]Endpoint {
 	out := make(map[ServicePortName][]Endpoint, len(m))
