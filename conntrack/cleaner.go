@@ -183,6 +183,14 @@ type Cleaner struct {
 	// counted: how many UDP and SCTP service ports a State has, kept
 	// from sync to sync (cleanedPorts).
 	counted cleanedCount
+	// last is the State of the last run, lastOK whether that run left
+	// nothing stale behind (nothingNew).
+	last   *proxy.State
+	lastOK bool
+	// switched is set when the mode changed (Spare, SetKeepRedirected):
+	// the next run judges the table whatever changed, since what the old
+	// mode did with a flow is no change of a Service.
+	switched atomic.Bool
 }
 
 // CleanerConfig configures a Cleaner. The zero value works in the
@@ -222,6 +230,7 @@ type spared struct{ Spared }
 // Spare makes the cleaner leave the entries s deletes itself; nil spares
 // none.
 func (c *Cleaner) Spare(s Spared) {
+	c.switched.Store(true)
 	if s == nil {
 		c.spared.Store(nil)
 		return
@@ -231,7 +240,10 @@ func (c *Cleaner) Spare(s Spared) {
 
 // SetKeepRedirected changes CleanerConfig.KeepRedirected, for a proxy
 // that switched to or from the userspace mode.
-func (c *Cleaner) SetKeepRedirected(keep bool) { c.keepRedirected.Store(keep) }
+func (c *Cleaner) SetKeepRedirected(keep bool) {
+	c.keepRedirected.Store(keep)
+	c.switched.Store(true)
+}
 
 // NewCleaner returns a Cleaner; register its Collectors with the metrics.
 func NewCleaner(cfg CleanerConfig) *Cleaner {
@@ -298,9 +310,44 @@ func (c *Cleaner) Synced(ctx context.Context, prev, cur *proxy.State) {
 // Clean deletes the entries that are stale after a sync from prev to cur,
 // and returns how many it deleted.
 func (c *Cleaner) Clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
-	if prevN, curN := c.counted.ports(prev, cur); prevN == 0 && curN == 0 && !servesNewTCP(prev, cur) {
-		return 0, nil // nothing to judge: skip the dump
+	prevN, curN := c.counted.ports(prev, cur)
+	switched := c.switched.Swap(false)
+	skip := prevN == 0 && curN == 0 && !servesNewTCP(prev, cur) || !switched && c.nothingNew(prev, cur)
+	c.last, c.lastOK = cur, skip
+	if skip {
+		return 0, nil // nothing can have become stale: skip the dump
 	}
+	n, err := c.clean(ctx, prev, cur)
+	c.lastOK = err == nil
+	return n, err
+}
+
+// nothingNew reports whether the sync from prev to cur can have made no
+// entry stale, without looking at the table: the cleaner's last run was on
+// prev and succeeded (so nothing stale was left), cur follows prev with the
+// Node unchanged, no Service address is new to TCP, and none of the ports
+// cur changed is UDP or SCTP, before or after. An entry stale now would
+// then have been stale at the last run, which deleted it; an entry made
+// since went where prev's rules sent it, still a live destination. On a
+// node whose table always holds UDP (DNS), this keeps a sync that changed
+// only TCP Services from dumping the table and indexing every Service.
+func (c *Cleaner) nothingNew(prev, cur *proxy.State) bool {
+	if prev == nil || cur == nil || c.last != prev || !c.lastOK || cur.Generation != prev.Generation+1 || cur.NodeChanged {
+		return false
+	}
+	if servesNewTCP(prev, cur) {
+		return false
+	}
+	for name := range cur.Changed {
+		if isCleaned(prev.Services[name]) == 1 || isCleaned(cur.Services[name]) == 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// clean dumps the table and deletes what the judge finds stale.
+func (c *Cleaner) clean(ctx context.Context, prev, cur *proxy.State) (int, error) {
 	conn, err := c.dial()
 	if err != nil {
 		return 0, err
