@@ -5,16 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kpproxy/kp/test/apiserver"
-	"github.com/kpproxy/kp/test/logbuf"
 	"github.com/kpproxy/kp/test/netns"
 )
 
@@ -87,7 +84,7 @@ func TestKF10UpstreamIPVSStreamWithoutKp(t *testing.T) {
 
 	broken := map[string]string{}
 	for _, phase := range []string{"alone", "sysctls", "kp"} {
-		events := startConntrackEvents(node)
+		events := startLineCapture(node, true, nil, "conntrack", "-E", "-p", "tcp", "-o", "timestamp") // with the kernel's timestamps
 		stopSample := sampleStreamEntries(t, e.w.Exec, node, phase)
 		start := time.Now()
 		tr := startFlows(t, flows{loops: []loopFlow{{name: "from " + client, ns: client, addrs: []string{webTCP, apiTCP}}},
@@ -162,42 +159,6 @@ func TestKF10UpstreamIPVSStreamWithoutKp(t *testing.T) {
 	if len(broken) > 0 {
 		t.Errorf("the long-lived connection broke in phases %v", broken)
 	}
-}
-
-// conntrackEvents is conntrack -E -p tcp in one namespace, with the
-// kernel's timestamps.
-type conntrackEvents struct {
-	cmd  *exec.Cmd
-	out  logbuf.Buffer
-	once sync.Once
-	rows []string
-}
-
-func startConntrackEvents(ns string) *conntrackEvents {
-	c := &conntrackEvents{}
-	c.cmd = exec.Command("ip", "netns", "exec", ns, "conntrack", "-E", "-p", "tcp", "-o", "timestamp")
-	c.cmd.Stdout = &c.out
-	c.cmd.Stderr = &c.out
-	if err := c.cmd.Start(); err != nil {
-		return nil
-	}
-	return c
-}
-
-func (c *conntrackEvents) stop() []string {
-	if c == nil {
-		return nil
-	}
-	c.once.Do(func() {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		_ = c.cmd.Wait()
-		for _, l := range strings.Split(c.out.String(), "\n") {
-			if l = strings.TrimSpace(l); l != "" {
-				c.rows = append(c.rows, l)
-			}
-		}
-	})
-	return c.rows
 }
 
 // sampleStreamEntries lists the node's conntrack entries of port 9000

@@ -18,11 +18,8 @@ import (
 // server without real servers) is in the test's failure message, not only
 // in a log a CI digest leaves out.
 type resetCapture struct {
-	ns    string
-	cmd   *exec.Cmd
-	out   logbuf.Buffer
-	once  sync.Once
-	lines []string
+	ns string
+	*lineCapture
 }
 
 // resetFilter selects TCP resets and ICMP errors (not echo), both families.
@@ -32,15 +29,14 @@ const resetFilter = "(tcp[tcpflags] & tcp-rst != 0) or (icmp and icmp[icmptype] 
 // startResetCapture starts tcpdump in ns; nil (and nothing recorded) when
 // it cannot start: the capture only explains a failure.
 func startResetCapture(ns string) *resetCapture {
-	c := &resetCapture{ns: ns}
 	// -l: line-buffered, so nothing is lost at SIGTERM; -tttt: the wall
 	// clock, as the traffic's own failure messages print it.
-	c.cmd = exec.Command("ip", "netns", "exec", ns, "tcpdump", "-i", "any", "-nn", "-l", "-tttt", "-Q", "inout", resetFilter)
-	c.cmd.Stdout = &c.out
-	if err := c.cmd.Start(); err != nil {
+	lc := startLineCapture(ns, false, func(l string) bool { return !strings.HasPrefix(l, "tcpdump:") },
+		"tcpdump", "-i", "any", "-nn", "-l", "-tttt", "-Q", "inout", resetFilter)
+	if lc == nil {
 		return nil
 	}
-	return c
+	return &resetCapture{ns: ns, lineCapture: lc}
 }
 
 // stop ends the capture (once) and returns the packets it saw, one line
@@ -49,11 +45,45 @@ func (c *resetCapture) stop() []string {
 	if c == nil {
 		return nil
 	}
+	return c.lineCapture.stop()
+}
+
+// lineCapture is a command run in the background in one namespace, its
+// output read as lines when it stops.
+type lineCapture struct {
+	cmd   *exec.Cmd
+	out   logbuf.Buffer
+	keep  func(string) bool
+	once  sync.Once
+	lines []string
+}
+
+// startLineCapture starts args in ns (with its stderr too when stderr);
+// the lines stop returns are the non-empty ones keep accepts. nil when the
+// command cannot start: a capture only explains a failure.
+func startLineCapture(ns string, stderr bool, keep func(string) bool, args ...string) *lineCapture {
+	c := &lineCapture{keep: keep}
+	c.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	c.cmd.Stdout = &c.out
+	if stderr {
+		c.cmd.Stderr = &c.out
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil
+	}
+	return c
+}
+
+// stop ends the command (SIGTERM, once) and returns its lines.
+func (c *lineCapture) stop() []string {
+	if c == nil {
+		return nil
+	}
 	c.once.Do(func() {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 		_ = c.cmd.Wait()
 		for _, l := range strings.Split(c.out.String(), "\n") {
-			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "tcpdump:") {
+			if l = strings.TrimSpace(l); l != "" && (c.keep == nil || c.keep(l)) {
 				c.lines = append(c.lines, l)
 			}
 		}
