@@ -36,8 +36,8 @@ func WriteReport(w io.Writer, r *Results) error {
 	}
 	p("| Memory | %.0f GB |\n| Kernel | %s |\n| Go | %s |\n| Upstream | %s |\n", m.MemGB, m.Kernel, m.Go, m.Upstream)
 	if m.IPTables != "" {
-		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`) |\n",
-			m.IPTables, KPIPTables)
+		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`)%s |\n",
+			m.IPTables, KPIPTables, legacyMachineNote(r))
 	}
 	run := r.Run
 	commit := run.Commit
@@ -100,7 +100,10 @@ func WriteReport(w io.Writer, r *Results) error {
 				writeScaleTargets(b, r, n)
 			}
 			if r.has(KPIPTables, n) {
-				writeIPTablesTargets(b, r, n)
+				writeIPTablesTargets(b, r, n, KPIPTables, UpstreamIPTables)
+			}
+			if r.has(KPIPTablesLegacy, n) {
+				writeIPTablesTargets(b, r, n, KPIPTablesLegacy, UpstreamIPTablesLegacy)
 			}
 			if r.has(KPUserspace, n) {
 				writeUserspaceTargets(b, r, n)
