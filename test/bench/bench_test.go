@@ -287,6 +287,7 @@ func TestBenchSmoke(t *testing.T) {
 	if slices.Contains(cfg.Proxies, KPIPTables) {
 		want = append(want, "| kp-iptables |", "## Targets (issue 13", "iptables-nft-restore --noflush |")
 	}
+	want = append(want, legacySmokeWants(cfg)...)
 	for _, want := range want {
 		if !bytes.Contains(report, []byte(want)) {
 			t.Errorf("report lacks %q:\n%s", want, report)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,4 +76,15 @@ COMMIT
 			t.Errorf("%s: the check after the cold start says %v", c.name, err)
 		}
 	}
+}
+
+// legacySmokeWants is what the smoke's report must hold of the
+// iptables-legacy pair when it measures both (TestBenchSmoke): their
+// ratio's column, issue 13's targets for them, and why they churn not.
+func legacySmokeWants(cfg config) []string {
+	if !slices.Contains(cfg.Proxies, KPIPTablesLegacy) || !slices.Contains(cfg.Proxies, UpstreamIPTablesLegacy) {
+		return nil
+	}
+	return []string{"| kp-iptables-legacy / upstream-iptables-legacy |",
+		"## Targets (issue 13: kp-iptables-legacy against upstream-iptables-legacy", "that pair has no churn phases"}
 }
