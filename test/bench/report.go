@@ -152,7 +152,7 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("kernel answered), so API server and watch latency are included alike for every proxy. Size: objects the\n")
 	p("transaction added or removed (rules, chains, set and map elements), as `nft monitor` lists them, at N up to\n")
 	p("%s (beyond, nft monitor falls behind; a change's size does not depend on N); not measured for the\n", fmtN(monitorMaxN))
-	p("iptables modes (%s, %s).\n\n", KPIPTables, UpstreamIPTables)
+	p("iptables modes (%s, %s, and through iptables-legacy %s, %s).\n\n", KPIPTables, UpstreamIPTables, KPIPTablesLegacy, UpstreamIPTablesLegacy)
 	inc := func(of func(Incremental) float64) func(string, int) []float64 {
 		return func(proxy string, n int) []float64 {
 			// <= 0: not measured
