@@ -88,3 +88,26 @@ func legacySmokeWants(cfg config) []string {
 	return []string{"| kp-iptables-legacy / upstream-iptables-legacy |",
 		"## Targets (issue 13: kp-iptables-legacy against upstream-iptables-legacy", "that pair has no churn phases"}
 }
+
+// From -bench.no-legacy on the iptables-legacy pair is left out, and
+// nothing else; -bench.nft-only and -bench.kp-only leave it out too.
+func TestNoLegacyLeavesOutTheLegacyPairAloneFromItsN(t *testing.T) {
+	cfg := config{NoLegacy: 10000, NFTOnly: 30000, KPOnly: 100000}
+	for _, c := range []struct {
+		proxy string
+		n     int
+		want  bool
+	}{
+		{KPIPTablesLegacy, 1000, true}, {UpstreamIPTablesLegacy, 1000, true},
+		{KPIPTablesLegacy, 10000, false}, {UpstreamIPTablesLegacy, 10000, false},
+		{KPIPTables, 10000, true}, {UpstreamIPTables, 10000, true}, {KPUserspace, 10000, true},
+		{KPIPTablesLegacy, 30000, false}, {UpstreamNFT, 30000, true},
+	} {
+		if got := cfg.measures(c.proxy, c.n); got != c.want {
+			t.Errorf("%s at N = %d: measured %v, want %v", c.proxy, c.n, got, c.want)
+		}
+	}
+	if !(config{}).measures(UpstreamIPTablesLegacy, 100000) {
+		t.Error("without -bench.no-legacy the pair is left out at 100,000")
+	}
+}
