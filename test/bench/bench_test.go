@@ -79,6 +79,8 @@ type config struct {
 	Big, BigChanges int
 	BigTimeout      time.Duration
 	NFTOnly, KPOnly int
+	// From NoLegacy on, the iptables-legacy pair is left out (0: never).
+	NoLegacy int
 	// Rule decides the number of rounds at each N (defaultRule).
 	Rule StopRule
 	// ChangeTimeout bounds the wait for one incremental change's sync
@@ -96,6 +98,8 @@ func (c config) measures(proxy string, n int) bool {
 		return proxy == KP
 	case c.NFTOnly > 0 && n >= c.NFTOnly:
 		return proxy == KP || proxy == UpstreamNFT
+	case c.NoLegacy > 0 && n >= c.NoLegacy:
+		return !isIPTablesLegacy(proxy)
 	}
 	return true
 }
@@ -111,7 +115,7 @@ func TestBench(t *testing.T) {
 	}
 	cfg := config{Changes: *flagChanges, Window: *flagWindow, Workers: 4, Idle: *flagIdle, SyncTimeout: 15 * time.Minute,
 		Big: *flagBig, BigChanges: *flagBigChg, BigTimeout: *flagBigTime, NFTOnly: *flagNFTOnly, KPOnly: *flagKPOnly,
-		Rule: defaultRule, ChangeTimeout: *flagChgTime}
+		NoLegacy: *flagNoLegacy, Rule: defaultRule, ChangeTimeout: *flagChgTime}
 	if *flagRounds != "" {
 		lo, hi, ok := strings.Cut(*flagRounds, "-")
 		a, err1 := strconv.Atoi(lo)
@@ -187,8 +191,9 @@ func churnFlags(t *testing.T) churnConfig {
 		c.Rates = append(c.Rates, r)
 	}
 	for _, p := range strings.Split(*flagChurnProxies, ",") {
-		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
-			t.Fatalf("-bench.churn.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
+		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) || isIPTablesLegacy(p) {
+			t.Fatalf("-bench.churn.proxies: %q is not a proxy with churn phases (the iptables-legacy pair has none: "+
+				"x_tables writes no nf_tables event to time a change by); known: %s", p, strings.Join(Proxies, ", "))
 		}
 		c.Proxies = append(c.Proxies, p)
 	}
@@ -282,6 +287,7 @@ func TestBenchSmoke(t *testing.T) {
 	if slices.Contains(cfg.Proxies, KPIPTables) {
 		want = append(want, "| kp-iptables |", "## Targets (issue 13", "iptables-nft-restore --noflush |")
 	}
+	want = append(want, legacySmokeWants(cfg)...)
 	for _, want := range want {
 		if !bytes.Contains(report, []byte(want)) {
 			t.Errorf("report lacks %q:\n%s", want, report)

@@ -61,7 +61,7 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 		"--conntrack-tcp-timeout-close-wait", "0",
 	}
 	switch name {
-	case KP, KPIPTables, KPUserspace, KPIPVS:
+	case KP, KPIPTables, KPIPTablesLegacy, KPUserspace, KPIPVS:
 		p.bin = kpBin(t)
 		p.args = append(append([]string{"proxy"}, common...),
 			"--min-sync-period", minSyncPeriod, "--sync-period", syncPeriod, "--status-socket", statusSocket(t))
@@ -81,10 +81,10 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 			p.count = func() (int, error) { return countIPVS(w.Node()) }
 			p.complete = func() error { return ipvsComplete(w.Node()) }
 		}
-	case UpstreamNFT, UpstreamIPTables:
+	case UpstreamNFT, UpstreamIPTables, UpstreamIPTablesLegacy:
 		mode := "nftables"
 		p.count = func() (int, error) { return countNFT(w.Node(), "kube-proxy") }
-		if name == UpstreamIPTables {
+		if name != UpstreamNFT {
 			mode = "iptables"
 			p.count = func() (int, error) { return countIPTables(w.Node(), "iptables-save", "KUBE-") }
 		}
@@ -103,6 +103,9 @@ func newProxy(t *testing.T, c *cluster, w *netns.World, node, name string) *prox
 			"--ipvs-min-sync-period", minSyncPeriod, "--ipvs-sync-period", syncPeriod)
 	default:
 		t.Fatalf("unknown proxy %q", name)
+	}
+	if isIPTablesLegacy(name) {
+		p.throughLegacy()
 	}
 	return p
 }

@@ -36,8 +36,8 @@ func WriteReport(w io.Writer, r *Results) error {
 	}
 	p("| Memory | %.0f GB |\n| Kernel | %s |\n| Go | %s |\n| Upstream | %s |\n", m.MemGB, m.Kernel, m.Go, m.Upstream)
 	if m.IPTables != "" {
-		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`) |\n",
-			m.IPTables, KPIPTables)
+		p("| iptables | %s: upstream's iptables mode runs `iptables-restore` by that name, so it writes through this backend; %s is given the same (`--iptables-backend nft`)%s |\n",
+			m.IPTables, KPIPTables, legacyMachineNote(r))
 	}
 	run := r.Run
 	commit := run.Commit
@@ -100,7 +100,10 @@ func WriteReport(w io.Writer, r *Results) error {
 				writeScaleTargets(b, r, n)
 			}
 			if r.has(KPIPTables, n) {
-				writeIPTablesTargets(b, r, n)
+				writeIPTablesTargets(b, r, n, KPIPTables, UpstreamIPTables)
+			}
+			if r.has(KPIPTablesLegacy, n) {
+				writeIPTablesTargets(b, r, n, KPIPTablesLegacy, UpstreamIPTablesLegacy)
 			}
 			if r.has(KPUserspace, n) {
 				writeUserspaceTargets(b, r, n)
@@ -149,7 +152,7 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("kernel answered), so API server and watch latency are included alike for every proxy. Size: objects the\n")
 	p("transaction added or removed (rules, chains, set and map elements), as `nft monitor` lists them, at N up to\n")
 	p("%s (beyond, nft monitor falls behind; a change's size does not depend on N); not measured for the\n", fmtN(monitorMaxN))
-	p("iptables modes (%s, %s).\n\n", KPIPTables, UpstreamIPTables)
+	p("iptables modes (%s, %s, and through iptables-legacy %s, %s).\n\n", KPIPTables, UpstreamIPTables, KPIPTablesLegacy, UpstreamIPTablesLegacy)
 	inc := func(of func(Incremental) float64) func(string, int) []float64 {
 		return func(proxy string, n int) []float64 {
 			// <= 0: not measured

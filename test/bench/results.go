@@ -25,6 +25,10 @@ const (
 	UpstreamNFT      = "upstream-nft"
 	KPIPTables       = "kp-iptables" // kp --proxy-mode iptables --iptables-backend nft
 	UpstreamIPTables = "upstream-iptables"
+	// KPIPTablesLegacy and UpstreamIPTablesLegacy are the two iptables
+	// modes through iptables-legacy (x_tables) instead (legacy.go).
+	KPIPTablesLegacy       = "kp-iptables-legacy" // kp --proxy-mode iptables --iptables-backend legacy
+	UpstreamIPTablesLegacy = "upstream-iptables-legacy"
 	// KPUserspace is kp --proxy-mode userspace (nftables redirects): no
 	// upstream counterpart (upstream removed the mode); it is compared
 	// with kp's nftables mode and with no proxy.
@@ -38,16 +42,17 @@ const (
 
 // Proxies lists every proxy the harness knows, in report order: each of
 // kp's modes next to upstream's same mode.
-var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace, KPIPVS, UpstreamIPVS}
+var Proxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPIPTablesLegacy, UpstreamIPTablesLegacy, KPUserspace,
+	KPIPVS, UpstreamIPVS}
 
 // HostProxies are those measured by default (-bench.proxies): the ipvs
 // modes need a kernel with IPVS, which this host's lacks.
-var HostProxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPUserspace}
+var HostProxies = []string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables, KPIPTablesLegacy, UpstreamIPTablesLegacy, KPUserspace}
 
 // isKP says whether proxy is one of kp's modes: those are never cut short
 // by the limits set for upstream at large N (-bench.big).
 func isKP(proxy string) bool {
-	return proxy == KP || proxy == KPIPTables || proxy == KPUserspace || proxy == KPIPVS
+	return proxy == KP || proxy == KPIPTables || proxy == KPIPTablesLegacy || proxy == KPUserspace || proxy == KPIPVS
 }
 
 // isIPVS says whether proxy programs IPVS virtual servers.
@@ -60,14 +65,16 @@ func writesNFTables(proxy string) bool { return proxy == KP || proxy == Upstream
 
 // isIPTables says whether proxy writes through iptables-restore, whose
 // transactions nft monitor does not report in the proxy's namespace.
-func isIPTables(proxy string) bool { return proxy == KPIPTables || proxy == UpstreamIPTables }
+func isIPTables(proxy string) bool {
+	return proxy == KPIPTables || proxy == UpstreamIPTables || isIPTablesLegacy(proxy)
+}
 
 // comparison is one ratio the report shows: a kp mode over an upstream one.
 type comparison struct{ kp, upstream string }
 
 // comparisons are the ratios of the report, like for like first.
-var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables}, {KPUserspace, KP},
-	{KPIPVS, UpstreamIPVS}}
+var comparisons = []comparison{{KP, UpstreamNFT}, {KPIPTables, UpstreamIPTables}, {KP, UpstreamIPTables},
+	{KPIPTablesLegacy, UpstreamIPTablesLegacy}, {KPUserspace, KP}, {KPIPVS, UpstreamIPVS}}
 
 func (c comparison) String() string { return c.kp + " / " + c.upstream }
 

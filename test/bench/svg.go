@@ -15,7 +15,7 @@ type series struct {
 }
 
 var colors = map[string]string{
-	KP: "#1b9e77", UpstreamNFT: "#d95f02", KPIPTables: "#e7298a", UpstreamIPTables: "#7570b3", KPUserspace: "#66a61e", KPIPVS: "#e6ab02", UpstreamIPVS: "#a6761d", NoProxy: "#666666",
+	KP: "#1b9e77", UpstreamNFT: "#d95f02", KPIPTables: "#e7298a", UpstreamIPTables: "#7570b3", KPIPTablesLegacy: "#f781bf", UpstreamIPTablesLegacy: "#9e9ac8", KPUserspace: "#66a61e", KPIPVS: "#e6ab02", UpstreamIPVS: "#a6761d", NoProxy: "#666666",
 }
 
 // WritePlot draws two panels as SVG: full-sync time against N (log-log) and

@@ -112,7 +112,7 @@ func TestIPTablesTargetsAreJudgedOnTheIntervalOfEachRatio(t *testing.T) {
 		},
 	} {
 		b := &strings.Builder{}
-		writeIPTablesTargets(b, c.r, 10000)
+		writeIPTablesTargets(b, c.r, 10000, KPIPTables, UpstreamIPTables)
 		checkRows(t, c.name, b.String(), c.want)
 	}
 }
