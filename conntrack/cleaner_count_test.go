@@ -1,7 +1,6 @@
 package conntrack
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -23,16 +22,7 @@ func TestCleanedCountFollowsTheSnapshotsChanges(t *testing.T) {
 	var prev *proxy.State
 	protos := []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP}
 	for step := range 2000 {
-		for range r.IntN(4) {
-			i := r.IntN(30)
-			name := statetest.PortName("ns", fmt.Sprintf("svc-%d", i), "p", "")
-			if r.IntN(4) == 0 {
-				w.Remove(name)
-				continue
-			}
-			sp := w.AddService(name, fmt.Sprintf("10.96.0.%d", i), 80, 0)
-			sp.Protocol = protos[r.IntN(len(protos))]
-		}
+		w.RandomChanges(r, func(sp *proxy.ServicePort) { sp.Protocol = protos[r.IntN(len(protos))] })
 		cur := w.Next()
 		if r.IntN(10) == 0 {
 			continue // this sync failed: the cleaner never sees cur

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"fmt"
 	"iter"
 	"maps"
 	"math/rand/v2"
@@ -23,16 +22,7 @@ func TestPortSetFollowsTheSnapshotsChanges(t *testing.T) {
 	local := func(sp *proxy.ServicePort) bool { return sp.InternalPolicyLocal }
 	set := proxy.NewPortSet(local)
 	for step := range 2000 {
-		for range r.IntN(4) {
-			i := r.IntN(30)
-			name := statetest.PortName("ns", fmt.Sprintf("svc-%d", i), "p", "")
-			if r.IntN(4) == 0 {
-				w.Remove(name)
-				continue
-			}
-			sp := w.AddService(name, fmt.Sprintf("10.96.0.%d", i), 80, 0)
-			sp.InternalPolicyLocal = r.IntN(3) == 0
-		}
+		w.RandomChanges(r, func(sp *proxy.ServicePort) { sp.InternalPolicyLocal = r.IntN(3) == 0 })
 		cur := w.Next()
 		if r.IntN(10) == 0 {
 			continue // this sync failed: the set never sees cur

@@ -6,6 +6,8 @@
 package statetest
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 
 	v1 "k8s.io/api/core/v1"
@@ -155,4 +157,21 @@ func (w *World) Next() *proxy.State {
 	w.Changed = map[proxy.ServicePortName]struct{}{}
 	w.NodeChanged = false
 	return &st
+}
+
+// RandomChanges makes up to 3 random changes among 30 service ports
+// ("ns/svc-0:p" to "ns/svc-29:p"): a quarter removed, the others set again
+// and passed to set (to give them a protocol, a policy…). For tests that
+// keep something from State to State through Changed and compare it with
+// a walk of every Service.
+func (w *World) RandomChanges(r *rand.Rand, set func(*proxy.ServicePort)) {
+	for range r.IntN(4) {
+		i := r.IntN(30)
+		name := PortName("ns", fmt.Sprintf("svc-%d", i), "p", "")
+		if r.IntN(4) == 0 {
+			w.Remove(name)
+			continue
+		}
+		set(w.AddService(name, fmt.Sprintf("10.96.0.%d", i), 80, 0))
+	}
 }
