@@ -121,6 +121,7 @@ func (c config) plan() (time.Duration, []string) {
 				}
 			}
 		}
+		followOn += c.restartBudget(n)
 		sum := cold + windows + followOn
 		total += sum
 		lines = append(lines, fmt.Sprintf("N = %s: a round of cold starts %v (%d at least: %v; up to %d: %v), data path and bulk up to %v, "+
@@ -302,6 +303,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 	})
 	t.Logf("%s", bk)
 	res.Stops = append(res.Stops, dp, bk)
+	restartPhases(t, c, cfg, n, parts, res, after)
 	if running != nil {
 		running.p.stop()
 	}
