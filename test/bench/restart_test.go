@@ -164,15 +164,7 @@ func restartPhases(t *testing.T, c *cluster, cfg config, n int, parts []*partici
 func restartTurn(t *testing.T, c *cluster, cfg config, n int, x *participant) Restart {
 	c.pointSamples(x.w, n)
 	bulk := c.pointBulk(x.w.Pods()[0].IP.String())
-	if waited := waitQuiet(t, n); waited > time.Second {
-		t.Logf("%s N=%d: waited %v for a quiet machine before the restart", x.name, n, waited.Round(100*time.Millisecond))
-	}
-	cl, err := startSwitchClient(x.w.Client(), sampleAddrs(c, n), bulk)
-	if err != nil {
-		t.Fatalf("%s N=%d restart: %v", x.name, n, err)
-	}
-	time.Sleep(switchLead)
-	started := time.Now()
+	cl, started := beginSwitch(t, c, n, x.w, bulk, x.name+" restart")
 	fs := x.p.firstSync(c, n, cfg.limit(n)(x.name))
 	time.Sleep(switchTail)
 	if cfg.Restart.Kill {
@@ -183,6 +175,21 @@ func restartTurn(t *testing.T, c *cluster, cfg config, n int, x *participant) Re
 	time.Sleep(switchTail)
 	return Restart{Proxy: x.name, N: n, Signal: cfg.Restart.signal(), Seconds: fs.Seconds, CPUSeconds: fs.CPUSeconds,
 		PeakRSS: fs.PeakRSS, ChildRSS: fs.ChildRSS, Unfinished: fs.Unfinished, Client: cl.stop(started)}
+}
+
+// beginSwitch waits for a quiet machine, starts the client of a restart or
+// take-over (what) in world w and returns it after its lead, with the time
+// the switch may begin.
+func beginSwitch(t *testing.T, c *cluster, n int, w *netns.World, bulk, what string) (*switchClient, time.Time) {
+	if waited := waitQuiet(t, n); waited > time.Second {
+		t.Logf("%s N=%d: waited %v for a quiet machine", what, n, waited.Round(100*time.Millisecond))
+	}
+	cl, err := startSwitchClient(w.Client(), sampleAddrs(c, n), bulk)
+	if err != nil {
+		t.Fatalf("%s N=%d: %v", what, n, err)
+	}
+	time.Sleep(switchLead)
+	return cl, time.Now()
 }
 
 // sampleAddrs are the sampled Services' ClusterIP addresses.

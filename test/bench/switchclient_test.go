@@ -8,11 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kpproxy/kp/test/netns"
 )
@@ -107,7 +104,7 @@ func (s *switchClient) stop(switchAt time.Time) SwitchClient {
 	close(s.stopW)
 	werr := <-s.wrote
 	out := SwitchClient{Attempts: len(sum.Attempts), Failed: len(sum.Failures), Seconds: time.Since(s.started).Seconds(),
-		LongLivedBytes: s.sent.Load(), LongLivedRetransmits: retransmits(s.long)}
+		LongLivedBytes: s.sent.Load(), LongLivedRetransmits: netns.Retransmits(s.long)}
 	for _, a := range sum.Attempts {
 		if f := a.Failure(sum.Bound); f != "" && len(out.Failures) < 5 {
 			out.Failures = append(out.Failures, fmt.Sprintf("%+.3f s from the proxy's start: %s", a.At.Sub(switchAt).Seconds(), f))
@@ -132,25 +129,6 @@ func (s *switchClient) stop(switchAt time.Time) SwitchClient {
 		out.LongLived = fmt.Sprintf("the sink counted %q of %d bytes sent", strings.TrimSpace(line), out.LongLivedBytes)
 	}
 	return out
-}
-
-// retransmits is the kernel's count of c's segments sent again (TCP_INFO).
-func retransmits(c net.Conn) uint32 {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return 0
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return 0
-	}
-	var n uint32
-	_ = raw.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			n = info.Total_retrans
-		}
-	})
-	return n
 }
 
 // The restart and take-over phases judge a proxy by what their client

@@ -37,15 +37,7 @@ func takeOverTurn(t *testing.T, c *cluster, cfg config, n int, up *participant, 
 	if left, _, err := upstreamRules(up.w.Node()); err != nil || len(left) == 0 {
 		t.Fatalf("%s N=%d: before the take-over its rules are not listed: %v %v", up.name, n, left, err)
 	}
-	if waited := waitQuiet(t, n); waited > time.Second {
-		t.Logf("%s N=%d: waited %v for a quiet machine before the take-over", by.name, n, waited.Round(100*time.Millisecond))
-	}
-	cl, err := startSwitchClient(up.w.Client(), sampleAddrs(c, n), bulk)
-	if err != nil {
-		t.Fatalf("%s N=%d take-over: %v", by.name, n, err)
-	}
-	time.Sleep(switchLead)
-	started := time.Now()
+	cl, started := beginSwitch(t, c, n, up.w, bulk, by.name+" take-over from "+up.name)
 	fs := by.firstSync(c, n, cfg.limit(n)(by.name))
 	to := TakeOver{Proxy: by.name, From: up.name, N: n, Seconds: fs.Seconds, CPUSeconds: fs.CPUSeconds, PeakRSS: fs.PeakRSS,
 		ChildRSS: fs.ChildRSS, Unfinished: fs.Unfinished, Cleared: -1}
