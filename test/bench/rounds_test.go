@@ -121,11 +121,12 @@ func (c config) plan() (time.Duration, []string) {
 				}
 			}
 		}
-		followOn += c.restartBudget(n)
+		restarts, takeOvers := c.restartBudget(n)
+		followOn += restarts + takeOvers
 		sum := cold + windows + followOn
 		total += sum
 		lines = append(lines, fmt.Sprintf("N = %s: a round of cold starts %v (%d at least: %v; up to %d: %v), data path and bulk up to %v, "+
-			"the changes, churn phases and their cold starts %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
+			"the changes, churn phases and their cold starts, restarts and take-overs %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
 			(time.Duration(c.Rule.MinRounds)*round).Round(time.Second), c.Rule.MaxRounds, cold.Round(time.Second),
 			windows.Round(time.Second), followOn.Round(time.Second), sum.Round(time.Second)))
 	}
