@@ -16,9 +16,11 @@ type Restart struct {
 	Mark
 	Proxy string
 	N     int
-	// Signal ended the process before this one ("SIGTERM": a DaemonSet's
-	// rolling update; "SIGKILL": a crash). The window of Client holds that
-	// end and this start.
+	// Signal ends a restarted process ("SIGTERM": a DaemonSet's rolling
+	// update; "SIGKILL": a crash): the window of Client holds this
+	// process's start and its end by Signal, and the table it started over
+	// was left by the previous round's process ended the same way (in the
+	// first round, by the process stopped with SIGTERM after the data path).
 	Signal     string
 	Seconds    float64 // start to the first sync holding every Service
 	CPUSeconds float64 // of that start, with reaped children
@@ -149,8 +151,9 @@ func writeRestarts(b *strings.Builder, r *Results) {
 		return
 	}
 	b.WriteString("## Restart over a live table, and take-over from upstream (issue 35, item 4)\n\n")
-	b.WriteString("Restart: the proxy's previous process is ended (the signal column) over the table it programmed, and a new one\n")
-	b.WriteString("started; time from the new process's start to its first sync holding every Service, as for a cold start.\n")
+	b.WriteString("Restart: a new process of the proxy is started over the table its previous one left, and timed from its start to\n")
+	b.WriteString("its first sync holding every Service, as a cold start is; then it is ended (the signal column) over that table for\n")
+	b.WriteString("the next round (the first round's table: the process stopped with SIGTERM after the data path).\n")
 	b.WriteString("Take-over: upstream kube-proxy's process is stopped (SIGTERM) over its rules, and a kp mode started there; time\n")
 	b.WriteString("to kp's first sync, to the first listing without any of upstream's rules, and kp's cold start in the same world\n")
 	b.WriteString("and round (the namespace emptied first). A client opens new connections to the sampled ClusterIPs throughout\n")

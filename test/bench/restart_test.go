@@ -143,7 +143,7 @@ func restartPhases(t *testing.T, c *cluster, cfg config, n int, parts []*partici
 			}
 			r := restartTurn(t, c, cfg, n, x)
 			res.Restarts = append(res.Restarts, stamp(res.Run.ID, round, r)...)
-			t.Logf("%s N=%d restart %d after %s: first sync %.3f s, peak RSS %d MiB (child %d MiB); %s", x.name, n, round,
+			t.Logf("%s N=%d restart %d (ended by %s): first sync %.3f s, peak RSS %d MiB (child %d MiB); %s", x.name, n, round,
 				r.Signal, r.Seconds, r.PeakRSS>>20, r.ChildRSS>>20, r.Client)
 			for _, f := range r.Client.Failures {
 				t.Logf("%s N=%d restart %d: failed: %s", x.name, n, round, f)
