@@ -83,3 +83,21 @@ func TestTheRestartTargetsMissOnAnyFailureOrLeftover(t *testing.T) {
 		}
 	}
 }
+
+// A restart or take-over of another run is refused as every other record.
+func TestTheReportRefusesARestartOrTakeOverOfAnotherRun(t *testing.T) {
+	for _, change := range []func(r *Results){
+		func(r *Results) {
+			r.Restarts = stamp("20261125T0100Z-other", 1, Restart{Proxy: KP, N: 1000, Seconds: 1})
+		},
+		func(r *Results) {
+			r.TakeOvers = stamp("20261125T0100Z-other", 1, TakeOver{Proxy: KP, From: UpstreamNFT, N: 1000})
+		},
+	} {
+		r := oneRunOf("20261127T1500Z-a1", "a3816f3")
+		change(r)
+		if err := WriteReport(&strings.Builder{}, r); err == nil || !strings.Contains(err.Error(), `of kp at N = 1000 is of run "20261125T0100Z-other"`) {
+			t.Errorf("WriteReport = %v, want the record of another run named", err)
+		}
+	}
+}
