@@ -89,6 +89,8 @@ type config struct {
 	ChangeTimeout time.Duration
 	// Churn shapes the churn phases (issue 35).
 	Churn churnConfig
+	// Restart shapes the restart and take-over phases (issue 35, item 4).
+	Restart restartConfig
 }
 
 // measures reports whether proxy runs at n (NFTOnly, KPOnly).
@@ -126,6 +128,7 @@ func TestBench(t *testing.T) {
 		cfg.Rule.MinRounds, cfg.Rule.MaxRounds = a, b
 	}
 	cfg.Churn = churnFlags(t)
+	cfg.Restart = restartFlags(t)
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -240,7 +243,9 @@ func TestBenchSmoke(t *testing.T) {
 		Idle: 200 * time.Millisecond, SyncTimeout: 2 * time.Minute, Rule: StopRule{MinRounds: 1, MaxRounds: 1, HalfWidth: 0.1},
 		// The churn path at a tiny size: 10 s at 20 changes a second.
 		Churn: churnConfig{Ns: []int{100}, Rates: []float64{20}, Proxies: []string{KP, UpstreamNFT, UpstreamIPTables},
-			Duration: 10 * time.Second, Timeout: 30 * time.Second}}
+			Duration: 10 * time.Second, Timeout: 30 * time.Second},
+		// Both phases for kp and upstream-nft (kp's take-over of it).
+		Restart: restartConfig{Ns: []int{100}, Proxies: []string{KP, UpstreamNFT}}}
 	res := run(t, cfg, nil)
 	if t.Failed() {
 		return
@@ -267,6 +272,7 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	}
 	checkChurnSmoke(t, cfg, res)
+	checkRestartSmoke(t, cfg, res)
 	for _, p := range []string{KP, KPIPTables} {
 		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
 			t.Errorf("%s: %d kernel floors at N=100, want 1", p, len(got))
@@ -277,7 +283,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	report, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
-	want := []string{"## Full sync", "## Incremental", "## Churn", "## Targets (issue 35", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
+	want := []string{"## Full sync", "## Incremental", "## Churn", "## Targets (issue 35", "## Restart over a live table", "## Targets (issue 35, item 4", "## Data path", "## Bulk throughput", "## Kernel floor", "## Idle", "| 100 |", PlotFile}
 	if len(res.bulk(NoProxy, 100)) != 1 {
 		t.Errorf("no direct bulk measurement at N=100")
 	}

@@ -23,6 +23,14 @@ func (p *proxyRun) coldStart(c *cluster, n int, syncTimeout time.Duration) FullS
 	if waited := waitQuiet(p.t, n); waited > time.Second {
 		p.t.Logf("%s N=%d: waited %v for the machine to be quiet before the cold start", p.name, n, waited.Round(100*time.Millisecond))
 	}
+	return p.firstSync(c, n, syncTimeout)
+}
+
+// firstSync starts the proxy and waits, as coldStart does, for its first
+// sync after which the kernel holds all n Services (over rules a previous
+// process left, at once: a restart's or a take-over's first sync).
+func (p *proxyRun) firstSync(c *cluster, n int, syncTimeout time.Duration) FullSync {
+	p.t.Helper()
 	start := p.start()
 	pid := p.proc.Pid()
 	res := FullSync{Proxy: p.name, N: n}

@@ -113,6 +113,7 @@ func WriteReport(w io.Writer, r *Results) error {
 			}
 		}
 		writeChurnTargets(b, r, n)
+		writeRestartTargets(b, r, n)
 	}
 
 	p("## Full sync (cold start to every Service programmed)\n\n")
@@ -179,6 +180,7 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("\"runs\" is the number of changes.\n\n")
 
 	writeChurn(b, r)
+	writeRestarts(b, r)
 
 	p("## Data path: new TCP connections per second through one ClusterIP\n\n")
 	p("A Go load generator in the client namespace opens, reads the echo server's greeting on, and resets (SO_LINGER 0)\n")

@@ -260,6 +260,9 @@ type Results struct {
 	Idles        []Idle
 	// Churns are the churn phases (issue 35), one per proxy, N and rate.
 	Churns []Churn `json:",omitempty"`
+	// Restarts and TakeOvers are issue 35 item 4's phases (restart.go).
+	Restarts  []Restart  `json:",omitempty"`
+	TakeOvers []TakeOver `json:",omitempty"`
 }
 
 // oneRun says why r cannot be rendered, if it cannot: it names no run or
@@ -297,6 +300,7 @@ func (r *Results) oneRun() error {
 	for _, x := range r.Churns {
 		check("churn phase", x.Proxy, x.N, x.Mark)
 	}
+	r.restartMarks(check)
 	if len(errs) > 0 {
 		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))
 	}

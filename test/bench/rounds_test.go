@@ -121,10 +121,12 @@ func (c config) plan() (time.Duration, []string) {
 				}
 			}
 		}
+		restarts, takeOvers := c.restartBudget(n)
+		followOn += restarts + takeOvers
 		sum := cold + windows + followOn
 		total += sum
 		lines = append(lines, fmt.Sprintf("N = %s: a round of cold starts %v (%d at least: %v; up to %d: %v), data path and bulk up to %v, "+
-			"the changes, churn phases and their cold starts %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
+			"the changes, churn phases and their cold starts, restarts and take-overs %v: %v", fmtN(n), round.Round(time.Second), c.Rule.MinRounds,
 			(time.Duration(c.Rule.MinRounds)*round).Round(time.Second), c.Rule.MaxRounds, cold.Round(time.Second),
 			windows.Round(time.Second), followOn.Round(time.Second), sum.Round(time.Second)))
 	}
@@ -302,6 +304,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 	})
 	t.Logf("%s", bk)
 	res.Stops = append(res.Stops, dp, bk)
+	restartPhases(t, c, cfg, n, parts, res, after)
 	if running != nil {
 		running.p.stop()
 	}

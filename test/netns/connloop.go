@@ -251,8 +251,12 @@ func (s Summary) Err() error {
 }
 
 // synRetransmits reads the kernel's count of c's retransmitted segments;
-// right after the handshake that is the SYN's. 0 when c is no TCP socket.
-func synRetransmits(c net.Conn) uint32 {
+// right after the handshake that is the SYN's.
+func synRetransmits(c net.Conn) uint32 { return Retransmits(c) }
+
+// Retransmits is the kernel's count of the segments TCP connection c sent
+// again (TCP_INFO's total), 0 when c is no TCP socket.
+func Retransmits(c net.Conn) uint32 {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return 0
