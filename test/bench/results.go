@@ -253,6 +253,9 @@ type Results struct {
 	Idles        []Idle
 	// Churns are the churn phases (issue 35), one per proxy, N and rate.
 	Churns []Churn `json:",omitempty"`
+	// UserPaths are the windows of the paths a user hits (issue 35):
+	// many Services, UDP, a NodePort (userpath.go).
+	UserPaths []UserPath `json:",omitempty"`
 }
 
 // oneRun says why r cannot be rendered, if it cannot: it names no run or
@@ -289,6 +292,9 @@ func (r *Results) oneRun() error {
 	}
 	for _, x := range r.Churns {
 		check("churn phase", x.Proxy, x.N, x.Mark)
+	}
+	for _, x := range r.UserPaths {
+		check(x.Path+" window", x.Proxy, x.N, x.Mark)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))
