@@ -126,7 +126,8 @@ func pathRow(b *strings.Builder, r *Results, n int, c comparison, path, what str
 	title := fmt.Sprintf("%s: %s ≥ %.1f× %s's", c.kp, pathTitle(path), pathTargetRatio, c.upstream)
 	format := fmtRate
 	if dir == atMostTarget {
-		title = fmt.Sprintf("%s: %s, %s ≤ %.1f× %s's", c.kp, pathTitle(path), what, pathTargetRatio, c.upstream)
+		title = fmt.Sprintf("%s: %s of new TCP connections over %d Services ≤ %.1f× %s's", c.kp, what, pathServiceCount,
+			pathTargetRatio, c.upstream)
 		format = fmtSeconds
 	}
 	kErr, kCount := r.pathErrors(path, c.kp, n)

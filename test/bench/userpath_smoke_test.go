@@ -43,7 +43,7 @@ func checkUserPathSmoke(t *testing.T, cfg config, res *Results) {
 	}
 	want := []string{"## Data path a user hits", "## Targets (issue 35: the data path a user hits)",
 		"| kp: " + pathTitle(pathServices) + " ≥ 1.0× upstream-nft's |", "| kp: " + pathTitle(pathUDP),
-		"| kp: " + pathTitle(pathNodePort), "connect latency p99 ≤ 1.0× upstream-nft's"}
+		"| kp: " + pathTitle(pathNodePort), "| kp: connect latency p99 of new TCP connections over 100 Services ≤ 1.0× upstream-nft's |"}
 	for _, w := range want {
 		if !bytes.Contains(report.Bytes(), []byte(w)) {
 			t.Errorf("report lacks %q", w)

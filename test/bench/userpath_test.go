@@ -120,11 +120,17 @@ func (s *pathSetup) ready(w *netns.World, proxy string, timeout time.Duration) {
 	}
 	s.c.pointSlice(udpService, "udp", v1.ProtocolUDP, pod.IP.String(), udpPodPort)
 	s.c.pointSlice(nodePortService, "np", v1.ProtocolTCP, pod.IP.String(), greeterPort)
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	tg := s.target(proxy, w)
+	defer func() {
+		s.t.Logf("%s N=%d: the paths' Services pointed at its pods and answering in %v", proxy, s.n, time.Since(start).Round(time.Millisecond))
+	}()
 	answers := func(network, addr string) error {
 		for {
-			reply, err := netns.Dial(w.Client(), network, addr, time.Second)
+			// Short: until the proxy synced the new endpoints, a packet
+			// is DNATed to a fake address and answers nothing.
+			reply, err := netns.Dial(w.Client(), network, addr, 300*time.Millisecond)
 			if err == nil && strings.HasPrefix(reply, "pod-") {
 				return nil
 			}
