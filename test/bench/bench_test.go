@@ -273,6 +273,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	checkChurnSmoke(t, cfg, res)
 	checkRestartSmoke(t, cfg, res)
+	checkUserPathSmoke(t, cfg, res)
 	for _, p := range []string{KP, KPIPTables} {
 		if got := res.floor(p, 100); slices.Contains(cfg.Proxies, p) && len(got) != 1 {
 			t.Errorf("%s: %d kernel floors at N=100, want 1", p, len(got))

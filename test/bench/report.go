@@ -114,6 +114,9 @@ func WriteReport(w io.Writer, r *Results) error {
 		}
 		writeChurnTargets(b, r, n)
 		writeRestartTargets(b, r, n)
+		if n >= 1000 || n == ns[len(ns)-1] {
+			writeUserPathTargets(b, r, n)
+		}
 	}
 
 	p("## Full sync (cold start to every Service programmed)\n\n")
@@ -194,6 +197,7 @@ func WriteReport(w io.Writer, r *Results) error {
 	p("(\"none\"): a proxy that NATs in the kernel should not show; kp-userspace copies every byte through its own\n")
 	p("process (splice, so the bytes stay in the kernel).\n\n")
 	writeBulk(b, r)
+	writeUserPaths(b, r)
 
 	p("## Idle after the full sync\n\n")
 	idle := func(f func(Idle) float64) func(string, int) byRound {

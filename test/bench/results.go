@@ -263,6 +263,9 @@ type Results struct {
 	// Restarts and TakeOvers are issue 35 item 4's phases (restart.go).
 	Restarts  []Restart  `json:",omitempty"`
 	TakeOvers []TakeOver `json:",omitempty"`
+	// UserPaths are the windows of the paths a user hits (issue 35):
+	// many Services, UDP, a NodePort (userpath.go).
+	UserPaths []UserPath `json:",omitempty"`
 }
 
 // oneRun says why r cannot be rendered, if it cannot: it names no run or
@@ -301,6 +304,9 @@ func (r *Results) oneRun() error {
 		check("churn phase", x.Proxy, x.N, x.Mark)
 	}
 	r.restartMarks(check)
+	for _, x := range r.UserPaths {
+		check(x.Path+" window", x.Proxy, x.N, x.Mark)
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("results mix runs; a report shows one run: %w", errors.Join(errs...))
 	}

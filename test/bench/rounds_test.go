@@ -99,7 +99,7 @@ func (c config) plan() (time.Duration, []string) {
 			}
 		}
 		round, cold := c.Rule.budget(who, n, c.limit(n), c.perColdStart())
-		windows := 2 * c.windowBudget(proxies+1)
+		windows := c.windowBudget((proxies + 1) * (2 + len(userPaths))) // data path (with the paths a user hits) and bulk
 		var followOn time.Duration
 		for _, p := range c.Proxies {
 			// A proxy expected to run into its limit has dropped out by
@@ -161,7 +161,9 @@ func widest(ivs []Interval) float64 {
 //     the kernel; kp-userspace, whose data path is its process, last, and
 //     left running.
 //  3. The data path and the bulk throughput in rounds of one window per
-//     proxy and one direct (no proxy), through the rules each proxy left.
+//     proxy and one direct (no proxy), through the rules each proxy left;
+//     in the data path's rounds, a window of each path a user hits too
+//     (userpath_test.go: many Services, UDP, a NodePort from off the node).
 func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after func()) {
 	id := res.Run.ID
 	var parts []*participant
@@ -187,6 +189,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 	// Service bulk exists before the first cold start, so every proxy
 	// programs it with the others.
 	bulkAddr := c.pointBulk(parts[0].w.Pods()[0].IP.String())
+	paths := newPathSetup(t, c, n, id) // Services udp and nodeport too (userpath_test.go)
 	alive := func(name string) bool { x := byName[name]; return x != nil && !x.out }
 	limit := cfg.limit(n)
 
@@ -252,6 +255,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 		if cfg.Churn.churns(x.name, n) {
 			churnPhases(t, c, cfg, n, x, res, after)
 		}
+		paths.ready(x.w, x.name, limit(x.name))
 		rates = append(rates, dataPathTarget{x.name, x.w, svc})
 		bulks = append(bulks, dataPathTarget{x.name, x.w, bulkAddr})
 		if x.name == KPUserspace {
@@ -285,12 +289,13 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 		}
 		return widest(ivs)
 	}
-	dp := cfg.Rule.runRounds(n, "data path", cfg.windowBudget(len(rates)), time.Now, func(round int) float64 {
+	dp := cfg.Rule.runRounds(n, "data path", cfg.windowBudget(len(rates)*(1+len(userPaths))), time.Now, func(round int) float64 {
 		for _, tg := range rotate(rates, round-1) {
 			res.DataPaths = append(res.DataPaths, stamp(id, round, dataPath(tg.w, tg.proxy, n, tg.addr, cfg))...)
+			res.UserPaths = append(res.UserPaths, stamp(id, round, paths.measure(tg, cfg)...)...)
 		}
 		after()
-		return againstDirect(res.rates, measured(rates), true)
+		return widerOf(againstDirect(res.rates, measured(rates), true), paths.widest(res, measured(rates)))
 	})
 	t.Logf("%s", dp)
 	bk := cfg.Rule.runRounds(n, "bulk", cfg.windowBudget(len(bulks)), time.Now, func(round int) float64 {
