@@ -134,9 +134,9 @@ test: kube-bins test-images vm-kernel
 # measured in interleaved rounds, at least 5 and up to 12 while a paired
 # ratio's 95 % interval is wider than ±10 % (test/bench/rule.go); the run's
 # time budget, computed from that rule and the cold starts of the last
-# report before it starts, is printed first and in the report (3 h 5 min
+# report before it starts, is printed first and in the report (3 h 17 min
 # for the default run, 17 min of it the restart and take-over phases at 10,000,
-# 17 min the iptables-legacy pair), and no round past the minimum is begun once an
+# 12 min the paths a user hits at 10,000, 17 min the iptables-legacy pair), and no round past the minimum is begun once an
 # N's share is spent. The API server is populated through its etcd
 # (seconds, even at 100,000). BENCH_N=1,1000,10000 is the short run.
 # At 10,000 (-bench.churn.n) kp, upstream-nft and upstream-iptables each

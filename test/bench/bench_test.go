@@ -91,6 +91,9 @@ type config struct {
 	Churn churnConfig
 	// Restart shapes the restart and take-over phases (issue 35, item 4).
 	Restart restartConfig
+	// PathNs are the Ns whose data-path rounds take the paths a user hits
+	// too (userpath_test.go).
+	PathNs []int
 }
 
 // measures reports whether proxy runs at n (NFTOnly, KPOnly).
@@ -129,6 +132,7 @@ func TestBench(t *testing.T) {
 	}
 	cfg.Churn = churnFlags(t)
 	cfg.Restart = restartFlags(t)
+	cfg.PathNs = pathFlags(t)
 	for _, p := range strings.Split(*flagProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains(Proxies, p) {
 			t.Fatalf("-bench.proxies: %q is not a proxy; known: %s", p, strings.Join(Proxies, ", "))
@@ -170,19 +174,27 @@ func TestBench(t *testing.T) {
 	write(run(t, cfg, write))
 }
 
-// churnFlags reads the -bench.churn.* flags.
-func churnFlags(t *testing.T) churnConfig {
-	c := churnConfig{Duration: *flagChurnTime, Timeout: *flagChurnTimeout, MinSyncPeriod: *flagChurnMinSync, ProfileDir: *flagChurnProfile}
-	for _, s := range strings.Split(*flagChurnNs, ",") {
+// serviceCounts parses flag name's value, a comma-separated list of
+// Service counts ("" is none).
+func serviceCounts(t *testing.T, name, value string) []int {
+	var ns []int
+	for _, s := range strings.Split(value, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			t.Fatalf("-bench.churn.n: %q is not a Service count", s)
+			t.Fatalf("-%s: %q is not a Service count", name, s)
 		}
-		c.Ns = append(c.Ns, n)
+		ns = append(ns, n)
 	}
+	return ns
+}
+
+// churnFlags reads the -bench.churn.* flags.
+func churnFlags(t *testing.T) churnConfig {
+	c := churnConfig{Duration: *flagChurnTime, Timeout: *flagChurnTimeout, MinSyncPeriod: *flagChurnMinSync, ProfileDir: *flagChurnProfile,
+		Ns: serviceCounts(t, "bench.churn.n", *flagChurnNs)}
 	for _, s := range strings.Split(*flagChurnRates, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
@@ -245,7 +257,8 @@ func TestBenchSmoke(t *testing.T) {
 		Churn: churnConfig{Ns: []int{100}, Rates: []float64{20}, Proxies: []string{KP, UpstreamNFT, UpstreamIPTables},
 			Duration: 10 * time.Second, Timeout: 30 * time.Second},
 		// Both phases for kp and upstream-nft (kp's take-over of it).
-		Restart: restartConfig{Ns: []int{100}, Proxies: []string{KP, UpstreamNFT}}}
+		Restart: restartConfig{Ns: []int{100}, Proxies: []string{KP, UpstreamNFT}},
+		PathNs:  []int{100}}
 	res := run(t, cfg, nil)
 	if t.Failed() {
 		return

@@ -36,7 +36,7 @@ func TestTheDefaultRunsBudgetIsTheOneTheDocsState(t *testing.T) {
 	}
 	cfg := config{Proxies: HostProxies, Changes: 100, Window: 3 * time.Second, Idle: 5 * time.Second, SyncTimeout: 15 * time.Minute,
 		Big: *big, BigChanges: *bigChanges, BigTimeout: *bigTimeout, NFTOnly: *nftOnly, KPOnly: *kpOnly, NoLegacy: *noLegacy,
-		Rule: defaultRule, Churn: churnFlags(t), Restart: restartFlags(t)}
+		Rule: defaultRule, Churn: churnFlags(t), Restart: restartFlags(t), PathNs: pathFlags(t)}
 	for _, s := range strings.Split(variable("BENCH_N"), ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil {

@@ -42,17 +42,7 @@ func (c restartConfig) signal() string {
 
 // restartFlags reads the -bench.restart.* flags.
 func restartFlags(t *testing.T) restartConfig {
-	var c restartConfig
-	for _, s := range strings.Split(*flagRestartNs, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("-bench.restart.n: %q is not a Service count", s)
-		}
-		c.Ns = append(c.Ns, n)
-	}
+	c := restartConfig{Ns: serviceCounts(t, "bench.restart.n", *flagRestartNs)}
 	for _, p := range strings.Split(*flagRestartProxies, ",") {
 		if p = strings.TrimSpace(p); !slices.Contains([]string{KP, UpstreamNFT, KPIPTables, UpstreamIPTables}, p) {
 			t.Fatalf("-bench.restart.proxies: %q is not kp, upstream-nft, kp-iptables or upstream-iptables", p)

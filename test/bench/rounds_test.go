@@ -99,7 +99,7 @@ func (c config) plan() (time.Duration, []string) {
 			}
 		}
 		round, cold := c.Rule.budget(who, n, c.limit(n), c.perColdStart())
-		windows := c.windowBudget((proxies + 1) * (2 + len(userPaths))) // data path (with the paths a user hits) and bulk
+		windows := c.windowBudget((proxies + 1) * (2 + c.pathsAt(n))) // data path (with the paths a user hits) and bulk
 		var followOn time.Duration
 		for _, p := range c.Proxies {
 			// A proxy expected to run into its limit has dropped out by
@@ -189,7 +189,10 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 	// Service bulk exists before the first cold start, so every proxy
 	// programs it with the others.
 	bulkAddr := c.pointBulk(parts[0].w.Pods()[0].IP.String())
-	paths := newPathSetup(t, c, n, id) // Services udp and nodeport too (userpath_test.go)
+	var paths *pathSetup // nil: the paths a user hits are not taken at n
+	if cfg.pathsAt(n) > 0 {
+		paths = newPathSetup(t, c, n, id) // Services udp and nodeport too (userpath_test.go)
+	}
 	alive := func(name string) bool { x := byName[name]; return x != nil && !x.out }
 	limit := cfg.limit(n)
 
@@ -289,7 +292,7 @@ func measureN(t *testing.T, c *cluster, cfg config, n int, res *Results, after f
 		}
 		return widest(ivs)
 	}
-	dp := cfg.Rule.runRounds(n, "data path", cfg.windowBudget(len(rates)*(1+len(userPaths))), time.Now, func(round int) float64 {
+	dp := cfg.Rule.runRounds(n, "data path", cfg.windowBudget(len(rates)*(1+cfg.pathsAt(n))), time.Now, func(round int) float64 {
 		for _, tg := range rotate(rates, round-1) {
 			res.DataPaths = append(res.DataPaths, stamp(id, round, dataPath(tg.w, tg.proxy, n, tg.addr, cfg))...)
 			res.UserPaths = append(res.UserPaths, stamp(id, round, paths.measure(tg, cfg)...)...)

@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"flag"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -29,6 +31,21 @@ const (
 	nodePortPort    = 82
 	greeterPort     = 9001 // a greeter in each world's first pod, Service nodeport's endpoint
 )
+
+var flagPathNs = flag.String("bench.paths.n", "10000",
+	"comma-separated Ns whose data-path rounds take the paths a user hits too (100 Services, UDP, NodePort; \"\": none)")
+
+// pathFlags reads -bench.paths.n.
+func pathFlags(t *testing.T) []int { return serviceCounts(t, "bench.paths.n", *flagPathNs) }
+
+// pathsAt is the number of paths a user hits taken at n: all of them
+// where -bench.paths.n names n, else none.
+func (c config) pathsAt(n int) int {
+	if slices.Contains(c.PathNs, n) {
+		return len(userPaths)
+	}
+	return 0
+}
 
 // pathSetup is an N's Services of the paths: the chosen ones, udp and
 // nodeport.
@@ -103,6 +120,9 @@ func (c *cluster) pointSlice(name, portName string, proto v1.Protocol, addr stri
 // churn are done with them, and waits until each answers from the client
 // through the proxy's rules: a chosen Service that does not fails the test.
 func (s *pathSetup) ready(w *netns.World, proxy string, timeout time.Duration) {
+	if s == nil {
+		return
+	}
 	s.t.Helper()
 	pod := w.Pods()[0]
 	if !s.greeters[w] {
@@ -181,6 +201,9 @@ func (s *pathSetup) target(proxy string, w *netns.World) pathTarget {
 // measure takes one window of each path through tg (a data-path target),
 // the node's conntrack table emptied before each.
 func (s *pathSetup) measure(tg dataPathTarget, cfg config) []UserPath {
+	if s == nil {
+		return nil
+	}
 	pt := s.target(tg.proxy, tg.w)
 	var out []UserPath
 	for _, path := range userPaths {
@@ -207,6 +230,9 @@ func (s *pathSetup) measure(tg dataPathTarget, cfg config) []UserPath {
 // comparison both of whose proxies are measured): their rates and the
 // Services' p50 latency.
 func (s *pathSetup) widest(r *Results, measured []string) float64 {
+	if s == nil {
+		return math.NaN()
+	}
 	var ivs []Interval
 	for _, cm := range comparisons {
 		if !slices.Contains(measured, cm.kp) || !slices.Contains(measured, cm.upstream) {
