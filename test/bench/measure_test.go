@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kpproxy/kp/test/netns"
@@ -247,55 +245,12 @@ func isBuiltinRule(l string) bool {
 	return false
 }
 
-// connRate opens TCP connections to addr from namespace ns with workers in
-// parallel for window: connect, read the echo server's greeting, reset.
-// It returns connections completed per second and the failures.
-func connRate(ns, addr string, workers int, window time.Duration) (float64, int) {
-	var ok, bad atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	deadline := start.Add(window)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := netns.InNamespace(ns, func() error {
-				d := net.Dialer{Timeout: time.Second}
-				buf := make([]byte, 256)
-				for time.Now().Before(deadline) {
-					c, err := d.Dial("tcp", addr)
-					if err != nil {
-						bad.Add(1)
-						continue
-					}
-					_ = c.SetDeadline(time.Now().Add(time.Second))
-					if _, err := c.Read(buf); err != nil {
-						bad.Add(1)
-					} else {
-						ok.Add(1)
-					}
-					// A reset, not a FIN: no TIME_WAIT to run the client
-					// out of ports, and conntrack forgets the flow at once.
-					_ = c.(*net.TCPConn).SetLinger(0)
-					c.Close()
-				}
-				return nil
-			})
-			if err != nil {
-				bad.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(ok.Load()) / time.Since(start).Seconds(), int(bad.Load())
-}
-
 // dataPath measures the connection rate through addr in world w's client
 // for one window, the node's conntrack table emptied first.
 func dataPath(w *netns.World, proxy string, n int, addr string, cfg config) DataPath {
 	flushConntrack(w.Node())
-	rate, errs := connRate(w.Client(), addr, cfg.Workers, cfg.Window)
-	return DataPath{Proxy: proxy, N: n, ConnPerSec: rate, Errors: errs}
+	u := tcpWindow(w.Client(), []string{addr}, cfg.Workers, cfg.Window)
+	return DataPath{Proxy: proxy, N: n, ConnPerSec: u.PerSec, Errors: u.Errors}
 }
 
 // dataPathTarget is a world whose kernel forwards addr: the rules a proxy

@@ -65,8 +65,9 @@ func loadWindow(ns string, workers int, window time.Duration, spread int,
 
 // tcpWindow is loadWindow of new TCP connections to addrs in turn:
 // connect (timed: connect() start to established), read the greeting,
-// reset (SO_LINGER 0, as connRate does: no TIME_WAIT, and conntrack forgets
-// the flow at once).
+// reset (SO_LINGER 0: no TIME_WAIT to run the client out of ports, and
+// conntrack forgets the flow at once). The data path's Service-0 windows
+// are its one-address case.
 func tcpWindow(ns string, addrs []string, workers int, window time.Duration) UserPath {
 	d := net.Dialer{Timeout: time.Second}
 	return loadWindow(ns, workers, window, len(addrs), func(k int, buf []byte) (time.Duration, error) {
