@@ -223,6 +223,21 @@ func p99Ratio(a, b Quantiles) Interval {
 		Hi: loaded(a.P99Hi2) / loaded(b.P99Lo2), Rounds: min(a.Count, b.Count)}
 }
 
+// p99RatioOrBound is p99Ratio, but where b fell so far behind that its
+// p99 is beyond timeout even at the low end of its interval: b's p99 is
+// then at least timeout, so a's over b's is at most a's (high end) over
+// timeout, an interval from 0 to that bound, which decides a target of the
+// form "at most" by itself. (p99Ratio would divide by an infinite p99.)
+func p99RatioOrBound(a, b Quantiles, timeout float64) (iv Interval, bounded bool) {
+	if b.P99Lo2 >= 0 || a.P99 < 0 || a.P99Hi2 < 0 || !(timeout > 0) {
+		return p99Ratio(a, b), false
+	}
+	// Lo is the smallest positive number rather than 0 (an Interval's ends
+	// are positive): decide then says met when Hi meets an "at most"
+	// target, and undecided, never missed, when it does not.
+	return Interval{Mid: a.P99 / timeout, Lo: math.SmallestNonzeroFloat64, Hi: a.P99Hi2 / timeout, Rounds: a.Count}, true
+}
+
 // ratioOfMeans is the interval of mean(a)/mean(b) where nothing pairs a
 // value of a with one of b: the delta method's standard error of the
 // ratio, R·√(s²a/(na·ā²) + s²b/(nb·b̄²)), with Welch's degrees of freedom.

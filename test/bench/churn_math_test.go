@@ -218,3 +218,40 @@ func TestCPURatioIsOfTheWindowsMeansNotTheirGeometricMeans(t *testing.T) {
 		t.Errorf("ratio of means %+v, want 0.1 inside its interval", iv)
 	}
 }
+
+// An upstream that fell past the timeout bounds kp's p99 ratio from above
+// (its p99 is at least the timeout): the row is met on that bound,
+// undecided when kp's own p99 over the timeout does not meet it (upstream's
+// could be longer still), and missed when kp lost changes itself. The CPU row keeps upstream's miss: a proxy that
+// did not do the work has no CPU per change to compare with.
+func TestAP99RatioAgainstAnUpstreamPastTheTimeoutIsJudgedOnItsBound(t *testing.T) {
+	beyond := Quantiles{Count: 60000, P50: -1, P99: -1, P999: -1, Max: -1, P99Lo: -1, P99Hi: -1, P99Lo2: -1, P99Hi2: -1}
+	for _, tt := range []struct {
+		kpP99   float64
+		kpLost  int
+		verdict string
+	}{
+		{0.0716, 0, "✓ met"},    // at most 0.0716 × 1.15 / 60 s
+		{4.0, 0, "? undecided"}, // at most 0.077: the bound does not decide it
+		{0.0716, 5, "✗ missed"}, // kp lost changes itself
+	} {
+		r := &Results{Run: Run{ID: "run", Commit: "c"}, Ns: []int{10000}}
+		q := Quantiles{Count: 60000, P50: tt.kpP99 / 3, P99: tt.kpP99, P999: tt.kpP99 * 2, Max: tt.kpP99 * 3,
+			P99Lo: tt.kpP99 * 0.9, P99Hi: tt.kpP99 * 1.1, P99Lo2: tt.kpP99 * 0.85, P99Hi2: tt.kpP99 * 1.15}
+		win := []float64{0.004, 0.004, 0.004}
+		r.Churns = stamp(r.Run.ID, 0,
+			Churn{Proxy: KP, N: 10000, Rate: 200, Changes: 60000, Unobserved: tt.kpLost, Timeout: 60, Latency: q, CPUPerChange: 0.004, CPUWindows: win},
+			Churn{Proxy: UpstreamNFT, N: 10000, Rate: 200, Changes: 60000, Unobserved: 47000, Timeout: 60, Latency: beyond, CPUPerChange: 0.006, CPUWindows: win})
+		var b strings.Builder
+		writeChurnTargets(&b, r, 10000)
+		rows := strings.Split(b.String(), "\n")
+		i := slices.IndexFunc(rows, func(l string) bool { return strings.Contains(l, "p99 ≤ 1/20 of upstream-nft's at 200") })
+		if i < 0 || !strings.Contains(rows[i], tt.verdict) || !strings.Contains(rows[i], "beyond the 60.00 s timeout") {
+			t.Errorf("kp p99 %v, %d lost: want %s on the bound in\n%s", tt.kpP99, tt.kpLost, tt.verdict, b.String())
+		}
+		j := slices.IndexFunc(rows, func(l string) bool { return strings.Contains(l, "CPU per change ≤ 1/10 of upstream-nft's at 200") })
+		if j < 0 || !strings.Contains(rows[j], "✗ missed") {
+			t.Errorf("the CPU row against an upstream that fell behind: want a miss in\n%s", b.String())
+		}
+	}
+}

@@ -199,8 +199,12 @@ func (p *proxyRun) churn(c *cluster, n int, rate float64, cfg churnConfig) Churn
 	if len(delta) > 0 {
 		res.ProgrammingCount = delta[len(delta)-1].Count
 	}
+	// A refused write is the run's record, not the harness's failure: a
+	// proxy far behind can load the machine until etcd times writes out
+	// (upstream-nft at 200/s at 10,000). Its rows say so and are missed by
+	// rule (whyNot); the smoke fails on any (checkChurnSmoke).
 	for _, err := range log.errs {
-		p.t.Errorf("%s N=%d churn at %.0f/s: %v", p.name, n, rate, err)
+		p.t.Logf("%s N=%d churn at %.0f/s: %v", p.name, n, rate, err)
 	}
 	return res
 }
