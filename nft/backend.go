@@ -73,13 +73,18 @@ type tableBookkeeping struct {
 	// hairpins holds the hairpin set's pods (nil until the first full sync
 	// over a table just read: the record holds the kernel's elements then).
 	hairpins *hairpins
-	skel     *objects
+	// skel is the skeleton of the last sync, skelKey what it was built
+	// from: a partial sync over the same skeleton leaves it out of its
+	// diff (it is the kernel's already: a change of the kernel's table
+	// makes the next sync a full one).
+	skel    *objects
+	skelKey string
 }
 
 // own records fp as what name wrote; an empty footprint (a port of the
 // other family, for instance) is not kept.
 func (book *tableBookkeeping) own(name proxy.ServicePortName, fp *footprint) {
-	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.elems)+len(fp.slots)+len(fp.pods) == 0 {
+	if fp == nil || len(fp.chains)+len(fp.sets)+len(fp.blocks)+len(fp.elems)+len(fp.slots)+len(fp.pods) == 0 {
 		delete(book.owned, name)
 		return
 	}
@@ -185,20 +190,24 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 			b.tables[f] = book
 			full = true
 		}
-		skel := b.skeleton(f, proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.LocalCIDRs()),
-			proxy.FilterPrefixes(f.pf, s.ServiceCIDRs))
+		npF, localF, svcF := proxy.FilterAddrs(f.pf, npIPs), proxy.FilterPrefixes(f.pf, b.cfg.LocalCIDRs()), proxy.FilterPrefixes(f.pf, s.ServiceCIDRs)
+		skelKey := fmt.Sprint(npF, localF, svcF)
+		skel, sameSkel := book.skel, book.skel != nil && book.skelKey == skelKey
+		if !sameSkel {
+			skel = b.skeleton(f, npF, localF, svcF)
+		}
 		b.slotsMu.Lock()
 		if full {
 			err = b.syncFull(ctx, tx, st, f, book, s, skel, staged)
 		} else {
-			b.syncChanged(tx, f, book, s, skel)
+			b.syncChanged(tx, f, book, s, skel, sameSkel)
 		}
 		b.slotsMu.Unlock()
 		if err != nil {
 			b.tables = nil
 			return err
 		}
-		book.skel = skel
+		book.skel, book.skelKey = skel, skelKey
 		if staged {
 			stagedFams = append(stagedFams, f)
 		}
@@ -234,8 +243,9 @@ func (b *Backend) Sync(ctx context.Context, s *proxy.State) error {
 	return nil
 }
 
-// syncChanged renders the changed service ports only, and the skeleton.
-func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBookkeeping, s *proxy.State, skel *objects) {
+// syncChanged renders the changed service ports only, and the skeleton
+// unless it is the one of the sync before (sameSkel).
+func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBookkeeping, s *proxy.State, skel *objects, sameSkel bool) {
 	touched := newObjects() // old and new objects of the changed ports
 	rendered := map[proxy.ServicePortName]*objects{}
 	var olds, news []*footprint
@@ -265,9 +275,11 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBookkeeping,
 		rendered[name] = v
 		touched.merge(v)
 	}
-	slots.releaseUnseen(touched.chains)
+	slots.releaseUnseen(touched.blocks, false)
 	desired := newObjects()
-	desired.merge(skel)
+	if !sameSkel {
+		desired.merge(skel)
+	}
 	for _, v := range rendered {
 		desired.mergeWithoutElements(v)
 		// A changed port's endpoint slots are its own; a slot of an
@@ -309,7 +321,9 @@ func (b *Backend) syncChanged(tx *Transaction, f family, book *tableBookkeeping,
 		}
 	}
 	scope := newObjects()
-	scope.merge(book.skel)
+	if !sameSkel {
+		scope.merge(book.skel)
+	}
 	scope.merge(touched)
 	scope.merge(desired)
 	book.syncHairpins(olds, news, desired, scope)

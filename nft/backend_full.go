@@ -176,7 +176,7 @@ func (b *Backend) syncFull(ctx context.Context, tx *Transaction, st *stager, f f
 			}
 		}
 	}
-	slots.releaseUnseen(nil)
+	slots.releaseUnseen(nil, true)
 	diff(tx, f, book.record, newObjects(), goneFromRecord(book.record, skel, book.owned, book.owners, book.hairpins))
 	book.record.forgetDerived()
 	return tx.spill()

@@ -48,15 +48,18 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 	dump := fake.Dump()
 	for _, want := range []string{
 		// No chain of the Service's own for its ClusterIP: the map
-		// jumps to the chain that picks one of two slots, the
-		// ClusterIP's key in cluster-picked sends it on to the static
-		// chains, which DNAT to the endpoint the slot holds.
-		"10.96.0.10 . tcp . 80 : jump pick-svc-demo/web/tcp/http",
+		// jumps to the shared chain that picks one of two slots of the
+		// block service-base gives, the ClusterIP's key in
+		// cluster-picked sends it on to the static chains, which DNAT
+		// to the endpoint the slot holds.
+		"10.96.0.10 . tcp . 80 : jump pick-2",
+		"set service-base { 10.96.0.10 . tcp . 80 : 0x00000008 }",
 		"set cluster-picked { 10.96.0.10 . tcp . 80 }",
+		// External traffic goes through the Service's own chains.
 		"tcp . 30080 : goto ext-demo/web/tcp/http",
 		"chain ext-demo/web/tcp/http\n    jump mark-for-masquerade comment \"demo/web:http\"\n    jump pick-svc-demo/web/tcp/http comment \"demo/web:http\"\n    goto endpoint-dnat ",
-		"chain pick-svc-demo/web/tcp/http\n    ct mark set numgen random mod 2 offset 1 ",
-		"set endpoints { 0x00000001 : 10.244.1.2 . 8080, 0x00000002 : 10.244.1.3 . 8080 }",
+		"chain pick-svc-demo/web/tcp/http\n    ct mark set numgen random mod 2 offset 8 ",
+		"set endpoints { 0x00000008 : 10.244.1.2 . 8080, 0x00000009 : 10.244.1.3 . 8080 }",
 		"meta l4proto tcp dnat ip to ct mark map @endpoints",
 		"10.244.1.2 . 10.244.1.2",
 		`comment "demo/web:http"`,
@@ -92,7 +95,7 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 	mustSync(t, b, w.Next())
 	dump = fake.Dump()
 	if strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto reject-chain") || strings.Contains(dump, "tcp . 30081 : goto reject-chain") ||
-		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : jump pick-svc-demo/empty/tcp/80") {
+		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : jump pick-1") {
 		t.Errorf("after the first endpoint appeared:\n%s", dump)
 	}
 }
@@ -201,7 +204,7 @@ func TestRestartReconcilesWithoutRemovingLiveObjects(t *testing.T) {
 	if strings.Contains(dump, "demo/stale") {
 		t.Errorf("stale service survived the restart:\n%s", dump)
 	}
-	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : jump pick-svc-demo/web/tcp/80") {
+	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : jump pick-") {
 		t.Errorf("live service lost:\n%s", dump)
 	}
 }
@@ -221,7 +224,7 @@ func TestFailedSyncIsFollowedByAFullReconcile(t *testing.T) {
 	// The next State no longer lists c as changed; a full sync must still
 	// program it.
 	mustSync(t, b, w.Next())
-	if !strings.Contains(fake.Dump(), "svc-x/c/tcp/80") {
+	if !strings.Contains(fake.Dump(), "10.96.0.3 . tcp . 80 : jump pick-1") {
 		t.Errorf("service from the failed sync missing:\n%s", fake.Dump())
 	}
 }
@@ -237,5 +240,30 @@ func TestCleanupRemovesBothTables(t *testing.T) {
 	}
 	if len(fake.Tables) != 0 {
 		t.Errorf("tables left: %v", fake.Dump())
+	}
+}
+
+// TestASkeletonChangeReachesAPartialSync: a partial sync leaves the
+// skeleton out of its diff while it is the one of the sync before; when
+// what it is built from changes (here the service CIDRs, which change
+// without a full sync), the partial sync writes it.
+func TestASkeletonChangeReachesAPartialSync(t *testing.T) {
+	fake := NewFake()
+	b := newFakeBackend(t, fake)
+	w := newWorld()
+	web := statetest.PortName("demo", "web", "http", v1.ProtocolTCP)
+	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080")
+	w.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	mustSync(t, b, w.Next())
+	w.SetEndpoints(web, "10.244.1.3:8080")
+	mustSync(t, b, w.Next())
+	w.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.100.0.0/16")}
+	w.SetEndpoints(web, "10.244.1.4:8080")
+	mustSync(t, b, w.Next())
+	if b.LastSyncFull() {
+		t.Fatal("the sync was a full one: the test wants a partial sync")
+	}
+	if dump := fake.Dump(); !strings.Contains(dump, "10.100.0.0/16") || !strings.Contains(dump, "10.244.1.4 . 8080") {
+		t.Errorf("the partial sync left the new service CIDR out, or the endpoint:\n%s", dump)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -40,7 +41,11 @@ type msgAt struct{ chunk, off int }
 
 const (
 	nlmsgHdrLen = unix.NLMSG_HDRLEN
-	chunkBytes  = 1 << 20
+	// Chunks start small and double up to chunkBytes: a partial sync's
+	// batch is a few KiB, and a first chunk of a MiB for each was most of
+	// the garbage an endpoint change made (test/bench/NOTES.md).
+	firstChunkBytes = 16 << 10
+	chunkBytes      = 1 << 20
 )
 
 // add appends one message (header then data, padded to 4 bytes).
@@ -48,7 +53,11 @@ func (b *batch) add(typ uint16, flags uint16, data []byte, owner int) {
 	n := nlmsgHdrLen + len(data)
 	padded := (n + 3) &^ 3
 	if len(b.chunks) == 0 || cap(b.chunks[len(b.chunks)-1])-len(b.chunks[len(b.chunks)-1]) < padded {
-		b.chunks = append(b.chunks, make([]byte, 0, max(chunkBytes, padded)))
+		size := firstChunkBytes
+		if k := len(b.chunks); k > 0 {
+			size = min(chunkBytes, 2*cap(b.chunks[k-1]))
+		}
+		b.chunks = append(b.chunks, make([]byte, 0, max(size, padded)))
 	}
 	c := len(b.chunks) - 1
 	buf := b.chunks[c]
@@ -131,8 +140,12 @@ func (e *batchEncoder) add(o *op) error {
 			continue
 		}
 		flags := uint16(m.Header.Flags &^ (netlink.Acknowledge | netlink.Echo))
+		data := m.Data
+		if o.kind == opAddSet && o.set.DataHostOrder {
+			data = withSetUserdata(data, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_DATABYTEORDER, 1))
+		}
 		e.last = e.b.len()
-		e.b.add(uint16(m.Header.Type), flags, m.Data, note)
+		e.b.add(uint16(m.Header.Type), flags, data, note)
 	}
 	clear(e.captured) // the messages' data, until the next operation
 	return nil
@@ -381,4 +394,32 @@ func extAckMessage(m syscall.NetlinkMessage) string {
 		b = b[next:]
 	}
 	return ""
+}
+
+// withSetUserdata is a NEWSET message's data (the nfgenmsg header, then
+// attributes) with ud appended to its user data, which google/nftables
+// cannot be asked for: nft reads the byte order of a map's data there
+// (NFTNL_UDATA_SET_DATABYTEORDER), as it reads the key's.
+func withSetUserdata(data, ud []byte) []byte {
+	const hdr = 4 // struct nlattr: length, type
+	out := append([]byte{}, data[:4]...)
+	found := false
+	for rest := data[4:]; len(rest) >= hdr; {
+		n := int(binary.NativeEndian.Uint16(rest))
+		if n < hdr || n > len(rest) {
+			return data // not attributes as expected: unchanged
+		}
+		typ := binary.NativeEndian.Uint16(rest[2:])
+		value := rest[hdr:n]
+		if typ == unix.NFTA_SET_USERDATA {
+			found = true
+			value = append(append([]byte{}, value...), ud...)
+		}
+		out = appendAttr(out, typ, value...)
+		rest = rest[min(len(rest), (n+3)&^3):]
+	}
+	if !found {
+		out = appendAttr(out, unix.NFTA_SET_USERDATA, ud...)
+	}
+	return out
 }

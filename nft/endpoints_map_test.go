@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -11,22 +12,33 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// servedEndpoints is what kp's ip table sends a new connection of chain
-// (a svc- or local- chain without affinity) to: the endpoints map's
-// elements of the slots its pick chain chooses from.
-func servedEndpoints(t *testing.T, fake *Fake, chain string) []string {
+// servedEndpoints is what kp's ip table sends a new connection to sp's
+// ClusterIP to (the Cluster policy without affinity): the endpoints map's
+// elements of the slots its pick chooses from, the Service's own pick chain
+// or the shared pick-n over the block service-base gives.
+func servedEndpoints(t *testing.T, fake *Fake, sp *proxy.ServicePort) []string {
 	t.Helper()
 	tbl := fake.Tables["ip"]
-	rules := tbl.Chains[pickChainName(chain)]
-	if len(rules) != 1 {
-		t.Fatalf("%s has %d rules: %q", pickChainName(chain), len(rules), rules)
-	}
+	chain := pickChainName(serviceChainName(sp))
 	var n, base uint32
-	if _, err := fmt.Sscanf(rules[0], "ct mark set numgen random mod %d offset %d", &n, &base); err != nil {
-		n = 1 // one endpoint: "ct mark set 0x…"
-		if _, err := fmt.Sscanf(rules[0], "ct mark set %v", &base); err != nil {
-			t.Fatalf("%s: %q: %v", pickChainName(chain), rules[0], err)
+	if rules, ok := tbl.Chains[chain]; ok {
+		if len(rules) != 1 {
+			t.Fatalf("%s has %d rules: %q", chain, len(rules), rules)
 		}
+		if _, err := fmt.Sscanf(rules[0], "ct mark set numgen random mod %d offset %d", &n, &base); err != nil {
+			n = 1 // one endpoint: "ct mark set 0x…"
+			if _, err := fmt.Sscanf(rules[0], "ct mark set %v", &base); err != nil {
+				t.Fatalf("%s: %q: %v", chain, rules[0], err)
+			}
+		}
+	} else {
+		key := keyID(pad4(addrProtoPortKey(sp.ClusterIPs[0], proxy.ProtocolNumber(sp.Protocol), sp.Port)), false)
+		jump, okJump := tbl.Elements[mapServiceIPs][key]
+		b, okBase := tbl.Elements[mapServiceBase][key]
+		if _, err := fmt.Sscanf(jump.Chain, "pick-%d", &n); !okJump || !okBase || jump.Verdict != verdictJump || err != nil {
+			t.Fatalf("%s: no pick chain of its own, and service-ips %q, service-base %q", sp.Name, jump.value(), b.DataText)
+		}
+		base = binary.NativeEndian.Uint32(b.Data)
 	}
 	var out []string
 	for s := base; s < base+n; s++ {
@@ -127,7 +139,7 @@ func TestEndpointsMapFollowsTheSlotTable(t *testing.T) {
 						}
 						slices.Sort(list)
 						want += len(list)
-						if got := servedEndpoints(t, e.fake, serviceChainName(sp)); !slices.Equal(got, list) {
+						if got := servedEndpoints(t, e.fake, sp); !slices.Equal(got, list) {
 							t.Errorf("step %d: %s picks among %v, want %v", i, n, got, list)
 						}
 					}

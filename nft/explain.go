@@ -19,8 +19,9 @@ import (
 // (explain_walk.go): a chain name, a rule or a verdict cannot drift from
 // what kp writes. Rule text and handles come from the snapshot's `nft -a
 // list table` when it has one. Where the kernel picks at random (an
-// endpoint slot, an affinity rule), every alternative is walked and the
-// step that differs says "one of: ...".
+// endpoint slot, an affinity rule), every alternative is walked: the step
+// that differs says "one of: ...", and the steps after it list each
+// alternative's (explain.BranchSteps).
 type RulePather struct{}
 
 // maxAlternatives bounds the random alternatives walked (a Service's
@@ -82,11 +83,7 @@ func (RulePather) RulePath(m *explain.Model, p explain.Packet, e *explain.Explan
 		notes = append(notes, fmt.Sprintf("the listing's %s differ from what kp writes for this model (listed at another sync?): "+
 			"their rules are shown as kp renders them, without handles", "chain "+strings.Join(sortedKeys(mismatched), ", chain ")))
 	}
-	var diverged string
-	rp.Steps, diverged = mergeAlternatives(alts)
-	if diverged != "" {
-		notes = append(notes, diverged)
-	}
+	rp.Steps = mergeAlternatives(alts)
 	rp.Note = strings.Join(notes, "; ")
 	return rp
 }
@@ -277,44 +274,41 @@ func walkAll(newWalker func() *walker, fromNode bool) (walks []*walker, truncate
 	return walks, truncated, rec(nil)
 }
 
-// mergeAlternatives makes one path of the random alternatives' paths: a
-// step they all take is kept; a step where they differ (the same chain,
-// another verdict or rule) becomes one step whose Verdict is "one of: a |
-// b". Where the paths go on differently after such a step (a pick of the
-// client itself meets the hairpin rule, a pick of a node address goes to
-// input), the path goes on as most alternatives do, and diverged says so.
-func mergeAlternatives(alts [][]explain.RuleStep) (steps []explain.RuleStep, diverged string) {
+// mergeAlternatives makes one path of the random alternatives' paths: the
+// steps they all take up to the first random choice, that choice as one
+// step whose Verdict is "one of: a | b" (the same chain, another verdict),
+// then the steps after it by branch (explain.BranchSteps): a shared pick
+// goes to each slot's chain, a pick of the client itself meets the
+// hairpin rule, a pick of a node address goes to input.
+func mergeAlternatives(alts [][]explain.RuleStep) []explain.RuleStep {
 	if len(alts) == 0 {
-		return nil, ""
+		return nil
 	}
-	rep := alts[mostCommonTail(alts)]
-	for i := range rep {
+	first := alts[0]
+	for i := range first {
 		same, sameChain := true, true
 		for _, a := range alts {
-			if i >= len(a) || a[i].Where != rep[i].Where {
+			if i >= len(a) || a[i].Where != first[i].Where {
 				sameChain = false
-			} else if a[i] != rep[i] {
+			} else if a[i] != first[i] {
 				same = false
 			}
 		}
-		switch {
-		case same && sameChain:
-			steps = append(steps, rep[i])
-			continue
-		case sameChain && !slices.ContainsFunc(steps, func(s explain.RuleStep) bool { return strings.HasPrefix(s.Verdict, "one of: ") }):
-			steps = append(steps, mergeStep(alts, i))
+		if same && sameChain {
 			continue
 		}
-		n := 0
-		for _, a := range alts {
-			if slices.Equal(a[min(i, len(a)):], rep[i:]) {
-				n++
-			}
+		steps := slices.Clone(first[:i])
+		at := i
+		if sameChain {
+			steps, at = append(steps, mergeStep(alts, i)), i+1
 		}
-		return append(steps, rep[i:]...), fmt.Sprintf("the path after the random choice depends on what it picks: "+
-			"shown as %d of its %d alternatives go on (%s)", n, len(alts), lastDNAT(rep))
+		tails := make([][]explain.RuleStep, len(alts))
+		for k, a := range alts {
+			tails[k] = a[min(at, len(a)):]
+		}
+		return append(steps, explain.BranchSteps(tails)...)
 	}
-	return steps, ""
+	return first
 }
 
 // mergeStep is the alternatives' i-th steps, of one chain, as one step:
@@ -335,43 +329,9 @@ func mergeStep(alts [][]explain.RuleStep, i int) explain.RuleStep {
 	return s
 }
 
-// mostCommonTail is the index of an alternative whose chains and
-// verdicts most alternatives share (the first such).
-func mostCommonTail(alts [][]explain.RuleStep) int {
-	shape := func(a []explain.RuleStep) string {
-		var b strings.Builder
-		for _, s := range a {
-			if !strings.HasPrefix(s.Verdict, "dnat to ") {
-				b.WriteString(s.Where + "\x00" + s.Verdict + "\x00")
-			}
-		}
-		return b.String()
-	}
-	count := map[string]int{}
-	for _, a := range alts {
-		count[shape(a)]++
-	}
-	best := 0
-	for i, a := range alts {
-		if count[shape(a)] > count[shape(alts[best])] {
-			best = i
-		}
-	}
-	return best
-}
-
 func addUnique(list []string, s string) []string {
 	if s == "" || slices.Contains(list, s) {
 		return list
 	}
 	return append(list, s)
-}
-
-func lastDNAT(steps []explain.RuleStep) string {
-	for i := len(steps) - 1; i >= 0; i-- {
-		if strings.HasPrefix(steps[i].Verdict, "dnat to ") {
-			return "the pick " + strings.TrimPrefix(steps[i].Verdict, "dnat to ")
-		}
-	}
-	return "the first alternative"
 }

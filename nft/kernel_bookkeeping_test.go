@@ -81,7 +81,7 @@ func TestKernelHairpinSetAndEndpointsMapAcrossRestartsAndResyncs(t *testing.T) {
 
 	nftIn(t, ns, "delete", "element", "ip", TableName, setHairpin, "{ 10.244.0.1 . 10.244.0.1 }")
 	nftIn(t, ns, "add", "element", "ip", TableName, setHairpin, "{ 10.244.9.9 . 10.244.9.9 }")
-	nftIn(t, ns, "delete", "element", "ip", TableName, mapEndpoints, "{ 0x00000001 }")
+	nftIn(t, ns, "delete", "element", "ip", TableName, mapEndpoints, "{ 0x00000008 }")
 	now = now.Add(fullSyncInterval + time.Minute)
 	sync("the periodic resync after edits behind kp's back")
 

@@ -7,24 +7,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables/expr"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kpproxy/kp/proxy"
 	"github.com/kpproxy/kp/proxy/statetest"
 )
 
-// Kernel tests of the Cluster policy's path without a Service chain: a
-// ClusterIP of a Service port without session affinity jumps from the
-// service-ips map straight to its pick chain, and the services chain's
-// cluster-picked rule takes it on to cluster-dnat.
+// Kernel tests of the Cluster policy's path without a chain of the
+// Service's own: a ClusterIP of a Service port without session affinity
+// (and with up to maxSharedPick endpoints) jumps from the service-ips map to
+// the shared pick-n chain, which picks a slot of the block service-base
+// gives, and the services chain's cluster-picked rule takes it on to
+// cluster-dnat.
 
 // TestKernelPlainServicePortHasNoChainAndStillDNATs: a plain Service port
-// has no svc- chain (only its pick chain), new connections to its ClusterIP
-// reach its endpoints, and a Service with ClientIP affinity keeps its
-// chain and is reached too. Changing the number of endpoints rewrites the
-// pick chain alone, with no rule that jumps, goes to a chain, looks a set
-// up or NATs (any of which makes the kernel validate the whole table).
+// has no chain at all (no svc- chain, no pick chain), new connections to
+// its ClusterIP reach its endpoints, and a Service with ClientIP affinity
+// keeps its chain and is reached too. Changing the number of endpoints
+// writes elements only, no chain or rule; replacing an endpoint with
+// another writes data elements only, no verdict (a verdict makes the
+// kernel validate every chain and verdict map element it can reach).
 func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	ns, fd := testNetns(t)
 	// No cluster CIDR: no masquerade, which would need a route out of lo.
@@ -34,8 +36,8 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	}
 	rec := &txConn{Conn: b.conn}
 	b.conn = rec
-	acc := loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.96.0.11", "10.244.1.2", "10.244.1.3", "10.244.1.4"},
-		[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080"})
+	acc := loopbackEndpoints(t, ns, []string{"10.96.0.10", "10.96.0.11", "10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.5"},
+		[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080", "10.244.1.5:8080"})
 	w := newWorld()
 	web, sticky := statetest.PortName("demo", "web", "http", v1.ProtocolTCP), statetest.PortName("demo", "sticky", "http", v1.ProtocolTCP)
 	w.AddService(web, "10.96.0.10", 80, 0, "10.244.1.2:8080", "10.244.1.3:8080")
@@ -44,69 +46,89 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	mustSync(t, b, w.Next())
 
 	chains := nftIn(t, ns, "list", "chains", "ip")
-	if strings.Contains(chains, "chain svc-demo/web/") || !strings.Contains(chains, "chain pick-svc-demo/web/tcp/http") {
-		t.Errorf("want a pick chain and no Service chain for demo/web:\n%s", chains)
+	if strings.Contains(chains, "chain svc-demo/web/") || strings.Contains(chains, "chain pick-svc-demo/web/") {
+		t.Errorf("want no chain of demo/web's own:\n%s", chains)
 	}
 	if !strings.Contains(chains, "chain svc-demo/sticky/tcp/http") {
 		t.Errorf("the Service with session affinity lost its chain:\n%s", chains)
 	}
-	for _, want := range []string{"10.96.0.10 . tcp . 80 comment \"demo/web:http\" : jump pick-svc-demo/web/tcp/http",
-		"10.96.0.11 . tcp . 80 comment \"demo/sticky:http\" : goto svc-demo/sticky/tcp/http"} {
-		if m := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs); !strings.Contains(m, want) {
-			t.Errorf("service-ips lacks %q:\n%s", want, m)
+	for m, want := range map[string]string{
+		mapServiceIPs:  "10.96.0.10 . tcp . 80 comment \"demo/web:http\" : jump pick-2",
+		mapServiceBase: "10.96.0.10 . tcp . 80 comment \"demo/web:http\" : 0x",
+	} {
+		if l := nftIn(t, ns, "list", "map", "ip", TableName, m); !strings.Contains(l, want) {
+			t.Errorf("%s lacks %q:\n%s", m, want, l)
 		}
+	}
+	if l := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs); !strings.Contains(l,
+		"10.96.0.11 . tcp . 80 comment \"demo/sticky:http\" : goto svc-demo/sticky/tcp/http") {
+		t.Errorf("service-ips lacks demo/sticky's chain:\n%s", l)
 	}
 
 	// Nothing listens on the ClusterIPs: a connection is accepted only
 	// through DNAT.
 	dialN(t, ns, "10.96.0.10:80", 20)
 	dialN(t, ns, "10.96.0.11:80", 3)
-	waitAccepted := func(want map[string]int) {
+	// Counts are since the start: each step's are what it adds.
+	var last map[string]int
+	waitAccepted := func(eps []string, web, sticky int) {
 		t.Helper()
-		ok := func(got map[string]int) bool {
-			return got["10.244.1.2:8080"]+got["10.244.1.3:8080"] == want["web"] && got["10.244.1.4:8080"] == want["sticky"]
+		total := func(got map[string]int) (n int) {
+			for _, c := range got {
+				n += c
+			}
+			return n
 		}
-		if got := acc.await(ok); !ok(got) || got["10.244.1.2:8080"] == 0 || got["10.244.1.3:8080"] == 0 {
-			t.Fatalf("connections accepted by endpoint: %v, want %d to demo/web's two (some each) and %d to demo/sticky's",
-				got, want["web"], want["sticky"])
+		want := total(last) + web + sticky
+		got := acc.await(func(got map[string]int) bool { return total(got) >= want })
+		added := map[string]int{}
+		for e, c := range got {
+			added[e] = c - last[e]
+		}
+		last = got
+		fine := added["10.244.1.4:8080"] == sticky
+		for _, e := range eps {
+			fine = fine && added[e] > 0
+			web -= added[e]
+		}
+		if !fine || web != 0 {
+			t.Fatalf("connections accepted by endpoint: %v, want %d more to demo/web's %v (some each) and %d to demo/sticky's",
+				added, web, eps, sticky)
 		}
 	}
-	waitAccepted(map[string]int{"web": 20, "sticky": 3})
+	waitAccepted([]string{"10.244.1.2:8080", "10.244.1.3:8080"}, 20, 3)
 
-	// One endpoint more, then one less: the pick chain alone is rewritten.
-	for _, eps := range [][]string{
-		{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.4:8080"},
-		{"10.244.1.2:8080", "10.244.1.3:8080"},
+	// One endpoint more, one less, then one replaced by another.
+	for _, step := range []struct {
+		eps          []string
+		countChanges bool
+	}{
+		{[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.5:8080"}, true},
+		{[]string{"10.244.1.2:8080", "10.244.1.3:8080"}, true},
+		{[]string{"10.244.1.2:8080", "10.244.1.5:8080"}, false},
 	} {
 		rec.txs = nil
-		w.SetEndpoints(web, eps...)
+		w.SetEndpoints(web, step.eps...)
 		mustSync(t, b, w.Next())
 		for _, tx := range rec.txs {
 			for _, o := range tx.ops {
 				switch o.kind {
-				case opAddChain, opDelChain:
-					t.Errorf("%d endpoints: the change added or deleted chain %s", len(eps), o.chain.Name)
-				case opFlushChain:
-					if o.chain.Name != "pick-svc-demo/web/tcp/http" {
-						t.Errorf("%d endpoints: the change rewrote chain %s", len(eps), o.chain.Name)
-					}
+				case opAddChain, opDelChain, opFlushChain:
+					t.Errorf("%v: the change added, deleted or rewrote chain %s", step.eps, o.chain.Name)
 				case opAddRule:
-					for _, e := range o.rule.Exprs {
-						switch e := e.(type) {
-						case *expr.NAT, *expr.Lookup:
-							t.Errorf("%d endpoints: the change added to %s a rule with %T: %s", len(eps), o.chain.Name, e, o.rule.String())
-						case *expr.Verdict:
-							if e.Kind == expr.VerdictJump || e.Kind == expr.VerdictGoto {
-								t.Errorf("%d endpoints: the change added to %s a rule that jumps: %s", len(eps), o.chain.Name, o.rule.String())
-							}
+					t.Errorf("%v: the change added to %s the rule %s", step.eps, o.chain.Name, o.rule.String())
+				case opAddElement:
+					for _, e := range o.elems {
+						if e.Verdict != verdictNone && !step.countChanges {
+							t.Errorf("%v: an endpoint replaced wrote the verdict element %s : %s", step.eps, e.KeyText, e.value())
 						}
 					}
 				}
 			}
 		}
+		dialN(t, ns, "10.96.0.10:80", 20)
+		waitAccepted(step.eps, 20, 0)
 	}
-	dialN(t, ns, "10.96.0.10:80", 20)
-	waitAccepted(map[string]int{"web": 40, "sticky": 3})
 }
 
 // TestKernelRestartOverTheServiceChainLayoutReplacesIt: a kp upgraded in

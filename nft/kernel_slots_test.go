@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,11 +124,13 @@ func (c *txConn) Apply(tx *Transaction) error {
 
 // TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints counts the rules a
 // new connection to a Service meets in its chains (the services chain, the
-// Service's pick chain, cluster-dnat, and the DNAT chain up to the
-// protocol's rule) for 1, 10 and
-// 100 endpoints: the same. And an endpoint change, whether or not it changes
-// the number of endpoints, adds no rule with a NAT expression (whose
-// addition makes the kernel validate the whole table).
+// chains that pick its slot, cluster-dnat, and the DNAT chain up to the
+// protocol's rule) for 2 to 1,000 endpoints: the same for every count the
+// shared pick chains serve (pick-n, then the longest slot-k), the same for
+// every count above (the Service's own pick chain), and never more than the
+// shared path's. And an endpoint change, whether or not it changes the
+// number of endpoints, adds no rule with a NAT expression (whose addition
+// makes the kernel validate the whole table).
 func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 	ns, _, b := kernelBackend(t)
 	rec := &txConn{Conn: b.conn}
@@ -144,7 +147,8 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 	}
 	w.AddService(web, "10.96.0.10", 80, 0, eps(1, 0)...)
 	mustSync(t, b, w.Next())
-	for _, n := range []int{1, 10, 100} {
+	counts := []int{2, 10, maxSharedPick, maxSharedPick + 1, 1000}
+	for _, n := range counts {
 		for _, first := range []int{0, 1000} { // the count, then the same count elsewhere
 			rec.txs = nil
 			w.SetEndpoints(web, eps(n, first)...)
@@ -163,7 +167,11 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 			}
 		}
 		walk := 0
-		for _, chain := range []string{chainServices, "pick-svc-demo/web/tcp/http", chainClusterDNAT} {
+		picks := []string{sharedPickChain(n), slotChain(n - 1)}
+		if n > maxSharedPick {
+			picks = []string{"pick-svc-demo/web/tcp/http"}
+		}
+		for _, chain := range slices.Concat([]string{chainServices}, picks, []string{chainClusterDNAT}) {
 			walk += strings.Count(strings.TrimSpace(nftIn(t, ns, "list", "chain", "ip", TableName, chain)), "\n") - 3
 		}
 		dnat := nftIn(t, ns, "list", "chain", "ip", TableName, chainEndpointDNAT)
@@ -173,7 +181,11 @@ func TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints(t *testing.T) {
 		walk++ // TCP's is the chain's first rule
 		walks[n] = walk
 	}
-	if walks[1] != walks[10] || walks[10] != walks[100] {
-		t.Errorf("rules a new connection meets, by number of endpoints: %v", walks)
+	shared, own := walks[2], walks[maxSharedPick+1]
+	for _, n := range counts {
+		if n <= maxSharedPick && walks[n] != shared || n > maxSharedPick && walks[n] != own || own > shared {
+			t.Errorf("rules a new connection meets, by number of endpoints: %v", walks)
+			break
+		}
 	}
 }

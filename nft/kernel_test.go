@@ -96,10 +96,16 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 		`comment "demo/web:http"`,
 		// Slots are marks, in host order: sent the other way, slot 1
 		// would list as 0x01000000.
-		"ct mark set numgen random mod 2 offset 1 comment",
-		`0x00000001 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.2 . 8080`,
-		`0x00000002 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.3 . 8080`,
+		"ct mark set numgen random mod 2 offset 8 comment",
+		`0x00000008 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.2 . 8080`,
+		`0x00000009 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.3 . 8080`,
 		"jump pick-svc-demo/web/tcp/http",
+		// The shared picks: a mark-typed map's data in host order too.
+		`10.96.0.10 . tcp . 80 comment "demo/web:http" : 0x00000008`,
+		`10.96.0.10 . tcp . 80 comment "demo/web:http" : jump pick-2`,
+		"ct mark set numgen random mod 2\n",
+		"ct mark vmap @slot-pick",
+		"ct mark set ip daddr . meta l4proto . th dport map @service-base\n\t\tct mark set ct mark | 0x00000001",
 		"goto endpoint-dnat",
 		"meta l4proto tcp dnat ip to ct mark map @endpoints",
 		"ct status dnat ip saddr . ip daddr @hairpin jump mark-for-masquerade",
@@ -203,7 +209,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 				"jump pick-svc-demo/shape/tcp/http comment \"demo/shape:http\"\n\t\tip saddr @cluster-cidrs goto cluster-dnat"}},
 		{"back to a plain ClusterIP", func(sp *proxy.ServicePort) {
 			*sp = proxy.ServicePort{Name: sp.Name, Type: v1.ServiceTypeClusterIP, ClusterIPs: sp.ClusterIPs, Port: sp.Port, Protocol: sp.Protocol}
-		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-demo/shape/tcp/http"}},
+		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-"}},
 	}
 	for _, st := range steps {
 		sp := *w.Services[name]
@@ -226,9 +232,13 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 		// service-ips verdict jumps to a pick chain (no session
 		// affinity, internal policy Cluster).
 		picked := strings.Contains(nftIn(t, ns, "list", "set", "ip", TableName, setClusterPicked), "10.96.0.20 . tcp . 80")
-		jumps := strings.Contains(listing, "10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-svc-")
+		jumps := strings.Contains(listing, "10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-")
 		if want := sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal; picked != want || jumps != want {
 			t.Errorf("%s: ClusterIP in cluster-picked %t, jumps to a pick chain %t, want %t", st.what, picked, jumps, want)
+		}
+		// The Cluster policy's own pick chain only for external traffic.
+		if own := strings.Contains(listing, "chain pick-svc-demo/shape/"); own && !sp.HasExternal() {
+			t.Errorf("%s: a pick chain of the Service's own without external traffic:\n%s", st.what, listing)
 		}
 		if sp.AffinityTimeout == 0 && strings.Contains(listing, "chain svc-demo/shape/") {
 			t.Errorf("%s: a svc- chain without session affinity:\n%s", st.what, listing)
@@ -259,10 +269,11 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 			eps[j] = fmt.Sprintf("10.244.%d.%d:8080", i/25, (i%25)*10+j)
 		}
 		w.AddService(statetest.PortName("demo", fmt.Sprintf("svc-%d", i), "http", v1.ProtocolTCP),
-			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, 0, eps...)
+			fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, int32(30000+i), eps...)
 	}
 	mustSync(t, b, w.Next())
-	// Per Service: its pick chain and rule, and elements (grouped).
+	// Per Service: its external chain, pick chain and their rules (a
+	// ClusterIP alone has no chain of its own), and elements (grouped).
 	if ops := b.LastTransactionOps(); ops < 2*services {
 		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
 	}

@@ -152,7 +152,7 @@ func TestServiceOf5000EndpointsRenders(t *testing.T) {
 		t.Fatalf("%d endpoint slots, want 5000", n)
 	}
 	if rules := fake.Tables["ip"].Chains["pick-svc-demo/big/tcp/http"]; len(rules) != 1 ||
-		!strings.Contains(rules[0], "numgen random mod 5000 offset 1 ") {
+		!strings.Contains(rules[0], "numgen random mod 5000 offset ") {
 		t.Errorf("endpoint selection is not over all 5000 endpoints: %q", rules)
 	}
 	w.SetEndpoints(web, eps[1:]...)

@@ -17,6 +17,9 @@ type objects struct {
 	// pods are the addresses of a rendered port's endpoints, whose
 	// hairpin elements are counted, not rendered (see hairpins).
 	pods []netip.Addr
+	// blocks are the names of a rendered port's endpoint slot blocks
+	// (see slotTable), or of the ports in a scope.
+	blocks []string
 	// spare holds the static sets' element maps of objects reset for
 	// their next use (a full sync's group, and the objects each Service is
 	// rendered into), emptied, for their capacity: growing the maps anew
@@ -68,6 +71,7 @@ func (v *objects) reset() {
 	clear(v.sets)
 	clear(v.counters)
 	v.pods = v.pods[:0]
+	v.blocks = v.blocks[:0]
 	for set, m := range v.elements {
 		if staticSetNames[set] {
 			clear(m)
@@ -86,6 +90,7 @@ func (v *objects) merge(o *objects) {
 		return
 	}
 	v.mergeWithoutElements(o)
+	v.blocks = append(v.blocks, o.blocks...)
 	for s, es := range o.elements {
 		for k, e := range es {
 			v.putElement(s, k, e)

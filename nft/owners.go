@@ -16,12 +16,14 @@ import (
 // again when needed: kp keeps a few dozen bytes per element, not the
 // element.) Its endpoint slots, the endpoints map's keys, are kept as runs
 // of slot numbers: a block's used slots are contiguous (see slotTable), so
-// a port's ten slots take 8 bytes, not ten key references. Its pods, the
+// a port's ten slots take 8 bytes, not ten key references; its blocks are
+// named (by which the slot table knows them). Its pods, the
 // hairpin set's share, are kept as their addresses (see hairpins).
 type footprint struct {
 	name   proxy.ServicePortName
 	chains []string
 	sets   []string
+	blocks []string  // its endpoint slot blocks' names
 	elems  []elemRef // of every set but the endpoints map and the hairpin set
 	slots  []slotRun // the endpoints map's keys
 	pods   podAddrs
@@ -45,6 +47,9 @@ type slotRun struct{ first, n uint32 }
 
 func footprintOf(name proxy.ServicePortName, v *objects) *footprint {
 	fp := &footprint{name: name, chains: make([]string, 0, len(v.chains)), pods: podAddrsOf(v.pods)}
+	if len(v.blocks) > 0 {
+		fp.blocks = slices.Clone(v.blocks)
+	}
 	for c := range v.chains {
 		fp.chains = append(fp.chains, c)
 	}
@@ -118,6 +123,7 @@ func (fp *footprint) has(r elemRef) bool {
 // scope is the footprint as objects of names and keys, for diff's scope.
 func (fp *footprint) scope() *objects {
 	v := newObjects()
+	v.blocks = fp.blocks
 	for _, c := range fp.chains {
 		v.chains[c] = &Chain{Name: c}
 	}

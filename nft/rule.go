@@ -356,13 +356,51 @@ const ipsDstNAT = 1 << 5
 // on the way, and the slot it keeps tells which endpoint a connection got.
 func (b *ruleBuilder) ctMarkSetSlot(n, base uint32) *ruleBuilder {
 	if n <= 1 {
-		return b.add(fmt.Sprintf("ct mark set 0x%08x", base),
-			&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(base)},
+		return b.ctMarkSet(base)
+	}
+	if base == 0 {
+		return b.add(fmt.Sprintf("ct mark set numgen random mod %d", n),
+			&expr.Numgen{Register: 1, Modulus: n, Type: unix.NFT_NG_RANDOM},
 			&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
 	}
 	return b.add(fmt.Sprintf("ct mark set numgen random mod %d offset %d", n, base),
 		&expr.Numgen{Register: 1, Modulus: n, Type: unix.NFT_NG_RANDOM, Offset: base},
 		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+}
+
+// ctMarkSet sets the connection's mark: "ct mark set 0x0000abcd".
+func (b *ruleBuilder) ctMarkSet(mark uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark set 0x%08x", mark),
+		&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(mark)},
+		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+}
+
+// ctMarkOr sets bits of the connection's mark: "ct mark set ct mark |
+// 0x00000003" (a shared pick's slot in its block, see slots.go).
+func (b *ruleBuilder) ctMarkOr(bits uint32) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark set ct mark | 0x%08x", bits),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(^bits), Xor: binaryutil.NativeEndian.PutUint32(bits)},
+		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+}
+
+// ctMarkSetKeyMap sets the connection's mark to what "daddr . l4proto .
+// dport" maps to in the data map, and breaks the rule where it maps to
+// nothing: "ct mark set ip daddr . meta l4proto . th dport map @map".
+func (b *ruleBuilder) ctMarkSetKeyMap(m string) *ruleBuilder {
+	text, es := b.loadKey(true)
+	es = append(es, &expr.Lookup{SourceRegister: 1, SetName: m, IsDestRegSet: true, DestRegister: 1},
+		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+	return b.add(fmt.Sprintf("ct mark set %s map @%s", text, m), es...)
+}
+
+// ctMarkVMap dispatches on the connection's mark through the verdict map
+// vmap: "ct mark vmap @vmap".
+func (b *ruleBuilder) ctMarkVMap(vmap string) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark vmap @%s", vmap),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Lookup{SourceRegister: 1, SetName: vmap, IsDestRegSet: true, DestRegister: 0})
 }
 
 // dnatSlotMap DNATs to the endpoint the connection's slot names in the map:

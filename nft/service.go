@@ -67,6 +67,21 @@ type serviceRender struct {
 	comment string
 	proto   uint8
 	slots   *slotTable
+	// picks are the policies' own pick chains, by name, written when
+	// something goes to them; sharedBase is the Cluster policy's block
+	// base, for the service-base map when its ClusterIPs go to a shared
+	// pick chain.
+	picks      [2]*Chain // a render has two policies at most
+	sharedBase uint32
+}
+
+// ownPick writes p's own pick chain.
+func (r *serviceRender) ownPick(p policyPath) {
+	for _, c := range r.picks {
+		if c != nil && c.Name == p.chain {
+			r.v.chains[p.chain] = c
+		}
+	}
 }
 
 // render builds every object that belongs to one service port in family f,
@@ -133,6 +148,11 @@ type policyPath struct {
 	chain string
 	pick  bool
 	dnat  string
+	// shared is the shared pick chain for the policy's ClusterIPs (see
+	// sharedPicks), when its block is small enough; chain is then the
+	// policy's own pick chain, which external traffic goes through and
+	// which is written only when something goes to it (ownPick).
+	shared string
 }
 
 func (p policyPath) none() bool { return p.chain == "" }
@@ -150,6 +170,7 @@ func (r *serviceRender) rules(p policyPath, cond func() *ruleBuilder, dnat strin
 	if dnat == "" {
 		dnat = p.dnat
 	}
+	r.ownPick(p)
 	return []Rule{
 		cond().verdict(expr.VerdictJump, p.chain).build(r.comment),
 		cond().verdict(expr.VerdictGoto, dnat).build(r.comment),
@@ -174,6 +195,15 @@ func (r *serviceRender) target(a netip.Addr, p policyPath, noEndpoint Element) {
 	if p.pick {
 		r.v.addElement(setClusterPicked, e)
 		e.Verdict, e.Chain = verdictJump, p.chain
+		if p.shared != "" {
+			base := e
+			base.Verdict, base.Chain = verdictNone, ""
+			base.Data, base.DataText = slotKey(r.sharedBase), fmt.Sprintf("0x%08x", r.sharedBase)
+			r.v.addElement(mapServiceBase, base)
+			e.Chain = p.shared
+		} else {
+			r.ownPick(p)
+		}
 		r.v.addElement(mapServiceIPs, e)
 		return
 	}
@@ -239,22 +269,31 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 	for i, e := range eps {
 		addrs[i] = e.AddrPort()
 	}
-	// The choice of slot has a chain of its own, holding one rule with
-	// no lookup, jump or NAT: when the number of endpoints or the block
-	// changes, only that chain is rewritten, and the kernel does not
-	// validate the whole table for it (it does for any rule added with a
-	// lookup, a jump or goto, a meta set or a NAT expression, which is
-	// costly at scale; see docs/modes.md). The slot table knows
-	// the block by the pick chain's name.
+	// The slot table knows the block by the name of the policy's pick
+	// chain. Up to maxSharedPick endpoints, the shared pick-n chain
+	// picks from it (see sharedPicks): the policy has no chain, and an
+	// endpoint change that keeps the count changes data elements only.
 	pick := pickChainName(name)
 	blk := r.slots.assign(pick, addrs)
+	r.v.blocks = append(r.v.blocks, pick)
 	for i, a := range blk.eps.all() {
 		r.pod(a.Addr()) // without affinity, all endpointObjects would do
 		r.v.addElement(mapEndpoints, r.slotElement(blk.base+uint32(i), a))
 	}
-	r.v.chains[pick] = &Chain{Name: pick, Rules: []Rule{
-		newRule(r.f).ctMarkSetSlot(uint32(blk.eps.len()), blk.base).build(r.comment)}}
+	// The policy's own pick chain holds one rule with no lookup, jump or
+	// NAT: when the number of endpoints or the block changes, only that
+	// chain is rewritten, and the kernel does not validate the whole
+	// table for it (see docs/modes.md).
+	c := &Chain{Name: pick, Rules: []Rule{newRule(r.f).ctMarkSetSlot(uint32(blk.eps.len()), blk.base).build(r.comment)}}
+	if r.picks[0] == nil {
+		r.picks[0] = c
+	} else {
+		r.picks[1] = c
+	}
 	p := policyPath{chain: pick, pick: true, dnat: dnat}
+	if n := blk.eps.len(); n <= maxSharedPick && dnat == chainClusterDNAT {
+		p.shared, r.sharedBase = sharedPickChain(n), blk.base
+	}
 	if len(first) == 0 && !own {
 		return p
 	}

@@ -2,8 +2,10 @@ package nft
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -24,6 +26,8 @@ const (
 	setHairpin             = "hairpin"
 	mapEndpoints           = "endpoints"
 	setClusterPicked       = "cluster-picked"
+	mapServiceBase         = "service-base"
+	mapSlotPick            = "slot-pick"
 
 	chainServices        = "services"
 	chainEndpointsCheck  = "service-endpoints-check"
@@ -47,6 +51,10 @@ func staticSets(f family) []*Set {
 			Comment: "NodePort of each service port"},
 		{Name: setClusterPicked, KeyType: addrProtoPort, Concat: true,
 			Comment: "ClusterIPs whose service-ips verdict only picks an endpoint slot: then to cluster-dnat"},
+		{Name: mapServiceBase, KeyType: addrProtoPort, Concat: true, DataType: nftables.TypeMark, DataHostOrder: true,
+			Comment: "ClusterIPs picked by a shared pick-n chain -> the base of their block of endpoint slots"},
+		{Name: mapSlotPick, KeyType: nftables.TypeMark, KeyHostOrder: true, VMap: true,
+			Comment: "a shared pick's random k (in the ct mark) -> slot-k: the block's base, k in its low bits"},
 		{Name: mapNoEndpointServices, KeyType: addrProtoPort, Concat: true, VMap: true,
 			Comment: "service addresses without endpoints: reject (none anywhere) or drop (none for the traffic policy)"},
 		{Name: mapNoEndpointNodePorts, KeyType: protoPort, Concat: true, VMap: true,
@@ -102,7 +110,69 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 	for _, e := range prefixElements(serviceCIDRs) {
 		v.elements[setServiceCIDRs][keyID(e.Key, e.KeyEnd)] = e
 	}
+	shared := sharedPicks[f]()
+	for _, c := range shared.chains {
+		v.chains[c.Name] = c
+	}
+	for k, e := range shared.elements {
+		v.elements[mapSlotPick][k] = e
+	}
 	return v
+}
+
+// maxSharedPick is the largest endpoint count the shared pick chains
+// serve; a policy with more endpoints has a pick chain of its own.
+const maxSharedPick = 64
+
+// sharedPickChain is the shared chain that picks one of n slots.
+func sharedPickChain(n int) string { return fmt.Sprintf("pick-%d", n) }
+
+func slotChain(k int) string { return fmt.Sprintf("slot-%d", k) }
+
+// sharedPicks are the chains that pick an endpoint slot for the ClusterIPs
+// of every Cluster policy of up to maxSharedPick endpoints (without session
+// affinity), and slot-pick's elements. pick-n puts a random k below n in the
+// connection's mark ("ct mark set numgen random mod n") and goes to slot-k
+// through slot-pick (a map keyed by the mark: nft types numgen as a plain
+// integer, which a named map cannot be keyed by and still list as nft
+// reloads it); slot-k puts the block's base in the mark from service-base
+// (by the ClusterIP's address, protocol and port) and sets its low bits to
+// k. With them, such a Service has no chain of its own, and an endpoint
+// change that keeps the count writes data elements only. A commit's cost
+// follows the number of chains in the namespace, and any verdict it adds
+// makes the kernel validate every chain and verdict map element reachable:
+// a chain per Service made both grow with N (test/bench/NOTES.md, "Item
+// 3"). Built once per family: they never change.
+var sharedPicks = map[family]func() sharedPickObjects{
+	familyIPv4: sync.OnceValue(func() sharedPickObjects { return newSharedPicks(familyIPv4) }),
+	familyIPv6: sync.OnceValue(func() sharedPickObjects { return newSharedPicks(familyIPv6) }),
+}
+
+type sharedPickObjects struct {
+	chains   []*Chain
+	elements map[string]Element // of slot-pick, by keyID
+}
+
+func newSharedPicks(f family) sharedPickObjects {
+	o := sharedPickObjects{elements: map[string]Element{}}
+	base := func() Rule { return newRule(f).ctMarkSetKeyMap(mapServiceBase).build("") }
+	o.chains = append(o.chains, &Chain{Name: sharedPickChain(1), Rules: []Rule{base()}})
+	for n := 2; n <= maxSharedPick; n++ {
+		o.chains = append(o.chains, &Chain{Name: sharedPickChain(n), Rules: []Rule{
+			newRule(f).ctMarkSetSlot(uint32(n), 0).build(""),
+			newRule(f).ctMarkVMap(mapSlotPick).build(""),
+		}})
+	}
+	for k := 0; k < maxSharedPick; k++ {
+		c := &Chain{Name: slotChain(k), Rules: []Rule{base()}}
+		if k > 0 {
+			c.Rules = append(c.Rules, newRule(f).ctMarkOr(uint32(k)).build(""))
+		}
+		o.chains = append(o.chains, c)
+		e := Element{Key: slotKey(uint32(k)), KeyText: fmt.Sprintf("0x%08x", k), Verdict: verdictGoto, Chain: slotChain(k)}
+		o.elements[keyID(e.Key, false)] = e
+	}
+	return o
 }
 
 // hookedChains are kp's base chains, those hooked into the kernel's packet

@@ -7,15 +7,24 @@ import (
 	"net/netip"
 )
 
-// Endpoint slots. A Service's pick chain (without session affinity) picks a
-// slot at random from its own contiguous block ("ct mark set numgen random
-// mod n offset base"); the packet then goes to the static endpoint-dnat
-// chain (through cluster-dnat for the Cluster policy), whose one DNAT
-// rule per protocol looks the slot up in the endpoints map. A new connection
-// walks the same few rules whatever the number of endpoints, and an endpoint
-// change rewrites map elements, not a rule holding NAT.
+// Endpoint slots. A traffic policy's pick (without session affinity) picks
+// a slot at random from its own contiguous block; the packet then goes to
+// the static endpoint-dnat chain (through cluster-dnat for the Cluster
+// policy), whose one DNAT rule per protocol looks the slot up in the
+// endpoints map. A new connection walks the same few rules whatever the
+// number of endpoints, and an endpoint change rewrites map elements, not a
+// rule holding NAT.
 //
-// Allocation rules, per table and per pick chain (pick-svc-…, pick-local-…):
+// A block of up to maxSharedPick endpoints is picked by static chains
+// shared by every Service (see sharedPickChains): the block's base goes
+// into the connection's mark (from the service-base map for a ClusterIP,
+// from the rule for external traffic), pick-n chooses k below n, and
+// slot-k sets the mark's low bits to k. Blocks are aligned to their size,
+// a power of two, so base | k is slot base+k. A larger block has a pick
+// chain of its own ("ct mark set numgen random mod n offset base").
+//
+// Allocation rules, per table and per block, named as the pick chain of its
+// traffic policy (pick-svc-…, pick-local-…) whether or not that chain exists:
 //   - A block holds a power of two of slots, twice what the chain's endpoint
 //     count needs (at least 8); it keeps its base while the count fits, so
 //     that growing or shrinking changes only the chain's "mod n" and the
@@ -27,6 +36,8 @@ import (
 //   - A block too small is given up for a new one (blockSize): every
 //     endpoint moves, and their counts restart. Blocks given up (or of chains that went away) are
 //     reused by chains of the same block size.
+//   - A block's base is a multiple of its size; the gaps alignment leaves
+//     are split into free blocks of smaller sizes.
 //   - Slot 0 is never used: 0 is a connection's mark when nothing set it.
 
 // slotBlock is one chain's block of slots: eps.at(i) is in slot base+i.
@@ -106,15 +117,15 @@ func (s slotEndpoints) unpacked() []netip.AddrPort {
 
 // slotTable allocates the blocks of one table.
 type slotTable struct {
-	blocks map[string]*slotBlock // by pick chain name
+	blocks map[string]*slotBlock // by block name (the policy's pick chain name)
 	free   map[uint32][]uint32   // block size → bases
 	next   uint32
-	// seen lists the chains assigned a block during the current sync.
+	// seen lists the blocks assigned during the current sync.
 	seen map[string]bool
 }
 
 func newSlotTable() *slotTable {
-	return &slotTable{blocks: map[string]*slotBlock{}, free: map[uint32][]uint32{}, next: 1}
+	return &slotTable{blocks: map[string]*slotBlock{}, free: map[uint32][]uint32{}, next: minBlock}
 }
 
 // assign returns chain's block holding exactly eps (in some order), keeping
@@ -190,15 +201,28 @@ func blockSize(n int) uint32 {
 
 const minBlock = 8
 
-// alloc returns the base of a free block of size slots.
+// alloc returns the base of a free block of size slots (a power of two),
+// a multiple of size. The first block starts at minBlock, so that slot 0
+// stays unused.
 func (t *slotTable) alloc(size uint32) uint32 {
 	if fs := t.free[size]; len(fs) > 0 {
 		base := fs[len(fs)-1]
 		t.free[size] = fs[:len(fs)-1]
 		return base
 	}
-	base := t.next
-	t.next += size
+	base := (t.next + size - 1) &^ (size - 1)
+	// The gap before base: each step frees the largest block that is
+	// aligned where the gap starts and fits in it (next is a multiple of
+	// minBlock, and so is base).
+	for t.next < base {
+		step := t.next & -t.next // next's alignment
+		for step > base-t.next {
+			step >>= 1
+		}
+		t.free[step] = append(t.free[step], t.next)
+		t.next += step
+	}
+	t.next = base + size
 	return base
 }
 
@@ -210,17 +234,17 @@ func (t *slotTable) release(chain string) {
 	}
 }
 
-// releaseUnseen gives back the blocks of the chains in scope (all chains
-// when scope is nil) that the current sync did not assign: their Service
-// port went away, lost that policy's endpoints, or took session affinity.
+// releaseUnseen gives back the blocks named in scope (all blocks when
+// scope is nil) that the current sync did not assign: their Service port
+// went away, lost that policy's endpoints, or took session affinity.
 // Blocks are given back after the sync's rendering, so none is handed to
 // another chain in the sync that frees it.
 //
-// With a scope, only its chains are looked at: a partial sync touches a
+// With a scope, only its blocks are looked at: a partial sync touches a
 // few, and walking every block made each endpoint change O(N)
 // (test/bench/NOTES.md).
-func (t *slotTable) releaseUnseen(scope map[string]*Chain) {
-	if scope == nil {
+func (t *slotTable) releaseUnseen(scope []string, all bool) {
+	if all {
 		for chain := range t.blocks {
 			if !t.seen[chain] {
 				t.release(chain)
@@ -228,9 +252,9 @@ func (t *slotTable) releaseUnseen(scope map[string]*Chain) {
 		}
 		return
 	}
-	for chain := range scope {
-		if !t.seen[chain] {
-			t.release(chain)
+	for _, name := range scope {
+		if !t.seen[name] {
+			t.release(name)
 		}
 	}
 }
@@ -259,8 +283,8 @@ func slotData(a netip.AddrPort) []byte {
 // diffs against the elements read; a failed sync leaves the slot table
 // ahead of the kernel, and is followed by such a full sync.
 
-// recallSlots puts in the record the endpoints map's elements of the blocks
-// of fp's chains, as the slot table holds them. Call it before fp's port is
+// recallSlots puts in the record the endpoints map's elements of fp's
+// blocks, as the slot table holds them. Call it before fp's port is
 // rendered again: rendering assigns its blocks anew.
 func recallSlots(m *tableRecord, slots *slotTable, fp *footprint) {
 	es := m.elements[mapEndpoints]
@@ -268,7 +292,7 @@ func recallSlots(m *tableRecord, slots *slotTable, fp *footprint) {
 		es = map[string]uint64{}
 		m.elements[mapEndpoints] = es
 	}
-	for _, c := range fp.chains {
+	for _, c := range fp.blocks {
 		blk := slots.blocks[c]
 		if blk == nil {
 			continue

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -65,7 +66,7 @@ func TestSlotBlocksAreReusedAfterTheirChainGoes(t *testing.T) {
 	}
 	gone := st.blocks["svc1"].base
 	st.seen = map[string]bool{"svc0": true, "svc2": true}
-	st.releaseUnseen(nil)
+	st.releaseUnseen(nil, true)
 	if st.blocks["svc1"] != nil {
 		t.Fatal("the block of a chain not seen in a full sync was kept")
 	}
@@ -74,5 +75,54 @@ func TestSlotBlocksAreReusedAfterTheirChainGoes(t *testing.T) {
 	}
 	if st.blocks["svc0"].base == 0 || st.blocks["svc2"].base == 0 {
 		t.Error("slot 0 (a connection's mark when nothing set it) was allocated")
+	}
+}
+
+// TestSlotBlocksAreAlignedToTheirSize: a shared pick sets the mark's low
+// bits to the slot's index in its block (base | k), which is slot base+k
+// only when the base is a multiple of the block's size. Blocks of mixed
+// sizes, freed and taken again, must all be, must not overlap, and the
+// gaps alignment leaves must be handed out again.
+func TestSlotBlocksAreAlignedToTheirSize(t *testing.T) {
+	st := newSlotTable()
+	st.seen = map[string]bool{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	eps := func(n int) []netip.AddrPort {
+		out := make([]netip.AddrPort, n)
+		for i := range out {
+			out[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80)
+		}
+		return out
+	}
+	for step := range 2000 {
+		name := fmt.Sprint("p", rng.IntN(60))
+		if rng.IntN(4) == 0 {
+			st.release(name)
+			continue
+		}
+		st.assign(name, eps(1+rng.IntN(40)))
+		var used [][2]uint32
+		for n, b := range st.blocks {
+			if b.base%b.size != 0 || b.base == 0 {
+				t.Fatalf("step %d: %s has block %d of size %d", step, n, b.base, b.size)
+			}
+			for _, u := range used {
+				if b.base < u[1] && u[0] < b.base+b.size {
+					t.Fatalf("step %d: %s's block %d+%d overlaps %d–%d", step, n, b.base, b.size, u[0], u[1])
+				}
+			}
+			used = append(used, [2]uint32{b.base, b.base + b.size})
+		}
+	}
+	// From minBlock on, a block of 8 at 8 and one of 32 at 32 leave 16…31 free as a 16.
+	st = newSlotTable()
+	if b := st.alloc(8); b != 8 {
+		t.Fatalf("first block of 8 at %d, want 8", b)
+	}
+	if b := st.alloc(32); b != 32 {
+		t.Fatalf("a block of 32 after it at %d, want 32", b)
+	}
+	if b := st.alloc(16); b != 16 {
+		t.Errorf("a block of 16 at %d, want the gap at 16", b)
 	}
 }

@@ -68,7 +68,7 @@ func TestKernelFullSyncIntoANewTableGoesInStages(t *testing.T) {
 	if !slices.Equal(sortedLines(listed[0]), sortedLines(listed[1])) {
 		t.Errorf("the staged table differs from the one-transaction table:\n%s", lineDiff(listed[0], listed[1]))
 	}
-	if !strings.Contains(listed[1], "svc-ns/svc"+"777/tcp/p") {
+	if !strings.Contains(listed[1], `comment "ns/svc777:p"`) {
 		t.Errorf("the staged table lacks the last stage's Services")
 	}
 }

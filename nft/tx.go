@@ -88,7 +88,11 @@ type Set struct {
 	// KeyHostOrder tells nft the key is in host byte order (a mark), so
 	// that it lists keys as the numbers they are.
 	KeyHostOrder bool
-	Comment      string
+	// DataHostOrder tells nft a data map's values are in host byte order
+	// (marks), so that it lists them as the numbers they are, and a
+	// listing reloads as it was.
+	DataHostOrder bool
+	Comment       string
 }
 
 // digest identifies what of a set's declaration can change while its name

@@ -59,7 +59,8 @@ func TestRulesChangedByAnotherProcessAreRepairedWithinASecond(t *testing.T) {
 		e.answers(e.w.Client(), "tcp", webTCP)
 		svcChain := ""
 		if !m.rulesInIPTables() && !m.ipvs && !m.userspace {
-			c := regexp.MustCompile(`chain (pick-svc-\S*/web/tcp/http) `).FindStringSubmatch(e.rules())
+			// The chain web's ClusterIP jumps to: a shared pick-n.
+			c := regexp.MustCompile(`/web:http" : jump (pick-[^\s,}]+)`).FindStringSubmatch(e.rules())
 			if c == nil {
 				t.Fatalf("no chain of web:http in kp's rules:\n%s", e.rules())
 			}
