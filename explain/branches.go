@@ -1,6 +1,9 @@
 package explain
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // BranchSteps are the steps that follow a random choice, given each
 // alternative's own (its tail): steps every alternative takes are written
@@ -92,30 +95,43 @@ func alignBranches(tails [][]RuleStep) [][]*RuleStep {
 		}
 		cols = merged
 	}
-	// Neighbouring columns no alternative has a step in both of are one
-	// column: "SEP-A dnat | SEP-B dnat" rather than two half-empty ones.
-	var out [][]*RuleStep
-	for _, c := range cols {
-		if k := len(out) - 1; k >= 0 && disjoint(out[k], c) {
+	// Between the columns every alternative has a step in (where the
+	// paths meet), each alternative's own steps are zipped into columns,
+	// aligned at their end: "SEP-A dnat | SEP-B dnat" rather than two
+	// half-empty columns, slot-0's rules beside slot-1's.
+	var out, seg [][]*RuleStep
+	flush := func() {
+		lists := make([][]*RuleStep, n)
+		width := 0
+		for _, c := range seg {
 			for b, s := range c {
 				if s != nil {
-					out[k][b] = s
+					lists[b] = append(lists[b], s)
+					width = max(width, len(lists[b]))
 				}
 			}
+		}
+		for j := range width {
+			col := make([]*RuleStep, n)
+			for b, l := range lists {
+				if k := j - (width - len(l)); k >= 0 {
+					col[b] = l[k]
+				}
+			}
+			out = append(out, col)
+		}
+		seg = seg[:0]
+	}
+	for _, c := range cols {
+		if !slices.Contains(c, nil) {
+			flush()
+			out = append(out, c)
 			continue
 		}
-		out = append(out, c)
+		seg = append(seg, c)
 	}
+	flush()
 	return out
-}
-
-func disjoint(a, b []*RuleStep) bool {
-	for i := range a {
-		if a[i] != nil && b[i] != nil {
-			return false
-		}
-	}
-	return true
 }
 
 func allSame(ss []string) bool {

@@ -47,14 +47,13 @@ func TestFirstSyncProgramsServicesAndEndpoints(t *testing.T) {
 	mustSync(t, b, w.Next())
 	dump := fake.Dump()
 	for _, want := range []string{
-		// No chain of the Service's own for its ClusterIP: the map
-		// jumps to the shared chain that picks one of two slots of the
-		// block service-base gives, the ClusterIP's key in
-		// cluster-picked sends it on to the static chains, which DNAT
-		// to the endpoint the slot holds.
-		"10.96.0.10 . tcp . 80 : jump pick-2",
-		"set service-base { 10.96.0.10 . tcp . 80 : 0x00000008 }",
-		"set cluster-picked { 10.96.0.10 . tcp . 80 }",
+		// No chain or verdict of the Service's own for its ClusterIP:
+		// service-slots gives its count (2) and the base of its slots
+		// (8) to the shared chains, which pick a slot and go on to the
+		// static chains, which DNAT to the endpoint the slot holds.
+		"set service-slots { 10.96.0.10 . tcp . 80 : 0x02000008 }",
+		"set service-ips {  }",
+		"set cluster-picked {  }",
 		// External traffic goes through the Service's own chains.
 		"tcp . 30080 : goto ext-demo/web/tcp/http",
 		"chain ext-demo/web/tcp/http\n    jump mark-for-masquerade comment \"demo/web:http\"\n    jump pick-svc-demo/web/tcp/http comment \"demo/web:http\"\n    goto endpoint-dnat ",
@@ -95,7 +94,7 @@ func TestServiceWithNoEndpointsIsRejected(t *testing.T) {
 	mustSync(t, b, w.Next())
 	dump = fake.Dump()
 	if strings.Contains(dump, "10.96.0.11 . tcp . 80 : goto reject-chain") || strings.Contains(dump, "tcp . 30081 : goto reject-chain") ||
-		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : jump pick-1") {
+		!strings.Contains(dump, "10.96.0.11 . tcp . 80 : 0x01000008") {
 		t.Errorf("after the first endpoint appeared:\n%s", dump)
 	}
 }
@@ -204,7 +203,7 @@ func TestRestartReconcilesWithoutRemovingLiveObjects(t *testing.T) {
 	if strings.Contains(dump, "demo/stale") {
 		t.Errorf("stale service survived the restart:\n%s", dump)
 	}
-	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : jump pick-") {
+	if !strings.Contains(dump, "10.96.0.10 . tcp . 80 : 0x0") {
 		t.Errorf("live service lost:\n%s", dump)
 	}
 }
@@ -224,7 +223,7 @@ func TestFailedSyncIsFollowedByAFullReconcile(t *testing.T) {
 	// The next State no longer lists c as changed; a full sync must still
 	// program it.
 	mustSync(t, b, w.Next())
-	if !strings.Contains(fake.Dump(), "10.96.0.3 . tcp . 80 : jump pick-1") {
+	if !strings.Contains(fake.Dump(), "10.96.0.3 . tcp . 80 : 0x01") {
 		t.Errorf("service from the failed sync missing:\n%s", fake.Dump())
 	}
 }

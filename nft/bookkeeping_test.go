@@ -45,14 +45,13 @@ func TestTwoServicesClaimingOneAddressResolveTheSameWayAndSurviveEitherGoing(t *
 		}
 		return fake, b, w
 	}
-	// Both are plain: the address goes to the shared pick-1, and its
-	// service-base element to the winner's block, whose slot holds the
-	// winner's endpoint.
+	// Both are plain: the address's service-slots element is the
+	// winner's (one endpoint, its slot), whose slot holds the winner's
+	// endpoint.
 	picks := func(f *Fake, ep string) bool {
 		dump := f.Dump()
-		m := regexp.MustCompile(`10\.96\.0\.7 \. tcp \. 80 : (0x[0-9a-f]{8})`).FindStringSubmatch(dump)
-		return m != nil && strings.Contains(dump, "10.96.0.7 . tcp . 80 : jump pick-1") &&
-			regexp.MustCompile(`set endpoints \{[^}]*`+m[1]+` : `+regexp.QuoteMeta(ep)+` . 80`).MatchString(dump)
+		m := regexp.MustCompile(`10\.96\.0\.7 \. tcp \. 80 : 0x01([0-9a-f]{6})`).FindStringSubmatch(dump)
+		return m != nil && regexp.MustCompile(`set endpoints \{[^}]*0x00`+m[1]+` : `+regexp.QuoteMeta(ep)+` . 80`).MatchString(dump)
 	}
 	fake1, _, _ := build(first, second)
 	fake2, b2, w2 := build(second, first)

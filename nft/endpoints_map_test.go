@@ -15,7 +15,7 @@ import (
 // servedEndpoints is what kp's ip table sends a new connection to sp's
 // ClusterIP to (the Cluster policy without affinity): the endpoints map's
 // elements of the slots its pick chooses from, the Service's own pick chain
-// or the shared pick-n over the block service-base gives.
+// or the shared chains over the count and slots service-slots gives.
 func servedEndpoints(t *testing.T, fake *Fake, sp *proxy.ServicePort) []string {
 	t.Helper()
 	tbl := fake.Tables["ip"]
@@ -33,12 +33,12 @@ func servedEndpoints(t *testing.T, fake *Fake, sp *proxy.ServicePort) []string {
 		}
 	} else {
 		key := keyID(pad4(addrProtoPortKey(sp.ClusterIPs[0], proxy.ProtocolNumber(sp.Protocol), sp.Port)), false)
-		jump, okJump := tbl.Elements[mapServiceIPs][key]
-		b, okBase := tbl.Elements[mapServiceBase][key]
-		if _, err := fmt.Sscanf(jump.Chain, "pick-%d", &n); !okJump || !okBase || jump.Verdict != verdictJump || err != nil {
-			t.Fatalf("%s: no pick chain of its own, and service-ips %q, service-base %q", sp.Name, jump.value(), b.DataText)
+		e, ok := tbl.Elements[mapServiceSlots][key]
+		if !ok {
+			t.Fatalf("%s: no pick chain of its own, and no service-slots element", sp.Name)
 		}
-		base = binary.NativeEndian.Uint32(b.Data)
+		v := binary.NativeEndian.Uint32(e.Data)
+		n, base = v>>countShift, v&maxSharedSlot
 	}
 	var out []string
 	for s := base; s < base+n; s++ {

@@ -116,7 +116,7 @@ func TestRulePathPerFeature(t *testing.T) {
 		webPick  = "pick-svc-default/web/tcp/80: continue"
 		webDNAT  = "endpoint-dnat: one of: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080"
 		// Through the shared pick-2, the paths part at the slot chains:
-		// the steps after list each alternative's.
+		// the steps after list each alternative's (explain.BranchSteps).
 		webSlotDNAT = "endpoint-dnat | ip kp endpoint-dnat: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080"
 	)
 	masq := []string{toMasq, "masquerading: continue", "masquerading: masquerade"}
@@ -127,10 +127,13 @@ func TestRulePathPerFeature(t *testing.T) {
 		}
 		return out
 	}
-	clusterIP := []string{"services: jump pick-2", "pick-2: continue", "pick-2: one of: goto slot-0 | goto slot-1",
-		"slot-0 | ip kp slot-1: continue | continue", "- | ip kp slot-1: - | continue", "services: goto cluster-dnat"}
-	// A Service of one endpoint: the shared pick-1 sets its slot.
-	shared := []string{"services: jump pick-1", "pick-1: continue", "services: goto cluster-dnat"}
+	// service-slots sets the count and slots and goes to the shared
+	// chains: pick-2 picks slot-0 or slot-1, each sets its slot.
+	clusterIP := []string{"services: goto shared-pick", "shared-pick: goto pick-2", "pick-2: continue", "pick-2: one of: goto slot-0 | goto slot-1",
+		"slot-0 | ip kp slot-1: continue | continue", "slot-0 | ip kp slot-1: continue | continue",
+		"slot-0 | ip kp slot-1: goto cluster-dnat | goto cluster-dnat"}
+	// A Service of one endpoint: straight to slot-0.
+	shared := []string{"services: goto shared-pick", "shared-pick: goto slot-0", "slot-0: continue", "slot-0: continue", "slot-0: goto cluster-dnat"}
 	external := []string{"ext-default/web/tcp/80: jump mark-for-masquerade", mark, "ext-default/web/tcp/80: jump pick-svc-default/web/tcp/80",
 		webPick, "ext-default/web/tcp/80: goto endpoint-dnat", webDNAT}
 	tests := []struct {

@@ -43,9 +43,8 @@ func (r nftRenderer) Dump() string               { return canonical(r.fake.Dump(
 // numbers are history by design (an endpoint keeps its slot while it stays,
 // a leaving one's slot is filled by the block's last: slots.go), so two
 // backends that hold the same rules may number them differently. Each pick
-// rule, and each service-base element (with the count of the shared pick
-// chain its ClusterIP goes to), becomes the set of endpoints it picks
-// among, and the endpoints map
+// rule, and each service-slots element (a count and the slots' base),
+// becomes the set of endpoints it picks among, and the endpoints map
 // is reduced to the elements no pick rule reaches (a stale slot shows
 // there).
 func canonical(dump string) string {
@@ -62,8 +61,6 @@ func canonical(dump string) string {
 var (
 	pickMany = regexp.MustCompile(`ct mark set numgen random mod (\d+) offset (\d+)`)
 	pickOne  = regexp.MustCompile(`ct mark set 0x([0-9a-f]{8})`)
-	// sharedJump is a service-ips verdict to a shared pick chain.
-	sharedJump = regexp.MustCompile(`^jump pick-(\d+)$`)
 )
 
 func canonicalTable(table string) string {
@@ -83,19 +80,6 @@ func canonicalTable(table string) string {
 			slots[n] = v
 		}
 	}
-	// A ClusterIP picked by a shared chain: its base in service-base, its
-	// count in the pick-n its service-ips element jumps to.
-	sharedN := map[string]uint64{}
-	for _, l := range lines {
-		if elems, ok := strings.CutPrefix(strings.TrimSpace(l), "set "+mapServiceIPs+" { "); ok {
-			for _, e := range strings.Split(strings.TrimSuffix(elems, " }"), ", ") {
-				k, v, _ := strings.Cut(e, " : ")
-				if m := sharedJump.FindStringSubmatch(v); m != nil {
-					sharedN[k], _ = strconv.ParseUint(m[1], 10, 32)
-				}
-			}
-		}
-	}
 	reached := map[uint64]bool{}
 	pick := func(base, n uint64) string {
 		var eps []string
@@ -107,14 +91,14 @@ func canonicalTable(table string) string {
 		return "ct mark set one of {" + strings.Join(eps, ", ") + "}"
 	}
 	for i, l := range lines {
-		if elems, ok := strings.CutPrefix(strings.TrimSpace(l), "set "+mapServiceBase+" { "); ok {
+		if elems, ok := strings.CutPrefix(strings.TrimSpace(l), "set "+mapServiceSlots+" { "); ok {
 			var out []string
 			for _, e := range strings.Split(strings.TrimSuffix(elems, " }"), ", ") {
 				k, v, _ := strings.Cut(e, " : ")
-				base, _ := strconv.ParseUint(strings.TrimPrefix(v, "0x"), 16, 32)
-				out = append(out, k+" : "+pick(base, sharedN[k]))
+				slots, _ := strconv.ParseUint(strings.TrimPrefix(v, "0x"), 16, 32)
+				out = append(out, k+" : "+pick(slots&maxSharedSlot, slots>>countShift))
 			}
-			lines[i] = "  set " + mapServiceBase + " { " + strings.Join(out, ", ") + " }"
+			lines[i] = "  set " + mapServiceSlots + " { " + strings.Join(out, ", ") + " }"
 			continue
 		}
 		l = pickMany.ReplaceAllStringFunc(l, func(m string) string {

@@ -68,13 +68,13 @@ func TestKernelDriftByAnotherProcessIsReportedAndRepaired(t *testing.T) {
 	mustSync(t, b, st)
 	noDrift("kp's own sync")
 
-	nftIn(t, ns, "delete", "element", "ip", "kp", "service-ips", "{ 10.96.0.10 . tcp . 80 }")
+	nftIn(t, ns, "delete", "element", "ip", "kp", mapServiceSlots, "{ 10.96.0.10 . tcp . 80 }")
 	d := drift("nft delete element")
-	if d.What != "ip kp: deleted 1 element of set service-ips" || !strings.HasPrefix(d.By, "nft (pid ") || d.Unsure {
+	if d.What != "ip kp: deleted 1 element of set "+mapServiceSlots || !strings.HasPrefix(d.By, "nft (pid ") || d.Unsure {
 		t.Errorf("drift %+v, want the deleted element, by nft", d)
 	}
 	mustSync(t, b, st)
-	if !strings.Contains(nftIn(t, ns, "list", "map", "ip", "kp", "service-ips"), "10.96.0.10 . tcp . 80") {
+	if !strings.Contains(nftIn(t, ns, "list", "map", "ip", "kp", mapServiceSlots), "10.96.0.10 . tcp . 80") {
 		t.Error("the element is still missing after the sync that follows the drift")
 	}
 	noDrift("the repair")

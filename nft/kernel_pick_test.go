@@ -21,12 +21,13 @@ import (
 // cluster-dnat.
 
 // TestKernelPlainServicePortHasNoChainAndStillDNATs: a plain Service port
-// has no chain at all (no svc- chain, no pick chain), new connections to
-// its ClusterIP reach its endpoints, and a Service with ClientIP affinity
-// keeps its chain and is reached too. Changing the number of endpoints
-// writes elements only, no chain or rule; replacing an endpoint with
-// another writes data elements only, no verdict (a verdict makes the
-// kernel validate every chain and verdict map element it can reach).
+// has no chain and no verdict of its own (no svc- or pick chain, no
+// service-ips element), new connections to its ClusterIP reach its
+// endpoints, and a Service with ClientIP affinity keeps its chain and is
+// reached too. Every change of a plain Service writes data elements only,
+// no chain, rule or verdict (a verdict makes the kernel validate every
+// chain and verdict map element it can reach): an endpoint more, one less,
+// one replaced, the Service deleted and created again.
 func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	ns, fd := testNetns(t)
 	// No cluster CIDR: no masquerade, which would need a route out of lo.
@@ -52,13 +53,11 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	if !strings.Contains(chains, "chain svc-demo/sticky/tcp/http") {
 		t.Errorf("the Service with session affinity lost its chain:\n%s", chains)
 	}
-	for m, want := range map[string]string{
-		mapServiceIPs:  "10.96.0.10 . tcp . 80 comment \"demo/web:http\" : jump pick-2",
-		mapServiceBase: "10.96.0.10 . tcp . 80 comment \"demo/web:http\" : 0x",
-	} {
-		if l := nftIn(t, ns, "list", "map", "ip", TableName, m); !strings.Contains(l, want) {
-			t.Errorf("%s lacks %q:\n%s", m, want, l)
-		}
+	if l := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceSlots); !strings.Contains(l, "10.96.0.10 . tcp . 80 comment \"demo/web:http\" : 0x02") {
+		t.Errorf("service-slots lacks demo/web's count 2 and slots:\n%s", l)
+	}
+	if l := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs); strings.Contains(l, "10.96.0.10 ") {
+		t.Errorf("service-ips has a verdict for demo/web:\n%s", l)
 	}
 	if l := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs); !strings.Contains(l,
 		"10.96.0.11 . tcp . 80 comment \"demo/sticky:http\" : goto svc-demo/sticky/tcp/http") {
@@ -98,17 +97,27 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 	}
 	waitAccepted([]string{"10.244.1.2:8080", "10.244.1.3:8080"}, 20, 3)
 
-	// One endpoint more, one less, then one replaced by another.
+	// One endpoint more, one less, one replaced by another; the Service
+	// deleted, then created again.
 	for _, step := range []struct {
-		eps          []string
-		countChanges bool
+		eps    []string
+		remove bool
 	}{
-		{[]string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.5:8080"}, true},
-		{[]string{"10.244.1.2:8080", "10.244.1.3:8080"}, true},
-		{[]string{"10.244.1.2:8080", "10.244.1.5:8080"}, false},
+		{eps: []string{"10.244.1.2:8080", "10.244.1.3:8080", "10.244.1.5:8080"}},
+		{eps: []string{"10.244.1.2:8080", "10.244.1.3:8080"}},
+		{eps: []string{"10.244.1.2:8080", "10.244.1.5:8080"}},
+		{remove: true},
+		{eps: []string{"10.244.1.3:8080", "10.244.1.5:8080"}},
 	} {
 		rec.txs = nil
-		w.SetEndpoints(web, step.eps...)
+		switch {
+		case step.remove:
+			w.Remove(web)
+		case w.Services[web] == nil:
+			w.AddService(web, "10.96.0.10", 80, 0, step.eps...)
+		default:
+			w.SetEndpoints(web, step.eps...)
+		}
 		mustSync(t, b, w.Next())
 		for _, tx := range rec.txs {
 			for _, o := range tx.ops {
@@ -117,14 +126,17 @@ func TestKernelPlainServicePortHasNoChainAndStillDNATs(t *testing.T) {
 					t.Errorf("%v: the change added, deleted or rewrote chain %s", step.eps, o.chain.Name)
 				case opAddRule:
 					t.Errorf("%v: the change added to %s the rule %s", step.eps, o.chain.Name, o.rule.String())
-				case opAddElement:
+				case opAddElement, opDelElement:
 					for _, e := range o.elems {
-						if e.Verdict != verdictNone && !step.countChanges {
-							t.Errorf("%v: an endpoint replaced wrote the verdict element %s : %s", step.eps, e.KeyText, e.value())
+						if e.Verdict != verdictNone || setByName(familyIPv4, o.set.Name).VMap {
+							t.Errorf("%v: the change wrote to %s the verdict element %s : %s", step.eps, o.set.Name, e.KeyText, e.value())
 						}
 					}
 				}
 			}
+		}
+		if step.remove {
+			continue
 		}
 		dialN(t, ns, "10.96.0.10:80", 20)
 		waitAccepted(step.eps, 20, 0)
@@ -149,7 +161,7 @@ func TestKernelRestartOverTheServiceChainLayoutReplacesIt(t *testing.T) {
 	script := `add chain ip kp svc-demo/web/tcp/http
 add rule ip kp svc-demo/web/tcp/http jump pick-svc-demo/web/tcp/http comment "demo/web:http"
 add rule ip kp svc-demo/web/tcp/http goto cluster-dnat comment "demo/web:http"
-delete element ip kp service-ips { 10.96.0.10 . tcp . 80 }
+delete element ip kp service-slots { 10.96.0.10 . tcp . 80 }
 add element ip kp service-ips { 10.96.0.10 . tcp . 80 comment "demo/web:http" : goto svc-demo/web/tcp/http }
 flush chain ip kp ext-demo/web/tcp/http
 add rule ip kp ext-demo/web/tcp/http jump mark-for-masquerade comment "demo/web:http"

@@ -101,11 +101,12 @@ func TestKernelRulesetListsAndReloadsWithNFT(t *testing.T) {
 		`0x00000009 counter packets 0 bytes 0 comment "demo/web:http" : 10.244.1.3 . 8080`,
 		"jump pick-svc-demo/web/tcp/http",
 		// The shared picks: a mark-typed map's data in host order too.
-		`10.96.0.10 . tcp . 80 comment "demo/web:http" : 0x00000008`,
-		`10.96.0.10 . tcp . 80 comment "demo/web:http" : jump pick-2`,
+		`10.96.0.10 . tcp . 80 comment "demo/web:http" : 0x02000008`,
+		"ct mark set ip daddr . meta l4proto . th dport map @service-slots goto shared-pick",
+		"ct mark & 0xff000000 vmap @count-pick",
 		"ct mark set numgen random mod 2\n",
 		"ct mark vmap @slot-pick",
-		"ct mark set ip daddr . meta l4proto . th dport map @service-base\n\t\tct mark set ct mark | 0x00000001",
+		"ct mark set ip daddr . meta l4proto . th dport map @service-slots\n\t\tct mark set ct mark & 0x00ffffff | 0x00000001\n\t\tgoto cluster-dnat",
 		"goto endpoint-dnat",
 		"meta l4proto tcp dnat ip to ct mark map @endpoints",
 		"ct status dnat ip saddr . ip daddr @hairpin jump mark-for-masquerade",
@@ -209,7 +210,7 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 				"jump pick-svc-demo/shape/tcp/http comment \"demo/shape:http\"\n\t\tip saddr @cluster-cidrs goto cluster-dnat"}},
 		{"back to a plain ClusterIP", func(sp *proxy.ServicePort) {
 			*sp = proxy.ServicePort{Name: sp.Name, Type: v1.ServiceTypeClusterIP, ClusterIPs: sp.ClusterIPs, Port: sp.Port, Protocol: sp.Protocol}
-		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-"}},
+		}, []string{"10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : 0x01"}},
 	}
 	for _, st := range steps {
 		sp := *w.Services[name]
@@ -228,13 +229,14 @@ func TestKernelAcceptsEveryShapeChangeAndLeavesNothingStale(t *testing.T) {
 				t.Errorf("%s: ruleset lacks %q:\n%s", st.what, want, listing)
 			}
 		}
-		// The ClusterIP's key is in cluster-picked exactly when its
-		// service-ips verdict jumps to a pick chain (no session
-		// affinity, internal policy Cluster).
-		picked := strings.Contains(nftIn(t, ns, "list", "set", "ip", TableName, setClusterPicked), "10.96.0.20 . tcp . 80")
-		jumps := strings.Contains(listing, "10.96.0.20 . tcp . 80 comment \"demo/shape:http\" : jump pick-")
-		if want := sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal; picked != want || jumps != want {
-			t.Errorf("%s: ClusterIP in cluster-picked %t, jumps to a pick chain %t, want %t", st.what, picked, jumps, want)
+		// The ClusterIP is in service-slots exactly when the shared
+		// chains pick its endpoint (no session affinity, internal
+		// policy Cluster; one endpoint here), and then has no verdict
+		// of its own.
+		slots := strings.Contains(nftIn(t, ns, "list", "map", "ip", TableName, mapServiceSlots), "10.96.0.20 . tcp . 80")
+		verdict := strings.Contains(nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs), "10.96.0.20 . tcp . 80")
+		if want := sp.AffinityTimeout == 0 && !sp.InternalPolicyLocal; slots != want || verdict == want {
+			t.Errorf("%s: ClusterIP in service-slots %t, in service-ips %t, want %t and %t", st.what, slots, verdict, want, !want)
 		}
 		// The Cluster policy's own pick chain only for external traffic.
 		if own := strings.Contains(listing, "chain pick-svc-demo/shape/"); own && !sp.HasExternal() {
@@ -277,9 +279,9 @@ func TestKernelTransactionLargerThanDefaultSocketBuffersApplies(t *testing.T) {
 	if ops := b.LastTransactionOps(); ops < 2*services {
 		t.Fatalf("the full sync sent %d operations; the test needs one beyond the default buffers", ops)
 	}
-	listing := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceIPs)
+	listing := nftIn(t, ns, "list", "map", "ip", TableName, mapServiceSlots)
 	if got := strings.Count(listing, " . tcp . 80 "); got != services {
-		t.Errorf("service-ips holds %d of %d Services", got, services)
+		t.Errorf("service-slots holds %d of %d Services", got, services)
 	}
 }
 

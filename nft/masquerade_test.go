@@ -28,8 +28,11 @@ func TestClusterMasqueradeDecisionIsOneStaticRule(t *testing.T) {
 			name: "cluster CIDRs",
 			want: []string{
 				"chain cluster-dnat\n    ip saddr != @cluster-cidrs jump mark-for-masquerade\n    goto endpoint-dnat\n",
-				"10.96.0.10 . tcp . 80 : jump pick-",
-				"chain services\n    meta l4proto tcp tcp flags & (fin | syn | rst | ack) != syn fib daddr type local return\n    ip daddr . meta l4proto . th dport vmap @service-ips\n    ip daddr . meta l4proto . th dport @cluster-picked goto cluster-dnat\n",
+				"set service-slots { 10.96.0.10 . tcp . 80 : 0x0",
+				"chain services\n    meta l4proto tcp tcp flags & (fin | syn | rst | ack) != syn fib daddr type local return\n" +
+					"    ct mark set ip daddr . meta l4proto . th dport map @service-slots goto shared-pick\n" +
+					"    ip daddr . meta l4proto . th dport vmap @service-ips\n    ip daddr . meta l4proto . th dport @cluster-picked goto cluster-dnat\n",
+				"ct mark set ct mark & 0x00ffffff\n    goto cluster-dnat\n",
 			},
 			not: []string{masqBeforePick, "chain svc-"},
 		},

@@ -375,14 +375,31 @@ func (b *ruleBuilder) ctMarkSet(mark uint32) *ruleBuilder {
 		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
 }
 
-// ctMarkOr sets bits of the connection's mark: "ct mark set ct mark |
-// 0x00000003" (a shared pick's slot in its block, see slots.go).
-func (b *ruleBuilder) ctMarkOr(bits uint32) *ruleBuilder {
-	return b.add(fmt.Sprintf("ct mark set ct mark | 0x%08x", bits),
+// ctMarkAndOr keeps the mark's bits in keep and sets bits: "ct mark set ct
+// mark & 0x00ffffff | 0x00000003" (a shared pick's slot, see sharedPicks;
+// bits must be within keep). The kernel's mask leaves bits out (x & mask ^
+// bits), which nft lists as this.
+func (b *ruleBuilder) ctMarkAndOr(keep, bits uint32) *ruleBuilder {
+	mask := keep &^ bits
+	text := fmt.Sprintf("ct mark set ct mark & 0x%08x | 0x%08x", keep, bits)
+	if bits == 0 {
+		text = fmt.Sprintf("ct mark set ct mark & 0x%08x", keep)
+	}
+	return b.add(text,
 		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(^bits), Xor: binaryutil.NativeEndian.PutUint32(bits)},
+			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(bits)},
 		&expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK})
+}
+
+// ctMarkMaskedVMap dispatches on the connection's mark's bits in mask
+// through the verdict map vmap: "ct mark & 0xff000000 vmap @vmap".
+func (b *ruleBuilder) ctMarkMaskedVMap(mask uint32, vmap string) *ruleBuilder {
+	return b.add(fmt.Sprintf("ct mark & 0x%08x vmap @%s", mask, vmap),
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: make([]byte, 4)},
+		&expr.Lookup{SourceRegister: 1, SetName: vmap, IsDestRegSet: true, DestRegister: 0})
 }
 
 // ctMarkSetKeyMap sets the connection's mark to what "daddr . l4proto .

@@ -68,11 +68,10 @@ type serviceRender struct {
 	proto   uint8
 	slots   *slotTable
 	// picks are the policies' own pick chains, by name, written when
-	// something goes to them; sharedBase is the Cluster policy's block
-	// base, for the service-base map when its ClusterIPs go to a shared
-	// pick chain.
-	picks      [2]*Chain // a render has two policies at most
-	sharedBase uint32
+	// something goes to them; sharedSlots is the Cluster policy's
+	// service-slots value when the shared chains pick its ClusterIPs.
+	picks       [2]*Chain // a render has two policies at most
+	sharedSlots uint32
 }
 
 // ownPick writes p's own pick chain.
@@ -148,11 +147,11 @@ type policyPath struct {
 	chain string
 	pick  bool
 	dnat  string
-	// shared is the shared pick chain for the policy's ClusterIPs (see
-	// sharedPicks), when its block is small enough; chain is then the
+	// shared says the policy's ClusterIPs are picked by the shared chains
+	// (see sharedPicks), its block being small enough; chain is then the
 	// policy's own pick chain, which external traffic goes through and
 	// which is written only when something goes to it (ownPick).
-	shared string
+	shared bool
 }
 
 func (p policyPath) none() bool { return p.chain == "" }
@@ -193,17 +192,15 @@ func (r *serviceRender) addrElement(a netip.Addr) Element {
 func (r *serviceRender) target(a netip.Addr, p policyPath, noEndpoint Element) {
 	e := r.addrElement(a)
 	if p.pick {
+		if p.shared {
+			// Data only: the count and the base (see sharedPicks).
+			e.Data, e.DataText = slotKey(r.sharedSlots), fmt.Sprintf("0x%08x", r.sharedSlots)
+			r.v.addElement(mapServiceSlots, e)
+			return
+		}
 		r.v.addElement(setClusterPicked, e)
 		e.Verdict, e.Chain = verdictJump, p.chain
-		if p.shared != "" {
-			base := e
-			base.Verdict, base.Chain = verdictNone, ""
-			base.Data, base.DataText = slotKey(r.sharedBase), fmt.Sprintf("0x%08x", r.sharedBase)
-			r.v.addElement(mapServiceBase, base)
-			e.Chain = p.shared
-		} else {
-			r.ownPick(p)
-		}
+		r.ownPick(p)
 		r.v.addElement(mapServiceIPs, e)
 		return
 	}
@@ -291,8 +288,8 @@ func (r *serviceRender) policyChain(name string, eps []proxy.Endpoint, first []R
 		r.picks[1] = c
 	}
 	p := policyPath{chain: pick, pick: true, dnat: dnat}
-	if n := blk.eps.len(); n <= maxSharedPick && dnat == chainClusterDNAT {
-		p.shared, r.sharedBase = sharedPickChain(n), blk.base
+	if n := blk.eps.len(); n <= maxSharedPick && dnat == chainClusterDNAT && blk.base+blk.size-1 <= maxSharedSlot {
+		p.shared, r.sharedSlots = true, uint32(n)<<countShift|blk.base
 	}
 	if len(first) == 0 && !own {
 		return p

@@ -26,7 +26,8 @@ const (
 	setHairpin             = "hairpin"
 	mapEndpoints           = "endpoints"
 	setClusterPicked       = "cluster-picked"
-	mapServiceBase         = "service-base"
+	mapServiceSlots        = "service-slots"
+	mapCountPick           = "count-pick"
 	mapSlotPick            = "slot-pick"
 
 	chainServices        = "services"
@@ -51,10 +52,12 @@ func staticSets(f family) []*Set {
 			Comment: "NodePort of each service port"},
 		{Name: setClusterPicked, KeyType: addrProtoPort, Concat: true,
 			Comment: "ClusterIPs whose service-ips verdict only picks an endpoint slot: then to cluster-dnat"},
-		{Name: mapServiceBase, KeyType: addrProtoPort, Concat: true, DataType: nftables.TypeMark, DataHostOrder: true,
-			Comment: "ClusterIPs picked by a shared pick-n chain -> the base of their block of endpoint slots"},
+		{Name: mapServiceSlots, KeyType: addrProtoPort, Concat: true, DataType: nftables.TypeMark, DataHostOrder: true,
+			Comment: "ClusterIPs picked by the shared chains -> their endpoint count << 24 | the base of their slots"},
+		{Name: mapCountPick, KeyType: nftables.TypeMark, KeyHostOrder: true, VMap: true,
+			Comment: "an endpoint count << 24 (in the ct mark) -> the chain that picks one of that many slots"},
 		{Name: mapSlotPick, KeyType: nftables.TypeMark, KeyHostOrder: true, VMap: true,
-			Comment: "a shared pick's random k (in the ct mark) -> slot-k: the block's base, k in its low bits"},
+			Comment: "a shared pick's random k (in the ct mark) -> slot-k: the slots' base, k in its low bits"},
 		{Name: mapNoEndpointServices, KeyType: addrProtoPort, Concat: true, VMap: true,
 			Comment: "service addresses without endpoints: reject (none anywhere) or drop (none for the traffic policy)"},
 		{Name: mapNoEndpointNodePorts, KeyType: protoPort, Concat: true, VMap: true,
@@ -114,35 +117,50 @@ func (b *Backend) skeleton(f family, nodePortIPs []netip.Addr, clusterCIDRs, ser
 	for _, c := range shared.chains {
 		v.chains[c.Name] = c
 	}
-	for k, e := range shared.elements {
-		v.elements[mapSlotPick][k] = e
+	for set, es := range shared.elements {
+		for k, e := range es {
+			v.elements[set][k] = e
+		}
 	}
 	return v
 }
 
 // maxSharedPick is the largest endpoint count the shared pick chains
-// serve; a policy with more endpoints has a pick chain of its own.
-const maxSharedPick = 64
+// serve; a policy with more endpoints has a pick chain of its own. A
+// shared pick keeps the count in the mark's top byte, and so the slots
+// below it.
+const (
+	maxSharedPick = 64
+	countShift    = 24
+	maxSharedSlot = 1<<countShift - 1
+)
 
-// sharedPickChain is the shared chain that picks one of n slots.
+const chainSharedPick = "shared-pick"
+
+// sharedPickChain is the shared chain that picks one of n slots (n >= 2).
 func sharedPickChain(n int) string { return fmt.Sprintf("pick-%d", n) }
 
 func slotChain(k int) string { return fmt.Sprintf("slot-%d", k) }
 
 // sharedPicks are the chains that pick an endpoint slot for the ClusterIPs
 // of every Cluster policy of up to maxSharedPick endpoints (without session
-// affinity), and slot-pick's elements. pick-n puts a random k below n in the
-// connection's mark ("ct mark set numgen random mod n") and goes to slot-k
-// through slot-pick (a map keyed by the mark: nft types numgen as a plain
-// integer, which a named map cannot be keyed by and still list as nft
-// reloads it); slot-k puts the block's base in the mark from service-base
-// (by the ClusterIP's address, protocol and port) and sets its low bits to
-// k. With them, such a Service has no chain of its own, and an endpoint
-// change that keeps the count writes data elements only. A commit's cost
-// follows the number of chains in the namespace, and any verdict it adds
-// makes the kernel validate every chain and verdict map element reachable:
-// a chain per Service made both grow with N (test/bench/NOTES.md, "Item
-// 3"). Built once per family: they never change.
+// affinity), and their maps' elements. The services chain puts the
+// ClusterIP's service-slots value in the connection's mark (its endpoint
+// count n in the top byte, the base of its slots below) and goes to
+// shared-pick, which goes through count-pick to pick-n; pick-n puts a random
+// k below n in the mark ("ct mark set numgen random mod n") and goes to
+// slot-k through slot-pick (maps keyed by the mark: nft types numgen as a
+// plain integer, which a named map cannot be keyed by and still list as nft
+// reloads it); slot-k looks the ClusterIP's value up again, keeps its base
+// and sets its low bits to k, and goes on to cluster-dnat.
+//
+// With them such a Service has no chain and no verdict of its own: its
+// elements are data (service-slots, the endpoints map), and so are all its
+// changes, its creation and deletion included. A commit's cost follows the
+// number of chains in the namespace, and a verdict it adds makes the kernel
+// validate every chain and verdict map element it can reach: a chain per
+// Service, or a verdict per Service, made both grow with N
+// (test/bench/NOTES.md, "Item 3"). Built once per family: they never change.
 var sharedPicks = map[family]func() sharedPickObjects{
 	familyIPv4: sync.OnceValue(func() sharedPickObjects { return newSharedPicks(familyIPv4) }),
 	familyIPv6: sync.OnceValue(func() sharedPickObjects { return newSharedPicks(familyIPv6) }),
@@ -150,27 +168,32 @@ var sharedPicks = map[family]func() sharedPickObjects{
 
 type sharedPickObjects struct {
 	chains   []*Chain
-	elements map[string]Element // of slot-pick, by keyID
+	elements map[string]map[string]Element // set -> keyID -> element
 }
 
 func newSharedPicks(f family) sharedPickObjects {
-	o := sharedPickObjects{elements: map[string]Element{}}
-	base := func() Rule { return newRule(f).ctMarkSetKeyMap(mapServiceBase).build("") }
-	o.chains = append(o.chains, &Chain{Name: sharedPickChain(1), Rules: []Rule{base()}})
+	o := sharedPickObjects{elements: map[string]map[string]Element{mapCountPick: {}, mapSlotPick: {}}}
+	put := func(set string, key uint32, chain string) {
+		e := Element{Key: slotKey(key), KeyText: fmt.Sprintf("0x%08x", key), Verdict: verdictGoto, Chain: chain}
+		o.elements[set][keyID(e.Key, false)] = e
+	}
+	o.chains = append(o.chains, &Chain{Name: chainSharedPick, Rules: []Rule{
+		newRule(f).ctMarkMaskedVMap(^uint32(maxSharedSlot), mapCountPick).build("")}})
+	put(mapCountPick, 1<<countShift, slotChain(0))
 	for n := 2; n <= maxSharedPick; n++ {
 		o.chains = append(o.chains, &Chain{Name: sharedPickChain(n), Rules: []Rule{
 			newRule(f).ctMarkSetSlot(uint32(n), 0).build(""),
 			newRule(f).ctMarkVMap(mapSlotPick).build(""),
 		}})
+		put(mapCountPick, uint32(n)<<countShift, sharedPickChain(n))
 	}
 	for k := 0; k < maxSharedPick; k++ {
-		c := &Chain{Name: slotChain(k), Rules: []Rule{base()}}
-		if k > 0 {
-			c.Rules = append(c.Rules, newRule(f).ctMarkOr(uint32(k)).build(""))
-		}
-		o.chains = append(o.chains, c)
-		e := Element{Key: slotKey(uint32(k)), KeyText: fmt.Sprintf("0x%08x", k), Verdict: verdictGoto, Chain: slotChain(k)}
-		o.elements[keyID(e.Key, false)] = e
+		o.chains = append(o.chains, &Chain{Name: slotChain(k), Rules: []Rule{
+			newRule(f).ctMarkSetKeyMap(mapServiceSlots).build(""),
+			newRule(f).ctMarkAndOr(maxSharedSlot, uint32(k)).build(""),
+			newRule(f).verdict(expr.VerdictGoto, chainClusterDNAT).build(""),
+		}})
+		put(mapSlotPick, uint32(k), slotChain(k))
 	}
 	return o
 }
@@ -237,8 +260,11 @@ func (b *Backend) staticChains(f family) []*Chain {
 		// rule sends it to the static DNAT. (Not "ct mark != 0": a CNI
 		// may set ct marks.) Every Service chain less is a chain and
 		// two jump rules less for the kernel to create and validate.
+		// A ClusterIP picked by the shared chains has no verdict of its
+		// own: its slots are data (see sharedPicks).
 		{Name: chainServices, Rules: []Rule{
 			notOurs,
+			newRule(f).ctMarkSetKeyMap(mapServiceSlots).verdict(expr.VerdictGoto, chainSharedPick).build(""),
 			newRule(f).keyVMap(true, mapServiceIPs).build(""),
 			newRule(f).keyInSet(true, setClusterPicked).verdict(expr.VerdictGoto, chainClusterDNAT).build(""),
 			newRule(f).addrInSet(false, false, setNodePortIPs).keyVMap(false, mapServiceNodePorts).build(""),

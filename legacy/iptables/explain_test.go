@@ -100,8 +100,8 @@ nat KP-MARK-MASQ | -: continue | -
 nat ` + sep0 + ` | nat ` + sep1 + `: dnat to 10.244.1.10:8080 | dnat to 10.244.2.10:8080
 filter FORWARD: jump KP-PROXY-FIREWALL
 filter FORWARD: jump KP-FORWARD
-filter KP-FORWARD | filter FORWARD: accept | jump KP-SERVICES
-- | filter FORWARD: - | jump KP-EXTERNAL-SERVICES
+- | filter FORWARD: - | jump KP-SERVICES
+filter KP-FORWARD | filter FORWARD: accept | jump KP-EXTERNAL-SERVICES
 nat POSTROUTING: jump KP-POSTROUTING
 nat KP-POSTROUTING | -: continue | -
 nat KP-POSTROUTING | nat KP-POSTROUTING: masquerade | return`},

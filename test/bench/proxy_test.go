@@ -261,16 +261,25 @@ func (p *proxyRun) metricOf(name string) (float64, error) {
 }
 
 // countNFT counts the benchmark's Services in table ip <table>'s
-// service-ips verdict map (kp and upstream nftables mode share the name).
+// service-ips verdict map (kp and upstream nftables mode share the name),
+// and in kp's service-slots map (its ClusterIPs the shared pick chains
+// serve, which have no verdict of their own).
 func countNFT(ns, table string) (int, error) {
-	out, err := netns.Exec(ns, "nft", "list", "map", "ip", table, "service-ips")
-	if err != nil {
-		if strings.Contains(out, "No such file") {
-			return 0, nil
+	n := 0
+	for _, m := range []string{"service-ips", "service-slots"} {
+		if m == "service-slots" && table != "kp" {
+			continue
 		}
-		return 0, err
+		out, err := netns.Exec(ns, "nft", "list", "map", "ip", table, m)
+		if err != nil {
+			if strings.Contains(out, "No such file") {
+				continue
+			}
+			return 0, err
+		}
+		n += len(serviceElement.FindAllStringIndex(out, -1))
 	}
-	return len(serviceElement.FindAllStringIndex(out, -1)), nil
+	return n, nil
 }
 
 // countUserspace counts the benchmark's Services in the userspace mode's

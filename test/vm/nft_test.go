@@ -10,8 +10,9 @@ import (
 // must be updated by the DNAT rule's lookup there too (kp's per-endpoint
 // counts of new connections come from them), and a connection's rule walk
 // must not grow with the number of endpoints; a Service port without
-// session affinity, which has no chain of its own (its ClusterIP jumps from
-// the service-ips map to its pick chain), must still be DNATed there.
+// session affinity, which has no chain or verdict of its own (its ClusterIP
+// goes through the shared pick chains, by its service-slots element), must
+// still be DNATed there.
 func TestNFTElementCountersOn61(t *testing.T) {
 	start := time.Now()
 	run := "^(TestVMKernelIs61|TestKernelEndpointCountersCountRealConnections|TestKernelNewConnectionRuleWalkDoesNotGrowWithEndpoints|TestKernelPlainServicePortHasNoChainAndStillDNATs)$"
