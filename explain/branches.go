@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 )
@@ -9,7 +10,7 @@ import (
 // alternative's own (its tail): steps every alternative takes are written
 // once; elsewhere a step's Where, Verdict and Rule list one value per
 // alternative, in the alternatives' order, joined by " | " ("-" where that
-// alternative has no step there). The alternatives' steps are lined up
+// alternative has no step there), and so does its Element when any has one. The alternatives' steps are lined up
 // where they meet again (alignBranches), so that a reader, or a trace
 // compared by branch, sees where the paths part and meet.
 func BranchSteps(tails [][]RuleStep) []RuleStep {
@@ -18,22 +19,28 @@ func BranchSteps(tails [][]RuleStep) []RuleStep {
 	}
 	var out []RuleStep
 	for _, col := range alignBranches(tails) {
-		var wheres, verdicts, rules []string
+		var wheres, verdicts, rules, elements []string
 		var shared *RuleStep
+		anyElement := false
 		for _, s := range col {
 			if s == nil {
-				wheres, verdicts, rules = append(wheres, "-"), append(verdicts, "-"), append(rules, "-")
+				wheres, verdicts, rules, elements = append(wheres, "-"), append(verdicts, "-"), append(rules, "-"), append(elements, "-")
 				continue
 			}
 			shared = s
 			wheres, verdicts, rules = append(wheres, s.Where), append(verdicts, s.Verdict), append(rules, s.Rule)
+			elements = append(elements, cmp.Or(s.Element, "-"))
+			anyElement = anyElement || s.Element != ""
 		}
-		if allSame(wheres) && allSame(verdicts) && allSame(rules) {
+		if allSame(wheres) && allSame(verdicts) && allSame(rules) && allSame(elements) {
 			out = append(out, *shared)
 			continue
 		}
-		out = append(out, RuleStep{Where: strings.Join(wheres, " | "), Verdict: strings.Join(verdicts, " | "),
-			Rule: strings.Join(rules, " | ")})
+		step := RuleStep{Where: strings.Join(wheres, " | "), Verdict: strings.Join(verdicts, " | "), Rule: strings.Join(rules, " | ")}
+		if anyElement {
+			step.Element = strings.Join(elements, " | ")
+		}
+		out = append(out, step)
 	}
 	return out
 }
