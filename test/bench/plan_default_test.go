@@ -44,7 +44,10 @@ func TestTheDefaultRunsBudgetIsTheOneTheDocsState(t *testing.T) {
 		}
 		cfg.Ns = append(cfg.Ns, n)
 	}
-	total, _ := cfg.plan()
+	total, lines := cfg.plan()
+	for _, l := range lines {
+		t.Log(l)
+	}
 	total = total.Round(time.Minute)
 	stated := fmt.Sprintf("%d h %d min", int(total.Hours()), int(total.Minutes())%60)
 	for file, want := range map[string]string{

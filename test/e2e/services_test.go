@@ -365,7 +365,9 @@ func TestServiceChangesOnALiveNodeLeaveNoStaleRules(t *testing.T) {
 		// as "udp . 53"; iptables (upstream's layout) comments each rule
 		// "namespace/name:port …" and keeps external traffic in KP-EXT-
 		// chains.
-		extWords, dnsWords := []string{"ext-e2e/web"}, []string{"udp . 53", "e2e/web/udp/dns"}
+		// nftables: a plain ClusterIP port has no chain of its own; its
+		// elements carry the Service port's comment.
+		extWords, dnsWords := []string{"ext-e2e/web"}, []string{"udp . 53", "e2e/web:dns"}
 		if m.iptables() {
 			extWords, dnsWords = []string{"KP-EXT-", "KP-FW-"}, []string{"e2e/web:dns"}
 		}
