@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -52,8 +53,12 @@ type netlinkConn struct {
 	reader *nftables.Conn // see readSocket
 	seq    uint32
 	// own are the port ids of the batch sockets, whose transactions the
-	// monitor knows for kp's own (monitor.go).
-	own ownPorts
+	// monitor knows for kp's own (monitor.go); gens the generations
+	// they made.
+	own  ownPorts
+	gens ownGens
+	// subscribedGen is the generation when the monitor subscribed.
+	subscribedGen atomic.Uint32
 }
 
 // open is a connection for one read of the kernel's table (its buffers
@@ -112,8 +117,16 @@ func (c *netlinkConn) Apply(tx *Transaction) error {
 			return err
 		}
 	}
+	// The generation before and after: one apart, the transaction made
+	// the second, and no other came between (see ownGens).
+	c.gens.inFlight.Add(1)
+	defer c.gens.inFlight.Add(-1)
+	before := c.gens.current(c.nsFd)
 	if err := c.sendBatch(b); err != nil {
 		return fmt.Errorf("nftables transaction of %d operations: %w", len(b.notes), err)
+	}
+	if after := c.gens.current(c.nsFd); before != 0 && after == before+1 {
+		c.gens.add(after)
 	}
 	return nil
 }

@@ -98,3 +98,56 @@ func TestKernelDriftByAnotherProcessIsReportedAndRepaired(t *testing.T) {
 	nftIn(t, ns, "add", "table", "ip", "other")
 	noDrift("a change to another table")
 }
+
+// TestKernelAnOverflowOfKpsOwnTransactionsIsNoDrift: kp's own full sync of
+// a large table overflows the monitor's socket; the generations it heard
+// nothing of are all kp's, so that is no drift (the next sync would read the
+// whole table again, which is quadratic in its sets' sizes). An overflow
+// that hides another process's transaction is drift, unsure.
+func TestKernelAnOverflowOfKpsOwnTransactionsIsNoDrift(t *testing.T) {
+	defer func(n int) { monitorBuffer = n }(monitorBuffer)
+	monitorBuffer = 32 << 10
+	ns, fd := testNetns(t)
+	b, err := NewInNamespace(testConfig(), nil, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := b.conn.(*netlinkConn)
+	// listen subscribes, lets do change the kernel while nothing reads
+	// the socket (so that it overflows), then reads what came.
+	listen := func(what string, do func()) []proxy.Drift {
+		t.Helper()
+		mon, err := nc.subscribe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		do()
+		ctx, cancel := context.WithCancel(context.Background())
+		drifts := make(chan proxy.Drift, 16)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = nc.listen(ctx, mon, func(d proxy.Drift) { drifts <- d })
+		}()
+		time.Sleep(time.Second)
+		cancel()
+		<-done
+		close(drifts)
+		var out []proxy.Drift
+		for d := range drifts {
+			out = append(out, d)
+		}
+		t.Logf("%s: %d drifts %+v", what, len(out), out)
+		return out
+	}
+	if ds := listen("kp's full sync of 2,000 Services", func() { mustSync(t, b, scaleState(2000, 10)) }); len(ds) > 0 {
+		t.Errorf("kp's own full sync reported as drift: %+v", ds)
+	}
+	ds := listen("kp's sync, then another process's change", func() {
+		mustSync(t, b, scaleState(3000, 10))
+		nftIn(t, ns, "add", "element", "ip", TableName, setClusterIPs, "{ 10.99.99.99 }")
+	})
+	if len(ds) == 0 || !ds[0].Unsure {
+		t.Errorf("an overflow that hid another process's change: drifts %+v, want an unsure one", ds)
+	}
+}

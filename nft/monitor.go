@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -28,8 +29,9 @@ import (
 // monitorBuffer is the monitor socket's receive buffer. The kernel tells
 // of kp's own transactions too: a change of a few Services is a few
 // kilobytes, but a full sync of thousands of Services overflows any buffer
-// (ENOBUFS), and then the monitor cannot tell what it missed.
-const monitorBuffer = 16 << 20
+// (ENOBUFS). The monitor then judges by the generations it heard nothing of
+// (see ownGens). A variable for the tests.
+var monitorBuffer = 16 << 20
 
 // ownPorts are the port ids of kp's batch sockets (the last few: one is
 // replaced after a failed transaction).
@@ -112,6 +114,8 @@ func (c *netlinkConn) subscribe() (*netlink.Conn, error) {
 		_ = mon.Close()
 		return nil, fmt.Errorf("listen to nftables notifications: %w", err)
 	}
+	// Every transaction after this generation is notified to mon.
+	c.subscribedGen.Store(c.gens.current(c.nsFd))
 	return mon, nil
 }
 
@@ -124,6 +128,9 @@ func (c *netlinkConn) listen(ctx context.Context, mon *netlink.Conn, drifted fun
 		}
 	}()
 	tx := &foreignTx{own: c.own.has}
+	// heard is the generation of the last transaction heard of whole:
+	// anything an overflow loses comes after it.
+	heard := c.subscribedGen.Load()
 	for {
 		msgs, err := mon.Receive()
 		switch {
@@ -131,6 +138,10 @@ func (c *netlinkConn) listen(ctx context.Context, mon *netlink.Conn, drifted fun
 			return nil
 		case errors.Is(err, unix.ENOBUFS):
 			tx.reset()
+			if cur := c.overflowedAt(); lostAreOwn(heard, cur, c.gens.has) {
+				heard = cur // only kp's own transactions went unheard
+				continue
+			}
 			drifted(proxy.Drift{Unsure: true, What: "the kernel's nftables notifications overflowed kp's socket " +
 				"(a large transaction, kp's own or another's): some were lost"})
 			continue
@@ -138,11 +149,25 @@ func (c *netlinkConn) listen(ctx context.Context, mon *netlink.Conn, drifted fun
 			return fmt.Errorf("receive nftables notifications: %w", err)
 		}
 		for _, m := range msgs {
+			if nftgen.IsNewGen(m) {
+				if g, err := nftgen.Parse(m.Data); err == nil && g.ID > heard {
+					heard = g.ID
+				}
+			}
 			if d := tx.note(m); d != nil {
 				drifted(*d)
 			}
 		}
 	}
+}
+
+// overflowedAt is the generation an overflow's judgement goes up to, read
+// once kp's transactions in flight have booked theirs (a second at most).
+func (c *netlinkConn) overflowedAt() uint32 {
+	for deadline := time.Now().Add(time.Second); c.gens.inFlight.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	return c.gens.current(c.nsFd)
 }
 
 // foreignTx gathers the changes to kp's tables of the transaction being

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"encoding/binary"
+	"slices"
 	"testing"
 
 	"github.com/mdlayher/netlink"
@@ -95,5 +96,32 @@ func TestForeignTransactionsOnKPsTablesAreDriftAndNothingElse(t *testing.T) {
 				t.Errorf("drift %q by %q, want %q by %q", got, by, tc.want, tc.by)
 			}
 		})
+	}
+}
+
+// TestLostAreOwn: an overflow hid nothing but kp's own transactions when
+// every generation after the last one heard, up to the current one, is
+// kp's; an unknown start, a counter gone backwards or a span past what kp
+// keeps is not judged so.
+func TestLostAreOwn(t *testing.T) {
+	own := func(gs ...uint32) func(uint32) bool {
+		return func(g uint32) bool { return slices.Contains(gs, g) }
+	}
+	for _, c := range []struct {
+		last, cur uint32
+		own       func(uint32) bool
+		want      bool
+	}{
+		{10, 10, own(), true},
+		{10, 12, own(11, 12), true},
+		{10, 12, own(12), false},
+		{10, 12, own(11), false},
+		{0, 12, own(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), false},
+		{12, 10, own(11, 12), false},
+		{1, 1 + maxOwnGens + 1, func(uint32) bool { return true }, false},
+	} {
+		if got := lostAreOwn(c.last, c.cur, c.own); got != c.want {
+			t.Errorf("lostAreOwn(%d, %d) = %t, want %t", c.last, c.cur, got, c.want)
+		}
 	}
 }
