@@ -120,7 +120,10 @@ func (b *Backend) renderInto(v *objects, f family, slots *slotTable, sp *proxy.S
 		internal = local
 	}
 	for _, a := range clusterIPs {
-		v.addElement(setClusterIPs, Element{Key: addrKey(a), KeyText: a.String(), Comment: r.comment})
+		// The ClusterIP's element is every port's: named after the
+		// Service, not the port that wrote it first (which may go while
+		// the others stay, and the element with them).
+		v.addElement(setClusterIPs, Element{Key: addrKey(a), KeyText: a.String(), Comment: fitComment(sp.Name.Namespace + "/" + sp.Name.Name)})
 		r.target(a, internal, noEndpoint)
 	}
 	if sp.HasExternal() {
