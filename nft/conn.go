@@ -117,19 +117,31 @@ func (c *netlinkConn) Apply(tx *Transaction) error {
 			return err
 		}
 	}
-	// The generation before and after: one apart, the transaction made
-	// the second, and no other came between (see ownGens).
-	c.gens.inFlight.Add(1)
-	defer c.gens.inFlight.Add(-1)
-	before := c.gens.current(c.nsFd)
+	// A large transaction's generation is booked (see ownGens): the
+	// counter before and after, one apart, means the transaction made the
+	// second and no other came between. Only a large one can overflow
+	// the monitor's socket; the two reads would be half of a small sync.
+	book := b.len() >= bookGenFrom
+	var before uint32
+	if book {
+		c.gens.inFlight.Add(1)
+		defer c.gens.inFlight.Add(-1)
+		before = c.gens.current(c.nsFd)
+	}
 	if err := c.sendBatch(b); err != nil {
 		return fmt.Errorf("nftables transaction of %d operations: %w", len(b.notes), err)
 	}
-	if after := c.gens.current(c.nsFd); before != 0 && after == before+1 {
-		c.gens.add(after)
+	if after := uint32(0); book && before != 0 {
+		if after = c.gens.current(c.nsFd); after == before+1 {
+			c.gens.add(after)
+		}
 	}
 	return nil
 }
+
+// bookGenFrom is the number of messages from which a transaction's
+// generation is booked.
+const bookGenFrom = 256
 
 // Stream returns a transaction that encodes its operations as they are
 // spilled (Transaction.spill), for full syncs.

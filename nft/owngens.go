@@ -7,7 +7,9 @@ import (
 	"github.com/kpproxy/kp/internal/nftgen"
 )
 
-// ownGens are the nftables generations kp's own transactions made: the
+// ownGens are the nftables generations kp's own large transactions made
+// (those of bookGenFrom messages or more, which alone can overflow the
+// monitor's socket): the
 // kernel's generation counter moves by one for every transaction in the
 // namespace, whoever sent it. When the monitor's socket overflows (kp's own
 // full sync of a large table does), the generations it heard nothing of
